@@ -1,0 +1,34 @@
+"""carraystore: compressed, single-file, version-stable image stores for Keras and tf.data."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from carraystore.errors import *  # noqa: E402,F401,F403
+from carraystore.errors import __all__ as _errors_all  # noqa: E402
+from carraystore.format import FORMAT_VERSION, PRESETS, Codec  # noqa: E402
+from carraystore.store import ChunkProblem, Store, StoreWriter, append, create  # noqa: E402
+from carraystore.store import open_store as open  # noqa: E402,A001
+
+
+def from_directory(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """Ingest a folder of images into a store; see ``carraystore.ingest.from_directory``."""
+    from carraystore.ingest import from_directory as _from_directory
+
+    return _from_directory(*args, **kwargs)
+
+
+__all__ = [
+    "__version__",
+    "FORMAT_VERSION",
+    "PRESETS",
+    "Codec",
+    "Store",
+    "StoreWriter",
+    "ChunkProblem",
+    "create",
+    "append",
+    "open",
+    "from_directory",
+    *_errors_all,
+]

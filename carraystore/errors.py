@@ -1,0 +1,81 @@
+"""Exception classes. Every error carraystore raises derives from CarrayStoreError."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CarrayStoreError",
+    "FormatError",
+    "NotAStoreError",
+    "FormatVersionError",
+    "UnknownCodecError",
+    "CodecMismatchError",
+    "CorruptStoreError",
+    "ChecksumError",
+    "StoreExistsError",
+    "InvalidInputError",
+    "ImageDecodeError",
+    "IngestError",
+    "MigrationError",
+    "MissingDependencyError",
+    "LoaderError",
+]
+
+
+class CarrayStoreError(Exception):
+    """Base class of every error raised by carraystore."""
+
+
+class FormatError(CarrayStoreError):
+    """The file's metadata breaks the format specification (FORMAT.md)."""
+
+
+class NotAStoreError(FormatError):
+    """The file is not a carraystore store (no carraystore metadata)."""
+
+
+class FormatVersionError(FormatError):
+    """The store's format version is newer than this reader knows."""
+
+
+class UnknownCodecError(FormatError):
+    """A codec, filter or split mode name that this version does not know."""
+
+
+class CodecMismatchError(FormatError):
+    """The codec recorded in the metadata differs from the file's real headers."""
+
+
+class CorruptStoreError(CarrayStoreError):
+    """The file is truncated, damaged or inconsistent."""
+
+
+class ChecksumError(CorruptStoreError):
+    """A compressed chunk does not match its recorded CRC32."""
+
+
+class StoreExistsError(CarrayStoreError, FileExistsError):
+    """The output path already exists and overwriting was not asked for."""
+
+
+class InvalidInputError(CarrayStoreError, ValueError):
+    """Arguments or data handed to carraystore are not acceptable."""
+
+
+class ImageDecodeError(CarrayStoreError):
+    """An image file could not be decoded (corrupt, truncated, not an image, too large)."""
+
+
+class IngestError(CarrayStoreError):
+    """Ingesting a folder of images failed."""
+
+
+class MigrationError(CarrayStoreError):
+    """Migrating a legacy array or file into a store failed."""
+
+
+class MissingDependencyError(CarrayStoreError, ImportError):
+    """An optional dependency is needed for this operation; the message says what to install."""
+
+
+class LoaderError(CarrayStoreError):
+    """A loader thread failed while reading or transforming a chunk."""

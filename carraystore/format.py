@@ -1,0 +1,518 @@
+"""The format specification in code (see FORMAT.md): version, pinned codec, metadata schema.
+
+Nothing here touches a file: this module turns metadata into bytes and back, and
+validates it. ``store`` is the only module that reads or writes stores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from carraystore.errors import (
+    CodecMismatchError,
+    FormatError,
+    FormatVersionError,
+    InvalidInputError,
+    UnknownCodecError,
+)
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "META_KEY",
+    "Codec",
+    "PRESETS",
+    "StoreMeta",
+    "StringTable",
+    "ChunkHeader",
+    "parse_chunk_header",
+    "check_codec_against_header",
+    "validate_key",
+    "DTYPES",
+    "COLOR_MODES",
+]
+
+#: Name written in the fixed ``meta`` layer so a reader knows the file is a store.
+FORMAT_NAME = "carraystore"
+#: Current format version. Readers refuse newer versions; older ones are upgraded by migrations.
+FORMAT_VERSION = 1
+#: The one key under which all metadata lives, both in ``meta`` (fixed) and ``vlmeta`` (variable).
+META_KEY = "carraystore"
+
+#: Pixel dtypes a store may hold.
+DTYPES = ("uint8", "uint16", "float32")
+#: Colour modes by channel count.
+COLOR_MODES = {1: "grayscale", 3: "rgb", 4: "rgba"}
+
+# Blosc codec and filter codes are part of the blosc2 format itself and never change.
+CODECS = {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
+# Codec family written in the chunk header's flags byte (bits 5-7).
+_CODEC_FORMAT = {"blosclz": 0, "lz4": 1, "lz4hc": 1, "zlib": 3, "zstd": 4}
+FILTERS = {"nofilter": 0, "shuffle": 1, "bitshuffle": 2, "delta": 3, "bytedelta": 35}
+SPLITMODES = {"always": 1, "never": 2, "auto": 3, "forward_compat": 4}
+_FILTER_NAMES = {v: k for k, v in FILTERS.items()}
+
+
+def _lookup(table: Mapping[str, int], name: Any, what: str) -> str:
+    if not isinstance(name, str) or name.lower() not in table:
+        raise UnknownCodecError(
+            f"unknown {what} {name!r}: this version of carraystore knows {sorted(table)}; "
+            "a newer carraystore may be needed to read this store"
+        )
+    return name.lower()
+
+
+@dataclass(frozen=True)
+class Codec:
+    """Pinned blosc2 compression parameters of a store.
+
+    Every parameter is explicit and recorded in the file, so a later blosc2 whose
+    defaults differ still writes appended chunks exactly like the first ones.
+
+    ``typesize=None`` means "one pixel" (channels x itemsize), resolved when a store is
+    created; ``filters_meta`` entries of 0 for ``bytedelta`` are resolved to the typesize.
+    """
+
+    codec: str = "zstd"
+    clevel: int = 1
+    filters: tuple[str, ...] = ()
+    filters_meta: tuple[int, ...] = ()
+    typesize: int | None = None
+    block_images: int = 1
+    splitmode: str = "never"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codec", _lookup(CODECS, self.codec, "codec"))
+        object.__setattr__(self, "splitmode", _lookup(SPLITMODES, self.splitmode, "split mode"))
+        filters = tuple(_lookup(FILTERS, f, "filter") for f in self.filters)
+        filters = tuple(f for f in filters if f != "nofilter")
+        meta = tuple(int(m) for m in self.filters_meta) if self.filters_meta else (0,) * len(filters)
+        if len(meta) != len(filters):
+            raise InvalidInputError(
+                f"Codec: {len(filters)} filters {filters} but {len(meta)} filters_meta {meta}; give one meta per filter"
+            )
+        if len(filters) > 6:
+            raise InvalidInputError("Codec: blosc2 takes at most 6 filters")
+        object.__setattr__(self, "filters", filters)
+        object.__setattr__(self, "filters_meta", meta)
+        if not isinstance(self.clevel, int) or not 0 <= self.clevel <= 9:
+            raise InvalidInputError(f"Codec: clevel must be an integer 0..9, got {self.clevel!r}")
+        if self.typesize is not None and (not isinstance(self.typesize, int) or not 1 <= self.typesize <= 255):
+            raise InvalidInputError(f"Codec: typesize must be 1..255 or None, got {self.typesize!r}")
+        if not isinstance(self.block_images, int) or self.block_images < 1:
+            raise InvalidInputError(f"Codec: block_images must be a positive integer, got {self.block_images!r}")
+
+    # -- JSON round trip ---------------------------------------------------------------
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-able dict that ``from_config`` turns back into an equal Codec."""
+        return {
+            "id": "blosc2",
+            "codec": self.codec,
+            "clevel": self.clevel,
+            "filters": list(self.filters),
+            "filters_meta": list(self.filters_meta),
+            "typesize": self.typesize,
+            "block_images": self.block_images,
+            "splitmode": self.splitmode,
+        }
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Codec:
+        """Build a Codec from ``to_config()``'s dict (unknown names raise UnknownCodecError)."""
+        if not isinstance(config, Mapping):
+            raise FormatError(f"codec config must be a mapping, got {type(config).__name__}")
+        config = dict(config)
+        ident = config.pop("id", "blosc2")
+        if ident != "blosc2":
+            raise UnknownCodecError(f"unknown codec id {ident!r}; this version of carraystore knows only 'blosc2'")
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = set(config) - known
+        if extra:
+            raise FormatError(f"codec config has unknown keys {sorted(extra)}; known keys are {sorted(known)}")
+        if "filters" in config:
+            config["filters"] = tuple(config["filters"])
+        if "filters_meta" in config:
+            config["filters_meta"] = tuple(config["filters_meta"])
+        return cls(**config)
+
+    @classmethod
+    def preset(cls, name: str) -> Codec:
+        """A named preset: ``fast``, ``balanced`` (the default) or ``small`` (see docs/codecs.md)."""
+        try:
+            return PRESETS[name]
+        except KeyError:
+            raise InvalidInputError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None
+
+    # -- resolution against a store's pixel layout --------------------------------------
+    def resolve(self, dtype: np.dtype, channels: int) -> Codec:
+        """The fully explicit codec for pixels of ``dtype`` with ``channels`` channels."""
+        typesize = self.typesize if self.typesize is not None else np.dtype(dtype).itemsize * channels
+        meta = tuple(
+            (typesize if (f == "bytedelta" and m == 0) else m) for f, m in zip(self.filters, self.filters_meta)
+        )
+        return dataclasses.replace(self, typesize=typesize, filters_meta=meta)
+
+    def cparams(self, blocksize: int, nthreads: int = 1) -> dict[str, Any]:
+        """Keyword arguments for ``blosc2.compress2`` (a resolved codec only)."""
+        import blosc2
+
+        if self.typesize is None:
+            raise InvalidInputError("Codec.cparams needs a resolved codec (call resolve() first)")
+        return {
+            "codec": blosc2.Codec(CODECS[self.codec]),
+            "clevel": self.clevel,
+            "typesize": self.typesize,
+            "filters": [blosc2.Filter(FILTERS[f]) for f in self.filters] or [blosc2.Filter.NOFILTER],
+            "filters_meta": list(self.filters_meta) or [0],
+            "blocksize": blocksize,
+            "splitmode": blosc2.SplitMode(SPLITMODES[self.splitmode]),
+            "nthreads": nthreads,
+        }
+
+    def describe(self) -> str:
+        """A short human-readable description, e.g. ``zstd-1 shuffle+bytedelta ts3``."""
+        filt = "+".join(self.filters) or "nofilter"
+        ts = f" ts{self.typesize}" if self.typesize is not None else ""
+        return f"{self.codec}-{self.clevel} {filt}{ts} b{self.block_images}"
+
+
+#: Named presets (see docs/codecs.md for the measurements behind them).
+PRESETS: dict[str, Codec] = {
+    "fast": Codec("lz4", 1),
+    "balanced": Codec("zstd", 1),
+    "small": Codec("zstd", 5, filters=("shuffle", "bytedelta"), typesize=None, block_images=4),
+}
+
+
+# -- chunk headers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    """The fields of a Blosc2 chunk header that carraystore pins."""
+
+    nbytes: int
+    blocksize: int
+    cbytes: int
+    typesize: int
+    codec_format: int
+    dont_split: bool
+    filters: tuple[str, ...]
+    filters_meta: tuple[int, ...]
+    memcpyed: bool
+
+
+def parse_chunk_header(chunk: bytes) -> ChunkHeader:
+    """Read the header of one compressed Blosc2 chunk (see the c-blosc2 chunk format)."""
+    if len(chunk) < 32:
+        raise FormatError(f"chunk of {len(chunk)} bytes is too short for a Blosc2 header (32 bytes)")
+    b = bytes(chunk[:32])
+    flags = b[2]
+    nbytes = int.from_bytes(b[4:8], "little")
+    blocksize = int.from_bytes(b[8:12], "little")
+    cbytes = int.from_bytes(b[12:16], "little")
+    extended = (flags & 0x05) == 0x05
+    filters: list[str] = []
+    meta: list[int] = []
+    if extended:
+        for code, m in zip(b[16:22], b[24:30]):
+            if code == 0:
+                continue
+            filters.append(_FILTER_NAMES.get(code, f"filter{code}"))
+            meta.append(m)
+    else:
+        if flags & 0x01:
+            filters.append("shuffle")
+            meta.append(0)
+        if flags & 0x04:
+            filters.append("bitshuffle")
+            meta.append(0)
+    return ChunkHeader(
+        nbytes=nbytes,
+        blocksize=blocksize,
+        cbytes=cbytes,
+        typesize=b[3],
+        codec_format=(flags >> 5) & 0x07,
+        dont_split=bool(flags & 0x10),
+        filters=tuple(filters),
+        filters_meta=tuple(meta),
+        memcpyed=bool(b[31] & 0x01) if extended else bool(flags & 0x02),
+    )
+
+
+def check_codec_against_header(codec: Codec, blocksize: int, header: ChunkHeader, where: str) -> None:
+    """Raise CodecMismatchError naming both sides when a chunk header disagrees with the record."""
+    problems = []
+    if header.typesize != codec.typesize:
+        problems.append(f"typesize {header.typesize} in the file, {codec.typesize} recorded")
+    if header.blocksize != blocksize:
+        problems.append(f"blocksize {header.blocksize} in the file, {blocksize} recorded")
+    if not header.memcpyed and header.codec_format != _CODEC_FORMAT[codec.codec]:
+        problems.append(f"codec format {header.codec_format} in the file, {codec.codec!r} recorded")
+    if not header.memcpyed and (header.filters, header.filters_meta) != (codec.filters, codec.filters_meta):
+        problems.append(
+            f"filters {list(header.filters)} meta {list(header.filters_meta)} in the file, "
+            f"{list(codec.filters)} meta {list(codec.filters_meta)} recorded"
+        )
+    want_dont_split = codec.splitmode == "never"
+    if codec.splitmode in ("never", "always") and not header.memcpyed and header.dont_split != want_dont_split:
+        problems.append(f"split flag {'never' if header.dont_split else 'always'} in the file, {codec.splitmode!r} recorded")
+    if problems:
+        raise CodecMismatchError(f"{where}: codec parameters do not match the store's record: " + "; ".join(problems))
+
+
+# -- keys ------------------------------------------------------------------------------
+
+
+def validate_key(key: str) -> str:
+    """Check that ``key`` is a relative, portable path or id; return it with '/' separators."""
+    if not isinstance(key, str) or not key:
+        raise InvalidInputError(f"key {key!r}: keys must be non-empty strings")
+    k = key.replace("\\", "/")
+    if "\x00" in k or "\n" in k:
+        raise InvalidInputError(f"key {key!r}: keys may not contain NUL or newline characters")
+    if k.startswith("/") or (len(k) > 1 and k[1] == ":") or k.startswith("~"):
+        raise InvalidInputError(
+            f"key {key!r} is an absolute path; stores hold relative paths or ids only so that they can be "
+            "moved and shared (make it relative to the dataset's root folder)"
+        )
+    if any(part == ".." for part in k.split("/")):
+        raise InvalidInputError(f"key {key!r} climbs out of its folder with '..'; give a path relative to the root")
+    return k
+
+
+class StringTable(Sequence[str]):
+    """A compact read-only list of strings: UTF-8 bytes plus offsets, decoded on access."""
+
+    def __init__(self, blob: bytes, offsets: np.ndarray) -> None:
+        self._blob = blob
+        self._offsets = offsets
+
+    @classmethod
+    def from_strings(cls, strings: Iterable[str]) -> StringTable:
+        encoded = [s.encode("utf-8") for s in strings]
+        offsets = np.zeros(len(encoded) + 1, dtype="<u8")
+        if encoded:
+            np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        return cls(b"".join(encoded), offsets)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"key index {i} out of range for {n} keys")
+        return self._blob[int(self._offsets[i]) : int(self._offsets[i + 1])].decode("utf-8")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StringTable):
+            return self._blob == other._blob and np.array_equal(self._offsets, other._offsets)
+        if isinstance(other, Sequence):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        head = ", ".join(repr(s) for s in self[:3])
+        return f"StringTable([{head}{', ...' if len(self) > 3 else ''}], n={len(self)})"
+
+    def to_record(self) -> dict[str, bytes]:
+        return {"utf8": self._blob, "offsets": self._offsets.astype("<u8").tobytes()}
+
+    @classmethod
+    def from_record(cls, rec: Any, n: int, what: str) -> StringTable:
+        if not isinstance(rec, dict) or set(rec) != {"utf8", "offsets"}:
+            raise FormatError(f"metadata {what!r} must be a mapping with 'utf8' and 'offsets'")
+        offsets = np.frombuffer(rec["offsets"], dtype="<u8")
+        if len(offsets) != n + 1 or (n and int(offsets[-1]) != len(rec["utf8"])) or np.any(np.diff(offsets.astype(np.int64)) < 0):
+            raise FormatError(f"metadata {what!r} has inconsistent offsets for {n} entries")
+        return cls(rec["utf8"], offsets)
+
+    def concat(self, other: StringTable) -> StringTable:
+        offs = np.concatenate([self._offsets, other._offsets[1:] + self._offsets[-1]])
+        return StringTable(self._blob + other._blob, offs)
+
+
+# -- metadata --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreMeta:
+    """Everything a store records about itself, stored under ``vlmeta['carraystore']``."""
+
+    image_shape: tuple[int, ...]
+    dtype: str
+    codec: Codec
+    chunk_images: int
+    nimages: int = 0
+    format_version: int = FORMAT_VERSION
+    writer_version: str = ""
+    blosc2_version: str = ""
+    layout: str = "NHWC"
+    color_mode: str = ""
+    class_names: tuple[str, ...] | None = None
+    labels: np.ndarray | None = None
+    keys: StringTable | None = None
+    crc32: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="<u4"))
+    provenance: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    skipped: tuple[dict[str, str], ...] = ()
+
+    @property
+    def image_nbytes(self) -> int:
+        return int(math.prod(self.image_shape)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def blocksize(self) -> int:
+        return self.image_nbytes * self.codec.block_images
+
+    @property
+    def nchunks(self) -> int:
+        return -(-self.nimages // self.chunk_images)
+
+    def to_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "writer_version": self.writer_version,
+            "blosc2_version": self.blosc2_version,
+            "layout": self.layout,
+            "image_shape": list(self.image_shape),
+            "dtype": self.dtype,
+            "color_mode": self.color_mode,
+            "nimages": self.nimages,
+            "chunk_images": self.chunk_images,
+            "codec": self.codec.to_config(),
+            "blocksize": self.blocksize,
+            "chunks": [self.chunk_images, *self.image_shape],
+            "blocks": [self.codec.block_images, *self.image_shape],
+            "class_names": list(self.class_names) if self.class_names is not None else None,
+            "labels": self.labels.astype("<i8").tobytes() if self.labels is not None else None,
+            "keys": self.keys.to_record() if self.keys is not None else None,
+            "crc32": np.asarray(self.crc32, dtype="<u4").tobytes(),
+            "provenance": self.provenance,
+            "attrs": self.attrs,
+            "skipped": [dict(s) for s in self.skipped],
+        }
+        return rec
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb(self.to_record(), use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str = "store") -> StoreMeta:
+        """Decode and validate metadata. Plain msgpack only: nothing is unpickled or executed."""
+
+        def refuse_ext(code: int, data: bytes) -> Any:
+            raise FormatError(f"{where}: metadata holds a msgpack extension type {code}; carraystore metadata never does")
+
+        try:
+            rec = msgpack.unpackb(raw, raw=False, ext_hook=refuse_ext, strict_map_key=True)
+        except FormatError:
+            raise
+        except Exception as exc:
+            raise FormatError(f"{where}: metadata is not valid msgpack ({exc}); the file may be damaged") from exc
+        return cls.from_record(rec, where)
+
+    @classmethod
+    def from_record(cls, rec: Any, where: str = "store") -> StoreMeta:
+        if not isinstance(rec, dict) or rec.get("format") != FORMAT_NAME:
+            raise FormatError(f"{where}: metadata is not a carraystore record")
+        version = rec.get("format_version")
+        if not isinstance(version, int):
+            raise FormatError(f"{where}: metadata has no integer format_version")
+        if version > FORMAT_VERSION:
+            raise FormatVersionError(
+                f"{where}: store format version {version} is newer than this carraystore reads "
+                f"(format version {FORMAT_VERSION}); upgrade carraystore"
+            )
+        if version < FORMAT_VERSION:
+            raise FormatVersionError(
+                f"{where}: store format version {version} is older than the current {FORMAT_VERSION}; "
+                f"upgrade it with `carraystore migrate {where} NEW.b2nd`"
+            )
+        try:
+            image_shape = tuple(int(x) for x in rec["image_shape"])
+            dtype = str(rec["dtype"])
+            nimages = int(rec["nimages"])
+            chunk_images = int(rec["chunk_images"])
+            codec = Codec.from_config(rec["codec"])
+            labels = np.frombuffer(rec["labels"], dtype="<i8") if rec.get("labels") is not None else None
+            keys = StringTable.from_record(rec["keys"], nimages, "keys") if rec.get("keys") is not None else None
+            crc = np.frombuffer(rec["crc32"], dtype="<u4")
+            class_names = tuple(rec["class_names"]) if rec.get("class_names") is not None else None
+            meta = cls(
+                image_shape=image_shape,
+                dtype=dtype,
+                codec=codec,
+                chunk_images=chunk_images,
+                nimages=nimages,
+                format_version=version,
+                writer_version=str(rec.get("writer_version", "")),
+                blosc2_version=str(rec.get("blosc2_version", "")),
+                layout=str(rec.get("layout", "NHWC")),
+                color_mode=str(rec.get("color_mode", "")),
+                class_names=class_names,
+                labels=labels,
+                keys=keys,
+                crc32=crc,
+                provenance=dict(rec.get("provenance") or {}),
+                attrs=dict(rec.get("attrs") or {}),
+                skipped=tuple(dict(s) for s in rec.get("skipped") or ()),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, FormatError):
+                raise
+            raise FormatError(f"{where}: metadata field missing or malformed: {exc!r}") from exc
+        meta.validate(where)
+        if rec.get("blocksize") != meta.blocksize:
+            raise FormatError(f"{where}: recorded blocksize {rec.get('blocksize')} != {meta.blocksize} derived from the layout")
+        return meta
+
+    def validate(self, where: str = "store") -> None:
+        """Check internal consistency; raise FormatError naming the field."""
+        if self.dtype not in DTYPES:
+            raise FormatError(f"{where}: dtype {self.dtype!r} is not one of {DTYPES}")
+        if len(self.image_shape) != 3 or self.image_shape[2] not in COLOR_MODES or min(self.image_shape) < 1:
+            raise FormatError(f"{where}: image_shape {self.image_shape} must be (H, W, C) with C in 1, 3, 4")
+        if self.chunk_images < 1 or self.nimages < 0:
+            raise FormatError(f"{where}: chunk_images {self.chunk_images} / nimages {self.nimages} out of range")
+        if self.codec.typesize is None:
+            raise FormatError(f"{where}: codec typesize is not pinned")
+        if self.chunk_images % self.codec.block_images:
+            raise FormatError(
+                f"{where}: chunk_images {self.chunk_images} is not a multiple of block_images {self.codec.block_images}"
+            )
+        if self.blocksize % self.codec.typesize:
+            raise FormatError(f"{where}: blocksize {self.blocksize} is not a multiple of typesize {self.codec.typesize}")
+        if len(self.crc32) != self.nchunks:
+            raise FormatError(f"{where}: {len(self.crc32)} checksums recorded for {self.nchunks} chunks")
+        if self.labels is not None and len(self.labels) != self.nimages:
+            raise FormatError(f"{where}: {len(self.labels)} labels for {self.nimages} images")
+        if self.keys is not None and len(self.keys) != self.nimages:
+            raise FormatError(f"{where}: {len(self.keys)} keys for {self.nimages} images")
+        if self.class_names is not None and self.labels is not None and len(self.labels):
+            lo, hi = int(self.labels.min()), int(self.labels.max())
+            if lo < 0 or hi >= len(self.class_names):
+                raise FormatError(f"{where}: labels span {lo}..{hi} but there are {len(self.class_names)} class names")
+        json.dumps(self.attrs)  # attrs must stay JSON
+        json.dumps(self.provenance)
+
+
+def crc32(data: bytes) -> int:
+    """CRC32 of a compressed chunk, as recorded in the metadata."""
+    return zlib.crc32(data) & 0xFFFFFFFF
