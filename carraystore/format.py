@@ -39,6 +39,10 @@ __all__ = [
     "validate_key",
     "DTYPES",
     "COLOR_MODES",
+    "LAYOUTS",
+    "BLOCK_TARGET_BYTES",
+    "dtype_to_record",
+    "dtype_from_record",
 ]
 
 #: Name written in the fixed ``meta`` layer so a reader knows the file is a store.
@@ -48,10 +52,54 @@ FORMAT_VERSION = 1
 #: The one key under which all metadata lives, both in ``meta`` (fixed) and ``vlmeta`` (variable).
 META_KEY = "carraystore"
 
-#: Pixel dtypes a store may hold.
+#: Pixel dtypes an image store (layout "NHWC") may hold.
 DTYPES = ("uint8", "uint16", "float32")
 #: Colour modes by channel count.
 COLOR_MODES = {1: "grayscale", 3: "rgb", 4: "rgba"}
+#: "NHWC": images (H, W, C) with C in 1/3/4 and a pixel dtype; "array": any item shape and
+#: any fixed-size numpy dtype (migrated legacy arrays, labels, embeddings, ...).
+LAYOUTS = ("NHWC", "array")
+#: Uncompressed size a blosc2 block aims at when ``Codec.block_images`` is None (auto).
+BLOCK_TARGET_BYTES = 128 * 1024
+
+
+def dtype_to_record(dt: np.dtype) -> Any:
+    """A JSON-able, exact description of a numpy dtype: ``dt.str`` or, if structured, its descr."""
+    dt = np.dtype(dt)
+    if dt.hasobject:
+        raise InvalidInputError(f"dtype {dt} holds Python objects, which a store cannot hold (it never pickles)")
+    if dt.fields is None and dt.subdtype is None:
+        return dt.str
+    return [[name, *(_descr_field(rest))] for name, *rest in dt.descr]
+
+
+def _descr_field(rest: list[Any]) -> list[Any]:
+    typ = rest[0]
+    out = [typ if isinstance(typ, str) else [[n, *(_descr_field(r))] for n, *r in typ]]
+    if len(rest) > 1:
+        out.append(list(rest[1]))
+    return out
+
+
+def dtype_from_record(rec: Any) -> np.dtype:
+    """Inverse of ``dtype_to_record``; never evaluates code."""
+
+    def fields(items: Any) -> list[tuple[Any, ...]]:
+        out = []
+        for item in items:
+            if not isinstance(item, list) or len(item) not in (2, 3) or not isinstance(item[0], str):
+                raise FormatError(f"malformed structured dtype field {item!r}")
+            typ = item[1] if isinstance(item[1], str) else fields(item[1])
+            out.append((item[0], typ, tuple(item[2])) if len(item) == 3 else (item[0], typ))
+        return out
+
+    try:
+        dt = np.dtype(rec) if isinstance(rec, str) else np.dtype(fields(rec))
+    except (TypeError, ValueError) as exc:
+        raise FormatError(f"unknown dtype {rec!r} in the metadata ({exc})") from exc
+    if dt.hasobject:
+        raise FormatError(f"dtype {rec!r} holds Python objects; stores never do")
+    return dt
 
 # Blosc codec and filter codes are part of the blosc2 format itself and never change.
 CODECS = {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
@@ -78,8 +126,10 @@ class Codec:
     Every parameter is explicit and recorded in the file, so a later blosc2 whose
     defaults differ still writes appended chunks exactly like the first ones.
 
-    ``typesize=None`` means "one pixel" (channels x itemsize), resolved when a store is
-    created; ``filters_meta`` entries of 0 for ``bytedelta`` are resolved to the typesize.
+    ``typesize=None`` means "one pixel" (channels x itemsize; the itemsize for non-image
+    arrays) and ``block_images=None`` means "about 128 KiB per block"; both are resolved
+    when a store is created, and the file records the resolved values. ``filters_meta``
+    entries of 0 for ``bytedelta`` are resolved to the typesize.
     """
 
     codec: str = "zstd"
@@ -87,7 +137,7 @@ class Codec:
     filters: tuple[str, ...] = ()
     filters_meta: tuple[int, ...] = ()
     typesize: int | None = None
-    block_images: int = 1
+    block_images: int | None = None
     splitmode: str = "never"
 
     def __post_init__(self) -> None:
@@ -108,8 +158,8 @@ class Codec:
             raise InvalidInputError(f"Codec: clevel must be an integer 0..9, got {self.clevel!r}")
         if self.typesize is not None and (not isinstance(self.typesize, int) or not 1 <= self.typesize <= 255):
             raise InvalidInputError(f"Codec: typesize must be 1..255 or None, got {self.typesize!r}")
-        if not isinstance(self.block_images, int) or self.block_images < 1:
-            raise InvalidInputError(f"Codec: block_images must be a positive integer, got {self.block_images!r}")
+        if self.block_images is not None and (not isinstance(self.block_images, int) or self.block_images < 1):
+            raise InvalidInputError(f"Codec: block_images must be a positive integer or None, got {self.block_images!r}")
 
     # -- JSON round trip ---------------------------------------------------------------
     def to_config(self) -> dict[str, Any]:
@@ -153,13 +203,23 @@ class Codec:
             raise InvalidInputError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None
 
     # -- resolution against a store's pixel layout --------------------------------------
-    def resolve(self, dtype: np.dtype, channels: int) -> Codec:
-        """The fully explicit codec for pixels of ``dtype`` with ``channels`` channels."""
-        typesize = self.typesize if self.typesize is not None else np.dtype(dtype).itemsize * channels
+    def resolve(self, dtype: np.dtype, item_shape: Sequence[int], layout: str = "NHWC") -> Codec:
+        """The fully explicit codec for items of ``item_shape`` and ``dtype``."""
+        dt = np.dtype(dtype)
+        item_nbytes = max(1, int(math.prod(item_shape)) * dt.itemsize)
+        if self.typesize is not None:
+            typesize = self.typesize
+        elif layout == "NHWC":
+            typesize = dt.itemsize * int(item_shape[-1])
+        else:
+            typesize = dt.itemsize
+        if typesize > 255:
+            typesize = 1  # blosc2's limit; only matters for shuffle filters
+        block_images = self.block_images or max(1, BLOCK_TARGET_BYTES // item_nbytes)
         meta = tuple(
             (typesize if (f == "bytedelta" and m == 0) else m) for f, m in zip(self.filters, self.filters_meta)
         )
-        return dataclasses.replace(self, typesize=typesize, filters_meta=meta)
+        return dataclasses.replace(self, typesize=typesize, filters_meta=meta, block_images=block_images)
 
     def cparams(self, blocksize: int, nthreads: int = 1) -> dict[str, Any]:
         """Keyword arguments for ``blosc2.compress2`` (a resolved codec only)."""
@@ -182,14 +242,15 @@ class Codec:
         """A short human-readable description, e.g. ``zstd-1 shuffle+bytedelta ts3``."""
         filt = "+".join(self.filters) or "nofilter"
         ts = f" ts{self.typesize}" if self.typesize is not None else ""
-        return f"{self.codec}-{self.clevel} {filt}{ts} b{self.block_images}"
+        blocks = f" b{self.block_images}" if self.block_images is not None else ""
+        return f"{self.codec}-{self.clevel} {filt}{ts}{blocks}"
 
 
 #: Named presets (see docs/codecs.md for the measurements behind them).
 PRESETS: dict[str, Codec] = {
     "fast": Codec("lz4", 1),
     "balanced": Codec("zstd", 1),
-    "small": Codec("zstd", 5, filters=("shuffle", "bytedelta"), typesize=None, block_images=4),
+    "small": Codec("zstd", 5, filters=("shuffle", "bytedelta"), typesize=None, block_images=None),
 }
 
 
@@ -355,7 +416,7 @@ class StoreMeta:
     """Everything a store records about itself, stored under ``vlmeta['carraystore']``."""
 
     image_shape: tuple[int, ...]
-    dtype: str
+    dtype: Any  # a dtype record: ``dtype_to_record(np.dtype)``
     codec: Codec
     chunk_images: int
     nimages: int = 0
@@ -371,10 +432,15 @@ class StoreMeta:
     provenance: dict[str, Any] = field(default_factory=dict)
     attrs: dict[str, Any] = field(default_factory=dict)
     skipped: tuple[dict[str, str], ...] = ()
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return dtype_from_record(self.dtype) if not isinstance(self.dtype, np.dtype) else self.dtype
 
     @property
     def image_nbytes(self) -> int:
-        return int(math.prod(self.image_shape)) * np.dtype(self.dtype).itemsize
+        return int(math.prod(self.image_shape)) * self.np_dtype.itemsize
 
     @property
     def blocksize(self) -> int:
@@ -407,6 +473,14 @@ class StoreMeta:
             "provenance": self.provenance,
             "attrs": self.attrs,
             "skipped": [dict(s) for s in self.skipped],
+            "columns": {
+                name: {
+                    "dtype": dtype_to_record(col.dtype),
+                    "shape": list(col.shape[1:]),
+                    "data": np.ascontiguousarray(col).tobytes(),
+                }
+                for name, col in self.columns.items()
+            },
         }
         return rec
 
@@ -447,7 +521,10 @@ class StoreMeta:
             )
         try:
             image_shape = tuple(int(x) for x in rec["image_shape"])
-            dtype = str(rec["dtype"])
+            dtype = rec["dtype"]
+            if not isinstance(dtype, (str, list)):
+                raise FormatError(f"{where}: dtype {dtype!r} is neither a string nor a field list")
+            dtype_from_record(dtype)
             nimages = int(rec["nimages"])
             chunk_images = int(rec["chunk_images"])
             codec = Codec.from_config(rec["codec"])
@@ -473,6 +550,7 @@ class StoreMeta:
                 provenance=dict(rec.get("provenance") or {}),
                 attrs=dict(rec.get("attrs") or {}),
                 skipped=tuple(dict(s) for s in rec.get("skipped") or ()),
+                columns=_columns_from_record(rec.get("columns") or {}, nimages, where),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, FormatError):
@@ -485,14 +563,22 @@ class StoreMeta:
 
     def validate(self, where: str = "store") -> None:
         """Check internal consistency; raise FormatError naming the field."""
-        if self.dtype not in DTYPES:
-            raise FormatError(f"{where}: dtype {self.dtype!r} is not one of {DTYPES}")
-        if len(self.image_shape) != 3 or self.image_shape[2] not in COLOR_MODES or min(self.image_shape) < 1:
-            raise FormatError(f"{where}: image_shape {self.image_shape} must be (H, W, C) with C in 1, 3, 4")
+        dt = self.np_dtype
+        if self.layout not in LAYOUTS:
+            raise FormatError(f"{where}: layout {self.layout!r} is not one of {LAYOUTS}")
+        if self.layout == "NHWC":
+            if dt.name not in DTYPES:
+                raise FormatError(f"{where}: dtype {self.dtype!r} is not one of {DTYPES} (image layout)")
+            if len(self.image_shape) != 3 or self.image_shape[2] not in COLOR_MODES or min(self.image_shape) < 1:
+                raise FormatError(f"{where}: image_shape {self.image_shape} must be (H, W, C) with C in 1, 3, 4")
+        elif self.image_shape and min(self.image_shape) < 1:
+            raise FormatError(f"{where}: item shape {self.image_shape} has an empty dimension")
+        if dt.itemsize == 0:
+            raise FormatError(f"{where}: dtype {self.dtype!r} has no size")
         if self.chunk_images < 1 or self.nimages < 0:
             raise FormatError(f"{where}: chunk_images {self.chunk_images} / nimages {self.nimages} out of range")
-        if self.codec.typesize is None:
-            raise FormatError(f"{where}: codec typesize is not pinned")
+        if self.codec.typesize is None or self.codec.block_images is None:
+            raise FormatError(f"{where}: codec typesize/block_images are not pinned")
         if self.chunk_images % self.codec.block_images:
             raise FormatError(
                 f"{where}: chunk_images {self.chunk_images} is not a multiple of block_images {self.codec.block_images}"
@@ -509,8 +595,28 @@ class StoreMeta:
             lo, hi = int(self.labels.min()), int(self.labels.max())
             if lo < 0 or hi >= len(self.class_names):
                 raise FormatError(f"{where}: labels span {lo}..{hi} but there are {len(self.class_names)} class names")
-        json.dumps(self.attrs)  # attrs must stay JSON
-        json.dumps(self.provenance)
+        for name, col in self.columns.items():
+            if len(col) != self.nimages:
+                raise FormatError(f"{where}: column {name!r} has {len(col)} rows for {self.nimages} items")
+        try:
+            json.dumps(self.attrs)  # attrs must stay JSON
+            json.dumps(self.provenance)
+        except (TypeError, ValueError) as exc:
+            raise FormatError(f"{where}: attrs and provenance must be JSON-serialisable ({exc})") from exc
+
+
+def _columns_from_record(rec: Any, n: int, where: str) -> dict[str, np.ndarray]:
+    if not isinstance(rec, dict):
+        raise FormatError(f"{where}: metadata 'columns' must be a mapping")
+    out = {}
+    for name, c in rec.items():
+        try:
+            dt = dtype_from_record(c["dtype"])
+            shape = (n, *(int(x) for x in c["shape"]))
+            out[name] = np.frombuffer(c["data"], dtype=dt).reshape(shape)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(f"{where}: column {name!r} is malformed ({exc})") from exc
+    return out
 
 
 def crc32(data: bytes) -> int:

@@ -39,6 +39,7 @@ from carraystore.errors import (
 from carraystore.format import (
     COLOR_MODES,
     DTYPES,
+    LAYOUTS,
     FORMAT_NAME,
     FORMAT_VERSION,
     META_KEY,
@@ -47,6 +48,7 @@ from carraystore.format import (
     StringTable,
     check_codec_against_header,
     crc32,
+    dtype_to_record,
     parse_chunk_header,
     validate_key,
 )
@@ -62,9 +64,11 @@ MAX_DEFAULT_CHUNK_IMAGES = 4096
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)-[0-9a-f]+$")
 
 
-def default_chunk_images(image_nbytes: int, block_images: int = 1) -> int:
-    """Images per chunk: about 4 MiB uncompressed, a multiple of ``block_images``."""
-    n = max(1, min(MAX_DEFAULT_CHUNK_IMAGES, TARGET_CHUNK_BYTES // max(1, image_nbytes)))
+def default_chunk_images(image_nbytes: int, block_images: int = 1, layout: str = "NHWC") -> int:
+    """Items per chunk: about 4 MiB uncompressed (at most 4096 images), a multiple of ``block_images``."""
+    n = max(1, TARGET_CHUNK_BYTES // max(1, image_nbytes))
+    if layout == "NHWC":
+        n = min(MAX_DEFAULT_CHUNK_IMAGES, n)
     return max(block_images, n - n % block_images)
 
 
@@ -180,7 +184,17 @@ class Store:
 
     @property
     def dtype(self) -> np.dtype:
-        return np.dtype(self.meta.dtype)
+        return self.meta.np_dtype
+
+    @property
+    def layout(self) -> str:
+        """``"NHWC"`` for images, ``"array"`` for any other item shape or dtype."""
+        return self.meta.layout
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """Per-item metadata columns (for example the other columns of a migrated ctable)."""
+        return self.meta.columns
 
     @property
     def codec(self) -> Codec:
@@ -241,7 +255,7 @@ class Store:
 
     def __repr__(self) -> str:
         return (
-            f"<carraystore.Store {str(self.path)!r} shape={self.shape} dtype={self.meta.dtype} "
+            f"<carraystore.Store {str(self.path)!r} shape={self.shape} dtype={self.dtype} "
             f"codec={self.codec.describe()!r} chunks={self.nchunks}x{self.chunk_images}>"
         )
 
@@ -413,7 +427,7 @@ def _check_header_params(array: Any, meta: StoreMeta, path: Path) -> None:
             f"{where}: array shape {tuple(array.shape)} does not match the metadata ({meta.nimages}, "
             f"{', '.join(map(str, meta.image_shape))}); the file was damaged or written by another tool"
         )
-    if np.dtype(array.dtype) != np.dtype(meta.dtype):
+    if np.dtype(array.dtype) != meta.np_dtype:
         problems.append(f"dtype {array.dtype} in the file, {meta.dtype} recorded")
     if tuple(array.chunks) != want_chunks:
         problems.append(f"chunks {tuple(array.chunks)} in the file, {want_chunks} recorded")
@@ -483,7 +497,7 @@ class StoreWriter:
         self._nthreads = nthreads
         self._closed = False
         k = meta.chunk_images
-        self._buf = np.zeros((k, *meta.image_shape), dtype=np.dtype(meta.dtype))
+        self._buf = np.zeros((k, *meta.image_shape), dtype=meta.np_dtype)
         self._cparams = meta.codec.cparams(meta.blocksize, nthreads)
         self._crc = list(int(c) for c in meta.crc32)
         self._labels: list[np.ndarray] = [meta.labels] if meta.labels is not None else []
@@ -493,6 +507,7 @@ class StoreWriter:
             self._has_labels = True
         self._has_keys: bool | None = None if meta.nimages == 0 else meta.keys is not None
         self._skipped: list[dict[str, str]] = list(meta.skipped)
+        self._columns: dict[str, list[np.ndarray]] = {name: [col] for name, col in meta.columns.items()}
         # Images [chunk_start, chunk_start + fill) sit in the pending buffer.
         self._chunk_start = (meta.nimages // k) * k
         self._fill = meta.nimages - self._chunk_start
@@ -514,30 +529,45 @@ class StoreWriter:
     def meta(self) -> StoreMeta:
         return self._meta
 
-    def append(self, images: np.ndarray, labels: Sequence[int] | np.ndarray | None = None, keys: Sequence[str] | None = None) -> None:
-        """Append images of shape (n, H, W, C) (or one (H, W, C) image) with optional labels and keys."""
+    def append(
+        self,
+        images: np.ndarray,
+        labels: Sequence[int] | np.ndarray | None = None,
+        keys: Sequence[str] | None = None,
+        columns: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """Append images of shape (n, H, W, C) (or one (H, W, C) image) with optional labels and keys.
+
+        ``columns`` adds per-item metadata arrays (name -> array of n rows); a store that has
+        columns needs the same names on every append.
+        """
         self._check_open()
         meta = self._meta
+        dt = meta.np_dtype
         images = np.asarray(images)
-        if images.shape == meta.image_shape:
-            images = images[None]
-        if images.ndim == 3 and meta.image_shape[2] == 1 and images.shape[1:] == meta.image_shape[:2]:
-            images = images[..., None]
-        if images.shape[1:] != meta.image_shape:
+        if meta.layout == "NHWC":
+            if images.shape == meta.image_shape:
+                images = images[None]
+            if images.ndim == 3 and meta.image_shape[2] == 1 and images.shape[1:] == meta.image_shape[:2]:
+                images = images[..., None]
+        if images.ndim == 0 or images.shape[1:] != meta.image_shape:
             raise InvalidInputError(
-                f"{self.path}: images of shape {images.shape[1:]} do not fit a store of image_shape {meta.image_shape}"
+                f"{self.path}: items of shape {images.shape[1:]} do not fit a store of item shape {meta.image_shape}"
             )
-        if images.dtype != np.dtype(meta.dtype):
+        if images.dtype != dt:
             raise InvalidInputError(
-                f"{self.path}: images are {images.dtype}, the store holds {meta.dtype}; convert them with .astype('{meta.dtype}')"
+                f"{self.path}: data is {images.dtype}, the store holds {dt}; convert it with .astype({str(dt)!r})"
             )
         n = len(images)
         lab = self._check_labels(labels, n)
         keytab = self._check_keys(keys, n)
+        cols = self._check_columns(columns, n)
         if lab is not None:
             self._labels.append(lab)
         if keytab is not None:
             self._keys.append(keytab)
+        for name, col in cols.items():
+            self._columns.setdefault(name, []).append(col)
         k = meta.chunk_images
         pos = 0
         while pos < n:
@@ -574,6 +604,7 @@ class StoreWriter:
                 keys=keys,
                 crc32=np.asarray(self._crc, dtype="<u4"),
                 skipped=tuple(self._skipped),
+                columns={name: np.concatenate(parts) for name, parts in self._columns.items()},
                 writer_version=__version__,
                 blosc2_version=blosc2.__version__,
             )
@@ -644,6 +675,28 @@ class StoreWriter:
             raise InvalidInputError(f"{self.path}: labels must be >= 0, got {lab.min()}")
         return lab
 
+    def _check_columns(self, columns: dict[str, np.ndarray] | None, n: int) -> dict[str, np.ndarray]:
+        columns = dict(columns or {})
+        if self.nimages and set(columns) != set(self._columns):
+            raise InvalidInputError(
+                f"{self.path}: columns {sorted(columns)} given, the store has columns {sorted(self._columns)}; "
+                "give the same columns on every append"
+            )
+        out = {}
+        for name, col in columns.items():
+            arr = np.asarray(col)
+            if arr.ndim == 0 or len(arr) != n:
+                raise InvalidInputError(f"{self.path}: column {name!r} has {arr.shape} rows for {n} items")
+            dtype_to_record(arr.dtype)  # refuses object dtypes
+            if name in self._columns and self._columns[name]:
+                prev = self._columns[name][0]
+                if prev.dtype != arr.dtype or prev.shape[1:] != arr.shape[1:]:
+                    raise InvalidInputError(
+                        f"{self.path}: column {name!r} is {arr.dtype}{arr.shape[1:]}, earlier rows are {prev.dtype}{prev.shape[1:]}"
+                    )
+            out[name] = arr
+        return out
+
     def _check_keys(self, keys: Any, n: int) -> StringTable | None:
         has = keys is not None
         if self._has_keys is None:
@@ -693,12 +746,16 @@ def create(
     overwrite: bool = False,
     provenance: dict[str, Any] | None = None,
     nthreads: int | None = None,
+    layout: str | None = None,
 ) -> StoreWriter:
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
     ``mode="w"`` creates a new store (``overwrite=True`` to replace an existing file at
     close); ``mode="a"`` appends to an existing store, keeping its pinned codec.
     ``codec`` is a Codec, a preset name, or None for the default (``balanced``).
+    ``image_shape`` is the shape of one item: (H, W, C) for images (C = 1, 3 or 4; an
+    (H, W) shape gets C = 1), or any shape with ``layout="array"`` (``()`` for scalars).
+    ``layout=None`` picks "NHWC" for (H, W, C) pixel data and "array" otherwise.
     """
     p = Path(path)
     if p.suffix != ".b2nd":
@@ -717,29 +774,45 @@ def create(
     if image_shape is None:
         raise InvalidInputError("create(): image_shape (H, W, C) is required for a new store")
     shape = tuple(int(x) for x in image_shape)
-    if len(shape) == 2:
-        shape = (*shape, 1)
-    if len(shape) != 3 or shape[2] not in COLOR_MODES or min(shape) < 1:
-        raise InvalidInputError(f"image_shape {tuple(image_shape)} must be (H, W, C) with C = 1, 3 or 4")
     dt = np.dtype(dtype)
-    if dt.name not in DTYPES:
-        raise InvalidInputError(f"dtype {dt} is not supported; use one of {DTYPES}")
+    dtype_to_record(dt)  # refuses object dtypes with a clear message
+    is_pixels = dt.name in DTYPES and dt.isnative
+    if layout is None:
+        layout = "NHWC" if is_pixels and (len(shape) == 2 or (len(shape) == 3 and shape[2] in COLOR_MODES)) else "array"
+    if layout not in LAYOUTS:
+        raise InvalidInputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "NHWC":
+        if len(shape) == 2:
+            shape = (*shape, 1)
+        if len(shape) != 3 or shape[2] not in COLOR_MODES or min(shape) < 1:
+            raise InvalidInputError(f"image_shape {tuple(image_shape)} must be (H, W, C) with C = 1, 3 or 4")
+        if not is_pixels:
+            raise InvalidInputError(f"dtype {dt} is not an image dtype; use one of {DTYPES} or layout='array'")
+    elif shape and min(shape) < 1:
+        raise InvalidInputError(f"item shape {shape} has an empty dimension")
     if codec is None:
         codec = Codec.preset("balanced")
     elif isinstance(codec, str):
         codec = Codec.preset(codec)
     elif not isinstance(codec, Codec):
         raise InvalidInputError(f"codec must be a Codec, a preset name or None, got {type(codec).__name__}")
-    codec = codec.resolve(dt, shape[2])
-    image_nbytes = math.prod(shape) * dt.itemsize
+    auto_block = codec.block_images is None
+    codec = codec.resolve(dt, shape, layout)
+    image_nbytes = max(1, math.prod(shape)) * dt.itemsize
+    if auto_block and chunk_images is not None:
+        # the largest divisor of chunk_images not above the automatic block size
+        want = min(int(chunk_images), codec.block_images)  # type: ignore[type-var]
+        codec = dataclasses.replace(codec, block_images=max(d for d in range(1, want + 1) if chunk_images % d == 0))
     if (image_nbytes * codec.block_images) % codec.typesize:
         raise InvalidInputError(
             f"codec typesize {codec.typesize} does not divide a block of {codec.block_images} image(s) "
             f"({image_nbytes * codec.block_images} bytes)"
         )
     if chunk_images is None:
-        chunk_images = default_chunk_images(image_nbytes, codec.block_images)
+        chunk_images = default_chunk_images(image_nbytes, codec.block_images, layout)  # type: ignore[arg-type]
     chunk_images = int(chunk_images)
+    if codec.block_images > chunk_images:  # type: ignore[operator]
+        codec = dataclasses.replace(codec, block_images=chunk_images)
     if chunk_images < 1 or chunk_images % codec.block_images:
         raise InvalidInputError(
             f"chunk_images {chunk_images} must be a positive multiple of the codec's block_images {codec.block_images}"
@@ -749,10 +822,11 @@ def create(
     names = tuple(str(c) for c in class_names) if class_names is not None else None
     meta = StoreMeta(
         image_shape=shape,
-        dtype=dt.name,
+        dtype=dtype_to_record(dt),
         codec=codec,
         chunk_images=chunk_images,
-        color_mode=COLOR_MODES[shape[2]],
+        layout=layout,
+        color_mode=COLOR_MODES[shape[2]] if layout == "NHWC" else "",
         class_names=names,
         provenance=dict(provenance or {}),
         attrs=dict(attrs or {}),
@@ -786,11 +860,11 @@ def _open_for_append(p: Path, image_shape: Sequence[int] | None, dtype: Any, nth
     existing.close()
     if image_shape is not None:
         shape = tuple(int(x) for x in image_shape)
-        if len(shape) == 2:
+        if len(shape) == 2 and meta.layout == "NHWC":
             shape = (*shape, 1)
         if shape != meta.image_shape:
             raise InvalidInputError(f"{p}: appending images of shape {shape} to a store of image_shape {meta.image_shape}")
-        if dtype is not None and np.dtype(dtype).name != meta.dtype:
+        if dtype is not None and np.dtype(dtype) != meta.np_dtype:
                 raise InvalidInputError(f"{p}: appending {np.dtype(dtype)} images to a store of {meta.dtype}")
     tmp = _partial_name(p)
     try:
