@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from numpy.lib.format import descr_to_dtype
 
 from carraystore.errors import (
     CodecMismatchError,
@@ -94,7 +95,9 @@ def dtype_from_record(rec: Any) -> np.dtype:
         return out
 
     try:
-        dt = np.dtype(rec) if isinstance(rec, str) else np.dtype(fields(rec))
+        # descr_to_dtype (as .npy files do) restores padding: fields named '' are gaps, so a
+        # structured dtype with offsets/itemsize round-trips exactly.
+        dt = np.dtype(rec) if isinstance(rec, str) else descr_to_dtype(fields(rec))
     except (TypeError, ValueError) as exc:
         raise FormatError(f"unknown dtype {rec!r} in the metadata ({exc})") from exc
     if dt.hasobject:

@@ -86,6 +86,15 @@ def _blosc2_cparams_for_frame(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
     return cp
 
 
+def _records(a: np.ndarray) -> np.ndarray:
+    """``a`` viewed as raw records, so that assignment copies every byte.
+
+    numpy copies structured dtypes field by field and drops the padding bytes between
+    fields; a store keeps the source's bytes exactly.
+    """
+    return a.view(np.dtype((np.void, a.dtype.itemsize))) if a.dtype.fields is not None else a
+
+
 def _partial_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
 
@@ -517,7 +526,7 @@ class StoreWriter:
             if crc32(data) != self._crc[self._chunk_start // k]:
                 raise CorruptStoreError(f"{path}: last chunk fails its CRC32 check; not appending to a damaged store")
             blosc2.decompress2(data, dst=self._buf)
-            self._buf[self._fill :] = 0
+            self._buf[self._fill :].view(np.uint8)[...] = 0
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -572,7 +581,7 @@ class StoreWriter:
         pos = 0
         while pos < n:
             take = min(k - self._fill, n - pos)
-            self._buf[self._fill : self._fill + take] = images[pos : pos + take]
+            _records(self._buf[self._fill : self._fill + take])[...] = _records(images[pos : pos + take])
             self._fill += take
             pos += take
             if self._fill == k:
@@ -716,7 +725,7 @@ class StoreWriter:
         k = self._meta.chunk_images
         ic = self._chunk_start // k
         if self._fill < k:
-            self._buf[self._fill :] = 0  # deterministic padding
+            self._buf[self._fill :].view(np.uint8)[...] = 0  # deterministic padding
         data = blosc2.compress2(self._buf, **self._cparams)
         total = self._chunk_start + self._fill
         if total != self._stored:
