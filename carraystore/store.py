@@ -438,9 +438,12 @@ def _check_header_params(array: Any, meta: StoreMeta, path: Path) -> None:
         )
     if np.dtype(array.dtype) != meta.np_dtype:
         problems.append(f"dtype {array.dtype} in the file, {meta.dtype} recorded")
-    if tuple(array.chunks) != want_chunks:
+    # An empty array's chunk and block shapes are not kept reliably by blosc2 < 4.1 (3.x reads
+    # them as all ones, 4.0 as zeros) and no chunk depends on them, so they are checked only
+    # once the store holds items.
+    if meta.nimages and tuple(array.chunks) != want_chunks:
         problems.append(f"chunks {tuple(array.chunks)} in the file, {want_chunks} recorded")
-    if tuple(array.blocks) != want_blocks:
+    if meta.nimages and tuple(array.blocks) != want_blocks:
         problems.append(f"blocks {tuple(array.blocks)} in the file, {want_blocks} recorded")
     cp = array.schunk.cparams
     cp_codec = getattr(cp, "codec", None) if not isinstance(cp, dict) else cp.get("codec")
@@ -728,7 +731,13 @@ class StoreWriter:
             self._buf[self._fill :].view(np.uint8)[...] = 0  # deterministic padding
         data = blosc2.compress2(self._buf, **self._cparams)
         total = self._chunk_start + self._fill
-        if total != self._stored:
+        if self._stored == 0:
+            # blosc2 < 4.1 cannot grow an array from length 0 (3.x miscounts its chunks,
+            # 4.0 crashes), so the first chunk re-creates the still empty file at length total.
+            self._array = None
+            self._array = _new_array(self._tmp, self._meta, total)
+            self._stored = total
+        elif total != self._stored:
             self._array.resize((total, *self._meta.image_shape))
             self._stored = total
         self._array.schunk.update_chunk(ic, data)
@@ -845,22 +854,29 @@ def create(
     meta.validate(str(p))
     tmp = _partial_name(p)
     try:
-        array = blosc2.empty(
-            (0, *shape),
-            dtype=dt,
-            chunks=(chunk_images, *shape),
-            blocks=(codec.block_images, *shape),
-            urlpath=str(tmp),
-            mode="w",
-            meta={META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}},
-            cparams=_blosc2_cparams_for_frame(codec, dt),
-        )
-        _write_meta(array, meta)
+        array = _new_array(tmp, meta, 0)
     except Exception:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
     return StoreWriter(p, tmp, array, meta, nthreads)
+
+
+def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
+    """A fresh store file at ``tmp`` holding ``nimages`` unwritten items and ``meta``."""
+    shape = meta.image_shape
+    array = blosc2.empty(
+        (nimages, *shape),
+        dtype=meta.np_dtype,
+        chunks=(meta.chunk_images, *shape),
+        blocks=(meta.codec.block_images, *shape),
+        urlpath=str(tmp),
+        mode="w",
+        meta={META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}},
+        cparams=_blosc2_cparams_for_frame(meta.codec, meta.np_dtype),
+    )
+    _write_meta(array, meta)
+    return array
 
 
 def _open_for_append(p: Path, image_shape: Sequence[int] | None, dtype: Any, nthreads: int) -> StoreWriter:
