@@ -402,7 +402,12 @@ class StringTable(Sequence[str]):
         if not isinstance(rec, dict) or set(rec) != {"utf8", "offsets"}:
             raise FormatError(f"metadata {what!r} must be a mapping with 'utf8' and 'offsets'")
         offsets = np.frombuffer(rec["offsets"], dtype="<u8")
-        if len(offsets) != n + 1 or (n and int(offsets[-1]) != len(rec["utf8"])) or np.any(np.diff(offsets.astype(np.int64)) < 0):
+        if (
+            len(offsets) != n + 1
+            or int(offsets[0]) != 0
+            or int(offsets[-1]) != len(rec["utf8"])
+            or np.any(offsets[1:] < offsets[:-1])  # no int64 copies: this runs on every open
+        ):
             raise FormatError(f"metadata {what!r} has inconsistent offsets for {n} entries")
         return cls(rec["utf8"], offsets)
 
@@ -493,17 +498,24 @@ class StoreMeta:
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "store") -> StoreMeta:
         """Decode and validate metadata. Plain msgpack only: nothing is unpickled or executed."""
+        return cls.from_record(cls.unpack_record(raw, where), where)
+
+    @staticmethod
+    def unpack_record(raw: bytes, where: str = "store") -> Any:
+        """The plain msgpack record in ``raw`` (extension types refused), not yet validated.
+
+        ``from_bytes`` in two steps, so that a caller can drop ``raw`` before ``from_record``.
+        """
 
         def refuse_ext(code: int, data: bytes) -> Any:
             raise FormatError(f"{where}: metadata holds a msgpack extension type {code}; carraystore metadata never does")
 
         try:
-            rec = msgpack.unpackb(raw, raw=False, ext_hook=refuse_ext, strict_map_key=True)
+            return msgpack.unpackb(raw, raw=False, ext_hook=refuse_ext, strict_map_key=True)
         except FormatError:
             raise
         except Exception as exc:
             raise FormatError(f"{where}: metadata is not valid msgpack ({exc}); the file may be damaged") from exc
-        return cls.from_record(rec, where)
 
     @classmethod
     def from_record(cls, rec: Any, where: str = "store") -> StoreMeta:

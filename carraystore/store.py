@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import blosc2
+import msgpack
 import numpy as np
 
 from carraystore import __version__
@@ -133,17 +134,58 @@ def _fsync_path(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
+def _read_vlmeta_from_trailer(path: Path) -> bytes | None:
+    """The packed ``vlmeta[META_KEY]`` read straight from the frame trailer, or None.
+
+    python-blosc2's ``SChunk.get_vlmeta`` (3.x to 4.14 at least) never frees the buffer
+    that ``blosc2_vlmeta_get`` allocates, so every open through it would leak the size of
+    the metadata (about 40 MB for a store of 1M keyed images). The trailer's layout is
+    part of the Blosc2 contiguous-frame spec (README_CFRAME_FORMAT.rst): the frame length
+    sits in the header, the trailer length 22 bytes before the frame's end, and the
+    trailer is msgpack ``[version, [size, {name: offset}, [content, ...]], trailer_len,
+    fingerprint]`` where each content is one compressed Blosc2 chunk. Anything unexpected
+    returns None and the caller falls back to blosc2's own reader.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+            if len(head) < 24 or head[2:10] != b"b2frame\x00" or head[0x0F] != 0xCF:
+                return None
+            frame_len = int.from_bytes(head[0x10:0x18], "big")
+            f.seek(frame_len - 23)
+            tail = f.read(7)
+            if len(tail) != 7 or tail[0] != 0xCE or tail[5] != 0xD8:
+                return None
+            trailer_len = int.from_bytes(tail[1:5], "big")
+            if not 0 < trailer_len <= frame_len:
+                return None
+            f.seek(frame_len - trailer_len)
+            trailer = f.read(trailer_len)
+        parts = msgpack.unpackb(trailer, raw=True, strict_map_key=False)
+        _size, index, contents = parts[1]
+        content = contents[list(index).index(META_KEY.encode())]
+        if not isinstance(content, bytes) or blosc2.get_cbuffer_sizes(content)[1] != len(content):
+            return None
+        return blosc2.decompress(content)
+    except Exception:
+        return None
+
+
 def _read_meta(array: Any, path: Path) -> StoreMeta:
     if META_KEY not in array.schunk.meta:
         raise NotAStoreError(
             f"{path}: a blosc2 file, but not a carraystore store (no {META_KEY!r} meta layer); "
             "create stores with carraystore.create() or `carraystore ingest`"
         )
-    try:
-        raw = array.schunk.vlmeta.get_vlmeta(META_KEY)
-    except Exception as exc:  # blosc2 raises KeyError/RuntimeError depending on version
-        raise FormatError(f"{path}: the {META_KEY!r} variable-length metadata is missing ({exc})") from exc
-    return StoreMeta.from_bytes(bytes(raw), str(path))
+    raw = _read_vlmeta_from_trailer(path)
+    if raw is None:
+        try:
+            raw = array.schunk.vlmeta.get_vlmeta(META_KEY)
+        except Exception as exc:  # blosc2 raises KeyError/RuntimeError depending on version
+            raise FormatError(f"{path}: the {META_KEY!r} variable-length metadata is missing ({exc})") from exc
+    rec = StoreMeta.unpack_record(bytes(raw), str(path))
+    del raw  # the packed bytes go before the record is checked: lower peak memory on open
+    return StoreMeta.from_record(rec, str(path))
 
 
 def _write_meta(array: Any, meta: StoreMeta) -> None:
