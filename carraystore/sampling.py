@@ -1,0 +1,325 @@
+"""The order in which an epoch visits a store: pure index arithmetic (numpy only, no I/O).
+
+Block shuffle, the default, for an epoch ``e``:
+
+1. the store's chunks are put in a random order (the same on every rank: it depends on
+   ``seed`` and ``e`` only);
+2. their items, chunk after chunk, form one sequence, cut into ``world_size`` contiguous
+   shards of equal length: short by wrapping around to the start of the sequence
+   (``drop_remainder=False``) or by dropping the tail (``drop_remainder=True``);
+3. each rank's shard is cut into windows of ``window`` chunk pieces (a piece is a run of
+   the shard's items that lie in one chunk), and the items inside each window are put
+   in a random order.
+
+So a loader reads whole chunks in a random order, holds one window of decoded chunks,
+and still hands out well-mixed batches. ``shuffle="global"`` is a full permutation
+(cut into shards the same way; one window holds the whole shard) and ``shuffle=False``
+keeps the store's order. Every function here depends on its arguments only, so every
+worker, process and run computes the same order.
+
+An *item* is a sample index, or, for sequences, the index of a clip's first sample
+(see :func:`clip_starts`); ``span`` is the number of consecutive samples an item covers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from carraystore.errors import InvalidInputError
+
+__all__ = [
+    "Shuffle",
+    "EpochPlan",
+    "plan_epoch",
+    "epoch_order",
+    "shard_length",
+    "num_batches",
+    "group_runs",
+    "clip_starts",
+    "batch_label_diversity",
+    "pairs_kept_together",
+]
+
+#: ``"block"`` (default), ``"global"``, or ``False`` (store order).
+Shuffle = Union[str, bool, None]
+
+_SHUFFLES = ("block", "global", False)
+
+
+def _check_shuffle(shuffle: Shuffle) -> str | bool:
+    if shuffle is None:
+        return False
+    if shuffle is True:
+        return "block"
+    if shuffle not in _SHUFFLES:
+        raise InvalidInputError(f"shuffle must be 'block', 'global' or False, got {shuffle!r}")
+    return shuffle  # type: ignore[return-value]
+
+
+def _nonneg(name: str, value: Any) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}") from None
+    if v < 0 or v != value:
+        raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
+    return v
+
+
+def shard_length(n_items: int, world_size: int = 1, drop_remainder: bool = False) -> int:
+    """Items per rank: ``ceil(n / world_size)`` (padded by wrapping) or ``floor`` (dropped)."""
+    if world_size < 1:
+        raise InvalidInputError(f"world_size must be >= 1, got {world_size}")
+    return n_items // world_size if drop_remainder else -(-n_items // world_size)
+
+
+def num_batches(length: int, batch_size: int, drop_remainder: bool = False) -> int:
+    """Batches made from ``length`` items: the last one short, or dropped."""
+    if batch_size < 1:
+        raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+    return length // batch_size if drop_remainder else -(-length // batch_size)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One rank's epoch: its items in order, cut into windows.
+
+    ``items[window_starts[w]:window_starts[w + 1]]`` is window ``w``; ``window_chunks[w]``
+    lists (sorted, unique) the chunks that window needs decoded.
+    """
+
+    items: np.ndarray
+    window_starts: np.ndarray
+    window_chunks: tuple[np.ndarray, ...]
+    chunk_size: int
+    span: int = 1
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def nwindows(self) -> int:
+        return len(self.window_starts) - 1
+
+    @property
+    def max_window_chunks(self) -> int:
+        """The most chunks any one window needs at once."""
+        return max((len(c) for c in self.window_chunks), default=0)
+
+    def window_of(self, position: int) -> int:
+        """The window holding ``position`` in ``items``."""
+        return int(np.searchsorted(self.window_starts, position, side="right")) - 1
+
+    def samples(self, start: int, stop: int) -> np.ndarray:
+        """Sample indices at positions [start, stop): shape (n,) or (n, span) for sequences."""
+        it = self.items[start:stop]
+        if self.span == 1:
+            return it
+        return it[:, None] + np.arange(self.span, dtype=np.int64)
+
+    def chunk_order(self) -> np.ndarray:
+        """Chunks in the order a loader decodes them (window after window)."""
+        if not self.window_chunks:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate(self.window_chunks)
+
+
+def _rng(*words: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([int(w) for w in words]))
+
+
+# stream tags, so that the streams for different purposes never coincide
+_TAG_CHUNKS, _TAG_WINDOW, _TAG_GLOBAL = 0x43484E4B, 0x57494E44, 0x474C4F42
+
+
+def plan_epoch(
+    n_samples: int,
+    chunk_size: int,
+    *,
+    shuffle: Shuffle = "block",
+    seed: int = 0,
+    epoch: int = 0,
+    window: int = 16,
+    rank: int = 0,
+    world_size: int = 1,
+    drop_remainder: bool = False,
+    items: np.ndarray | None = None,
+    span: int = 1,
+) -> EpochPlan:
+    """The epoch's order for one rank (see the module docstring).
+
+    ``items`` (sorted sample indices, default every sample) lets sequences shuffle clip
+    starts instead of samples; ``span`` is how many consecutive samples an item covers.
+    """
+    shuffle = _check_shuffle(shuffle)
+    n_samples = _nonneg("n_samples", n_samples)
+    chunk_size = _nonneg("chunk_size", chunk_size)
+    seed, epoch = _nonneg("seed", seed), _nonneg("epoch", epoch)
+    window, rank, world_size = _nonneg("window", window), _nonneg("rank", rank), _nonneg("world_size", world_size)
+    span = _nonneg("span", span)
+    if chunk_size < 1 or window < 1 or world_size < 1 or span < 1:
+        raise InvalidInputError("chunk_size, window, world_size and span must all be >= 1")
+    if rank >= world_size:
+        raise InvalidInputError(f"rank {rank} is not below world_size {world_size}")
+    if items is None:
+        items = np.arange(n_samples, dtype=np.int64)
+    else:
+        items = np.asarray(items, dtype=np.int64).reshape(-1)
+        if items.size and (items[0] < 0 or items[-1] + span > n_samples or np.any(np.diff(items) <= 0)):
+            raise InvalidInputError("items must be strictly increasing and lie inside the store (with their span)")
+    m = len(items)
+    length = shard_length(m, world_size, drop_remainder)
+    empty = EpochPlan(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), (), chunk_size, span)
+    if length == 0:
+        return empty
+
+    # 1. the sequence every rank agrees on
+    ichunk = items // chunk_size
+    if shuffle == "global":
+        seq = items[_rng(seed, epoch, _TAG_GLOBAL).permutation(m)]
+    elif shuffle == "block":
+        run_starts = np.concatenate([[0], np.flatnonzero(np.diff(ichunk)) + 1])
+        run_lens = np.diff(np.concatenate([run_starts, [m]]))
+        perm = _rng(seed, epoch, _TAG_CHUNKS).permutation(len(run_starts))
+        lens = run_lens[perm]
+        out_starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        pos = np.arange(m, dtype=np.int64) + np.repeat(run_starts[perm] - out_starts, lens)
+        seq = items[pos]
+    else:
+        seq = items
+
+    # 2. this rank's shard (wrapping pads; drop_remainder cuts)
+    total = length * world_size
+    if total != m:
+        seq = np.resize(seq, total)  # np.resize repeats cyclically: wrap-around padding
+    part = np.ascontiguousarray(seq[rank * length : (rank + 1) * length])
+
+    # 3. windows of `window` chunk pieces; items permuted inside each window
+    pchunk = part // chunk_size
+    if shuffle == "global":
+        window_id = np.zeros(length, dtype=np.int64)
+    else:
+        piece = np.concatenate([[0], np.cumsum(np.diff(pchunk) != 0)])
+        window_id = piece // window
+    if shuffle == "block":
+        keys = _rng(seed, epoch, _TAG_WINDOW, rank).random(length)
+        order = np.lexsort((keys, window_id))
+        part = part[order]
+    elif shuffle == "global":
+        pass  # already a full permutation
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(window_id)) + 1, [length]]).astype(np.int64)
+    chunks = []
+    for w in range(len(starts) - 1):
+        first = part[starts[w] : starts[w + 1]]
+        lo = first // chunk_size
+        if span == 1:
+            chunks.append(np.unique(lo))
+        else:
+            hi = (first + span - 1) // chunk_size
+            need = np.unique(np.concatenate([lo, hi]))
+            # a clip may cover whole chunks between its first and last (span > chunk_size)
+            if np.any(hi - lo > 1):
+                extra = [np.arange(a, b + 1) for a, b in zip(lo[hi - lo > 1], hi[hi - lo > 1])]
+                need = np.unique(np.concatenate([need, *extra]))
+            chunks.append(need)
+    return EpochPlan(part, starts, tuple(chunks), chunk_size, span)
+
+
+def epoch_order(
+    n_samples: int,
+    chunk_size: int,
+    seed: int = 0,
+    epoch: int = 0,
+    window: int = 16,
+    rank: int = 0,
+    world_size: int = 1,
+    drop_remainder: bool = False,
+    shuffle: Shuffle = "block",
+) -> np.ndarray:
+    """The sample indices one rank visits in one epoch, in order (int64)."""
+    return plan_epoch(
+        n_samples,
+        chunk_size,
+        shuffle=shuffle,
+        seed=seed,
+        epoch=epoch,
+        window=window,
+        rank=rank,
+        world_size=world_size,
+        drop_remainder=drop_remainder,
+    ).items
+
+
+# -- sequences --------------------------------------------------------------------------
+
+
+def group_runs(groups: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """Boundaries [0, ..., n] of the runs of equal consecutive values in ``groups``.
+
+    A group that comes back after another one starts a new run: clips never join runs.
+    """
+    n = len(groups)
+    if n == 0:
+        return np.zeros(1, dtype=np.int64)
+    arr = np.asarray(groups)
+    if arr.ndim != 1:
+        arr = np.asarray([str(g) for g in groups])
+    change = np.flatnonzero(arr[1:] != arr[:-1]) + 1
+    return np.concatenate([[0], change, [n]]).astype(np.int64)
+
+
+def clip_starts(boundaries: np.ndarray, length: int, stride: int | None = None) -> np.ndarray:
+    """First sample of every clip of ``length`` consecutive samples inside one run.
+
+    ``boundaries`` as from :func:`group_runs`; clips step by ``stride`` (default ``length``:
+    clips do not overlap) and a run's tail shorter than ``length`` makes no clip.
+    """
+    length = _nonneg("sequence_length", length)
+    stride = length if stride is None else _nonneg("sequence_stride", stride)
+    if length < 1 or stride < 1:
+        raise InvalidInputError("sequence_length and sequence_stride must be >= 1")
+    b = np.asarray(boundaries, dtype=np.int64)
+    out = [np.arange(a, e - length + 1, stride, dtype=np.int64) for a, e in zip(b[:-1], b[1:]) if e - a >= length]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+# -- shuffle quality ------------------------------------------------------------------------
+
+
+def batch_label_diversity(labels: np.ndarray, order: np.ndarray, batch_size: int) -> float:
+    """Mean number of distinct labels per full batch when visiting ``order``."""
+    order = np.asarray(order, dtype=np.int64)
+    nb = len(order) // batch_size
+    if nb == 0:
+        return math.nan
+    lab = np.asarray(labels)[order[: nb * batch_size]].reshape(nb, batch_size)
+    lab = np.sort(lab, axis=1)
+    return float(np.mean(1 + np.count_nonzero(np.diff(lab, axis=1), axis=1)))
+
+
+def pairs_kept_together(previous: np.ndarray, current: np.ndarray, batch_size: int) -> float:
+    """Share of the pairs of samples in one batch of ``current`` that shared a batch in ``previous``.
+
+    A full shuffle gives about ``(batch_size - 1) / (n - 1)``; the closer to that the better.
+    """
+    prev, cur = np.asarray(previous, dtype=np.int64), np.asarray(current, dtype=np.int64)
+    n = int(max(prev.max(initial=-1), cur.max(initial=-1))) + 1
+    bprev = np.full(n, -1, dtype=np.int64)
+    bprev[prev] = np.arange(len(prev)) // batch_size
+    bcur = np.arange(len(cur)) // batch_size
+    pairs_total = 0
+    pairs_kept = 0
+    _, counts = np.unique(bcur, return_counts=True)
+    pairs_total = int(np.sum(counts * (counts - 1) // 2))
+    if pairs_total == 0:
+        return math.nan
+    seen = bprev[cur] >= 0
+    key = bcur[seen] * (int(bprev.max(initial=0)) + 1) + bprev[cur[seen]]
+    _, kc = np.unique(key, return_counts=True)
+    pairs_kept = int(np.sum(kc * (kc - 1) // 2))
+    return pairs_kept / pairs_total
