@@ -1,0 +1,493 @@
+"""The codec suite: ratio and speed of blosc2 codecs on real images, and preset advice.
+
+Every combination is measured the way a store uses it: the sample is cut into chunks
+of ``default_chunk_images`` images, each chunk is compressed with ``blosc2.compress2``
+using the exact ``Codec.cparams`` a store writes (blocks of ``block_images`` whole
+images), and decompressed with ``blosc2.decompress2`` into a preallocated buffer, as
+``Store.decompress_chunk`` does.
+
+Speeds are MB/s of *uncompressed* pixels. Compression uses one thread; decompression
+is measured with one thread (what each of the loader's threads gets) and with two
+(blosc2 splitting one chunk's blocks over two threads).
+
+Presets are judged with a simple model of a read-bound loader: an image costs
+``nbytes / (ratio * R)`` seconds to read at read speed ``R`` plus
+``nbytes / (D * cores)`` to decompress at per-core speed ``D`` (the loader decompresses
+whole chunks in parallel threads). ``fast`` maximises throughput when the bytes come
+from the page cache (``R`` = memory-copy speed, measured as the clevel 0 row);
+``small`` when they come over a slow disk or network (``R`` = 50 MB/s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from carraystore.errors import InvalidInputError
+from carraystore.format import PRESETS, Codec
+
+__all__ = [
+    "CODECS",
+    "CLEVELS",
+    "FILTERS",
+    "BLOCKS",
+    "REGIMES",
+    "CodecResult",
+    "codec_grid",
+    "measure_codec",
+    "run_suite",
+    "pareto_front",
+    "throughput",
+    "choose_presets",
+    "recommend_preset",
+    "results_table",
+    "write_results",
+    "plot_results",
+    "load_sample",
+]
+
+#: Codecs, levels, filter sets and block sizes of the full grid (see docs/codecs.md).
+CODECS: tuple[str, ...] = ("blosclz", "lz4", "lz4hc", "zlib", "zstd")
+CLEVELS: tuple[int, ...] = (0, 1, 3, 5, 9)
+#: Filter sets by name; every one runs on the pixel view (typesize = channels x itemsize).
+FILTERS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "shuffle": ("shuffle",),
+    "bitshuffle": ("bitshuffle",),
+    "shuffle+bytedelta": ("shuffle", "bytedelta"),
+}
+BLOCKS: tuple[int, ...] = (1, 4, 16)
+#: Read speeds (MB/s of compressed bytes) of the regimes presets are judged in.
+#: ``None`` means "the page cache": the measured memory-copy speed.
+REGIMES: dict[str, float | None] = {"warm page cache": None, "NVMe 2000 MB/s": 2000.0, "SSD 500 MB/s": 500.0, "disk/network 50 MB/s": 50.0}
+#: Presets must compress at least this fast (MB/s, one thread) so that ingest stays practical.
+MIN_COMPRESS_MBS = 20.0
+
+
+@dataclass(frozen=True)
+class CodecResult:
+    """One measured combination on one dataset."""
+
+    dataset: str
+    codec: str
+    clevel: int
+    filters: str
+    typesize: int
+    block_images: int
+    chunk_images: int
+    nbytes: int
+    cbytes: int
+    compress_mbs: float
+    decompress_mbs_1t: float
+    decompress_mbs_2t: float
+
+    @property
+    def ratio(self) -> float:
+        return self.nbytes / max(1, self.cbytes)
+
+    @property
+    def label(self) -> str:
+        if self.clevel == 0:
+            return f"none (clevel 0) b{self.block_images}"
+        ts = f" ts{self.typesize}" if self.filters not in ("none",) else ""
+        return f"{self.codec}-{self.clevel} {self.filters}{ts} b{self.block_images}"
+
+    def codec_obj(self) -> Codec:
+        """The Codec this row measured."""
+        filters = FILTERS.get(self.filters, ("shuffle",) if self.filters.startswith("shuffle") else ())
+        return Codec(self.codec, self.clevel, filters=filters, typesize=self.typesize, block_images=self.block_images)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ratio"] = round(self.ratio, 4)
+        d["label"] = self.label
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CodecResult:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def codec_grid(
+    codecs: Sequence[str] = CODECS,
+    clevels: Sequence[int] = CLEVELS,
+    filters: Sequence[str] = tuple(FILTERS),
+    blocks: Sequence[int] = BLOCKS,
+    with_ts1_shuffle: bool = True,
+) -> list[tuple[str, int, str, int | None, int]]:
+    """The combinations to measure: (codec, clevel, filter name, typesize or None, block_images).
+
+    clevel 0 stores bytes uncompressed whatever the codec and filter, so it is measured
+    once per block size (as ``zstd``, no filter). With ``with_ts1_shuffle`` one extra row
+    per block size shows the cost of SHUFFLE on single bytes (typesize 1), zstd-1.
+    """
+    grid: list[tuple[str, int, str, int | None, int]] = []
+    for b in blocks:
+        if 0 in clevels:
+            grid.append(("zstd", 0, "none", None, b))
+        for c in codecs:
+            for lvl in clevels:
+                if lvl == 0:
+                    continue
+                for f in filters:
+                    grid.append((c, lvl, f, None, b))
+        if with_ts1_shuffle:
+            grid.append(("zstd", 1, "shuffle", 1, b))
+    return grid
+
+
+def _timeit(fn: Callable[[], Any], repeats: int, budget_s: float) -> float:
+    """Median seconds of ``fn`` over up to ``repeats`` runs (fewer if one run exceeds the budget)."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        if sum(times) > budget_s:
+            break
+    return statistics.median(times)
+
+
+def measure_codec(
+    images: np.ndarray,
+    codec: Codec,
+    dataset: str = "",
+    filters_name: str | None = None,
+    repeats: int = 3,
+    budget_s: float = 0.5,
+) -> CodecResult:
+    """Compress ``images`` (N, H, W, C) chunk by chunk with ``codec`` as a store would; time both ways."""
+    import blosc2
+
+    from carraystore.store import default_chunk_images
+
+    images = np.ascontiguousarray(images)
+    if images.ndim != 4:
+        raise InvalidInputError(f"measure_codec needs (N, H, W, C) images, got shape {images.shape}")
+    resolved = codec.resolve(images.dtype, images.shape[1:])
+    image_nbytes = int(math.prod(images.shape[1:])) * images.dtype.itemsize
+    k = default_chunk_images(image_nbytes, resolved.block_images)  # type: ignore[arg-type]
+    nchunks = max(1, len(images) // k)
+    if len(images) < k:
+        k = len(images) - len(images) % resolved.block_images  # type: ignore[operator]
+        if k < 1:
+            raise InvalidInputError(f"sample of {len(images)} images is smaller than one block of {resolved.block_images}")
+    chunks = [images[i * k : (i + 1) * k] for i in range(nchunks)]
+    blocksize = image_nbytes * resolved.block_images  # type: ignore[operator]
+    cp = resolved.cparams(blocksize, nthreads=1)
+    compressed: list[bytes] = []
+
+    def compress() -> None:
+        compressed.clear()
+        compressed.extend(blosc2.compress2(c, **cp) for c in chunks)
+
+    t_c = _timeit(compress, repeats, budget_s)
+    buf = np.empty_like(chunks[0])
+    nbytes = sum(c.nbytes for c in chunks)
+
+    def decompress(nthreads: int) -> Callable[[], None]:
+        def run() -> None:
+            for data in compressed:
+                blosc2.decompress2(data, dst=buf, nthreads=nthreads)
+
+        return run
+
+    t_d1 = _timeit(decompress(1), repeats, budget_s)
+    t_d2 = _timeit(decompress(2), repeats, budget_s)
+    check = np.empty_like(chunks[0])
+    blosc2.decompress2(compressed[0], dst=check)
+    if not np.array_equal(check, chunks[0]):  # pragma: no cover - a blosc2 bug
+        raise RuntimeError(f"{resolved.describe()}: round trip changed the pixels")
+    name = filters_name if filters_name is not None else ("+".join(resolved.filters) or "none")
+    return CodecResult(
+        dataset=dataset,
+        codec=resolved.codec,
+        clevel=resolved.clevel,
+        filters=name,
+        typesize=int(resolved.typesize),  # type: ignore[arg-type]
+        block_images=int(resolved.block_images),  # type: ignore[arg-type]
+        chunk_images=k,
+        nbytes=nbytes,
+        cbytes=sum(len(c) for c in compressed),
+        compress_mbs=nbytes / t_c / 1e6,
+        decompress_mbs_1t=nbytes / t_d1 / 1e6,
+        decompress_mbs_2t=nbytes / t_d2 / 1e6,
+    )
+
+
+def run_suite(
+    samples: dict[str, np.ndarray],
+    grid: Iterable[tuple[str, int, str, int | None, int]] | None = None,
+    repeats: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> list[CodecResult]:
+    """Measure every combination of ``grid`` (default: the full grid) on every sample."""
+    combos = list(grid) if grid is not None else codec_grid()
+    out = []
+    for name, images in samples.items():
+        for codec, lvl, fname, ts, b in combos:
+            label = "shuffle-ts1" if ts == 1 and fname == "shuffle" else fname
+            c = Codec(codec, lvl, filters=FILTERS[fname], typesize=ts, block_images=b)
+            r = measure_codec(images, c, dataset=name, filters_name=label, repeats=repeats)
+            out.append(r)
+            if progress:
+                progress(f"{name}: {r.label} ratio {r.ratio:.3f} c {r.compress_mbs:.0f} d {r.decompress_mbs_1t:.0f} MB/s")
+    return out
+
+
+# -- analysis ----------------------------------------------------------------------------
+
+
+def pareto_front(results: Sequence[CodecResult], speed: str = "decompress_mbs_1t") -> list[CodecResult]:
+    """Rows not beaten on both ratio and ``speed`` by another row, by falling speed."""
+    rows = sorted(results, key=lambda r: (-getattr(r, speed), -r.ratio))
+    front: list[CodecResult] = []
+    best_ratio = -1.0
+    for r in rows:
+        if r.ratio > best_ratio:
+            front.append(r)
+            best_ratio = r.ratio
+    return front
+
+
+def memory_speed(results: Sequence[CodecResult]) -> float:
+    """Memory-copy speed (MB/s) seen in the suite: the fastest clevel 0 decompression."""
+    zero = [r.decompress_mbs_1t for r in results if r.clevel == 0]
+    return max(zero) if zero else max(r.decompress_mbs_1t for r in results)
+
+
+def throughput(r: CodecResult, read_mbs: float, cores: int = 2) -> float:
+    """Modelled MB/s of images delivered when compressed bytes arrive at ``read_mbs``."""
+    return 1.0 / (1.0 / (r.ratio * read_mbs) + 1.0 / (r.decompress_mbs_1t * cores))
+
+
+def _regime_speed(results: Sequence[CodecResult], read: float | None) -> float:
+    return memory_speed(results) if read is None else read
+
+
+def _eligible(results: Sequence[CodecResult]) -> list[CodecResult]:
+    return [r for r in results if r.clevel > 0 and r.compress_mbs >= MIN_COMPRESS_MBS and r.filters != "shuffle-ts1"]
+
+
+def _mean_by_combo(results: Sequence[CodecResult]) -> list[CodecResult]:
+    """Average ratio and speeds of each combination over the datasets (harmonic for speeds)."""
+    groups: dict[tuple[Any, ...], list[CodecResult]] = {}
+    for r in results:
+        groups.setdefault((r.codec, r.clevel, r.filters, r.typesize, r.block_images), []).append(r)
+    out = []
+    for rows in groups.values():
+        nb = sum(r.nbytes for r in rows)
+        cb = sum(r.cbytes for r in rows)
+
+        def hmean(attr: str) -> float:
+            return nb / sum(r.nbytes / getattr(r, attr) for r in rows)
+
+        out.append(
+            dataclasses.replace(
+                rows[0],
+                dataset="+".join(sorted({r.dataset for r in rows})),
+                nbytes=nb,
+                cbytes=cb,
+                compress_mbs=hmean("compress_mbs"),
+                decompress_mbs_1t=hmean("decompress_mbs_1t"),
+                decompress_mbs_2t=hmean("decompress_mbs_2t"),
+            )
+        )
+    return out
+
+
+def choose_presets(results: Sequence[CodecResult], cores: int = 2) -> dict[str, CodecResult]:
+    """Pick ``fast``, ``balanced`` and ``small`` from measured rows (averaged over datasets).
+
+    fast: best modelled throughput from the page cache; small: best throughput at
+    50 MB/s (in practice: the highest ratio that still decompresses fast enough);
+    balanced: best throughput at 500 MB/s (SATA SSD / fast network).
+    Only rows with clevel > 0, pixel-view typesize and compression >= MIN_COMPRESS_MBS qualify.
+    """
+    rows = _eligible(_mean_by_combo(results))
+    if not rows:
+        raise InvalidInputError("no eligible codec rows to choose presets from")
+    mem = memory_speed(_mean_by_combo(results))
+    return {
+        "fast": max(rows, key=lambda r: throughput(r, mem, cores)),
+        "balanced": max(rows, key=lambda r: throughput(r, 500.0, cores)),
+        "small": max(rows, key=lambda r: throughput(r, 50.0, cores)),
+    }
+
+
+def recommend_preset(
+    results: Sequence[CodecResult], read_mbs: float | None = None, cores: int | None = None
+) -> tuple[str, dict[str, dict[str, float]]]:
+    """Which of the presets to use on this data, and the modelled MB/s of each per regime.
+
+    ``results`` must hold one row per preset with the preset's name as ``dataset``
+    (see ``measure_presets``). ``read_mbs`` is the user's read speed; None judges the
+    warm page cache (data that fits in RAM).
+    """
+    cores = cores or min(8, os.cpu_count() or 1)
+    by_name = {r.dataset: r for r in results}
+    mem = max(r.decompress_mbs_1t for r in results if r.dataset == "none") if "none" in by_name else 10000.0
+    table: dict[str, dict[str, float]] = {}
+    for name in PRESETS:
+        r = by_name[name]
+        table[name] = {regime: throughput(r, mem if read is None else read, cores) for regime, read in REGIMES.items()}
+        if read_mbs is not None:
+            table[name]["yours"] = throughput(r, read_mbs, cores)
+    key = "yours" if read_mbs is not None else "warm page cache"
+    best = max(PRESETS, key=lambda n: table[n][key])
+    return best, table
+
+
+def measure_presets(images: np.ndarray, repeats: int = 3) -> list[CodecResult]:
+    """Each preset (plus uncompressed, for the memory speed) on ``images``; ``dataset`` = preset name."""
+    rows = [measure_codec(images, Codec("zstd", 0), dataset="none", repeats=repeats)]
+    for name, codec in PRESETS.items():
+        rows.append(measure_codec(images, codec, dataset=name, repeats=repeats))
+    return rows
+
+
+# -- output ------------------------------------------------------------------------------
+
+
+def results_table(results: Sequence[CodecResult], front: Iterable[CodecResult] = ()) -> str:
+    """A markdown table of the rows (Pareto-front rows marked with *)."""
+    marks = {id(r) for r in front}
+    lines = [
+        "| dataset | codec | clevel | filters | typesize | block imgs | ratio | compress MB/s | decompress MB/s 1t | decompress MB/s 2t | Pareto |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|:-:|",
+    ]
+    for r in results:
+        codec = "none" if r.clevel == 0 else r.codec
+        lines.append(
+            f"| {r.dataset} | {codec} | {r.clevel} | {r.filters} | {r.typesize} | {r.block_images} | {r.ratio:.3f} | "
+            f"{r.compress_mbs:.0f} | {r.decompress_mbs_1t:.0f} | {r.decompress_mbs_2t:.0f} | {'*' if id(r) in marks else ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(results: Sequence[CodecResult], path: str | os.PathLike[str], title: str = "") -> Path | None:
+    """Ratio against decompression speed (1 thread), one panel per dataset, Pareto fronts marked.
+
+    Returns the PNG path, or None when matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    datasets = sorted({r.dataset for r in results})
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 5.2), squeeze=False)
+    colors = {"blosclz": "tab:blue", "lz4": "tab:orange", "lz4hc": "tab:green", "zlib": "tab:red", "zstd": "tab:purple"}
+    markers = {"none": "o", "shuffle": "s", "bitshuffle": "^", "shuffle+bytedelta": "D", "shuffle-ts1": "x"}
+    for ax, ds in zip(axes[0], datasets):
+        rows = [r for r in results if r.dataset == ds]
+        for r in rows:
+            color = "black" if r.clevel == 0 else colors.get(r.codec, "gray")
+            ax.scatter(r.decompress_mbs_1t, r.ratio, c=color, marker=markers.get(r.filters, "o"), s=12 + 6 * r.block_images ** 0.5, alpha=0.6)
+        front = pareto_front(rows)
+        ax.plot([r.decompress_mbs_1t for r in front], [r.ratio for r in front], "k--", lw=1, label="Pareto front")
+        for r in front:
+            ax.annotate(r.label, (r.decompress_mbs_1t, r.ratio), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("decompression MB/s (1 thread, log)")
+        ax.set_ylabel("compression ratio")
+        ax.set_title(f"{ds}")
+        ax.grid(True, alpha=0.3)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, marker="o", ls="", label=n) for n, c in colors.items()]
+    handles += [Line2D([], [], color="gray", marker=m, ls="", label=f) for f, m in markers.items()]
+    handles.append(Line2D([], [], color="black", marker="o", ls="", label="no compression"))
+    handles.append(Line2D([], [], color="black", ls="--", label="Pareto front"))
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="best")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def write_results(
+    results: Sequence[CodecResult], out_dir: str | os.PathLike[str], info: dict[str, Any] | None = None, stem: str = "codecs"
+) -> dict[str, Path]:
+    """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` under ``out_dir``; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fronts = {ds: pareto_front([r for r in results if r.dataset == ds]) for ds in sorted({r.dataset for r in results})}
+    all_front = [r for f in fronts.values() for r in f]
+    chosen = choose_presets(results)
+    payload = {
+        "info": info or {},
+        "results": [r.to_dict() for r in results],
+        "pareto": {ds: [r.label for r in f] for ds, f in fronts.items()},
+        "chosen_presets": {k: v.codec_obj().to_config() | {"label": v.label} for k, v in chosen.items()},
+        "memory_speed_mbs": memory_speed(results),
+    }
+    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md"}
+    tmp = paths["json"].with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, paths["json"])
+    md = [f"# Codec suite{(' — ' + info['title']) if info and info.get('title') else ''}", ""]
+    if info:
+        md += [f"- {k}: {v}" for k, v in info.items() if k != "title"] + [""]
+    md += ["Rows on a dataset's Pareto front (ratio against 1-thread decompression) are marked *.", ""]
+    md.append(results_table(results, all_front))
+    md += ["", "## Presets chosen from these rows (averaged over datasets)", ""]
+    md += [f"- `{k}`: {v.label}" for k, v in chosen.items()]
+    paths["md"].write_text("\n".join(md) + "\n")
+    png = plot_results(results, out / f"{stem}.png", title=(info or {}).get("title", ""))
+    if png is not None:
+        paths["png"] = png
+    return paths
+
+
+def load_results(path: str | os.PathLike[str]) -> list[CodecResult]:
+    """Rows back from ``write_results``'s JSON."""
+    data = json.loads(Path(path).read_text())
+    return [CodecResult.from_dict(d) for d in data["results"]]
+
+
+# -- samples -----------------------------------------------------------------------------
+
+
+def load_sample(path: str | os.PathLike[str], n: int = 128, seed: int = 0, image_size: tuple[int, int] | None = None) -> np.ndarray:
+    """Up to ``n`` images from a folder of images or a ``.b2nd`` store, as (n, H, W, C).
+
+    A folder gives a seeded random subset decoded with Pillow (RGB); a store gives
+    ``n`` consecutive images starting at a seeded random chunk boundary (keeping the
+    neighbourhood that compression sees in the store).
+    """
+    from carraystore.benchmarks.datasets import decode_images, list_image_folder
+
+    p = Path(path)
+    if p.is_dir():
+        folder = list_image_folder(p, limit=n, seed=seed)
+        return decode_images(folder.files, image_size)
+    if p.suffix == ".b2nd" and p.is_file():
+        import carraystore
+
+        store = carraystore.open(p)
+        if store.meta.layout != "NHWC":
+            raise InvalidInputError(f"{p}: the codec suite needs an image store (layout NHWC), this one is {store.meta.layout!r}")
+        total = len(store)
+        n = min(n, total)
+        k = store.chunk_images
+        starts = list(range(0, max(1, total - n + 1), k))
+        start = starts[int(np.random.default_rng(seed).integers(len(starts)))]
+        return store[start : start + n]
+    raise InvalidInputError(f"{p}: give a folder of images or a .b2nd store")
