@@ -273,6 +273,9 @@ class ChunkHeader:
     filters: tuple[str, ...]
     filters_meta: tuple[int, ...]
     memcpyed: bool
+    #: a special-value chunk (a run of zeros, NaNs, a repeated value, uninitialised): blosc2
+    #: frames store these without data and synthesise a header with default parameters
+    special: bool = False
 
 
 def parse_chunk_header(chunk: bytes) -> ChunkHeader:
@@ -310,11 +313,14 @@ def parse_chunk_header(chunk: bytes) -> ChunkHeader:
         filters=tuple(filters),
         filters_meta=tuple(meta),
         memcpyed=bool(b[31] & 0x01) if extended else bool(flags & 0x02),
+        special=bool((b[31] >> 4) & 0x07) if extended else False,
     )
 
 
 def check_codec_against_header(codec: Codec, blocksize: int, header: ChunkHeader, where: str) -> None:
     """Raise CodecMismatchError naming both sides when a chunk header disagrees with the record."""
+    if header.special:
+        return  # no compressed data: the header's parameters are blosc2's, not the writer's
     problems = []
     if header.typesize != codec.typesize:
         problems.append(f"typesize {header.typesize} in the file, {codec.typesize} recorded")

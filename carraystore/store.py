@@ -87,6 +87,25 @@ def _blosc2_cparams_for_frame(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
     return cp
 
 
+def _crc_matches(data: bytes, want: int, chunk_nbytes: int) -> bool:
+    """Whether a chunk read from the file matches its recorded CRC32.
+
+    A chunk of one repeated value (e.g. all-black images) is a blosc2 "special" chunk: the
+    frame keeps no bytes for it and ``get_chunk`` synthesises a 32-byte header, so there is
+    nothing to checksum; such a chunk is accepted when its header is special and its size
+    is the chunk's.
+    """
+    if crc32(data) == want:
+        return True
+    if len(data) != 32:
+        return False
+    try:
+        header = parse_chunk_header(data)
+    except FormatError:
+        return False
+    return header.special and header.nbytes == chunk_nbytes
+
+
 def _records(a: np.ndarray) -> np.ndarray:
     """``a`` viewed as raw records, so that assignment copies every byte.
 
@@ -352,7 +371,7 @@ class Store:
         """The images of chunk ``i`` as an array (a view of ``out`` when given)."""
         i = self._check_chunk_index(i)
         data = self.read_chunk_bytes(i)
-        if verify and crc32(data) != int(self.meta.crc32[i]):
+        if verify and not _crc_matches(data, int(self.meta.crc32[i]), self.meta.chunk_images * self.meta.image_nbytes):
             raise ChecksumError(f"{self.path}: chunk {i} fails its CRC32 check; the file is damaged")
         return self.decompress_chunk(i, data, out)
 
@@ -429,7 +448,7 @@ class Store:
                 problems.append(ChunkProblem(i, f"cannot be read: {exc.__cause__ or exc}"))
                 continue
             want, got = int(self.meta.crc32[i]), crc32(data)
-            if want != got:
+            if not _crc_matches(data, want, self.meta.chunk_images * self.meta.image_nbytes):
                 problems.append(ChunkProblem(i, f"CRC32 mismatch: recorded {want:08x}, file has {got:08x}"))
                 continue
             try:
@@ -568,7 +587,7 @@ class StoreWriter:
         self._stored = meta.nimages  # images the array already holds
         if self._fill:
             data = array.schunk.get_chunk(self._chunk_start // k)
-            if crc32(data) != self._crc[self._chunk_start // k]:
+            if not _crc_matches(data, self._crc[self._chunk_start // k], k * meta.image_nbytes):
                 raise CorruptStoreError(f"{path}: last chunk fails its CRC32 check; not appending to a damaged store")
             blosc2.decompress2(data, dst=self._buf)
             self._buf[self._fill :].view(np.uint8)[...] = 0
