@@ -1,0 +1,356 @@
+"""carraystore.loader: threaded block-shuffled batches from stores of real photos."""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import carraystore
+from carraystore.errors import InvalidInputError, LoaderError
+from carraystore.loader import THREAD_NAME_PREFIX, batches
+from carraystore.sample_data import PHOTOS, make_photo_folder, make_video_folder
+from carraystore.sampling import batch_label_diversity, pairs_kept_together
+
+CLASSES = PHOTOS[:4]
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX) and t.is_alive()]
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_left_behind():
+    yield
+    gc.collect()
+    assert loader_threads() == [], "a test left loader threads running"
+
+
+@pytest.fixture(scope="module")
+def photo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """200 real 32x32 JPEG photos in class folders, ingested with the default shuffled write."""
+    root = tmp_path_factory.mktemp("loader")
+    folder = make_photo_folder(root / "photos", n=200, size=(32, 32), classes=CLASSES, seed=5)
+    out = root / "photos.b2nd"
+    carraystore.from_directory(folder, out, chunk_images=16, workers=1)
+    return out
+
+
+def index_of(store: carraystore.Store) -> dict[bytes, int]:
+    """Every image's bytes -> its index (the random photo crops are all different)."""
+    images = store[:]
+    table = {images[i].tobytes(): i for i in range(len(images))}
+    assert len(table) == len(images), "fixture images must be distinct"
+    return table
+
+
+def indices(table: dict[bytes, int], x: np.ndarray) -> list[int]:
+    return [table[img.tobytes()] for img in x]
+
+
+@pytest.mark.parametrize("shuffle", ["block", "global", False])
+@pytest.mark.parametrize("batch_size", [32, 7])
+def test_each_epoch_visits_every_sample_once(photo_store: Path, shuffle: str | bool, batch_size: int) -> None:
+    store = carraystore.open(photo_store)
+    table = index_of(store)
+    n = len(store)
+    orders = []
+    for epoch in (0, 1):
+        seen: list[int] = []
+        sizes = []
+        for x, y in store.batches(batch_size, shuffle=shuffle, epoch=epoch, window=3, prefetch=2):
+            assert x.dtype == np.uint8 and x.shape[1:] == (32, 32, 3)
+            idx = indices(table, x)
+            assert np.array_equal(y, store.labels[idx])
+            seen.extend(idx)
+            sizes.append(len(x))
+        assert sorted(seen) == list(range(n))
+        assert sizes == [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size else [])
+        orders.append(seen)
+    if shuffle:
+        assert orders[0] != orders[1]
+        assert orders[0] != list(range(n))
+    else:
+        assert orders[0] == orders[1] == list(range(n))
+
+
+def test_same_arguments_give_the_same_batches(photo_store: Path) -> None:
+    a = list(batches(photo_store, 16, seed=4, epoch=3, window=2))
+    b = list(batches(photo_store, 16, seed=4, epoch=3, window=2))
+    c = list(batches(photo_store, 16, seed=5, epoch=3, window=2))
+    assert all(np.array_equal(x1, x2) and np.array_equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
+    assert not all(np.array_equal(x1, x2) for (x1, _), (x2, _) in zip(a, c))
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_ranks_get_disjoint_equal_shards_covering_every_sample(photo_store: Path, drop: bool) -> None:
+    store = carraystore.open(photo_store)
+    table = index_of(store)
+    world = 3
+    shards = []
+    for rank in range(world):
+        got = []
+        for x, _ in store.batches(10, epoch=1, window=2, rank=rank, world_size=world, drop_remainder=drop):
+            if drop:
+                assert len(x) == 10
+            got.extend(indices(table, x))
+        shards.append(got)
+    lengths = {len(s) for s in shards}
+    assert len(lengths) == 1
+    union = [i for s in shards for i in s]
+    if drop:  # 200 // 3 = 66 per rank, 60 in whole batches of 10
+        assert lengths == {60}
+        assert len(set(union)) == len(union)
+    else:  # ceil(200 / 3) = 67 per rank: one sample repeated by wrapping around
+        assert lengths == {67}
+        assert set(union) == set(range(len(store)))
+        assert len(union) - len(set(union)) == 1
+
+
+def test_resuming_yields_exactly_the_remaining_batches(photo_store: Path) -> None:
+    full = list(batches(photo_store, 12, epoch=2, window=3))
+    it = batches(photo_store, 12, epoch=2, window=3)
+    for _ in range(5):
+        next(it)
+    epoch, start = it.position
+    it.close()
+    assert (epoch, start) == (2, 5)
+    rest = batches(photo_store, 12, epoch=epoch, start_batch=start, window=3)
+    assert len(rest) == len(full) - 5
+    tail = list(rest)
+    assert len(tail) == len(full) - 5
+    for (x1, y1), (x2, y2) in zip(full[5:], tail):
+        assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+    assert list(batches(photo_store, 12, epoch=2, start_batch=len(full))) == []
+    with pytest.raises(InvalidInputError, match="start_batch"):
+        batches(photo_store, 12, start_batch=len(full) + 1)
+
+
+def test_batch_diversity_and_shuffle_quality(tmp_path: Path) -> None:
+    """Class-sorted folders, default shuffled write: block shuffle mixes as well as a global one."""
+    classes = PHOTOS  # 8 classes
+    folder = make_photo_folder(tmp_path / "sorted", n=768, size=(16, 16), classes=classes, seed=2)
+    shuffled = carraystore.from_directory(folder, tmp_path / "shuffled.b2nd", chunk_images=16, workers=1)
+    kept = carraystore.from_directory(folder, tmp_path / "kept.b2nd", chunk_images=16, keep_order=True, workers=1)
+    assert shuffled.path.exists() and kept.path.exists()
+
+    def measure(path: Path, shuffle: str) -> tuple[float, float]:
+        store = carraystore.open(path)
+        table = index_of(store)
+        orders, diversity = [], []
+        for epoch in range(4):
+            order, ys = [], []
+            for x, y in store.batches(32, shuffle=shuffle, epoch=epoch, window=4, seed=1):
+                order.extend(indices(table, x))
+                ys.append(y)
+            orders.append(np.array(order))
+            labels = np.concatenate(ys)
+            diversity.append(batch_label_diversity(labels, np.arange(len(labels)), 32))
+        kept_pairs = [pairs_kept_together(orders[e - 1], orders[e], 32) for e in range(1, 4)]
+        return float(np.mean(diversity)), float(np.mean(kept_pairs))
+
+    block_div, block_pairs = measure(shuffled.path, "block")
+    global_div, global_pairs = measure(shuffled.path, "global")
+    sorted_div, sorted_pairs = measure(kept.path, "block")
+    print(
+        f"\nbatch diversity (distinct labels per batch of 32, 8 classes): block {block_div:.2f}, "
+        f"global {global_div:.2f}, block on a class-sorted (--keep-order) store {sorted_div:.2f}"
+        f"\nsame-batch pairs also together the epoch before: block {block_pairs:.4f}, global {global_pairs:.4f}, "
+        f"class-sorted block {sorted_pairs:.4f} (a full shuffle expects {31 / 767:.4f})"
+    )
+    assert abs(block_div - global_div) <= 0.1 * global_div
+    # the metric does tell: windows of a class-sorted store hold few classes
+    assert sorted_div < 0.9 * global_div
+    # block shuffle keeps more pairs together than a full shuffle, but far from all of them
+    assert global_pairs < 3 * 31 / 767
+    assert block_pairs < 0.5
+
+
+def test_stopping_early_leaves_no_thread(photo_store: Path) -> None:
+    for x, y in batches(photo_store, 8, window=2):
+        break
+    gc.collect()
+    assert loader_threads() == []
+    it = batches(photo_store, 8, window=2)
+    next(it)
+    threads = it.threads
+    assert any(t.is_alive() for t in threads) or it.chunks_decoded > 0
+    it.close()
+    assert not any(t.is_alive() for t in threads)
+    with pytest.raises(StopIteration):
+        next(it)
+    with batches(photo_store, 8) as it2:
+        next(it2)
+    assert loader_threads() == []
+    # never iterated at all, then dropped
+    it3 = batches(photo_store, 8)
+    threads = it3.threads
+    del it3
+    gc.collect()
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_a_transform_runs_in_the_loader_threads(photo_store: Path) -> None:
+    names = set()
+
+    def to_float(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        names.add(threading.current_thread().name)
+        return x.astype(np.float32) / 255.0, y
+
+    store = carraystore.open(photo_store)
+    plain = list(store.batches(50, epoch=1))
+    done = list(store.batches(50, epoch=1, transform=to_float))
+    assert all(n.startswith(THREAD_NAME_PREFIX) for n in names) and names
+    for (x0, y0), (x1, y1) in zip(plain, done):
+        assert x1.dtype == np.float32 and np.allclose(x1 * 255.0, x0)
+        assert np.array_equal(y0, y1)
+
+
+def test_a_transform_that_raises_stops_everything(photo_store: Path) -> None:
+    def bad(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if bad.calls == 2:  # type: ignore[attr-defined]
+            raise ValueError("boom")
+        bad.calls += 1  # type: ignore[attr-defined]
+        return x, y
+
+    bad.calls = 0  # type: ignore[attr-defined]
+    it = batches(photo_store, 10, transform=bad, window=2)
+    threads = it.threads
+    got = 0
+    with pytest.raises(LoaderError, match=r"batch 2 .*boom") as info:
+        for _ in it:
+            got += 1
+    assert got == 2
+    assert isinstance(info.value.__cause__, ValueError)
+    assert not any(t.is_alive() for t in threads)
+    with pytest.raises(LoaderError, match="pair"):
+        list(batches(photo_store, 10, transform=lambda x, y: x))
+
+
+def test_a_damaged_chunk_reaches_the_consumer_naming_it(photo_store: Path, tmp_path: Path) -> None:
+    damaged = tmp_path / "damaged.b2nd"
+    shutil.copyfile(photo_store, damaged)
+    data = carraystore.open(photo_store).read_chunk_bytes(3)
+    raw = bytearray(damaged.read_bytes())
+    at = raw.find(data)
+    assert at > 0
+    for j in range(at + len(data) // 2, at + len(data) // 2 + 64):
+        raw[j] ^= 0xFF
+    damaged.write_bytes(bytes(raw))
+    it = batches(damaged, 10, verify=True, shuffle=False, window=2, prefetch=1)
+    threads = it.threads
+    with pytest.raises(LoaderError, match=r"chunk 3\b") as info:
+        list(it)
+    assert info.value.chunk == 3  # type: ignore[attr-defined]
+    assert isinstance(info.value.__cause__, carraystore.ChecksumError)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_threads_end_cleanly_at_interpreter_exit(photo_store: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import atexit, threading
+        def report():
+            alive = [t.name for t in threading.enumerate() if t.name.startswith("carraystore-loader") and t.is_alive()]
+            print("ALIVE", alive, flush=True)
+        atexit.register(report)  # runs after carraystore's own handler (registered later)
+        import carraystore
+        it = carraystore.open({str(photo_store)!r}).batches(4, window=1, prefetch=1, queue_size=1)
+        next(it)
+        print("CONSUMED", flush=True)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "CONSUMED" in proc.stdout
+    assert "ALIVE []" in proc.stdout, proc.stdout
+
+
+def test_label_modes_and_unlabelled_stores(photo_store: Path, tmp_path: Path) -> None:
+    store = carraystore.open(photo_store)
+    ints = list(store.batches(20, epoch=1))
+    cats = list(store.batches(20, epoch=1, label_mode="categorical"))
+    for (x0, y0), (x1, y1) in zip(ints, cats):
+        assert np.array_equal(x0, x1)
+        assert y1.dtype == np.float32 and y1.shape == (len(x0), len(CLASSES))
+        assert np.array_equal(np.argmax(y1, axis=1), y0) and np.all(y1.sum(axis=1) == 1)
+    assert all(y is None for _, y in store.batches(20, label_mode=None))
+    # a store written without labels yields y = None
+    out = tmp_path / "nolabels.b2nd"
+    with carraystore.create(out, (32, 32, 3), chunk_images=8) as w:
+        w.append(store[:50])
+    got = list(batches(out, 16))
+    assert [len(x) for x, _ in got] == [16, 16, 16, 2] and all(y is None for _, y in got)
+
+
+def test_any_item_shape_and_dtype(tmp_path: Path) -> None:
+    out = tmp_path / "vectors.b2nd"
+    data = np.arange(101 * 5, dtype=np.float32).reshape(101, 5)
+    with carraystore.create(out, (5,), dtype="float32", chunk_images=8, layout="array") as w:
+        w.append(data, labels=np.arange(101) % 3)
+    rows = []
+    for x, y in batches(out, 9, window=2, epoch=4):
+        assert x.shape[1:] == (5,) and x.dtype == np.float32
+        assert np.array_equal(y, (x[:, 0] // 5).astype(np.int64) % 3)
+        rows.extend((x[:, 0] // 5).astype(int).tolist())
+    assert sorted(rows) == list(range(101))
+
+
+def test_sequences_of_video_frames_never_cross_a_clip(tmp_path: Path) -> None:
+    folder = make_video_folder(tmp_path / "video", clips=4, frames=23, size=(24, 24))
+    res = carraystore.from_directory(folder, tmp_path / "video.b2nd", keep_order=True, chunk_images=10, workers=1)
+    store = carraystore.open(res.path)
+    table = index_of(store)
+    keys = list(store.keys)
+    L = 5
+    clips = []
+    for x, y in store.batches(3, sequence_length=L, window=2, epoch=1):
+        assert x.shape[1:] == (L, 24, 24, 3)
+        for clip, label in zip(x, y):
+            idx = indices(table, clip)
+            assert idx == list(range(idx[0], idx[0] + L)), "frames of a clip are consecutive"
+            assert len({k.rsplit("/", 1)[0] for k in (keys[i] for i in idx)}) == 1, "a clip stays in one folder"
+            assert label == store.labels[idx[0]]
+            clips.append(idx[0])
+    # 4 clips of 23 frames: 4 sequences of 5 each, every one exactly once
+    assert len(clips) == 16 and len(set(clips)) == 16
+    # an explicit groups array works the same way
+    groups = [k.rsplit("/", 1)[0] for k in keys]
+    firsts = [c[0] for x, _ in batches(res.path, 4, sequence_length=L, groups=groups, shuffle=False) for c in [[table[f.tobytes()] for f in clip] for clip in x]]
+    assert firsts == sorted(clips)
+
+
+def test_memory_pool_is_window_plus_prefetch_chunks(photo_store: Path) -> None:
+    store = carraystore.open(photo_store)  # 200 images in 13 chunks of 16
+    with store.batches(8, window=3, prefetch=2) as it:
+        assert it.pool_chunks == 5
+        list(it)
+        assert it.chunks_decoded == store.nchunks
+    with store.batches(8, shuffle="global") as it:
+        assert it.pool_chunks == store.nchunks
+    with store.batches(8, window=1, prefetch=0) as it:
+        assert it.pool_chunks == 1
+        assert sum(len(x) for x, _ in it) == len(store)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(batch_size=0), "batch_size"),
+        (dict(batch_size=4, label_mode="onehot"), "label_mode"),
+        (dict(batch_size=4, groups=[0] * 200), "sequence_length"),
+        (dict(batch_size=4, rank=1), "world_size"),
+        (dict(batch_size=4, shuffle="sometimes"), "shuffle"),
+        (dict(batch_size=4, sequence_length=2, groups=[0, 1]), "groups"),
+    ],
+)
+def test_bad_arguments_are_refused(photo_store: Path, kwargs: dict, match: str) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        batches(photo_store, **kwargs)
