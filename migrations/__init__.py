@@ -1,4 +1,27 @@
 """Migrations: turn other formats (legacy bcolz, npz caches, HDF5, older store versions) into stores.
 
 This folder sits at the top of the repository and installs as ``carraystore.migrations``.
+
+``migrate(src, out)`` detects the source, streams it into a store chunk by chunk, re-reads
+the store and compares it bit for bit with the source, and only then renames it into
+place. ``carraystore migrate SRC OUT.b2nd`` is the command line front end.
+
+* ``carraystore.migrations.bcolz``: a pure bcolz carray/ctable reader (bcolz itself is
+  never imported) and ``write_carray`` (real c-blosc 1.x chunks, for tests and benchmarks).
+* ``carraystore.migrations.blosc1``: Blosc1 chunk decoding (pre-1.11 split flag, snappy).
+* ``carraystore.migrations.npz`` / ``.hdf5``: ``.npz`` caches and HDF5 datasets.
+* ``carraystore.migrations.versions``: the registry of store format-version upgrades.
 """
+
+from __future__ import annotations
+
+from carraystore.migrations.core import (
+    Block,
+    MigrationReport,
+    MigrationVerifyError,
+    Source,
+    migrate,
+    open_source,
+)
+
+__all__ = ["migrate", "open_source", "MigrationReport", "MigrationVerifyError", "Source", "Block"]

@@ -1,0 +1,75 @@
+"""``carraystore migrate``: the command line front end of ``carraystore.migrations.migrate``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from carraystore.errors import InvalidInputError
+
+__all__ = ["register", "run"]
+
+_EPILOG = """\
+examples:
+  carraystore migrate train_data.bc train.b2nd                 # a bcolz carray (fast.ai save_array)
+  carraystore migrate --images trn_x.bc --labels trn_y.bc train.b2nd   # two carrays
+  carraystore migrate table.bc out.b2nd --images img --labels label    # a bcolz ctable
+  carraystore migrate cache.npz out.b2nd                       # np.savez cache {path: image}
+  carraystore migrate data.h5 out.b2nd --dataset images --labels labels
+  carraystore migrate old.b2nd new.b2nd                        # a store of an older format version
+"""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``migrate`` sub-command."""
+    p = subparsers.add_parser(
+        "migrate",
+        help="convert a legacy bcolz array, .npz cache, HDF5 file or older store into a store",
+        description=(
+            "Migrate SRC into the store OUT.b2nd, exactly: every element bit-exact, attrs kept, the source dtype kept. "
+            "The store is re-read and compared with the source before it is renamed into place; the source is never "
+            "modified. SRC may be a bcolz carray or ctable folder (any bcolz 0.7 - 1.2.1, bcolz-zipline; bcolz need not "
+            "be installed), an .npz file, an HDF5 file, or a carraystore store of an older format version."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", nargs="?", metavar="SRC", help="the source (leave out with --images X.bc --labels Y.bc)")
+    p.add_argument("out", metavar="OUT.b2nd", help="the store to write")
+    p.add_argument("--images", metavar="NAME", help="ctable column / HDF5 dataset / npz member with the images; or, without SRC, a bcolz carray folder")
+    p.add_argument("--labels", metavar="NAME", help="column / dataset / member with the labels; or, without SRC, a bcolz carray folder of labels")
+    p.add_argument("--dataset", metavar="NAME", help="HDF5: the dataset to migrate (inferred when the file holds one)")
+    p.add_argument("--allow-pickle", action="store_true", help="allow object-dtype bcolz arrays (unpickling runs code from the file: only for files you trust)")
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip re-reading the store and comparing it with the source")
+    p.add_argument("--preset", metavar="NAME", help="codec preset of the new store: fast, balanced (default) or small")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT.b2nd if it exists")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handle ``carraystore migrate``; returns the exit status (0 done, 1 verification failed)."""
+    from carraystore.migrations.core import MigrationVerifyError, migrate
+
+    src, out = args.src, args.out
+    if src is None and args.images is None:
+        raise InvalidInputError("give SRC and OUT.b2nd, or --images X.bc [--labels Y.bc] OUT.b2nd")
+    try:
+        report = migrate(
+            src,
+            out,
+            images=args.images,
+            labels=args.labels,
+            dataset=args.dataset,
+            allow_pickle=args.allow_pickle,
+            verify=args.verify,
+            preset=args.preset,
+            overwrite=args.overwrite,
+            progress=not args.quiet and sys.stderr.isatty(),
+        )
+    except MigrationVerifyError as exc:
+        print(f"carraystore migrate: verification failed: {exc}", file=sys.stderr)
+        return 1
+    print(report.summary())  # warnings included
+    return 0
