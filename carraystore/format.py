@@ -219,10 +219,15 @@ class Codec:
         if typesize > 255:
             typesize = 1  # blosc2's limit; only matters for shuffle filters
         block_images = self.block_images or max(1, BLOCK_TARGET_BYTES // item_nbytes)
-        meta = tuple(
-            (typesize if (f == "bytedelta" and m == 0) else m) for f, m in zip(self.filters, self.filters_meta)
-        )
-        return dataclasses.replace(self, typesize=typesize, filters_meta=meta, block_images=block_images)
+        pairs = list(zip(self.filters, self.filters_meta))
+        if typesize == 1:
+            # With 1-byte items blosc2 silently drops BYTEDELTA from the chunks it writes, and
+            # SHUFFLE is the identity: record what the chunk headers will really hold (so that
+            # e.g. the "small" preset on grayscale uint8 images stays a readable store).
+            pairs = [(f, m) for f, m in pairs if f not in ("bytedelta", "shuffle")]
+        filters = tuple(f for f, _ in pairs)
+        meta = tuple((typesize if (f == "bytedelta" and m == 0) else m) for f, m in pairs)
+        return dataclasses.replace(self, typesize=typesize, filters=filters, filters_meta=meta, block_images=block_images)
 
     def cparams(self, blocksize: int, nthreads: int = 1) -> dict[str, Any]:
         """Keyword arguments for ``blosc2.compress2`` (a resolved codec only)."""

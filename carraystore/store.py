@@ -84,6 +84,9 @@ def _blosc2_cparams_for_frame(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
     if codec.typesize == dtype.itemsize and codec.filters:
         cp["filters"] = [blosc2.Filter[f.upper()] for f in codec.filters]
         cp["filters_meta"] = list(codec.filters_meta)
+    else:  # explicit, never blosc2's default SHUFFLE (the frame's typesize is the dtype's itemsize)
+        cp["filters"] = [blosc2.Filter.NOFILTER]
+        cp["filters_meta"] = [0]
     return cp
 
 
