@@ -638,6 +638,11 @@ class StoreWriter:
         lab = self._check_labels(labels, n)
         keytab = self._check_keys(keys, n)
         cols = self._check_columns(columns, n)
+        # Only an append that passed every check fixes whether the store has labels and keys.
+        if self._has_labels is None:
+            self._has_labels = lab is not None
+        if self._has_keys is None:
+            self._has_keys = keytab is not None
         if lab is not None:
             self._labels.append(lab)
         if keytab is not None:
@@ -725,9 +730,7 @@ class StoreWriter:
 
     def _check_labels(self, labels: Any, n: int) -> np.ndarray | None:
         has = labels is not None
-        if self._has_labels is None:
-            self._has_labels = has
-        elif has != self._has_labels:
+        if self._has_labels is not None and has != self._has_labels:
             if self._has_labels:
                 raise InvalidInputError(f"{self.path}: this store is labelled; pass labels= for every append")
             raise InvalidInputError(f"{self.path}: this store has no labels; pass labels for every image from the first append")
@@ -775,9 +778,7 @@ class StoreWriter:
 
     def _check_keys(self, keys: Any, n: int) -> StringTable | None:
         has = keys is not None
-        if self._has_keys is None:
-            self._has_keys = has
-        elif has != self._has_keys:
+        if self._has_keys is not None and has != self._has_keys:
             if self._has_keys:
                 raise InvalidInputError(f"{self.path}: this store has keys; pass keys= for every append")
             raise InvalidInputError(f"{self.path}: this store has no keys; pass keys for every image from the first append")
