@@ -73,6 +73,8 @@ class Source:
     codec: str = ""
     #: whether blocks carry labels
     has_labels: bool = False
+    #: the store codec used when the caller picks none (None: the ``balanced`` preset)
+    default_codec: Codec | None = None
 
     def __init__(self) -> None:
         self.warnings: list[str] = []
@@ -371,7 +373,7 @@ def migrate(
     _remove_stale_tmp(out_p)
     tmp = out_p.with_name(f".{out_p.name}.migrating-{os.getpid()}-{secrets.token_hex(4)}.b2nd")
     try:
-        store_codec = _write(source, tmp, chosen, progress, chunk_images)
+        store_codec = _write(source, tmp, chosen if chosen is not None else source.default_codec, progress, chunk_images)
         if verify:
             _verify(source, tmp, progress)
         if out_p.exists() and not overwrite:
