@@ -332,7 +332,8 @@ def check_codec_against_header(codec: Codec, blocksize: int, header: ChunkHeader
     if header.blocksize != blocksize:
         problems.append(f"blocksize {header.blocksize} in the file, {blocksize} recorded")
     if not header.memcpyed and header.codec_format != _CODEC_FORMAT[codec.codec]:
-        problems.append(f"codec format {header.codec_format} in the file, {codec.codec!r} recorded")
+        family = "/".join(n for n, f in _CODEC_FORMAT.items() if f == header.codec_format) or "unknown"
+        problems.append(f"codec {family!r} (format {header.codec_format}) in the file, {codec.codec!r} recorded")
     if not header.memcpyed and (header.filters, header.filters_meta) != (codec.filters, codec.filters_meta):
         problems.append(
             f"filters {list(header.filters)} meta {list(header.filters_meta)} in the file, "
