@@ -579,9 +579,11 @@ class StoreMeta:
                 skipped=tuple(dict(s) for s in rec.get("skipped") or ()),
                 columns=_columns_from_record(rec.get("columns") or {}, nimages, where),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, FormatError):
+        except FormatError as exc:  # from a part (codec, keys, dtype): name the file too
+            if str(exc).startswith(f"{where}:"):
                 raise
+            raise type(exc)(f"{where}: {exc}") from exc
+        except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where}: metadata field missing or malformed: {exc!r}") from exc
         meta.validate(where)
         if rec.get("blocksize") != meta.blocksize:
