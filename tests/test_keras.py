@@ -1,0 +1,174 @@
+"""carraystore.keras.StoreDataset: a real Keras PyDataset over stores of real photos."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+import carraystore  # noqa: E402
+from carraystore.keras import KERAS_THREAD_PREFIX, StoreDataset  # noqa: E402
+from carraystore.sample_data import PHOTOS, make_photo_folder  # noqa: E402
+
+CLASSES = PHOTOS[:4]
+
+
+def keras_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(KERAS_THREAD_PREFIX) and t.is_alive()]
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real 64x64 JPEG photos of 4 classes, split into train/ and val/ folders, ingested."""
+    root = tmp_path_factory.mktemp("keras")
+    folder = make_photo_folder(root / "photos", n=320, size=(64, 64), classes=CLASSES, seed=3, splits={"train": 0.8, "val": 0.2})
+    res = carraystore.from_directory(folder, root / "stores", split_dirs=True, chunk_images=16, workers=1)
+    return {name: r.path for name, r in res.items()}
+
+
+def index_of(store: carraystore.Store) -> dict[bytes, int]:
+    images = store[:]
+    table = {images[i].tobytes(): i for i in range(len(images))}
+    assert len(table) == len(images)
+    return table
+
+
+def test_getitem_is_deterministic_and_each_epoch_covers_every_sample(splits: dict[str, Path]) -> None:
+    store = carraystore.open(splits["train"])
+    table = index_of(store)
+    ds = StoreDataset(store, 20, window=3, seed=2)
+    assert len(ds) == -(-len(store) // 20)
+    orders = []
+    for epoch in range(2):
+        assert ds.epoch == epoch
+        ds.on_epoch_begin()
+        forward = [ds[i] for i in range(len(ds))]
+        assert ds.chunks_decoded == store.nchunks, "in-order access decodes every chunk once"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # going backwards re-decodes windows: it says so
+            backward = {i: ds[i] for i in reversed(range(len(ds)))}
+        for i, (x, y) in backward.items():  # any order gives the same batch
+            assert np.array_equal(x, forward[i][0]) and np.array_equal(y, forward[i][1])
+        seen = [table[img.tobytes()] for x, _ in forward for img in x]
+        assert sorted(seen) == list(range(len(store)))
+        assert np.array_equal(np.concatenate([y for _, y in forward]), store.labels[seen])
+        orders.append(seen)
+        ds.on_epoch_end()
+        assert keras_threads() == [], "on_epoch_end ends the decoder threads"
+    assert orders[0] != orders[1]
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+
+
+def test_out_of_order_access_warns_and_stays_correct(splits: dict[str, Path]) -> None:
+    store = carraystore.open(splits["train"])
+    ds = StoreDataset(store, 8, window=1, cache_windows=2)
+    ref = [ds[i][0] for i in range(len(ds))]
+    ds.close()
+    order = np.random.default_rng(0).permutation(len(ds))
+    with pytest.warns(RuntimeWarning, match="out of order"):
+        got = {int(i): ds[int(i)][0] for i in order}
+    assert all(np.array_equal(got[i], ref[i]) for i in range(len(ds)))
+    ds.close()
+
+
+def _predict_indices(ds: StoreDataset, table: dict[bytes, int]) -> list[int]:
+    shape = ds.store.image_shape
+    model = keras.Sequential([keras.Input(shape), keras.layers.Flatten()])
+    out = model.predict(ds, verbose=0)
+    images = np.rint(out).astype(np.uint8).reshape(-1, *shape)
+    return [table[img.tobytes()] for img in images]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers,multiprocessing", [(1, False), (3, False), (2, True)])
+def test_keras_workers_give_no_duplicated_and_no_missing_samples(splits: dict[str, Path], workers: int, multiprocessing: bool) -> None:
+    store = carraystore.open(splits["train"])
+    table = index_of(store)
+    ds = StoreDataset(splits["train"], 16, window=2, workers=workers, use_multiprocessing=multiprocessing, seed=9)
+    expected = ds.plan().items.tolist()
+    seen = _predict_indices(ds, table)
+    assert sorted(seen) == list(range(len(store)))
+    assert seen == expected, "Keras hands the batches back in the dataset's order"
+    ds.close()
+    gc.collect()
+    assert keras_threads() == []
+
+
+def test_model_fit_on_real_photos_lowers_the_loss(splits: dict[str, Path]) -> None:
+    keras.utils.set_random_seed(0)
+
+    def to_float(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return x.astype(np.float32) / 255.0, y
+
+    train = StoreDataset(splits["train"], 16, transform=to_float)
+    val = StoreDataset(splits["val"], 16, shuffle=False, transform=to_float)
+    model = keras.Sequential(
+        [
+            keras.Input((64, 64, 3)),
+            keras.layers.Conv2D(8, 3, strides=2, activation="relu"),
+            keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(len(CLASSES)),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    before = model.evaluate(train, verbose=0)
+    train.set_epoch(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no out-of-order decoding on a store this small
+        history = model.fit(train, epochs=2, validation_data=val, verbose=0)
+    after = history.history["loss"][-1]
+    print(f"\nKeras CNN on real photos: loss {before:.3f} before, {history.history['loss']} in 2 epochs, val {history.history['val_loss']}")
+    assert after < before
+    assert train.epoch == 2, "each epoch moved to a new order (epochs 0 and 1 were used)"
+    assert np.isfinite(history.history["val_loss"]).all()
+    train.close()
+    val.close()
+    gc.collect()
+    assert keras_threads() == []
+
+
+def test_pickles_as_the_path_and_gives_the_same_batches(splits: dict[str, Path]) -> None:
+    ds = StoreDataset(splits["val"], 10, epoch=3, window=2)
+    x0, y0 = ds[2]
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.epoch == 3 and len(clone) == len(ds)
+    x1, y1 = clone[2]
+    assert np.array_equal(x0, x1) and np.array_equal(y0, y1)
+    ds.close()
+    clone.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs a second Keras backend: pip install jax (CPU)")
+def test_another_backend_never_imports_tensorflow(splits: dict[str, Path]) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import keras
+        from carraystore.keras import StoreDataset
+        assert keras.backend.backend() == "jax", keras.backend.backend()
+        ds = StoreDataset({str(splits["train"])!r}, 32, transform=lambda x, y: (x.astype("float32") / 255, y))
+        model = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(ds, epochs=1, shuffle=False, verbose=0)
+        print("EPOCH", ds.epoch, "TF", any(m == "tensorflow" or m.startswith("tensorflow.") for m in sys.modules))
+        """
+    )
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # (the jax backend's first fit opens one extra epoch to build the model on a batch)
+    assert "TF False" in proc.stdout and int(proc.stdout.split()[1]) >= 1, proc.stdout
