@@ -176,13 +176,14 @@ def measure_codec(
     if images.ndim != 4:
         raise InvalidInputError(f"measure_codec needs (N, H, W, C) images, got shape {images.shape}")
     resolved = codec.resolve(images.dtype, images.shape[1:])
+    if resolved.block_images > len(images):  # type: ignore[operator]
+        # a sample smaller than one block (small images, automatic blocks): the largest block that fits
+        resolved = dataclasses.replace(resolved, block_images=len(images))
     image_nbytes = int(math.prod(images.shape[1:])) * images.dtype.itemsize
     k = default_chunk_images(image_nbytes, resolved.block_images)  # type: ignore[arg-type]
     nchunks = max(1, len(images) // k)
     if len(images) < k:
         k = len(images) - len(images) % resolved.block_images  # type: ignore[operator]
-        if k < 1:
-            raise InvalidInputError(f"sample of {len(images)} images is smaller than one block of {resolved.block_images}")
     chunks = [images[i * k : (i + 1) * k] for i in range(nchunks)]
     blocksize = image_nbytes * resolved.block_images  # type: ignore[operator]
     cp = resolved.cparams(blocksize, nthreads=1)

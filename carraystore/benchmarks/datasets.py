@@ -138,7 +138,7 @@ def decode_images(
     """Decode ``files`` to an (n, H, W, 3) uint8 array with Pillow (threads).
 
     With ``size=None`` every image must have the first image's size; otherwise the error
-    names the first that differs and says to pass a size (CLI: ``--image-size``).
+    names the first that differs and says to pass a size (CLI: ``--image-size H W``).
     """
     if not files:
         raise InvalidInputError("no images to decode")
@@ -152,7 +152,7 @@ def decode_images(
         if img.shape != first.shape:
             raise InvalidInputError(
                 f"{files[i]}: image is {img.shape[1]}x{img.shape[0]} but {files[0]} is {w}x{h}; "
-                "pass an image size (CLI: --image-size HxW) to resize them all"
+                "pass an image size (CLI: --image-size H W) to resize them all"
             )
         out[i] = img
 

@@ -1,0 +1,153 @@
+"""``carraystore bench codecs PATH`` and ``carraystore bench loaders DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from carraystore.errors import InvalidInputError
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``bench`` command (sub-commands ``codecs`` and ``loaders``) to the CLI."""
+    p = sub.add_parser(
+        "bench",
+        help="measure codecs and loaders on your own data",
+        description="Measure blosc2 codecs (and recommend a preset) or compare loaders on your own images.",
+    )
+    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT")
+    bsub.required = True
+
+    c = bsub.add_parser(
+        "codecs",
+        help="compression ratio and speed of every codec on your images; recommends a preset",
+        description=(
+            "Run the codec suite on a sample of PATH (a folder of images or a .b2nd store): "
+            "codecs x levels x filters x images per block, ratio and MB/s, then the presets "
+            "(fast, balanced, small) and which one suits your read speed."
+        ),
+    )
+    c.add_argument("path", help="folder of images (class sub-folders or flat) or a .b2nd store")
+    c.add_argument("--sample", type=int, default=32, help="images to measure on (default 32)")
+    c.add_argument(
+        "--grid",
+        choices=["full", "quick", "presets"],
+        default="full",
+        help="full: the whole grid (a few minutes); quick: lz4/zstd, levels 1/5, two filters; presets: only the presets",
+    )
+    c.add_argument("--read-mbs", type=float, default=None, help="your storage's read speed in MB/s (default: data in the page cache)")
+    c.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize images of a folder (default: all must agree)")
+    c.add_argument("--repeats", type=int, default=3, help="timing repeats, the median counts (default 3)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
+    c.add_argument("--out", help="also write codecs.md, codecs.json and codecs.png into this folder")
+    c.add_argument("-q", "--quiet", action="store_true", help="no per-row progress")
+    c.set_defaults(func=_cmd_codecs)
+
+    lo = bsub.add_parser(
+        "loaders",
+        help="images/s of carraystore against the loaders you use today, on your image folder",
+        description=(
+            "Convert DIR's images into every format whose library is installed (npy files, npz, HDF5, zarr, "
+            "bcolz, TFRecord, carraystore presets), then time one epoch after another of each loader in a fresh "
+            "process, warm and cold page cache. Needs free disk space of several times the decoded images."
+        ),
+    )
+    lo.add_argument("dir", help="folder of images in class sub-folders")
+    lo.add_argument("--limit", type=int, default=None, help="use a seeded random subset of this many images")
+    lo.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image (default: all must agree)")
+    lo.add_argument("--batch-size", type=int, default=32)
+    lo.add_argument("--epochs", type=int, default=3, help="timed epochs per regime; the median counts (default 3)")
+    lo.add_argument("--no-cold", action="store_true", help="skip the cold-cache epochs")
+    lo.add_argument("--peers", help="comma-separated loaders to run (default: all installed); see --list")
+    lo.add_argument("--list", action="store_true", help="list the loaders and whether each can run here, then exit")
+    lo.add_argument("--work", help="folder for the converted copies (kept; default: a temporary folder, removed)")
+    lo.add_argument("--out", help="write loaders.md, loaders.json and loaders.png into this folder")
+    lo.add_argument("--seed", type=int, default=0)
+    lo.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per loader (default 1800)")
+    lo.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    lo.set_defaults(func=_cmd_loaders)
+
+
+def _say(quiet: bool) -> Any:
+    return (lambda s: None) if quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+
+
+def _cmd_codecs(args: argparse.Namespace) -> int:
+    from carraystore.benchmarks import codecs as C
+
+    if args.sample < 1:
+        raise InvalidInputError(f"--sample must be at least 1, got {args.sample}")
+    images = C.load_sample(args.path, n=args.sample, seed=args.seed, image_size=tuple(args.image_size) if args.image_size else None)
+    say = _say(args.quiet)
+    say(f"sample: {len(images)} images of {'x'.join(map(str, images.shape[1:]))} {images.dtype} from {args.path}")
+    if args.grid != "presets":
+        grid = C.codec_grid() if args.grid == "full" else C.codec_grid(("lz4", "zstd"), (0, 1, 5), ("none", "shuffle+bytedelta"), (1, 4), False)
+        rows = C.run_suite({"yours": images}, grid, repeats=args.repeats, progress=say)
+        front = C.pareto_front(rows)
+        print("Pareto front (compression ratio against 1-thread decompression speed):\n")
+        print(C.results_table(front, front))
+        if args.out:
+            paths = C.write_results(rows, args.out, info={"title": f"your data: {args.path}", "images": len(images)})
+            print("wrote " + ", ".join(str(p) for p in paths.values()))
+    preset_rows = C.measure_presets(images, repeats=args.repeats)
+    best, table = C.recommend_preset(preset_rows, read_mbs=args.read_mbs)
+    by = {r.dataset: r for r in preset_rows}
+    regimes = list(next(iter(table.values())))
+    print("Presets on your data (modelled images MB/s delivered at each read speed, all cores decompressing):\n")
+    print("| preset | codec | ratio | decompress MB/s 1t | " + " | ".join(regimes) + " |")
+    print("|---|---|---:|---:|" + "---:|" * len(regimes))
+    for name, vals in table.items():
+        r = by[name]
+        print(f"| {name} | {r.label} | {r.ratio:.3f} | {r.decompress_mbs_1t:.0f} | " + " | ".join(f"{vals[k]:.0f}" for k in regimes) + " |")
+    where = f"reading at {args.read_mbs:g} MB/s" if args.read_mbs else "data in the page cache (use --read-mbs for slower storage)"
+    print(f"\nrecommended preset for {where}: {best}")
+    print(f"use it with: carraystore ingest SRC OUT.b2nd --preset {best}   or   carraystore.Codec.preset({best!r})")
+    return 0
+
+
+def _cmd_loaders(args: argparse.Namespace) -> int:
+    from carraystore.benchmarks import loaders as L
+
+    if args.list:
+        ok, skipped = L.available_peers()
+        for p in L.PEERS:
+            state = "available" if p.name not in skipped else f"skipped: {skipped[p.name]}"
+            print(f"{p.name:28s} {p.label} ({state})")
+        return 0
+    peers = [s.strip() for s in args.peers.split(",") if s.strip()] if args.peers else None
+    if peers:
+        unknown = [p for p in peers if p not in L.PEER_BY_NAME]
+        if unknown:
+            raise InvalidInputError(f"unknown loaders {unknown}; choose from {sorted(L.PEER_BY_NAME)}")
+    if args.epochs < 1:
+        raise InvalidInputError(f"--epochs must be at least 1, got {args.epochs}")
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="carraystore-bench-"))
+    try:
+        cmp = L.run_comparison(
+            args.dir,
+            work,
+            limit=args.limit,
+            image_size=tuple(args.image_size) if args.image_size else None,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            cold=not args.no_cold,
+            seed=args.seed,
+            peers=peers,
+            timeout_s=args.timeout,
+            progress=_say(args.quiet),
+        )
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    print(L.markdown_report(cmp, heading="# Loader comparison on your images"))
+    if args.out:
+        paths = L.write_results(cmp, args.out)
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    failed = [r for r in cmp.rows if r.status == "error"]
+    return 1 if failed else 0

@@ -1,0 +1,71 @@
+"""Every benchmark in bench/ runs on a tiny dataset, so none of them rots.
+
+Each ``bench/bench_*.py`` runs in its own pytest subprocess with ``--benchmark-disable``
+and ``CARRAYSTORE_BENCH_SCALE=tiny``; data and results go to a temporary folder, so the
+committed results in bench/results/ are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pytest_benchmark", reason="the benchmarks need pytest-benchmark (the test/bench extras)")
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+FILES = sorted(BENCH.glob("bench_*.py"))
+SLOW = {"bench_loaders.py"}  # starts a fresh process per loader, TensorFlow included
+
+
+def _run(path: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.update(
+        CARRAYSTORE_BENCH_SCALE="tiny",
+        CARRAYSTORE_BENCH_DATA=str(tmp / "data"),
+        CARRAYSTORE_BENCH_RESULTS=str(tmp / "results"),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", str(path), "-o", "python_files=bench_*.py", "--benchmark-disable",
+         "-p", "no:cacheprovider", "-q", "-x"],
+        cwd=BENCH.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_bench_files_exist() -> None:
+    names = {p.name for p in FILES}
+    assert {"bench_codecs.py", "bench_loaders.py"} <= names, names
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW else []) for p in FILES],
+)
+def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
+    proc = _run(path, tmp_path)
+    assert proc.returncode == 0, f"{path.name} failed at tiny scale:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    assert " passed" in proc.stdout and " failed" not in proc.stdout, proc.stdout[-2000:]
+    results = tmp_path / "results"
+    if path.name == "bench_codecs.py":
+        data = json.loads((results / "codecs.json").read_text())
+        assert {r["dataset"] for r in data["results"]} == {"photos", "video"}
+        assert set(data["chosen_presets"]) == {"fast", "balanced", "small"}
+        assert "| photos |" in (results / "codecs.md").read_text()
+        assert (results / "codecs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if path.name == "bench_loaders.py":
+        data = json.loads((results / "loaders.json").read_text())
+        rows = {r["name"]: r for r in data["rows"]}
+        assert rows["numpy_memory"]["status"] == "ok" and rows["carraystore_balanced_block"]["status"] == "ok"
+        for r in rows.values():  # skipped peers say why; measured peers delivered all 64 images
+            assert r["status"] in ("ok", "skipped"), r
+            assert r["reason"] if r["status"] == "skipped" else r["n_images"] == 64
+        assert (results / "loaders.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
