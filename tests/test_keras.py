@@ -92,7 +92,6 @@ def _predict_indices(ds: StoreDataset, table: dict[bytes, int]) -> list[int]:
     return [table[img.tobytes()] for img in images]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("workers,multiprocessing", [(1, False), (3, False), (2, True)])
 def test_keras_workers_give_no_duplicated_and_no_missing_samples(splits: dict[str, Path], workers: int, multiprocessing: bool) -> None:
     store = carraystore.open(splits["train"])

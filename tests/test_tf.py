@@ -1,0 +1,144 @@
+"""carraystore.tf: tf.data datasets over stores of real photos, and tf.distribute."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import carraystore  # noqa: E402
+from carraystore.sample_data import PHOTOS, make_photo_folder, make_video_folder  # noqa: E402
+from carraystore.tf import distribute, to_dataset  # noqa: E402
+
+CLASSES = PHOTOS[:4]
+
+
+@pytest.fixture(scope="module")
+def photo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tf")
+    folder = make_photo_folder(root / "photos", n=150, size=(24, 24), classes=CLASSES, seed=8)
+    return carraystore.from_directory(folder, root / "photos.b2nd", chunk_images=16, workers=1).path
+
+
+def index_of(store: carraystore.Store) -> dict[bytes, int]:
+    images = store[:]
+    table = {images[i].tobytes(): i for i in range(len(images))}
+    assert len(table) == len(images)
+    return table
+
+
+def test_element_spec(photo_store: Path, tmp_path: Path) -> None:
+    ds = to_dataset(photo_store, 32)
+    x, y = ds.element_spec
+    assert x.shape.as_list() == [None, 24, 24, 3] and x.dtype == tf.uint8
+    assert y.shape.as_list() == [None] and y.dtype == tf.int64
+    x, y = to_dataset(photo_store, 32, drop_remainder=True, label_mode="categorical").element_spec
+    assert x.shape.as_list() == [32, 24, 24, 3] and y.shape.as_list() == [32, 4] and y.dtype == tf.float32
+    spec = to_dataset(photo_store, 8, transform=lambda x, y: (x.astype(np.float32) / 255, y)).element_spec
+    assert spec[0].dtype == tf.float32 and spec[0].shape.as_list() == [None, 24, 24, 3]
+    assert isinstance(to_dataset(photo_store, 8, label_mode=None).element_spec, tf.TensorSpec)
+    # the spec matches what comes out
+    for xb, yb in to_dataset(photo_store, 32, drop_remainder=True, label_mode="categorical").take(2):
+        assert xb.shape == (32, 24, 24, 3) and yb.shape == (32, 4)
+    # sequences: (B, L, H, W, C)
+    video = make_video_folder(tmp_path / "video", clips=2, frames=12, size=(16, 16))
+    vstore = carraystore.from_directory(video, tmp_path / "video.b2nd", keep_order=True, chunk_images=8, workers=1).path
+    vds = to_dataset(vstore, 2, sequence_length=4)
+    assert vds.element_spec[0].shape.as_list() == [None, 4, 16, 16, 3]
+    assert sum(int(xb.shape[0]) for xb, _ in vds) == 6
+
+
+def test_every_pass_is_a_new_epoch_visiting_every_sample_once(photo_store: Path) -> None:
+    store = carraystore.open(photo_store)
+    table = index_of(store)
+    ds = to_dataset(photo_store, 32, seed=3, window=2)
+    assert len(ds) == 5
+    orders = []
+    for _ in range(2):
+        seen = []
+        for xb, yb in ds:
+            idx = [table[img.tobytes()] for img in xb.numpy()]
+            assert np.array_equal(yb.numpy(), store.labels[idx])
+            seen.extend(idx)
+        assert sorted(seen) == list(range(len(store)))
+        orders.append(seen)
+    assert orders[0] != orders[1]
+    # the first pass is epoch 0 of the loader, the second epoch 1
+    for epoch, order in enumerate(orders):
+        want = [i for x, _ in store.batches(32, seed=3, window=2, epoch=epoch) for i in (table[img.tobytes()] for img in x)]
+        assert order == want
+
+
+def test_start_batch_resumes_the_first_pass_only(photo_store: Path) -> None:
+    full = [x.numpy() for x, _ in to_dataset(photo_store, 20, epoch=4)]
+    ds = to_dataset(photo_store, 20, epoch=4, start_batch=3)
+    first = [x.numpy() for x, _ in ds]
+    assert len(first) == len(full) - 3 and all(np.array_equal(a, b) for a, b in zip(first, full[3:]))
+    second = [x.numpy() for x, _ in ds]
+    assert len(second) == len(full)  # epoch 5, from its start
+
+
+def test_shards_through_input_contexts(photo_store: Path) -> None:
+    store = carraystore.open(photo_store)
+    table = index_of(store)
+    shards = []
+    for pipeline in range(3):
+        ctx = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=pipeline, num_replicas_in_sync=3)
+        ds = to_dataset(photo_store, ctx.get_per_replica_batch_size(30), rank=ctx.input_pipeline_id, world_size=ctx.num_input_pipelines)
+        shards.append([table[img.tobytes()] for xb, _ in ds for img in xb.numpy()])
+    assert [len(s) for s in shards] == [50, 50, 50]
+    assert sorted(i for s in shards for i in s) == list(range(150))
+
+
+def test_fit_on_a_tf_dataset(photo_store: Path) -> None:
+    keras = pytest.importorskip("keras")
+    ds = to_dataset(photo_store, 16, transform=lambda x, y: (x.astype(np.float32) / 255, y))
+    model = keras.Sequential([keras.Input((24, 24, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(ds, epochs=2, shuffle=False, verbose=0)
+    assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"]).all()
+
+
+def test_distribute_datasets_from_function_over_two_cpu_replicas(photo_store: Path) -> None:
+    """MirroredStrategy over two logical CPU devices (needs a fresh process to split the CPU)."""
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, tensorflow as tf, carraystore
+        from carraystore.tf import distribute, to_dataset
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        path = {str(photo_store)!r}
+        store = carraystore.open(path)
+        images = store[:]
+        table = {{images[i].tobytes(): i for i in range(len(images))}}
+        for dist in (
+            distribute(strategy, path, 30, drop_remainder=True),
+            strategy.distribute_datasets_from_function(
+                lambda ctx: to_dataset(path, ctx.get_per_replica_batch_size(30), rank=ctx.input_pipeline_id,
+                                       world_size=ctx.num_input_pipelines, drop_remainder=True)),
+        ):
+            seen = []
+            steps = 0
+            for batch in dist:
+                steps += 1
+                xs = strategy.experimental_local_results(batch[0])
+                assert len(xs) == 2 and all(x.shape[0] == 15 for x in xs), [x.shape for x in xs]
+                for x in xs:
+                    seen.extend(table[img.tobytes()] for img in x.numpy())
+            assert steps == 5, steps
+            assert len(seen) == len(set(seen)) == 150, len(seen)
+        print("DISTRIBUTED OK")
+        """
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "DISTRIBUTED OK" in proc.stdout
