@@ -513,7 +513,8 @@ def write_carray(
     """Write a bcolz carray rootdir as bcolz (>= 0.7) does, with real c-blosc 1.x chunks.
 
     ``array`` is an array, or an iterator of row blocks (then give ``shape`` and ``dtype``)
-    so that multi-GB carrays can be written with little memory. Uses numcodecs' bundled
+    so that multi-GB carrays can be written with little memory; a 1-D object array is
+    written as bcolz does, one pickled element per file. Uses numcodecs' bundled
     c-blosc 1.x. ``cname`` is one of blosclz, lz4, lz4hc, zlib, zstd (snappy: no longer
     buildable); ``shuffle`` 0/1/2 = none/byte/bit. Returns the rootdir.
     """
@@ -528,7 +529,7 @@ def write_carray(
         if array.ndim == 0:
             raise InvalidInputError("write_carray needs at least one dimension")
         if array.dtype.hasobject:
-            raise InvalidInputError("write_carray does not write object arrays")
+            return _write_object_carray(root, array, chunklen, cname, clevel, shuffle, attrs)
         full_shape = array.shape
         dt = array.dtype
         blocks: Iterator[np.ndarray] = iter([array])
@@ -580,6 +581,33 @@ def write_carray(
     (root / "meta" / "storage").write_text(json.dumps(storage))
     nbytes = rows * int(np.prod(item_shape, dtype=np.int64)) * dt.itemsize
     (root / "meta" / "sizes").write_text(json.dumps({"shape": list(full_shape), "nbytes": nbytes, "cbytes": cbytes}))
+    (root / "__attrs__").write_text(json.dumps(attrs or {}))
+    return root
+
+
+def _write_object_carray(
+    root: Path, array: np.ndarray, chunklen: int, cname: str, clevel: int, shuffle: int, attrs: dict[str, Any] | None
+) -> Path:
+    """Object carrays as bcolz writes them: one pickled element (protocol 2) per ``.blp`` file."""
+    if array.ndim != 1:
+        raise InvalidInputError("object carrays must be one-dimensional")
+    (root / "meta").mkdir(parents=True)
+    (root / "data").mkdir()
+    cbytes = 0
+    for i, obj in enumerate(array):
+        raw = np.frombuffer(pickle.dumps(obj, protocol=2), dtype=np.uint8)
+        data = BLP_HEADER + _blosc1_compress(raw, cname, clevel, shuffle)
+        (root / "data" / f"__{i}.blp").write_bytes(data)
+        cbytes += len(data)
+    storage = {
+        "dtype": "object",
+        "cparams": {"clevel": clevel, "shuffle": shuffle, "cname": cname, "quantize": 0},
+        "chunklen": chunklen,
+        "expectedlen": len(array),
+        "dflt": 0,
+    }
+    (root / "meta" / "storage").write_text(json.dumps(storage))
+    (root / "meta" / "sizes").write_text(json.dumps({"shape": [len(array)], "nbytes": 0, "cbytes": cbytes}))
     (root / "__attrs__").write_text(json.dumps(attrs or {}))
     return root
 
