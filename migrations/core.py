@@ -444,6 +444,13 @@ def _as_bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
+def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
+    """Index of the first row whose bytes differ."""
+    ra = _as_bytes(a).reshape(len(a), -1)
+    rb = _as_bytes(b).reshape(len(b), -1)
+    return int(np.argmax(np.any(ra != rb, axis=1)))
+
+
 def _verify(source: Source, path: Path, progress: bool) -> None:
     """Compare the store at ``path`` with a fresh pass over the source, chunk by chunk."""
     import carraystore
@@ -472,10 +479,12 @@ def _verify(source: Source, path: Path, progress: bool) -> None:
                         cur = c
                     lo = pos + got - c * k
                     take = min(n - got, len(chunk) - lo)
-                    if not np.array_equal(_as_bytes(chunk[lo : lo + take]), _as_bytes(block.data[got : got + take])):
+                    mine, theirs = chunk[lo : lo + take], block.data[got : got + take]
+                    if not np.array_equal(_as_bytes(mine), _as_bytes(theirs)):
+                        row = pos + got + _first_difference(mine, theirs)
                         raise MigrationVerifyError(
-                            f"{source.path}: rows {pos + got}..{pos + got + take - 1} differ between the source and the "
-                            f"written store (store chunk {c}); nothing was kept"
+                            f"{source.path}: row {row} differs between the source and the written store "
+                            f"(store chunk {c}); nothing was kept"
                         )
                     got += take
                 if block.labels is not None and (labels is None or not np.array_equal(labels[pos : pos + n], block.labels)):

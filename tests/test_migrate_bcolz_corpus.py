@@ -55,9 +55,13 @@ def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
 
 def _read_all(store: carraystore.Store) -> np.ndarray:
     """The store's items exactly as stored (whole chunks, so structured padding is kept)."""
-    if not store.nchunks:
-        return np.empty((0, *store.image_shape), dtype=store.dtype)
-    return np.concatenate([store.read_chunk(i) for i in range(store.nchunks)])
+    out = np.empty(store.shape, dtype=store.dtype)  # np.concatenate would make it native-endian
+    raw = out.view(np.dtype((np.void, out.dtype.itemsize))) if out.dtype.names else out
+    for i in range(store.nchunks):
+        a, b = store.chunk_range(i)
+        chunk = store.read_chunk(i)
+        raw[a:b] = chunk.view(raw.dtype) if out.dtype.names else chunk
+    return out
 
 
 def assert_bit_exact(got: np.ndarray, want: np.ndarray) -> None:
@@ -99,6 +103,7 @@ def test_corpus_case(root_name: str, corpus: str, case: str, tmp_path: Path) -> 
         want = np.load(npy)
         store = carraystore.open(out)
         got = _read_all(store)
+        assert got.dtype == store.dtype
         assert_bit_exact(got, want)
         assert report.verified and report.rows == len(want)
         if (src / "__rootdirs__").exists():
