@@ -542,8 +542,9 @@ def open_store(path: str | os.PathLike[str]) -> Store:
     except Exception as exc:
         size = p.stat().st_size
         raise CorruptStoreError(
-            f"{p}: cannot be opened as a blosc2 file ({type(exc).__name__}: {exc}); {size} bytes on disk - "
-            "the file is truncated, damaged or not a store; restore it from a copy or re-create it"
+            f"{p}: cannot be opened as a blosc2 file by blosc2 {blosc2.__version__} ({type(exc).__name__}: {exc}); "
+            f"{size} bytes on disk - the file is truncated, damaged or not a store (restore it from a copy or "
+            "re-create it), or it needs a newer blosc2 (pip install -U blosc2)"
         ) from exc
     if not hasattr(array, "chunks") or not hasattr(array, "schunk"):
         raise NotAStoreError(f"{p}: a blosc2 file, but not an NDArray store")
