@@ -133,11 +133,14 @@ class Codec:
     arrays) and ``block_images=None`` means "about 128 KiB per block"; both are resolved
     when a store is created, and the file records the resolved values. ``filters_meta``
     entries of 0 for ``bytedelta`` are resolved to the typesize.
+
+    The defaults, zstd level 1 with shuffle + bytedelta on the pixel view, are the
+    ``balanced`` preset (see docs/codecs.md); pass ``filters=()`` for no filter.
     """
 
     codec: str = "zstd"
     clevel: int = 1
-    filters: tuple[str, ...] = ()
+    filters: tuple[str, ...] = ("shuffle", "bytedelta")
     filters_meta: tuple[int, ...] = ()
     typesize: int | None = None
     block_images: int | None = None
@@ -254,11 +257,15 @@ class Codec:
         return f"{self.codec}-{self.clevel} {filt}{ts}{blocks}"
 
 
-#: Named presets (see docs/codecs.md for the measurements behind them).
+#: Named presets, chosen from the codec suite's measurements (docs/codecs.md, bench/results/):
+#: ``fast``: decompression near memory speed (data in the page cache or on fast NVMe);
+#: ``balanced`` (= ``Codec()``, the default): about half the bytes of raw pixels at ~0.8 GB/s
+#: per core; ``small``: the fewest bytes that still compress at a practical speed (slow
+#: disks and networks). Blocks are automatic (~128 KiB) in all three.
 PRESETS: dict[str, Codec] = {
-    "fast": Codec("lz4", 1),
-    "balanced": Codec("zstd", 1),
-    "small": Codec("zstd", 5, filters=("shuffle", "bytedelta"), typesize=None, block_images=None),
+    "fast": Codec("lz4", 1, filters=()),
+    "balanced": Codec("zstd", 1, filters=("shuffle", "bytedelta")),
+    "small": Codec("zstd", 5, filters=("shuffle", "bytedelta")),
 }
 
 
