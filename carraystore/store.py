@@ -426,7 +426,8 @@ class Store:
         for group in np.split(order, bounds):
             c = int(chunk_of[group[0]])
             images = self.read_chunk(c, out=buf)
-            out[group] = images[idx[group] - c * k]
+            # raw records: numpy (2.2 at least) may index structured items field by field, losing padding bytes
+            _records(out)[group] = _records(images)[idx[group] - c * k]
         return out
 
     # -- integrity ----------------------------------------------------------------------
