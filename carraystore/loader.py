@@ -9,8 +9,10 @@ the ``transform`` and puts finished batches into a small bounded queue. The cons
 only takes batches off that queue.
 
 Memory: the pool holds ``max chunks of a window + prefetch`` decoded chunks (by
-default ``2 * window``), plus ``queue_size + 2`` batches; nothing is reallocated per
-chunk. ``shuffle="global"`` needs the whole shard decoded at once (one window).
+default ``2 * window``); add one compressed chunk per decoder thread and
+``queue_size + 2`` batches (docs/loading.md). Nothing is reallocated per chunk. ``shuffle="global"`` needs the whole shard decoded at once (one window). When an
+epoch ends, its pool is kept for the next epoch on the same Store object (no new
+allocation, no page faults); ``release_buffers()`` or dropping the Store frees it.
 
 Stopping: ``close()``, leaving a ``with`` block, breaking out of a ``for`` loop (the
 iterator is then garbage-collected), an error in a thread, and interpreter exit all
@@ -35,7 +37,7 @@ from carraystore.errors import CarrayStoreError, ChecksumError, InvalidInputErro
 from carraystore.format import crc32
 from carraystore.sampling import EpochPlan, Shuffle, _check_shuffle, clip_starts, group_runs, num_batches, plan_epoch, shard_length
 
-__all__ = ["batches", "iterate", "BatchIterator", "LoaderSpec", "make_spec", "gather", "default_threads", "DEFAULT_WINDOW", "THREAD_NAME_PREFIX"]
+__all__ = ["batches", "iterate", "release_buffers", "BatchIterator", "LoaderSpec", "make_spec", "gather", "default_threads", "DEFAULT_WINDOW", "THREAD_NAME_PREFIX"]
 
 #: Default shuffle window, in chunks.
 DEFAULT_WINDOW = 16
@@ -267,6 +269,43 @@ def gather(samples: np.ndarray, chunks: np.ndarray, slots: np.ndarray, arena: np
 # ---------------------------------------------------------------------------------------
 
 _END = object()
+
+# Decoded-chunk buffers outlive a pipeline: the next epoch on the same Store object takes
+# them back instead of allocating (and page-faulting) the whole pool again. One idle pool
+# per Store, freed with the Store (weak keys) or by release_buffers().
+_IDLE_ARENAS: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
+_ARENA_LOCK = threading.Lock()
+
+
+def _take_arena(store: Any, nslots: int) -> np.ndarray:
+    shape = (store.chunk_images, *store.image_shape)
+    with _ARENA_LOCK:
+        idle = _IDLE_ARENAS.get(store)
+        if idle is not None and idle.shape[0] >= nslots and idle.shape[1:] == shape and idle.dtype == store.dtype:
+            del _IDLE_ARENAS[store]
+            return idle[:nslots]
+    return np.empty((nslots, *shape), dtype=store.dtype)
+
+
+def _give_back_arena(store: Any, arena: np.ndarray) -> None:
+    base = arena.base if arena.base is not None else arena
+    with _ARENA_LOCK:
+        try:
+            idle = _IDLE_ARENAS.get(store)
+            if idle is None or idle.shape[0] < base.shape[0]:
+                _IDLE_ARENAS[store] = base
+        except TypeError:  # an object that cannot be weakly referenced: just free
+            pass
+
+
+def release_buffers(store: Any = None) -> None:
+    """Free the decoded-chunk buffers kept for the next epoch (of ``store``, or of every store)."""
+    with _ARENA_LOCK:
+        if store is None:
+            _IDLE_ARENAS.clear()
+        else:
+            _IDLE_ARENAS.pop(store, None)
+
 _LIVE: "weakref.WeakSet[_Pipeline]" = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
 
@@ -300,7 +339,7 @@ class _Pipeline:
         self.ntasks = ntasks
         need = max((len(plan.window_chunks[w]) for w in self.window_task0), default=0)
         self.nslots = min(need + prefetch, ntasks)
-        self.arena: np.ndarray | None = np.empty((self.nslots, self.k, *store.image_shape), dtype=store.dtype)
+        self.arena: np.ndarray | None = _take_arena(store, self.nslots)
         self.cond = threading.Condition()
         self.free = list(range(self.nslots - 1, -1, -1))
         self.next_task = 0
@@ -428,7 +467,9 @@ class _Pipeline:
                 self.out.get_nowait()
         except queue.Empty:
             pass
-        self.arena = None
+        arena, self.arena = self.arena, None
+        if arena is not None and not any(t.is_alive() for t in self.threads):
+            _give_back_arena(self.spec.store, arena)
         with _LIVE_LOCK:
             _LIVE.discard(self)
 

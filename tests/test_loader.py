@@ -354,3 +354,20 @@ def test_memory_pool_is_window_plus_prefetch_chunks(photo_store: Path) -> None:
 def test_bad_arguments_are_refused(photo_store: Path, kwargs: dict, match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
         batches(photo_store, **kwargs)
+
+
+def test_the_buffer_pool_is_reused_across_epochs_and_can_be_released(photo_store: Path) -> None:
+    from carraystore import loader
+
+    store = carraystore.open(photo_store)
+    first = [x for x, _ in store.batches(16, epoch=0, window=2)]
+    pool = loader._IDLE_ARENAS.get(store)
+    assert pool is not None and pool.shape[0] == 4
+    second = store.batches(16, epoch=1, window=2)
+    assert loader._IDLE_ARENAS.get(store) is None, "the next epoch took the kept buffers"
+    list(second)
+    # batches handed out earlier are copies: reusing the buffers did not touch them
+    again = [x for x, _ in store.batches(16, epoch=0, window=2)]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    loader.release_buffers(store)
+    assert loader._IDLE_ARENAS.get(store) is None
