@@ -72,10 +72,16 @@ def test_resolved_presets_are_fully_pinned_and_round_trip(name: str, dtype: str,
         assert codec.filters_meta[codec.filters.index("bytedelta")] == codec.typesize
 
 
-def test_codec_default_is_zstd_1_without_shuffle_on_uint8() -> None:
-    default = Codec.preset("balanced").resolve(np.dtype("uint8"), (64, 64, 3))
-    assert (default.codec, default.clevel) == ("zstd", 1) and "shuffle" not in default.filters
-    assert Codec() == PRESETS["balanced"]
+def test_the_default_codec_is_the_balanced_preset(tmp_path: Path) -> None:
+    assert Codec() == PRESETS["balanced"] and (Codec().codec, Codec().clevel) == ("zstd", 1)
+    gray = Codec().resolve(np.dtype("uint8"), (64, 64, 1))
+    assert "shuffle" not in gray.filters and "bytedelta" not in gray.filters  # never on 1-byte items
+    with carraystore.create(tmp_path / "d.b2nd", (8, 8, 3)) as w:
+        w.append(np.zeros((1, 8, 8, 3), np.uint8))
+    used = carraystore.open(tmp_path / "d.b2nd").codec
+    want = PRESETS["balanced"].resolve(np.dtype("uint8"), (8, 8, 3))
+    assert (used.codec, used.clevel, used.filters, used.filters_meta, used.typesize) == (
+        want.codec, want.clevel, want.filters, want.filters_meta, want.typesize)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +137,7 @@ def test_parse_chunk_header_reads_what_blosc2_wrote(photo_patches: Callable[...,
     h = parse_chunk_header(data)
     assert (h.nbytes, h.blocksize, h.cbytes, h.typesize) == (pixels.nbytes, 4 * pixels[0].nbytes, len(data), 3)
     assert (h.filters, h.filters_meta, h.dont_split, h.memcpyed) == (("shuffle", "bytedelta"), (0, 3), True, False)
-    lz4 = parse_chunk_header(blosc2.compress2(pixels, **Codec("lz4", 1).resolve(pixels.dtype, pixels.shape[1:]).cparams(3072)))
+    lz4 = parse_chunk_header(blosc2.compress2(pixels, **Codec("lz4", 1, filters=()).resolve(pixels.dtype, pixels.shape[1:]).cparams(3072)))
     assert lz4.codec_format != h.codec_format and lz4.filters == ()
     with pytest.raises(FormatError, match="too short"):
         parse_chunk_header(data[:20])
@@ -262,7 +268,7 @@ def test_every_codec_parameter_is_recorded(store_path: Path) -> None:
 def test_a_chunk_written_with_other_parameters_is_a_codec_mismatch(store_path: Path, tmp_path: Path) -> None:
     store = carraystore.open(store_path)
     pixels = store.read_chunk(0)
-    other = Codec("lz4", 1).resolve(np.dtype("uint8"), (16, 16, 3))
+    other = Codec("lz4", 1, filters=()).resolve(np.dtype("uint8"), (16, 16, 3))
     data = blosc2.compress2(np.ascontiguousarray(pixels), **dataclasses.replace(other, typesize=1).cparams(store.meta.blocksize))
     bad = tmp_path / "bad.b2nd"
     shutil.copy(store_path, bad)
