@@ -18,6 +18,13 @@ def from_directory(*args, **kwargs):  # type: ignore[no-untyped-def]
     return _from_directory(*args, **kwargs)
 
 
+def migrate(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """Migrate a legacy array or file into a store; see ``carraystore.migrations.migrate``."""
+    from carraystore.migrations import migrate as _migrate
+
+    return _migrate(*args, **kwargs)
+
+
 __all__ = [
     "__version__",
     "FORMAT_VERSION",
@@ -30,5 +37,6 @@ __all__ = [
     "append",
     "open",
     "from_directory",
+    "migrate",
     *_errors_all,
 ]

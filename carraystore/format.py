@@ -324,7 +324,7 @@ def parse_chunk_header(chunk: bytes) -> ChunkHeader:
         dont_split=bool(flags & 0x10),
         filters=tuple(filters),
         filters_meta=tuple(meta),
-        memcpyed=bool(b[31] & 0x01) if extended else bool(flags & 0x02),
+        memcpyed=bool(flags & 0x02),
         special=bool((b[31] >> 4) & 0x07) if extended else False,
     )
 
