@@ -221,6 +221,27 @@ def _decode_task(root: str, rels: list[str], opts: DecodeOptions) -> list[tuple[
     return out
 
 
+def _exit_with_parent(main_pid: int) -> None:
+    """Worker initializer: end this decoding process when the ingesting process is gone.
+
+    A killed ingest (SIGKILL) cannot stop its pool; without this its forkserver and
+    decoding processes would keep running.
+    """
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.25)
+            try:
+                os.kill(main_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # pragma: no cover - a reused pid of another user
+                os._exit(1)
+
+    threading.Thread(target=watch, name="carraystore-parent-watch", daemon=True).start()
+
+
 def _decoded(
     root: Path, rels: list[str], opts: DecodeOptions, workers: int
 ) -> Iterator[tuple[str, np.ndarray | None, str | None]]:
@@ -233,7 +254,9 @@ def _decoded(
         return
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with cf.ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=_exit_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         pending: deque[tuple[list[str], cf.Future]] = deque()
         it = iter(tasks)
         try:

@@ -849,7 +849,7 @@ def create(
         nthreads = max(1, min(8, os.cpu_count() or 1))
     _remove_stale_partials(p)
     if mode == "a":
-        return _open_for_append(p, image_shape, dtype, nthreads)
+        return _open_for_append(p, image_shape, dtype, nthreads, codec)
     if mode != "w":
         raise InvalidInputError(f"mode must be 'w' or 'a', got {mode!r}")
     if p.exists() and not overwrite:
@@ -946,10 +946,24 @@ def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
     return array
 
 
-def _open_for_append(p: Path, image_shape: Sequence[int] | None, dtype: Any, nthreads: int) -> StoreWriter:
+def _open_for_append(
+    p: Path, image_shape: Sequence[int] | None, dtype: Any, nthreads: int, codec: Codec | str | None = None
+) -> StoreWriter:
     existing = open_store(p)  # validates format, codec and header
     meta = existing.meta
     existing.close()
+    if codec is not None:
+        asked = Codec.preset(codec) if isinstance(codec, str) else codec
+        pinned = meta.codec
+        same = all(
+            getattr(asked, f) is None or getattr(asked, f) == getattr(pinned, f)
+            for f in ("codec", "clevel", "filters", "typesize", "block_images", "splitmode")
+        )
+        if not same:
+            raise InvalidInputError(
+                f"{p}: the store's codec is pinned ({pinned.describe()}); appending keeps it, so a different codec "
+                f"({asked.describe()}) cannot be used. Leave codec out, or write a new store"
+            )
     if image_shape is not None:
         shape = tuple(int(x) for x in image_shape)
         if len(shape) == 2 and meta.layout == "NHWC":
@@ -957,7 +971,7 @@ def _open_for_append(p: Path, image_shape: Sequence[int] | None, dtype: Any, nth
         if shape != meta.image_shape:
             raise InvalidInputError(f"{p}: appending images of shape {shape} to a store of image_shape {meta.image_shape}")
         if dtype is not None and np.dtype(dtype) != meta.np_dtype:
-                raise InvalidInputError(f"{p}: appending {np.dtype(dtype)} images to a store of {meta.dtype}")
+            raise InvalidInputError(f"{p}: appending {np.dtype(dtype)} images to a store of {meta.dtype}")
     tmp = _partial_name(p)
     try:
         # Work on a copy so that a crash mid-append never touches the images already stored.

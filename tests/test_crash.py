@@ -205,10 +205,6 @@ def test_sigkill_during_parallel_ingest(tmp_path: Path, big_folder: Path, photo_
     assert out.read_bytes() == before and np.array_equal(carraystore.open(out)[:], earlier)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (ingest.py): after SIGKILL of an ingest, its forkserver and decoding processes keep running",
-)
 def test_decoding_processes_exit_when_the_ingest_is_killed(tmp_path: Path, big_folder: Path) -> None:
     pytest.importorskip("psutil")
     kids = _ingest_and_kill(big_folder, tmp_path / "x.b2nd", workers=2)

@@ -619,3 +619,19 @@ def test_reopening_does_not_leak_the_metadata(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
     grown = int(out.stdout.strip())
     assert grown < 40e6, f"20 opens of a store with 8 MB of metadata grew memory by {grown / 1e6:.0f} MB"
+
+
+def test_append_refuses_a_different_codec(tmp_path: Path) -> None:
+    """Appending keeps the pinned codec: asking for another one is an error, the same one is fine."""
+    path = tmp_path / "a.b2nd"
+    rng = np.random.default_rng(1)
+    imgs = rng.integers(0, 255, (6, 8, 8, 3), dtype=np.uint8)
+    with carraystore.create(path, (8, 8, 3), codec="balanced") as w:
+        w.append(imgs[:3])
+    before = path.read_bytes()
+    with pytest.raises(carraystore.InvalidInputError, match="pinned"):
+        carraystore.create(path, mode="a", codec="fast")
+    assert path.read_bytes() == before
+    with carraystore.create(path, mode="a", codec="balanced") as w:
+        w.append(imgs[3:])
+    np.testing.assert_array_equal(carraystore.open(path)[:], imgs)
