@@ -74,11 +74,15 @@ def test_codec_suite(benchmark, samples: dict[str, np.ndarray]) -> None:
     paths = C.write_results(rows, results_dir(), info=info)
     assert paths["json"].exists() and paths["md"].exists()
     assert len(rows) == len(grid) * len(samples)
-    chosen = C.choose_presets(rows)
+    chosen = C.choose_presets(rows, dataset="photos")
     benchmark.extra_info.update(
         {
             "rows": len(rows),
             "chosen": {k: v.label for k, v in chosen.items()},
+            "chosen_matches_pinned": {
+                k: (v.codec, v.clevel, v.codec_obj().filters) == (PRESETS[k].codec, PRESETS[k].clevel, PRESETS[k].filters)
+                for k, v in chosen.items()
+            },
             "pinned": info["pinned_presets"],
             "pareto": {ds: len(C.pareto_front([r for r in rows if r.dataset == ds])) for ds in samples},
         }

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 SCALES = {
     "tiny": dict(n=64, size=(32, 32), epochs=1, batch_size=16),
-    "default": dict(n=3000, size=(256, 256), epochs=3, batch_size=32),
+    "default": dict(n=2000, size=(256, 256), epochs=3, batch_size=32),
     "large": dict(n=10000, size=(256, 256), epochs=3, batch_size=32),
 }
 if SCALE not in SCALES:

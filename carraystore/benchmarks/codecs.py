@@ -72,6 +72,8 @@ BLOCKS: tuple[int, ...] = (1, 4, 16)
 REGIMES: dict[str, float | None] = {"warm page cache": None, "NVMe 2000 MB/s": 2000.0, "SSD 500 MB/s": 500.0, "disk/network 50 MB/s": 50.0}
 #: Presets must compress at least this fast (MB/s, one thread) so that ingest stays practical.
 MIN_COMPRESS_MBS = 20.0
+#: ... and save at least this share of the bytes (otherwise: do not compress at all).
+MIN_SAVING = 0.05
 
 
 @dataclass(frozen=True)
@@ -278,7 +280,11 @@ def _regime_speed(results: Sequence[CodecResult], read: float | None) -> float:
 
 
 def _eligible(results: Sequence[CodecResult]) -> list[CodecResult]:
-    return [r for r in results if r.clevel > 0 and r.compress_mbs >= MIN_COMPRESS_MBS and r.filters != "shuffle-ts1"]
+    return [
+        r
+        for r in results
+        if r.clevel > 0 and r.compress_mbs >= MIN_COMPRESS_MBS and r.filters != "shuffle-ts1" and r.ratio >= 1 / (1 - MIN_SAVING)
+    ]
 
 
 def _mean_by_combo(results: Sequence[CodecResult]) -> list[CodecResult]:
@@ -308,18 +314,21 @@ def _mean_by_combo(results: Sequence[CodecResult]) -> list[CodecResult]:
     return out
 
 
-def choose_presets(results: Sequence[CodecResult], cores: int = 2) -> dict[str, CodecResult]:
-    """Pick ``fast``, ``balanced`` and ``small`` from measured rows (averaged over datasets).
+def choose_presets(results: Sequence[CodecResult], cores: int = 2, dataset: str | None = None) -> dict[str, CodecResult]:
+    """Pick ``fast``, ``balanced`` and ``small`` from measured rows.
 
-    fast: best modelled throughput from the page cache; small: best throughput at
-    50 MB/s (in practice: the highest ratio that still decompresses fast enough);
-    balanced: best throughput at 500 MB/s (SATA SSD / fast network).
-    Only rows with clevel > 0, pixel-view typesize and compression >= MIN_COMPRESS_MBS qualify.
+    fast: best modelled throughput from the page cache; balanced: best at 500 MB/s
+    (SATA SSD / fast network); small: best at 50 MB/s (in practice: the highest ratio
+    that still decompresses fast enough). Rows of ``dataset`` only when given, else
+    every combination averaged over the datasets. Only rows with clevel > 0, pixel-view
+    typesize, compression >= MIN_COMPRESS_MBS and at least MIN_SAVING of the bytes
+    saved qualify.
     """
-    rows = _eligible(_mean_by_combo(results))
+    pool = [r for r in results if r.dataset == dataset] if dataset is not None else _mean_by_combo(results)
+    rows = _eligible(pool)
     if not rows:
         raise InvalidInputError("no eligible codec rows to choose presets from")
-    mem = memory_speed(_mean_by_combo(results))
+    mem = memory_speed(pool)
     return {
         "fast": max(rows, key=lambda r: throughput(r, mem, cores)),
         "balanced": max(rows, key=lambda r: throughput(r, 500.0, cores)),
@@ -431,12 +440,14 @@ def write_results(
     out.mkdir(parents=True, exist_ok=True)
     fronts = {ds: pareto_front([r for r in results if r.dataset == ds]) for ds in sorted({r.dataset for r in results})}
     all_front = [r for f in fronts.values() for r in f]
-    chosen = choose_presets(results)
+    basis = "photos" if any(r.dataset == "photos" for r in results) else None
+    chosen = choose_presets(results, dataset=basis)
     payload = {
         "info": info or {},
         "results": [r.to_dict() for r in results],
         "pareto": {ds: [r.label for r in f] for ds, f in fronts.items()},
         "chosen_presets": {k: v.codec_obj().to_config() | {"label": v.label} for k, v in chosen.items()},
+        "chosen_from": basis or "all datasets, averaged",
         "memory_speed_mbs": memory_speed(results),
     }
     paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md"}
@@ -448,7 +459,7 @@ def write_results(
         md += [f"- {k}: {v}" for k, v in info.items() if k != "title"] + [""]
     md += ["Rows on a dataset's Pareto front (ratio against 1-thread decompression) are marked *.", ""]
     md.append(results_table(results, all_front))
-    md += ["", "## Presets chosen from these rows (averaged over datasets)", ""]
+    md += ["", f"## Presets chosen from these rows ({basis or 'all datasets, averaged'})", ""]
     md += [f"- `{k}`: {v.label}" for k, v in chosen.items()]
     paths["md"].write_text("\n".join(md) + "\n")
     png = plot_results(results, out / f"{stem}.png", title=(info or {}).get("title", ""))

@@ -19,11 +19,13 @@ Peers (each skipped with a reason when its library is missing):
 Every on-disk artifact is written in the folder's (class-sorted) order — the worst case
 for chunk-level shuffling, which the "distinct labels per batch" column shows.
 
-Each peer runs in a fresh Python process (``python -m carraystore.benchmarks.loaders
---child``), so its peak RSS (``ru_maxrss``) is its own: one untimed warm-up epoch, then
-``epochs`` timed epochs with a warm page cache, then ``epochs`` timed epochs each after
-evicting the peer's files from the page cache (``posix_fadvise(DONTNEED)``). Reported
-numbers are medians.
+Every artifact is built first. Then ``epochs`` rounds run every peer once each, in a
+fresh Python process (``python -m carraystore.benchmarks.loaders --child``), so that its
+peak RSS (``VmHWM``) is its own and so that other work on the machine falls on all
+peers alike. In a round, a peer reads two untimed batches (imports, thread pools,
+graph tracing), then its files are evicted from the page cache
+(``posix_fadvise(DONTNEED)``) and a cold epoch is timed, then (the cache now holding
+the files) a warm epoch. Reported numbers are medians over the rounds.
 """
 
 from __future__ import annotations
@@ -631,32 +633,36 @@ def _run_epoch(read: Callable[[int], Iterator[Batch]], e: int, batch_size: int) 
 
 
 def child_main(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one peer as described by ``spec``; return its timings (called in the child process)."""
+    """Run one round of one peer as described by ``spec`` (called in the child process).
+
+    A round: two untimed batches (imports, thread pools, graph tracing), then with
+    ``cold``: evict the peer's files and time a cold epoch, which also fills the page
+    cache, then time a warm epoch; without ``cold``: one untimed epoch, one timed warm epoch.
+    """
     ctx = Context(**spec["ctx"])
     if ctx.image_size is not None:
         ctx.image_size = tuple(ctx.image_size)  # type: ignore[assignment]
     peer = PEER_BY_NAME[spec["peer"]]
     dest = Path(spec["dest"])
-    rss_start = _maxrss_mb()
     read = peer.reader(ctx, dest)
     files = peer.files(ctx, dest)
-    warm_t, cold_t = [], []
-    _, n_warmup, diversity = _run_epoch(read, 0, ctx.batch_size)  # untimed: fills the page cache
-    for e in range(1, spec["epochs"] + 1):
-        t, n, _ = _run_epoch(read, e, ctx.batch_size)
-        warm_t.append(t)
+    base = 3 * int(spec.get("round", 0))  # a different shuffle every epoch of every round
+    for i, _ in enumerate(read(base)):
+        if i >= 1:
+            break
+    cold_t = None
     if spec["cold"] and files:
-        for e in range(spec["epochs"] + 1, 2 * spec["epochs"] + 1):
-            evict_from_page_cache(files)
-            t, n, _ = _run_epoch(read, e, ctx.batch_size)
-            cold_t.append(t)
+        evict_from_page_cache(files)
+        cold_t, _, _ = _run_epoch(read, base + 1, ctx.batch_size)
+    else:
+        _run_epoch(read, base + 1, ctx.batch_size)
+    warm_t, n, diversity = _run_epoch(read, base + 2, ctx.batch_size)
     return {
-        "n": n_warmup,
+        "n": n,
         "warm_s": warm_t,
         "cold_s": cold_t,
         "diversity": float(np.mean(diversity)) if diversity else None,
         "peak_rss_mb": _maxrss_mb(),
-        "rss_before_mb": rss_start,
     }
 
 
@@ -742,53 +748,68 @@ def run_comparison(
     if n < batch_size:
         raise InvalidInputError(f"{root}: {n} images is fewer than one batch of {batch_size}")
     ok, skipped = available_peers(peers)
+    load_before = _loadavg()
     workp = Path(work)
     workp.mkdir(parents=True, exist_ok=True)
-    rows: list[PeerResult] = []
     image_nbytes = _image_nbytes(ctx)
     jpeg_bytes = sum(p.stat().st_size for p in folder.files)
+    runnable: list[tuple[Peer, Path, float]] = []
+    results: dict[str, PeerResult] = {}
     for peer in (PEER_BY_NAME[x] for x in (peers or PEER_BY_NAME)):
         if peer.name in skipped:
-            rows.append(PeerResult(peer.name, peer.label, "skipped", skipped[peer.name], on_disk=peer.on_disk))
+            results[peer.name] = PeerResult(peer.name, peer.label, "skipped", skipped[peer.name], on_disk=peer.on_disk)
             say(f"{peer.name}: skipped ({skipped[peer.name]})")
             continue
         try:
+            say(f"{peer.name}: building")
             dest, build_s = build_artifact(peer, ctx, workp)
         except Exception as exc:  # a broken peer must not stop the comparison
-            rows.append(PeerResult(peer.name, peer.label, "error", f"build failed: {exc!r}"[:500], on_disk=peer.on_disk))
+            results[peer.name] = PeerResult(peer.name, peer.label, "error", f"build failed: {exc!r}"[:500], on_disk=peer.on_disk)
             say(f"{peer.name}: build failed: {exc!r}")
             continue
-        spec = {"peer": peer.name, "dest": str(dest), "ctx": ctx.to_json(), "epochs": epochs, "cold": cold}
-        say(f"{peer.name}: running ({n} images, {epochs} warm + {epochs if cold else 0} cold epochs)")
-        try:
-            res = _spawn(spec, timeout_s)
-        except Exception as exc:
-            rows.append(PeerResult(peer.name, peer.label, "error", str(exc)[:500], on_disk=peer.on_disk, build_s=build_s))
-            say(f"{peer.name}: failed: {str(exc)[:300]}")
-            continue
         size = jpeg_bytes if not peer.builds else (path_size(dest) if peer.on_disk else path_size(dest / "x.npy"))
-        wm = statistics.median(res["warm_s"])
-        cm = statistics.median(res["cold_s"]) if res["cold_s"] else None
-        row = PeerResult(
-            name=peer.name,
-            label=peer.label,
-            status="ok",
-            n_images=res["n"],
-            images_per_s_warm=res["n"] / wm,
-            images_per_s_cold=res["n"] / cm if cm else None,
-            mb_per_s_warm=res["n"] / wm * image_nbytes / 1e6,
-            mb_per_s_cold=res["n"] / cm * image_nbytes / 1e6 if cm else None,
-            bytes_on_disk=size,
-            peak_rss_mb=res["peak_rss_mb"],
-            diversity=res["diversity"],
-            build_s=build_s,
-            warm_s=res["warm_s"],
-            cold_s=res["cold_s"],
-            on_disk=peer.on_disk,
+        results[peer.name] = PeerResult(
+            peer.name, peer.label, "ok", n_images=n, bytes_on_disk=size, build_s=build_s if peer.builds else None,
+            on_disk=peer.on_disk, peak_rss_mb=0.0,
         )
+        runnable.append((peer, dest, build_s))
+    # Rounds: every peer once per round, so that other work on the machine falls on all alike.
+    for rnd in range(epochs):
+        for peer, dest, _ in runnable:
+            row = results[peer.name]
+            if row.status != "ok":
+                continue
+            spec = {"peer": peer.name, "dest": str(dest), "ctx": ctx.to_json(), "round": rnd, "cold": cold}
+            try:
+                res = _spawn(spec, timeout_s)
+            except Exception as exc:
+                row.status, row.reason = "error", str(exc)[:500]
+                say(f"{peer.name}: failed: {str(exc)[:300]}")
+                continue
+            if res["n"] != n:
+                row.status, row.reason = "error", f"delivered {res['n']} images of {n}"
+                continue
+            row.warm_s.append(res["warm_s"])
+            if res["cold_s"] is not None:
+                row.cold_s.append(res["cold_s"])
+            row.peak_rss_mb = max(row.peak_rss_mb or 0.0, res["peak_rss_mb"])
+            if rnd == 0:
+                row.diversity = res["diversity"]
+            cold_txt = f", {n / res['cold_s']:.0f} cold" if res["cold_s"] else ""
+            say(f"round {rnd + 1}/{epochs} {peer.name}: {n / res['warm_s']:.0f} img/s warm{cold_txt}")
+    rows = []
+    for name in peers or PEER_BY_NAME:
+        row = results[name]
+        if row.status == "ok":
+            wm = statistics.median(row.warm_s)
+            cm = statistics.median(row.cold_s) if row.cold_s else None
+            row.images_per_s_warm = n / wm
+            row.mb_per_s_warm = n / wm * image_nbytes / 1e6
+            row.images_per_s_cold = n / cm if cm else None
+            row.mb_per_s_cold = n / cm * image_nbytes / 1e6 if cm else None
+        else:
+            row.warm_s, row.cold_s = [], []
         rows.append(row)
-        cold_txt = f"{row.images_per_s_cold:.0f}" if row.images_per_s_cold else "-"
-        say(f"{peer.name}: {row.images_per_s_warm:.0f} img/s warm, {cold_txt} cold")
     info = {
         "images": n,
         "image_shape": list(_image_shape(ctx)),
@@ -801,8 +822,17 @@ def run_comparison(
         "machine": machine_info(),
         "versions": library_versions(),
         "date": time.strftime("%Y-%m-%d"),
+        "load_average_before_after": [load_before, _loadavg()],
     }
     return Comparison(rows, info)
+
+
+def _loadavg() -> float | None:
+    """The 1-minute load average (other work on the machine skews timings), or None."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def _image_shape(ctx: Context) -> tuple[int, ...]:
@@ -987,11 +1017,15 @@ def markdown_report(cmp: Comparison, heading: str = "# Loader comparison") -> st
         heading,
         "",
         f"{i.get('images')} images of {shape} (uint8) from `{Path(str(i.get('source', ''))).name}`, batch {i.get('batch_size')}, "
-        f"median of {i.get('epochs')} epochs after one warm-up epoch; cold = every file of the loader evicted from the page "
-        "cache before each epoch. Each loader runs in a fresh process (peak RSS is its own, imports included).",
+        f"median of {i.get('epochs')} rounds; in each round every loader runs in a fresh process (peak RSS is its own, "
+        "imports included): a cold epoch (every file of the loader evicted from the page cache first), then a warm epoch. "
+        "On-disk copies are written in class-sorted folder order (the worst case for chunk-level shuffles: see labels/batch).",
         "",
         f"Machine: {m.get('cpus')} cores ({m.get('cpu')}), {m.get('memory_gb')} GB RAM, {m.get('system')}, Python {m.get('python')}; "
-        f"measured {i.get('date')}.",
+        f"measured {i.get('date')}"
+        + (f"; 1-minute load average {i['load_average_before_after'][0]} before, {i['load_average_before_after'][1]} after "
+           "(the machine was shared: loads above the core count slow every row)" if i.get("load_average_before_after") else "")
+        + ".",
         "",
         f"Libraries: {vers}.",
         "",

@@ -1,0 +1,120 @@
+"""Copy the latest benchmark results into the docs.
+
+    python bench/report.py [--results bench/results] [--docs docs]
+
+Reads ``codecs.json`` and ``loaders.json`` (written by ``make bench``) and rewrites the
+generated blocks of ``docs/codecs.md`` and ``docs/benchmarks.md`` — the text between
+``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` — leaving the prose around them alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from carraystore.benchmarks import codecs as C
+from carraystore.benchmarks import loaders as L
+
+HERE = Path(__file__).resolve().parent
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    """``text`` with the block ``name`` replaced by ``body`` (the markers must exist)."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in text or end not in text:
+        raise SystemExit(f"report.py: markers {begin} ... {end} not found")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body.rstrip()}\n{end}{tail}"
+
+
+def _short(r: C.CodecResult) -> str:
+    return (
+        f"| {r.label} | {r.ratio:.3f} | {r.compress_mbs:,.0f} | {r.decompress_mbs_1t:,.0f} | {r.decompress_mbs_2t:,.0f} |"
+    )
+
+
+def codecs_section(data: dict, rel: str) -> str:
+    """Preset rows, the Pareto fronts and the plot, from codecs.json."""
+    rows = [C.CodecResult.from_dict(d) for d in data["results"]]
+    info = data.get("info", {})
+    m = info.get("machine", {})
+    head = "| combination | ratio | compress MB/s | decompress MB/s 1 thread | 2 threads |\n|---|---:|---:|---:|---:|"
+    out = [
+        f"Measured {info.get('date', '?')} on {m.get('cpus', '?')} cores ({m.get('cpu', '?')}), "
+        f"blosc2 {info.get('versions', {}).get('blosc2', '?')}; samples: "
+        + ", ".join(f"{k} {v}" for k, v in info.get("samples", {}).items())
+        + f"; {info.get('combinations', '?')} combinations each, {info.get('seconds', '?')} s in all. "
+        f"Speeds are MB/s of uncompressed pixels, median of {3} runs.",
+        "",
+        f"![ratio against decompression speed]({rel}/codecs.png)",
+        "",
+    ]
+    chosen = C.choose_presets(rows, dataset="photos")
+    out += ["**Chosen by this run** (from the photos; the model is explained below):", "", head]
+    for name, r in chosen.items():
+        out.append(_short(r).replace("| ", f"| `{name}`: ", 1))
+    pinned = info.get("pinned_presets", {})
+    if pinned:
+        out += ["", "Pinned in `carraystore/format.py` at the time of this run: "
+                + "; ".join(f"`{k}` = {v}" for k, v in pinned.items())
+                + f"; `Codec()` = {info.get('default_codec', '?')}."]
+    for ds in sorted({r.dataset for r in rows}):
+        front = C.pareto_front([r for r in rows if r.dataset == ds])
+        out += ["", f"**Pareto front, {ds}** (no other combination is both smaller and faster to decompress):", "", head]
+        out += [_short(r) for r in front]
+    # every codec x filter at levels 1 and 5, one image per block: the neighbourhood of the presets
+    for ds in sorted({r.dataset for r in rows}):
+        out += ["", f"**Every codec and filter at levels 1 and 5, one image per block, {ds}:**", "", head]
+        sel = [r for r in rows if r.dataset == ds and r.block_images == 1 and r.clevel in (1, 5)]
+        out += [_short(r) for r in sorted(sel, key=lambda r: (r.codec, r.filters, r.clevel))]
+    blocks = sorted({r.block_images for r in rows})
+    out += ["", "**Images per block** (zstd-1 and zstd-5, shuffle+bytedelta):", "", "| dataset | combination | " + " | ".join(f"ratio b{b}" for b in blocks) + " |",
+            "|---|---|" + "---:|" * len(blocks)]
+    for ds in sorted({r.dataset for r in rows}):
+        for lvl in (1, 5):
+            cells = []
+            for b in blocks:
+                m = [r for r in rows if r.dataset == ds and r.codec == "zstd" and r.clevel == lvl and r.filters == "shuffle+bytedelta" and r.block_images == b]
+                cells.append(f"{m[0].ratio:.3f}" if m else "—")
+            out.append(f"| {ds} | zstd-{lvl} shuffle+bytedelta | " + " | ".join(cells) + " |")
+    out += ["", f"The full table ({len(rows)} rows): [{rel}/codecs.md]({rel}/codecs.md)."]
+    return "\n".join(out)
+
+
+def loaders_section(data: dict, rel: str) -> str:
+    """The loader table, machine, versions and goals, from loaders.json."""
+    cmp = L.Comparison.from_json(data)
+    text = L.markdown_report(cmp, heading="").lstrip()
+    return text + f"\n![images/s by loader]({rel}/loaders.png)\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(HERE / "results"))
+    ap.add_argument("--docs", default=str(HERE.parent / "docs"))
+    args = ap.parse_args(argv)
+    results, docs = Path(args.results), Path(args.docs)
+    rel = os.path.relpath(results, docs)
+    done = []
+    for doc, block, src, render in (
+        ("codecs.md", "codecs-results", "codecs.json", codecs_section),
+        ("benchmarks.md", "loaders-results", "loaders.json", loaders_section),
+    ):
+        if not (results / src).exists():
+            print(f"report.py: {results / src} not found; run make bench first", file=sys.stderr)
+            continue
+        path = docs / doc
+        text = path.read_text()
+        new = replace_block(text, block, render(json.loads((results / src).read_text()), rel))
+        path.write_text(new)
+        done.append(str(path))
+    print("updated " + ", ".join(done) if done else "nothing updated")
+    return 0 if done else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
