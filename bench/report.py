@@ -48,7 +48,7 @@ def codecs_section(data: dict, rel: str) -> str:
         f"blosc2 {info.get('versions', {}).get('blosc2', '?')}; samples: "
         + ", ".join(f"{k} {v}" for k, v in info.get("samples", {}).items())
         + f"; {info.get('combinations', '?')} combinations each, {info.get('seconds', '?')} s in all. "
-        f"Speeds are MB/s of uncompressed pixels, median of {3} runs.",
+        "Speeds are MB/s of uncompressed pixels, median of 3 runs.",
         "",
         f"![ratio against decompression speed]({rel}/codecs.png)",
         "",
@@ -92,6 +92,36 @@ def loaders_section(data: dict, rel: str) -> str:
     return text + f"\n![images/s by loader]({rel}/loaders.png)\n"
 
 
+def regimes_section(data: dict, rel: str) -> str:
+    """The presets (block shuffle) against the fastest on-disk peer, warm and cold, from loaders.json."""
+    cmp = L.Comparison.from_json(data)
+    ok = {r.name: r for r in cmp.rows if r.status == "ok"}
+    disk = [r for r in ok.values() if r.name in L.ON_DISK]
+    i = cmp.info
+    out = [
+        f"{i.get('images')} photos of {'x'.join(map(str, i.get('image_shape', [])))}, batch {i.get('batch_size')}, "
+        f"{i.get('machine', {}).get('cpus')} cores, median of {i.get('epochs')} rounds "
+        f"(full table: [benchmarks.md](benchmarks.md)):",
+        "",
+        "| | images/s warm | images/s cold | MB on disk |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in ("fast", "balanced", "small"):
+        r = ok.get(f"carraystore_{name}_block")
+        if r:
+            out.append(f"| carraystore `{name}`, block shuffle | {r.images_per_s_warm:,.0f} | {r.images_per_s_cold or 0:,.0f} | {r.bytes_on_disk / 1e6:,.0f} |")
+    if disk:
+        w = max(disk, key=lambda r: r.images_per_s_warm or 0)
+        c = max(disk, key=lambda r: r.images_per_s_cold or 0)
+        out.append(f"| fastest on-disk peer, warm: {w.label} | {w.images_per_s_warm:,.0f} | {w.images_per_s_cold or 0:,.0f} | {w.bytes_on_disk / 1e6:,.0f} |")
+        if c is not w:
+            out.append(f"| fastest on-disk peer, cold: {c.label} | {c.images_per_s_warm:,.0f} | {c.images_per_s_cold or 0:,.0f} | {c.bytes_on_disk / 1e6:,.0f} |")
+    npz = ok.get("npz_cache")
+    if npz:
+        out.append(f"| `np.savez_compressed` cache | {npz.images_per_s_warm:,.0f} | {npz.images_per_s_cold or 0:,.0f} | {npz.bytes_on_disk / 1e6:,.0f} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(HERE / "results"))
@@ -102,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     done = []
     for doc, block, src, render in (
         ("codecs.md", "codecs-results", "codecs.json", codecs_section),
+        ("codecs.md", "preset-regimes", "loaders.json", regimes_section),
         ("benchmarks.md", "loaders-results", "loaders.json", loaders_section),
     ):
         if not (results / src).exists():

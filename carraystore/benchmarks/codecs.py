@@ -74,6 +74,8 @@ REGIMES: dict[str, float | None] = {"warm page cache": None, "NVMe 2000 MB/s": 2
 MIN_COMPRESS_MBS = 20.0
 #: ... and save at least this share of the bytes (otherwise: do not compress at all).
 MIN_SAVING = 0.05
+#: Modelled throughputs closer than this to the best count as a tie (timings vary by a few %).
+TIE = 0.05
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,9 @@ def measure_codec(
     if images.ndim != 4:
         raise InvalidInputError(f"measure_codec needs (N, H, W, C) images, got shape {images.shape}")
     resolved = codec.resolve(images.dtype, images.shape[1:])
+    if codec.typesize is not None and codec.filters and resolved.filters != codec.filters:
+        # resolve() drops filters that cannot help (shuffle on 1-byte items); measure them anyway when asked explicitly
+        resolved = dataclasses.replace(resolved, filters=codec.filters, filters_meta=codec.filters_meta)
     if resolved.block_images > len(images):  # type: ignore[operator]
         # a sample smaller than one block (small images, automatic blocks): the largest block that fits
         resolved = dataclasses.replace(resolved, block_images=len(images))
@@ -319,7 +324,9 @@ def choose_presets(results: Sequence[CodecResult], cores: int = 2, dataset: str 
 
     fast: best modelled throughput from the page cache; balanced: best at 500 MB/s
     (SATA SSD / fast network); small: best at 50 MB/s (in practice: the highest ratio
-    that still decompresses fast enough). Rows of ``dataset`` only when given, else
+    that still decompresses fast enough). Rows within ``TIE`` of the best throughput tie;
+    among them fast and small take the highest ratio, balanced the fastest compression
+    (the cost of ingest). Rows of ``dataset`` only when given, else
     every combination averaged over the datasets. Only rows with clevel > 0, pixel-view
     typesize, compression >= MIN_COMPRESS_MBS and at least MIN_SAVING of the bytes
     saved qualify.
@@ -329,10 +336,16 @@ def choose_presets(results: Sequence[CodecResult], cores: int = 2, dataset: str 
     if not rows:
         raise InvalidInputError("no eligible codec rows to choose presets from")
     mem = memory_speed(pool)
+
+    def best(read: float, prefer: Callable[[CodecResult], float]) -> CodecResult:
+        # rows within TIE of the best modelled throughput are a tie (timing noise): ``prefer`` decides
+        top = max(throughput(r, read, cores) for r in rows)
+        return max((r for r in rows if throughput(r, read, cores) >= (1 - TIE) * top), key=prefer)
+
     return {
-        "fast": max(rows, key=lambda r: throughput(r, mem, cores)),
-        "balanced": max(rows, key=lambda r: throughput(r, 500.0, cores)),
-        "small": max(rows, key=lambda r: throughput(r, 50.0, cores)),
+        "fast": best(mem, lambda r: r.ratio),
+        "balanced": best(500.0, lambda r: r.compress_mbs),
+        "small": best(50.0, lambda r: r.ratio),
     }
 
 
@@ -409,8 +422,25 @@ def plot_results(results: Sequence[CodecResult], path: str | os.PathLike[str], t
             ax.scatter(r.decompress_mbs_1t, r.ratio, c=color, marker=markers.get(r.filters, "o"), s=12 + 6 * r.block_images ** 0.5, alpha=0.6)
         front = pareto_front(rows)
         ax.plot([r.decompress_mbs_1t for r in front], [r.ratio for r in front], "k--", lw=1, label="Pareto front")
-        for r in front:
-            ax.annotate(r.label, (r.decompress_mbs_1t, r.ratio), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        span = max(r.ratio for r in rows) - min(r.ratio for r in rows) or 1.0
+        last: tuple[float, float] | None = None
+        for r in front:  # label front points that do not crowd the previous label
+            x, y = math.log10(r.decompress_mbs_1t), r.ratio
+            if last is None or abs(x - last[0]) > 0.12 or abs(y - last[1]) > 0.06 * span:
+                ax.annotate(r.label, (r.decompress_mbs_1t, r.ratio), fontsize=6, xytext=(3, 3), textcoords="offset points")
+                last = (x, y)
+        smallest_block = min(r.block_images for r in rows)
+        for name, codec in PRESETS.items():  # the pinned presets (automatic blocks: shown at the smallest block size)
+            hit = [
+                r for r in rows
+                if (r.codec, r.clevel, FILTERS.get(r.filters)) == (codec.codec, codec.clevel, codec.filters)
+                and r.block_images == smallest_block
+            ]
+            for r in hit:
+                ax.scatter(r.decompress_mbs_1t, r.ratio, marker="*", s=220, facecolors="none", edgecolors="black", linewidths=1.2)
+                offset = {"small": (-30, 10), "balanced": (-20, -16)}.get(name, (-10, -14))
+                ax.annotate(f"preset {name}", (r.decompress_mbs_1t, r.ratio), fontsize=8, fontweight="bold",
+                            xytext=offset, textcoords="offset points")
         ax.set_xscale("log")
         ax.set_xlabel("decompression MB/s (1 thread, log)")
         ax.set_ylabel("compression ratio")
