@@ -203,3 +203,21 @@ def test_measure_codec_round_trips_real_photos(photos: Path) -> None:
     none = C.measure_codec(images, carraystore.Codec("zstd", 1, filters=(), typesize=1), repeats=1)
     assert (ts1.filters, ts1.typesize, none.filters) == ("shuffle", 1, "none")
     assert ts1.cbytes == none.cbytes
+
+
+def test_cached_artifacts_are_rebuilt_when_their_inputs_change(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    npy = L.PEER_BY_NAME["npy_files"]
+    dest, _ = L.build_artifact(npy, L.Context(str(photos), 16, None, 8, 0), tmp_path)
+    assert len(list(dest.glob("0*.npy"))) == 16
+    mtime = (dest / "labels.npy").stat().st_mtime_ns
+    L.build_artifact(npy, L.Context(str(photos), 16, None, 8, 0), tmp_path)  # same inputs: reused
+    assert (dest / "labels.npy").stat().st_mtime_ns == mtime
+    L.build_artifact(npy, L.Context(str(photos), 12, None, 8, 0), tmp_path)  # another subset: rebuilt
+    assert len(list(dest.glob("0*.npy"))) == 12
+    cs = L.PEER_BY_NAME["carraystore_fast_block"]
+    ctx = L.Context(str(photos), 16, None, 8, 0)
+    dest, _ = L.build_artifact(cs, ctx, tmp_path)
+    assert carraystore.open(dest / "data.b2nd").codec.codec == "lz4"
+    monkeypatch.setitem(carraystore.PRESETS, "fast", carraystore.Codec("zlib", 1, filters=()))
+    dest, _ = L.build_artifact(cs, ctx, tmp_path)  # the preset changed: rebuilt with the new codec
+    assert carraystore.open(dest / "data.b2nd").codec.codec == "zlib"

@@ -122,7 +122,6 @@ class Peer:
     on_disk = True
     #: True: ``build`` writes an artifact; False: the peer reads the image folder itself.
     builds = True
-    needs: tuple[str, ...] = ()  # other peers whose artifacts it reads (in-memory numpy)
 
     def missing(self) -> str | None:
         """Why this peer cannot run here, or None."""
@@ -133,6 +132,10 @@ class Peer:
 
     def build(self, ctx: Context, dest: Path) -> None:
         raise NotImplementedError
+
+    def key(self) -> dict[str, Any]:
+        """What else (beyond the images) the artifact depends on; a change rebuilds it."""
+        return {}
 
     def files(self, ctx: Context, dest: Path) -> list[Path]:
         """Paths to evict for a cold-cache epoch."""
@@ -520,6 +523,11 @@ class CarrayStore(Peer):
         self.label = f"carraystore {preset}, {shuffle} shuffle"
         self.artifact = f"carraystore_{preset}"
 
+    def key(self) -> dict[str, Any]:
+        from carraystore.format import Codec
+
+        return {"codec": Codec.preset(self.preset).to_config()}
+
     def build(self, ctx: Context, dest: Path) -> None:
         import carraystore
 
@@ -597,20 +605,36 @@ def _artifact_dir(work: Path, peer: Peer) -> Path:
 
 
 def build_artifact(peer: Peer, ctx: Context, work: Path) -> tuple[Path, float]:
-    """Build (or reuse) ``peer``'s artifact under ``work``; returns its path and build seconds."""
+    """Build (or reuse) ``peer``'s artifact under ``work``; returns its path and build seconds.
+
+    An artifact is reused only if it was built from the same images (root, subset, size,
+    file list) with the same builder version and peer settings (e.g. the preset's codec).
+    """
     dest = _artifact_dir(work, peer)
     if not peer.builds:
         return dest, 0.0
+    folder = ctx.folder
+    key = {
+        "version": BUILD_VERSION,
+        "root": ctx.root,
+        "limit": ctx.limit,
+        "seed": ctx.seed,
+        "image_size": list(ctx.image_size) if ctx.image_size else None,
+        "files": len(folder.files),
+        "sizes": sum(p.stat().st_size for p in folder.files),
+        **peer.key(),
+    }
     marker = dest / ".complete.json"
     if marker.exists():
-        info = json.loads(marker.read_text())
-        if info.get("version") == BUILD_VERSION:
-            return dest, float(info["build_s"])
+        with contextlib.suppress(ValueError, KeyError, OSError):
+            info = json.loads(marker.read_text())
+            if info.get("key") == json.loads(json.dumps(key)):
+                return dest, float(info["build_s"])
     shutil.rmtree(dest, ignore_errors=True)
     t = time.perf_counter()
     peer.build(ctx, dest)
     build_s = time.perf_counter() - t
-    marker.write_text(json.dumps({"version": BUILD_VERSION, "build_s": build_s}))
+    marker.write_text(json.dumps({"key": key, "build_s": build_s}))
     return dest, build_s
 
 
