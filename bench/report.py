@@ -54,7 +54,7 @@ def codecs_section(data: dict, rel: str) -> str:
         "",
     ]
     chosen = C.choose_presets(rows, dataset="photos")
-    out += ["**Chosen by this run** (from the photos; the model is explained below):", "", head]
+    out += ["**Chosen by this run** (from the photos, by the model above):", "", head]
     for name, r in chosen.items():
         out.append(_short(r).replace("| ", f"| `{name}`: ", 1))
     pinned = info.get("pinned_presets", {})

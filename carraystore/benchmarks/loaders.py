@@ -1006,7 +1006,7 @@ def plot_results(cmp: Comparison, path: str | os.PathLike[str]) -> Path | None:
     ax.set_xlabel("images/s (log scale; higher is better)")
     shape = "x".join(str(s) for s in cmp.info.get("image_shape", []))
     ax.set_title(f"{cmp.info.get('images')} images of {shape}, batch {cmp.info.get('batch_size')}, "
-                 f"median of {cmp.info.get('epochs')} epochs, {cmp.info.get('machine', {}).get('cpus')} cores", fontsize=9)
+                 f"median of {cmp.info.get('epochs')} rounds, {cmp.info.get('machine', {}).get('cpus')} cores", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
