@@ -15,7 +15,6 @@ import os
 import time
 from pathlib import Path
 
-import pytest
 
 from carraystore.benchmarks import loaders as L
 from carraystore.benchmarks.datasets import cached_photo_folder

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 import carraystore
 from carraystore.benchmarks import codecs as C
@@ -107,12 +106,14 @@ def test_loaders_subset_writes_all_outputs(photos: Path, tmp_path: Path, capsys:
 
 
 def test_loaders_list_and_bad_peer(photos: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "loaders", str(photos), "--list"]) == 0
+    assert main(["bench", "loaders", "--list"]) == 0
     out = capsys.readouterr().out
     for name in ("keras_load_img", "tfrecord", "hdf5", "zarr", "bcolz", "carraystore_fast_block"):
         assert name in out
     assert main(["bench", "loaders", str(photos), "--peers", "nosuch"]) == 2
     assert "unknown loaders ['nosuch']" in capsys.readouterr().err
+    assert main(["bench", "loaders"]) == 2
+    assert "give DIR" in capsys.readouterr().err
 
 
 def test_missing_library_peer_is_skipped_with_reason(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

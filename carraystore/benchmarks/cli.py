@@ -58,7 +58,7 @@ def register(sub: Any) -> None:
             "process, warm and cold page cache. Needs free disk space of several times the decoded images."
         ),
     )
-    lo.add_argument("dir", help="folder of images in class sub-folders")
+    lo.add_argument("dir", nargs="?", help="folder of images in class sub-folders")
     lo.add_argument("--limit", type=int, default=None, help="use a seeded random subset of this many images")
     lo.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image (default: all must agree)")
     lo.add_argument("--batch-size", type=int, default=32)
@@ -120,6 +120,8 @@ def _cmd_loaders(args: argparse.Namespace) -> int:
             state = "available" if p.name not in skipped else f"skipped: {skipped[p.name]}"
             print(f"{p.name:28s} {p.label} ({state})")
         return 0
+    if not args.dir:
+        raise InvalidInputError("give DIR, a folder of images in class sub-folders (or --list to see the loaders)")
     peers = [s.strip() for s in args.peers.split(",") if s.strip()] if args.peers else None
     if peers:
         unknown = [p for p in peers if p not in L.PEER_BY_NAME]
