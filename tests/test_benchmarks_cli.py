@@ -222,3 +222,12 @@ def test_cached_artifacts_are_rebuilt_when_their_inputs_change(photos: Path, tmp
     monkeypatch.setitem(carraystore.PRESETS, "fast", carraystore.Codec("zlib", 1, filters=()))
     dest, _ = L.build_artifact(cs, ctx, tmp_path)  # the preset changed: rebuilt with the new codec
     assert carraystore.open(dest / "data.b2nd").codec.codec == "zlib"
+
+
+def test_grayscale_rows_never_pretend_to_filter(photos: Path) -> None:
+    rgb = decode_images(list_image_folder(photos, limit=8).files)
+    gray = (rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)).astype(np.uint8)[..., None]
+    rows = C.run_suite({"gray": gray}, C.codec_grid(("zstd",), (1,), ("none", "shuffle+bytedelta"), (1,), True), repeats=1)
+    # 1-byte pixels: resolve() drops shuffle+bytedelta, so only "none" and the explicit typesize-1 shuffle are measured
+    assert [(r.filters, r.typesize) for r in rows] == [("none", 1), ("shuffle-ts1", 1)]
+    assert rows[0].cbytes == rows[1].cbytes  # SHUFFLE of 1-byte items is the identity
