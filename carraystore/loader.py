@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import posixpath
 import queue
 import threading
@@ -250,18 +251,56 @@ def make_spec(
     )
 
 
-def gather(samples: np.ndarray, chunks: np.ndarray, slots: np.ndarray, arena: np.ndarray, chunk_size: int) -> np.ndarray:
-    """The items at ``samples`` (any shape) out of decoded chunks, as a new array.
+def gather(
+    samples: np.ndarray,
+    chunks: np.ndarray,
+    slots: np.ndarray,
+    arena: np.ndarray,
+    chunk_size: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """The items at ``samples`` (any shape) out of decoded chunks.
 
     Chunk ``chunks[j]`` (sorted) sits in ``arena[slots[j]]``, an array of shape
-    (slots, chunk_size, *item_shape). The result has shape ``samples.shape + item_shape``.
+    (slots, chunk_size, *item_shape). The result has shape ``samples.shape + item_shape``;
+    it is written into ``out`` (C-contiguous, that shape) when given, else a new array.
     """
     s = samples.reshape(-1)
     c = s // chunk_size
     slot = slots[np.searchsorted(chunks, c)]
     flat = slot * chunk_size + (s - c * chunk_size)
     item = arena.shape[2:]
-    return arena.reshape(-1, *item)[flat].reshape(*samples.shape, *item)
+    if out is None:
+        out = np.empty((*samples.shape, *item), dtype=arena.dtype)
+    # mode="clip" (the indices are valid) lets take() write straight into out, unbuffered
+    np.take(arena.reshape(-1, *item), flat, axis=0, out=out.reshape(-1, *item), mode="clip")
+    return out
+
+
+class _BatchBuffers:
+    """Batch arrays reused once the consumer has let go of them.
+
+    Writing every batch into fresh memory costs a page fault per 4 KiB, which for large
+    images is slower than the copy itself. A buffer is handed out again only when nothing
+    outside this pool refers to it (its reference count, which views, the output queue and
+    buffer-protocol exports all raise, is back to the pool's own), so a consumer that
+    keeps batches always gets new arrays and never sees one overwritten.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.buffers: list[np.ndarray] = []
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        for i in range(len(self.buffers)):
+            # references: the list, and getrefcount's own argument
+            if sys.getrefcount(self.buffers[i]) <= 2 and self.buffers[i].shape == shape and self.buffers[i].dtype == dtype:
+                return self.buffers[i]
+        buf = np.empty(shape, dtype=dtype)
+        if len(self.buffers) >= self.capacity:
+            self.buffers.pop(0)
+        self.buffers.append(buf)
+        return buf
 
 
 # ---------------------------------------------------------------------------------------
@@ -419,10 +458,12 @@ class _Pipeline:
         spec, plan = self.spec, self.plan
         bounds = plan.window_starts
         resident: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        pool = _BatchBuffers(self.out.maxsize + 3)
+        dtype = spec.store.dtype
         try:
             for bi in range(self.start_batch, self.nbatches):
                 a, b = spec.batch_bounds(plan, bi)
-                parts = []
+                x = pool.get(spec.x_shape(b - a), dtype)
                 w = plan.window_of(a)
                 pos = a
                 while pos < b:
@@ -431,12 +472,11 @@ class _Pipeline:
                     end = min(b, int(bounds[w + 1]))
                     chunks, slots = resident[w]
                     assert self.arena is not None
-                    parts.append(gather(plan.samples(pos, end), chunks, slots, self.arena, self.k))
+                    gather(plan.samples(pos, end), chunks, slots, self.arena, self.k, out=x[pos - a : end - a])
                     if end == bounds[w + 1]:
                         self._release(resident.pop(w)[1])
                         w += 1
                     pos = end
-                x = parts[0] if len(parts) == 1 else np.concatenate(parts)
                 y = spec.labels_for(plan.items[a:b])
                 out = spec.finish(x, y, bi, self.epoch, plan)
                 if not self._put(out):

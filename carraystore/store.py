@@ -17,6 +17,7 @@ import re
 import secrets
 import shutil
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +194,46 @@ def _read_vlmeta_from_trailer(path: Path) -> bytes | None:
         return None
 
 
+def _chunk_offsets(fd: int, nchunks: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """File offsets and (upper-bound) lengths of every chunk, from the frame's offsets chunk.
+
+    The Blosc2 contiguous frame (README_CFRAME_FORMAT.rst) keeps, right after the data
+    chunks (at ``header_len + cbytes``, both in the frame header), one compressed chunk of
+    int64 offsets relative to ``header_len``; negative values mark special chunks (zeros)
+    that hold no data. Reading chunks with ``os.pread`` at these offsets releases the GIL
+    during I/O, unlike ``SChunk.get_chunk``. Anything unexpected returns None and the
+    reader falls back to ``get_chunk``.
+    """
+    try:
+        head = os.pread(fd, 64, 0)
+        if len(head) < 47 or head[2:10] != b"b2frame\x00" or head[10] != 0xD2 or head[38] != 0xD3:
+            return None
+        header_len = int.from_bytes(head[11:15], "big")
+        cbytes = int.from_bytes(head[39:47], "big")
+        start = header_len + cbytes
+        first = os.pread(fd, 32, start)
+        if len(first) < 32:
+            return None
+        osize = blosc2.get_cbuffer_sizes(first)[1]
+        raw = os.pread(fd, osize, start)
+        offsets = np.frombuffer(blosc2.decompress(raw), dtype="<i8")
+        if len(offsets) < nchunks:
+            return None
+        offsets = offsets[:nchunks]
+        real = offsets >= 0
+        if np.any(offsets[real] >= cbytes):
+            return None
+        # a chunk ends where the next one (in file order) begins, or where the data ends
+        ends = np.full(nchunks, cbytes, dtype=np.int64)
+        order = np.argsort(np.where(real, offsets, cbytes), kind="stable")
+        pos = np.where(real, offsets, cbytes)[order]
+        ends[order[:-1]] = pos[1:]
+        lengths = np.where(real, ends - offsets, 0)
+        return np.where(real, offsets + header_len, -1), lengths
+    except Exception:
+        return None
+
+
 def _read_meta(array: Any, path: Path) -> StoreMeta:
     if META_KEY not in array.schunk.meta:
         raise NotAStoreError(
@@ -240,6 +281,15 @@ class Store:
         self.meta = meta
         self._lock = threading.Lock()
         self._schunk = array.schunk
+        self._fd: int | None = None
+        self._offsets: tuple[np.ndarray, np.ndarray] | None = None
+        try:
+            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            pass
+        else:
+            self._offsets = _chunk_offsets(self._fd, meta.nchunks)
+            self._fd_finalizer = weakref.finalize(self, os.close, self._fd)
 
     # -- description -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -343,8 +393,19 @@ class Store:
         return i
 
     def read_chunk_bytes(self, i: int) -> bytes:
-        """The compressed bytes of chunk ``i`` (one sequential read)."""
+        """The compressed bytes of chunk ``i`` (one sequential read; thread-safe, GIL released)."""
         i = self._check_chunk_index(i)
+        if self._offsets is not None and self._fd is not None and self._offsets[0][i] >= 0:
+            offset, length = int(self._offsets[0][i]), int(self._offsets[1][i])
+            data = os.pread(self._fd, length, offset)
+            if len(data) >= 16:
+                cbytes = int.from_bytes(data[12:16], "little")
+                if cbytes <= len(data):
+                    return data[:cbytes] if cbytes < len(data) else data
+            raise CorruptStoreError(
+                f"{self.path}: chunk {i} is truncated ({len(data)} of {length} bytes readable at offset {offset}); "
+                f"the file is damaged: run `carraystore verify {self.path}`"
+            )
         try:
             with self._lock:
                 return self._schunk.get_chunk(i)
@@ -471,9 +532,14 @@ class Store:
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
-        """Release the file handle (the Store must not be used afterwards)."""
+        """Release the file handles (the Store must not be used afterwards)."""
         self._array = None
         self._schunk = None  # type: ignore[assignment]
+        self._offsets = None
+        finalizer = getattr(self, "_fd_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        self._fd = None
 
     def __enter__(self) -> Store:
         return self
@@ -487,7 +553,8 @@ class Store:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         other = open_store(state["path"])
-        self.__dict__.update(other.__dict__)
+        Store.__init__(self, other.path, other._array, other.meta)
+        other.close()  # closes only the other object's own file descriptor
 
 
 def _check_header_params(array: Any, meta: StoreMeta, path: Path) -> None:
