@@ -31,8 +31,11 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The bench files write their results under bench/results/; report.py copies them into
+# docs/ even when a goal assertion failed (the exit status is pytest's).
 bench: $(VENV)/.installed-bench
-	$(BIN)/python -m pytest bench -o python_files='bench_*.py' --benchmark-only -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest bench -o python_files='bench_*.py' --benchmark-only -p no:cacheprovider $(PYTEST_ARGS); \
+	status=$$?; $(BIN)/python bench/report.py; exit $$status
 
 clean:
 	rm -rf $(VENV) demo-out bench/out .pytest_cache *.egg-info
