@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -41,9 +42,9 @@ KERAS_THREAD_PREFIX = "carraystore-keras"
 
 
 class _Entry:
-    __slots__ = ("arena", "chunks", "slots", "done", "error", "pins", "left")
+    __slots__ = ("arena", "chunks", "slots", "done", "error", "pins", "left", "unserved")
 
-    def __init__(self, arena: np.ndarray, chunks: np.ndarray) -> None:
+    def __init__(self, arena: np.ndarray, chunks: np.ndarray, batches: range) -> None:
         self.arena = arena
         self.chunks = chunks
         self.slots = np.arange(len(chunks), dtype=np.int64)
@@ -51,6 +52,7 @@ class _Entry:
         self.error: BaseException | None = None
         self.pins = 0
         self.left = len(chunks)
+        self.unserved = set(batches)  # batches of this window not handed out yet
 
 
 class _WindowCache:
@@ -91,7 +93,9 @@ class _WindowCache:
         if self.closed:
             raise LoaderError(f"{self.spec.store.path}: the dataset's decoder was shut down")
         arena = self.spare.pop() if self.spare else np.empty((self.slots, self.k, *self.spec.store.image_shape), self.spec.store.dtype)
-        entry = _Entry(arena, self.plan.window_chunks[w])
+        b = self.spec.batch_size
+        lo, hi = int(self.plan.window_starts[w]), int(self.plan.window_starts[w + 1])
+        entry = _Entry(arena, self.plan.window_chunks[w], range(lo // b, (hi - 1) // b + 1))
         self.entries[w] = entry
         n = self.decoded_windows[w] = self.decoded_windows.get(w, 0) + 1
         if n > 1 and not self.warned:
@@ -112,7 +116,9 @@ class _WindowCache:
 
     def _evict(self) -> None:
         while len(self.entries) > self.capacity:
-            victim = next((w for w, e in self.entries.items() if e.pins == 0 and e.done.is_set()), None)
+            # first a window whose batches were all handed out, else the least recently used
+            idle = [(w, e) for w, e in self.entries.items() if e.pins == 0 and e.done.is_set()]
+            victim = next((w for w, e in idle if not e.unserved), idle[0][0] if idle else None)
             if victim is None:
                 return
             e = self.entries.pop(victim)
@@ -144,9 +150,15 @@ class _WindowCache:
             e.pins -= 1
 
     def prefetch(self, w: int) -> None:
+        """Start decoding window ``w`` ahead of need, unless that would evict a window still in use."""
         if 0 <= w < self.plan.nwindows:
             with self.lock:
-                if w not in self.entries and not self.closed:
+                if w in self.entries or self.closed:
+                    return
+                room = len(self.entries) < self.capacity or any(
+                    not e.unserved and e.pins == 0 and e.done.is_set() for e in self.entries.values()
+                )
+                if room:
                     self._start(w)
 
     def batch(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -160,7 +172,9 @@ class _WindowCache:
             try:
                 parts.append(gather(plan.samples(lo, hi), e.chunks, e.slots, e.arena, self.k))
             finally:
-                self.release(e)
+                with self.lock:
+                    e.unserved.discard(i)
+                    e.pins -= 1
         self.prefetch(w1 + 1)
         x = parts[0] if len(parts) == 1 else np.concatenate(parts)
         y = spec.labels_for(plan.items[a:b])
@@ -169,9 +183,27 @@ class _WindowCache:
     def close(self) -> None:
         with self.lock:
             self.closed = True
+            entries = list(self.entries.values())
             self.entries.clear()
             self.spare.clear()
         self.executor.shutdown(wait=True, cancel_futures=True)
+        for e in entries:  # wake anyone still waiting on a window whose decoding was cancelled
+            if not e.done.is_set():
+                e.error = LoaderError(f"{self.spec.store.path}: the dataset was closed while decoding")
+                e.done.set()
+
+
+_DATASETS: "weakref.WeakSet[StoreDataset]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # a lock some parent thread held at fork time would stay locked forever in the child
+    for ds in list(_DATASETS):
+        ds._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class StoreDataset(keras.utils.PyDataset):
@@ -236,6 +268,8 @@ class StoreDataset(keras.utils.PyDataset):
         self._cache: _WindowCache | None = None
         self._pid = os.getpid()
         self._used = False
+        self._decoded: dict[int, int] = {}
+        _DATASETS.add(self)
 
     # -- description ---------------------------------------------------------------------------
     @property
@@ -256,9 +290,21 @@ class StoreDataset(keras.utils.PyDataset):
 
     @property
     def chunks_decoded(self) -> int:
-        """Chunks this process decoded in the current epoch."""
+        """Chunks this process decoded for the current epoch."""
+        return self.decode_counts.get(self.epoch, 0)
+
+    @property
+    def decode_counts(self) -> dict[int, int]:
+        """Epoch -> chunks this process decoded for it (an epoch has ``store.nchunks``)."""
+        out = dict(self._decoded)
         c = self._cache
-        return c.chunks_decoded if c is not None else 0
+        if c is not None:
+            out[c.epoch] = out.get(c.epoch, 0) + c.chunks_decoded
+        return out
+
+    def _retire(self, c: _WindowCache) -> None:
+        c.close()
+        self._decoded[c.epoch] = self._decoded.get(c.epoch, 0) + c.chunks_decoded
 
     def __len__(self) -> int:
         return self._spec.num_batches
@@ -271,11 +317,12 @@ class StoreDataset(keras.utils.PyDataset):
 
                 self._spec.store = open_store(self._spec.store.path)
                 self._cache = None
+                self._decoded = {}
                 self._pid = os.getpid()
             c = self._cache
             if c is None or c.epoch != self.epoch:
                 if c is not None:
-                    c.close()
+                    self._retire(c)
                 c = self._cache = _WindowCache(self._spec, self.epoch, self.cache_windows, self.num_threads)
             return c
 
@@ -321,8 +368,8 @@ class StoreDataset(keras.utils.PyDataset):
         """Free the decoded windows and end the decoder threads (they restart on demand)."""
         with self._lock:
             c, self._cache = self._cache, None
-        if c is not None and self._pid == os.getpid():
-            c.close()
+            if c is not None and self._pid == os.getpid():
+                self._retire(c)
 
     def __del__(self) -> None:
         try:
@@ -341,7 +388,9 @@ class StoreDataset(keras.utils.PyDataset):
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._cache = None
+        self._decoded = {}
         self._pid = os.getpid()
+        _DATASETS.add(self)
 
     def __repr__(self) -> str:
         s = self._spec

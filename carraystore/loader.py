@@ -71,6 +71,50 @@ def _int_arg(name: str, value: Any, minimum: int) -> int:
     return v
 
 
+class _ForkGate:
+    """Keeps ``fork()`` (Keras's ``use_multiprocessing``, multiprocessing pools) from
+    happening while a thread is inside a chunk read or decompression, whose library
+    state a child process would inherit half-way."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+
+    def __enter__(self) -> None:
+        with self._cond:
+            self._active += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._cond:
+            self._active -= 1
+            if not self._active:
+                self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        self._cond.acquire()  # held across fork: no thread can enter meanwhile
+        self._cond.wait_for(lambda: self._active == 0, timeout=30)
+
+    def after_fork_in_parent(self) -> None:
+        self._cond.release()
+
+    def after_fork_in_child(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+
+
+#: Held (shared) by every chunk read + decompression; see _ForkGate.
+FORK_GATE = _ForkGate()
+
+
+def _after_fork_in_child() -> None:
+    FORK_GATE.after_fork_in_child()
+    # the parent's loader threads do not exist here: forget their pipelines
+    global _LIVE_LOCK, _ARENA_LOCK
+    _LIVE_LOCK = threading.Lock()
+    _ARENA_LOCK = threading.Lock()
+    _LIVE.clear()
+
+
 @dataclass
 class LoaderSpec:
     """Resolved loader arguments shared by ``batches``, the Keras and the tf.data adapters."""
@@ -172,10 +216,11 @@ class LoaderSpec:
         """Read and decompress one chunk into ``out``; errors become LoaderError naming the chunk."""
         store = self.store
         try:
-            data = store.read_chunk_bytes(chunk)
-            if self.verify and crc32(data) != int(store.meta.crc32[chunk]):
-                raise ChecksumError(f"{store.path}: chunk {chunk} fails its CRC32 check; the file is damaged")
-            store.decompress_chunk(chunk, data, out)
+            with FORK_GATE:
+                data = store.read_chunk_bytes(chunk)
+                if self.verify and crc32(data) != int(store.meta.crc32[chunk]):
+                    raise ChecksumError(f"{store.path}: chunk {chunk} fails its CRC32 check; the file is damaged")
+                store.decompress_chunk(chunk, data, out)
         except Exception as exc:
             hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) else ""
             err = LoaderError(f"{store.path}: loading chunk {chunk} failed: {type(exc).__name__}: {exc}{hint}")
@@ -359,6 +404,7 @@ class _Pipeline:
 
     def __init__(self, spec: LoaderSpec, epoch: int, start_batch: int, prefetch: int, num_threads: int, queue_size: int) -> None:
         self.spec = spec
+        self.pid = os.getpid()
         self.epoch = epoch
         self.plan = plan = spec.plan(epoch)
         self.start_batch = start_batch
@@ -494,6 +540,8 @@ class _Pipeline:
     # -- control -------------------------------------------------------------------------
     def stop(self) -> None:
         """Stop and join every thread (idempotent; safe from any thread)."""
+        if os.getpid() != self.pid:  # a forked child: these threads are the parent's
+            return
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
@@ -512,6 +560,14 @@ class _Pipeline:
             _give_back_arena(self.spec.store, arena)
         with _LIVE_LOCK:
             _LIVE.discard(self)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=FORK_GATE.before_fork,
+        after_in_parent=FORK_GATE.after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 @atexit.register

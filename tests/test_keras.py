@@ -96,11 +96,15 @@ def _predict_indices(ds: StoreDataset, table: dict[bytes, int]) -> list[int]:
 def test_keras_workers_give_no_duplicated_and_no_missing_samples(splits: dict[str, Path], workers: int, multiprocessing: bool) -> None:
     store = carraystore.open(splits["train"])
     table = index_of(store)
-    ds = StoreDataset(splits["train"], 16, window=2, workers=workers, use_multiprocessing=multiprocessing, seed=9)
+    ds = StoreDataset(splits["train"], 16, window=4, workers=workers, use_multiprocessing=multiprocessing, seed=9)
     expected = ds.plan().items.tolist()
     seen = _predict_indices(ds, table)
     assert sorted(seen) == list(range(len(store)))
     assert seen == expected, "Keras hands the batches back in the dataset's order"
+    decoded = ds.decode_counts.get(0, 0)
+    print(f"\nworkers={workers} multiprocessing={multiprocessing}: {decoded} chunk decodes in this process for {store.nchunks} chunks")
+    if not multiprocessing:  # threads share the cache: every chunk decoded once
+        assert decoded == store.nchunks
     ds.close()
     gc.collect()
     assert keras_threads() == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing
+import os
 import shutil
 import subprocess
 import sys
@@ -371,3 +373,27 @@ def test_the_buffer_pool_is_reused_across_epochs_and_can_be_released(photo_store
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
     loader.release_buffers(store)
     assert loader._IDLE_ARENAS.get(store) is None
+
+
+def _count_in_child(path: str, out: "multiprocessing.Queue[int]") -> None:
+    out.put(sum(len(x) for x, _ in carraystore.open(path).batches(8, window=2)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_forking_while_loader_threads_run(photo_store: Path) -> None:
+    """A child forked while this process's loader threads decode can load too, and exits."""
+    ctx = multiprocessing.get_context("fork")
+    running = [batches(photo_store, 4, window=1, prefetch=1, queue_size=1) for _ in range(2)]
+    for it in running:
+        next(it)
+    results: "multiprocessing.Queue[int]" = ctx.Queue()
+    children = [ctx.Process(target=_count_in_child, args=(str(photo_store), results)) for _ in range(3)]
+    for c in children:
+        c.start()
+    counts = [results.get(timeout=60) for _ in children]
+    for c in children:
+        c.join(timeout=60)
+        assert c.exitcode == 0
+    assert counts == [200, 200, 200]
+    for it in running:  # the parent's loaders are unharmed
+        assert sum(len(x) for x, _ in it) == 200 - 4
