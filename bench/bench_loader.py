@@ -19,6 +19,7 @@ docs/loading.md: ``(window + prefetch + threads) x chunk bytes + (queue_size + 2
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -41,8 +42,8 @@ HERE = Path(__file__).resolve().parent
 
 SCALES = {
     "tiny": dict(n=96, size=(32, 32), batch_size=16, rounds=1, chunk_images=16, windows=(1, 2)),
-    "default": dict(n=12000, size=(128, 128), batch_size=64, rounds=5, chunk_images=None, windows=(1, 4, 16, 64)),
-    "large": dict(n=40000, size=(128, 128), batch_size=64, rounds=5, chunk_images=None, windows=(1, 4, 16, 64, 128)),
+    "default": dict(n=12000, size=(128, 128), batch_size=64, rounds=9, chunk_images=None, windows=(1, 4, 16, 64)),
+    "large": dict(n=40000, size=(128, 128), batch_size=64, rounds=7, chunk_images=None, windows=(1, 4, 16, 64, 128)),
 }
 if SCALE not in SCALES:
     raise ValueError(f"CARRAYSTORE_BENCH_SCALE={SCALE!r}: use one of {sorted(SCALES)}")
@@ -62,7 +63,9 @@ def results_dir() -> Path:
 @pytest.fixture(scope="module")
 def store_path() -> Path:
     folder = cached_photo_folder(data_dir(), CFG["n"], size=CFG["size"])
-    out = data_dir().parent / "loader" / f"{folder.name}-k{CFG['chunk_images'] or 'auto'}.b2nd"
+    # the store follows the default codec: a new default means a new cached file
+    codec = hashlib.sha1(repr(carraystore.Codec.preset("balanced")).encode()).hexdigest()[:8]
+    out = data_dir().parent / "loader" / f"{folder.name}-k{CFG['chunk_images'] or 'auto'}-{codec}.b2nd"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         carraystore.from_directory(folder, out, chunk_images=CFG["chunk_images"], overwrite=True)
