@@ -60,6 +60,20 @@ __all__ = ["Store", "StoreWriter", "ChunkProblem", "create", "append", "open_sto
 # Decompression in threads only runs in parallel when blosc2 releases the GIL.
 blosc2.set_releasegil(True)
 
+# blosc2's own decompression threads hang in a process forked from one that used them
+# (Keras' use_multiprocessing, multiprocessing pools with fork): forked children
+# decompress with a single blosc2 thread.
+_FORKED_CHILD = False
+
+
+def _mark_forked_child() -> None:
+    global _FORKED_CHILD
+    _FORKED_CHILD = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked_child)
+
 #: Target uncompressed size of one chunk when ``chunk_images`` is not given.
 TARGET_CHUNK_BYTES = 4 * 1024 * 1024
 MAX_DEFAULT_CHUNK_IMAGES = 4096
@@ -424,7 +438,10 @@ class Store:
                 f"out buffer must be C-contiguous {self.dtype} of shape {(self.meta.chunk_images, *self.image_shape)}"
             )
         try:
-            blosc2.decompress2(data, dst=out)
+            if _FORKED_CHILD:
+                blosc2.decompress2(data, dst=out, nthreads=1)
+            else:
+                blosc2.decompress2(data, dst=out)
         except Exception as exc:
             raise CorruptStoreError(
                 f"{self.path}: chunk {i} does not decompress ({exc}); run `carraystore verify {self.path}`"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 
 import blosc2
@@ -88,3 +89,53 @@ def test_reused_batch_buffers_hold_exactly_their_batch(photo_store: Path) -> Non
     want = store.take(plan.samples(0, len(plan)))
     np.testing.assert_array_equal(np.concatenate([x for x, _ in got]), want)
     np.testing.assert_array_equal(np.concatenate([y for _, y in got]), store.labels[plan.samples(0, len(plan))])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_decodes_after_the_parent_used_decoder_threads(photo_store: Path) -> None:
+    """blosc2's own threads hang in a forked child (Keras use_multiprocessing forks): the store avoids them there."""
+    import threading
+    import time
+
+    store = carraystore.open(photo_store)
+    want = store.read_chunk(2).copy()
+    stop = threading.Event()
+
+    def keep_decoding() -> None:  # parent threads are decompressing when the fork happens
+        buf = np.empty((store.chunk_images, *store.image_shape), dtype=store.dtype)
+        while not stop.is_set():
+            for i in range(store.nchunks):
+                store.read_chunk(i, out=buf)
+
+    busy = [threading.Thread(target=keep_decoding, daemon=True) for _ in range(2)]
+    for t in busy:
+        t.start()
+    time.sleep(0.3)
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0:
+            stop.set()
+    if pid == 0:  # the child: decode in a new thread, as a Keras worker does
+        code = 3
+        try:
+            box: list[np.ndarray] = []
+            t = threading.Thread(target=lambda: box.append(carraystore.open(photo_store).read_chunk(2)))
+            t.start()
+            t.join(20)
+            code = 0 if box and np.array_equal(box[0], want) else (2 if t.is_alive() else 1)
+        finally:
+            os._exit(code)
+    for t in busy:
+        t.join(30)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung decoding a chunk")
+    assert os.waitstatus_to_exitcode(status) == 0
