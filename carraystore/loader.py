@@ -108,6 +108,8 @@ FORK_GATE = _ForkGate()
 
 def _after_fork_in_child() -> None:
     FORK_GATE.after_fork_in_child()
+    # (Store.decompress_chunk itself decompresses serially in a forked child: blosc2's
+    # threads hang there when the parent was decompressing in other threads.)
     # the parent's loader threads do not exist here: forget their pipelines
     global _LIVE_LOCK, _ARENA_LOCK
     _LIVE_LOCK = threading.Lock()

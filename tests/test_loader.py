@@ -6,6 +6,7 @@ import gc
 import multiprocessing
 import os
 import shutil
+import time
 import subprocess
 import sys
 import textwrap
@@ -397,3 +398,53 @@ def test_forking_while_loader_threads_run(photo_store: Path) -> None:
     assert counts == [200, 200, 200]
     for it in running:  # the parent's loaders are unharmed
         assert sum(len(x) for x, _ in it) == 200 - 4
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_children_forked_during_decoding_do_not_hang(tmp_path: Path) -> None:
+    """blosc2's threaded decompression hangs in a child forked while other threads of the
+    parent decompress with blosc2 threads (as Keras's use_multiprocessing does); children
+    must still decode (Store.decompress_chunk decompresses serially after a fork)."""
+    import blosc2
+
+    from carraystore.sample_data import load_photo, photo_crops
+
+    # a chunk of a few MiB, so that blosc2 decompresses it with several threads
+    path = tmp_path / "big_chunks.b2nd"
+    crops = np.stack(photo_crops(load_photo("astronaut"), 256, (64, 64), np.random.default_rng(0)))
+    with carraystore.create(path, (64, 64, 3), chunk_images=256) as w:
+        w.append(np.concatenate([crops, crops[:, ::-1]]))
+    store = carraystore.open(path)
+    data = store.read_chunk_bytes(0)
+    stop = threading.Event()
+
+    def busy() -> None:
+        buf = np.empty((store.chunk_images, *store.image_shape), dtype=store.dtype)
+        while not stop.is_set():
+            blosc2.decompress2(data, dst=buf, nthreads=2)
+
+    threads = [threading.Thread(target=busy) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    codes = []
+    try:
+        for _ in range(5):
+            pid = os.fork()
+            if pid == 0:  # the child: decode in a thread, as a Keras worker would
+                code = 3
+                try:
+                    out = np.empty((store.chunk_images, *store.image_shape), dtype=store.dtype)
+                    worker = threading.Thread(target=lambda: [store.decompress_chunk(0, data, out) for _ in range(5)], daemon=True)
+                    worker.start()
+                    worker.join(timeout=10)
+                    code = 3 if worker.is_alive() else 0
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            codes.append(os.waitstatus_to_exitcode(status))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert codes == [0] * 5, f"forked children whose decompression hung: {codes}"
