@@ -448,3 +448,20 @@ def test_children_forked_during_decoding_do_not_hang(tmp_path: Path) -> None:
         for t in threads:
             t.join()
     assert codes == [0] * 5, f"forked children whose decompression hung: {codes}"
+
+
+def test_batches_the_consumer_keeps_are_never_overwritten(photo_store: Path) -> None:
+    """The loader reuses batch arrays the consumer let go of; kept ones stay intact."""
+    reference = [x.copy() for x, _ in batches(photo_store, 8, epoch=6, window=2)]
+    kept = {}
+    views = {}
+    for i, (x, _) in enumerate(batches(photo_store, 8, epoch=6, window=2)):
+        if i % 3 == 0:
+            kept[i] = x
+        elif i % 3 == 1:
+            views[i] = x[:, ::2]  # a view keeps its base alive too
+    assert len(kept) + len(views) > 10
+    for i, x in kept.items():
+        assert np.array_equal(x, reference[i])
+    for i, v in views.items():
+        assert np.array_equal(v, reference[i][:, ::2])
