@@ -15,7 +15,7 @@ tf = pytest.importorskip("tensorflow")
 
 import carraystore  # noqa: E402
 from carraystore.sample_data import PHOTOS, make_photo_folder, make_video_folder  # noqa: E402
-from carraystore.tf import distribute, to_dataset  # noqa: E402
+from carraystore.tf import to_dataset  # noqa: E402
 
 CLASSES = PHOTOS[:4]
 
