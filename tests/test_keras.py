@@ -175,3 +175,25 @@ def test_another_backend_never_imports_tensorflow(splits: dict[str, Path]) -> No
     assert proc.returncode == 0, proc.stderr[-3000:]
     # (the jax backend's first fit opens one extra epoch to build the model on a batch)
     assert "TF False" in proc.stdout and int(proc.stdout.split()[1]) >= 1, proc.stdout
+
+
+def test_numpy_backend_never_imports_tensorflow(splits: dict[str, Path]) -> None:
+    """Keras' numpy backend (inference only, always installed with Keras) runs StoreDataset without TensorFlow."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import keras
+        import numpy as np
+        from carraystore.keras import StoreDataset
+        assert keras.backend.backend() == "numpy", keras.backend.backend()
+        ds = StoreDataset({str(splits["train"])!r}, 32, shuffle=False, transform=lambda x, y: (x.astype("float32") / 255, y))
+        model = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+        out = model.predict(ds, verbose=0)
+        print("ROWS", len(out), "TF", any(m == "tensorflow" or m.startswith("tensorflow.") for m in sys.modules))
+        """
+    )
+    env = dict(os.environ, KERAS_BACKEND="numpy")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    n = len(carraystore.open(splits["train"]))
+    assert f"ROWS {n} TF False" in proc.stdout, proc.stdout
