@@ -428,8 +428,12 @@ class Store:
                 f"{self.path}: chunk {i} cannot be read ({exc}); run `carraystore verify {self.path}`"
             ) from exc
 
-    def decompress_chunk(self, i: int, data: bytes, out: np.ndarray | None = None) -> np.ndarray:
-        """Decompress chunk ``i``'s bytes into ``out`` (a full chunk buffer); return its images."""
+    def decompress_chunk(self, i: int, data: bytes, out: np.ndarray | None = None, nthreads: int | None = None) -> np.ndarray:
+        """Decompress chunk ``i``'s bytes into ``out`` (a full chunk buffer); return its images.
+
+        ``nthreads`` is blosc2's own thread count for this chunk (default: blosc2's global
+        setting); callers that decompress several chunks in parallel threads pass 1.
+        """
         start, stop = self.chunk_range(i)
         if out is None:
             out = np.empty((self.meta.chunk_images, *self.image_shape), dtype=self.dtype)
@@ -438,8 +442,8 @@ class Store:
                 f"out buffer must be C-contiguous {self.dtype} of shape {(self.meta.chunk_images, *self.image_shape)}"
             )
         try:
-            if _FORKED_CHILD:
-                blosc2.decompress2(data, dst=out, nthreads=1)
+            if _FORKED_CHILD or nthreads is not None:
+                blosc2.decompress2(data, dst=out, nthreads=1 if _FORKED_CHILD else nthreads)
             else:
                 blosc2.decompress2(data, dst=out)
         except Exception as exc:
