@@ -433,6 +433,8 @@ class _Pipeline:
         self.cond = threading.Condition()
         self.free = list(range(self.nslots - 1, -1, -1))
         self.next_task = 0
+        self.advised = 0
+        self.readahead = 2 * max(1, min(num_threads, ntasks))
         self.results: list[Any] = [None] * ntasks
         self.stopped = False
         self.chunks_decoded = 0
@@ -459,7 +461,14 @@ class _Pipeline:
                 t = self.next_task
                 self.next_task += 1
                 arena = self.arena
+                # ask the kernel to start reading the chunks the decoders need next, so that
+                # reading overlaps decompression on a cold cache (a hint; no memory of ours)
+                ahead_to = min(self.ntasks, t + 1 + self.readahead)
+                ahead = self.task_chunk[max(self.advised, t + 1) : ahead_to]
+                self.advised = max(self.advised, ahead_to)
             assert arena is not None
+            if len(ahead):
+                spec.store.advise_willneed(ahead)
             res: Any = slot
             try:
                 spec.decode_chunk(int(self.task_chunk[t]), arena[slot])

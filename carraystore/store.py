@@ -428,6 +428,18 @@ class Store:
                 f"{self.path}: chunk {i} cannot be read ({exc}); run `carraystore verify {self.path}`"
             ) from exc
 
+    def advise_willneed(self, chunks: Sequence[int] | np.ndarray) -> None:
+        """Hint the kernel to read these chunks into the page cache soon (no-op where unsupported)."""
+        if self._offsets is None or self._fd is None or not hasattr(os, "posix_fadvise"):
+            return
+        offsets, lengths = self._offsets
+        for c in np.asarray(chunks, dtype=np.int64).reshape(-1):
+            if 0 <= c < len(offsets) and offsets[c] >= 0:
+                try:
+                    os.posix_fadvise(self._fd, int(offsets[c]), int(lengths[c]), os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    return
+
     def decompress_chunk(self, i: int, data: bytes, out: np.ndarray | None = None, nthreads: int | None = None) -> np.ndarray:
         """Decompress chunk ``i``'s bytes into ``out`` (a full chunk buffer); return its images.
 
