@@ -464,12 +464,17 @@ class Store:
             ) from exc
         return out[: stop - start]
 
+    def check_chunk_bytes(self, i: int, data: bytes) -> None:
+        """Raise ChecksumError unless ``data`` (chunk ``i`` as read) matches its recorded CRC32."""
+        if not _crc_matches(data, int(self.meta.crc32[i]), self.meta.chunk_images * self.meta.image_nbytes):
+            raise ChecksumError(f"{self.path}: chunk {i} fails its CRC32 check; the file is damaged")
+
     def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = False) -> np.ndarray:
         """The images of chunk ``i`` as an array (a view of ``out`` when given)."""
         i = self._check_chunk_index(i)
         data = self.read_chunk_bytes(i)
-        if verify and not _crc_matches(data, int(self.meta.crc32[i]), self.meta.chunk_images * self.meta.image_nbytes):
-            raise ChecksumError(f"{self.path}: chunk {i} fails its CRC32 check; the file is damaged")
+        if verify:
+            self.check_chunk_bytes(i, data)
         return self.decompress_chunk(i, data, out)
 
     def iter_chunks(self) -> Iterator[np.ndarray]:

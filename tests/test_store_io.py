@@ -139,3 +139,18 @@ def test_a_forked_child_decodes_after_the_parent_used_decoder_threads(photo_stor
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung decoding a chunk")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_loader_verify_accepts_all_zero_chunks_and_catches_damage(photo_store: Path, tmp_path: Path) -> None:
+    """batches(verify=True) uses the store's own CRC check: blosc2's data-less zero chunks pass, damage does not."""
+    store = carraystore.open(photo_store)
+    assert sum(len(x) for x, _ in store.batches(16, verify=True, window=4)) == len(store)
+    k = 4
+    chunk = store.read_chunk_bytes(k)
+    data = bytearray(photo_store.read_bytes())
+    data[data.find(chunk) + len(chunk) // 2] ^= 0xFF
+    bad = tmp_path / "bad.b2nd"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(carraystore.LoaderError, match=f"chunk {k}.*CRC32"):
+        for _ in carraystore.open(bad).batches(16, verify=True, shuffle=False, window=4):
+            pass
