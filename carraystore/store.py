@@ -550,9 +550,9 @@ class Store:
             except CarrayStoreError as exc:
                 problems.append(ChunkProblem(i, f"cannot be read: {exc.__cause__ or exc}"))
                 continue
-            want, got = int(self.meta.crc32[i]), crc32(data)
+            want = int(self.meta.crc32[i])
             if not _crc_matches(data, want, self.meta.chunk_images * self.meta.image_nbytes):
-                problems.append(ChunkProblem(i, f"CRC32 mismatch: recorded {want:08x}, file has {got:08x}"))
+                problems.append(ChunkProblem(i, f"CRC32 mismatch: recorded {want:08x}, file has {crc32(data):08x}"))
                 continue
             try:
                 check_codec_against_header(self.codec, self.meta.blocksize, parse_chunk_header(data), f"chunk {i}")
