@@ -169,10 +169,10 @@ def test_sigkill_during_ingest_leaves_no_file_and_the_old_one_intact(tmp_path: P
     )
     deadline = time.time() + 60
     while time.time() < deadline and not [p for p in tmp_path.iterdir() if p.name.startswith(".fresh.b2nd.partial-")]:
-        time.sleep(0.02)
-    time.sleep(0.2)
+        assert proc.poll() is None, "ingest finished before it could be killed; make the input larger"
+        time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    assert proc.wait() == -signal.SIGKILL  # killed mid-write, not finished
     assert not fresh.exists()
     # the next writer cleans up the dead writer's temporary file
     assert main(["ingest", str(src / "rocket"), str(fresh), "-q", "--workers", "1", "--labels", "none"]) == 0
