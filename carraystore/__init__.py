@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from carraystore._version import __version__  # noqa: E402
 
 from carraystore.errors import *  # noqa: E402,F401,F403
 from carraystore.errors import __all__ as _errors_all  # noqa: E402
 from carraystore.format import FORMAT_VERSION, PRESETS, Codec  # noqa: E402
-from carraystore.store import ChunkProblem, Store, StoreWriter, append, create  # noqa: E402
-from carraystore.store import open_store as open  # noqa: E402,A001
+from carraystore.reader import ChunkProblem, Store  # noqa: E402
+from carraystore.reader import open_store as open  # noqa: E402,A001
+from carraystore.writer import StoreWriter, append, create  # noqa: E402
+from carraystore import loader as _loader  # noqa: E402,F401  (gives Store.batches its implementation)
 
 
 def from_directory(*args, **kwargs):  # type: ignore[no-untyped-def]

@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from carraystore import __version__
+from carraystore._version import __version__
 from carraystore.errors import CarrayStoreError
 
 #: Modules that add sub-commands, in the order they appear in --help.

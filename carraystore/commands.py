@@ -118,11 +118,11 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    import carraystore
+    from carraystore.reader import open_store
 
     status = 0
     for path in args.stores:
-        with carraystore.open(path) as store:
+        with open_store(path) as store:
             info = store_info(store)
             if args.json:
                 print(json.dumps(info, indent=2))
@@ -163,12 +163,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    import carraystore
+    from carraystore.reader import open_store
 
     bad = 0
     for path in args.stores:
         try:
-            store = carraystore.open(path)
+            store = open_store(path)
         except CarrayStoreError as exc:
             print(f"FAILED {path}: {exc}")
             bad += 1
@@ -223,9 +223,9 @@ def make_contact_sheet(store: Any, n: int = 32, cols: int = 8, seed: int | None 
 
 
 def _cmd_preview(args: argparse.Namespace) -> int:
-    import carraystore
+    from carraystore.reader import open_store
 
-    with carraystore.open(args.store) as store:
+    with open_store(args.store) as store:
         sheet = make_contact_sheet(store, n=args.n, cols=args.cols, seed=None if args.first else args.seed, cell=args.cell)
     out = Path(args.out)
     tmp = out.with_name(f".{out.name}.partial")
@@ -292,9 +292,9 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    import carraystore
+    from carraystore.reader import open_store
 
-    with carraystore.open(args.store) as store:
+    with open_store(args.store) as store:
         n = export_images(store, args.outdir, fmt=args.format, quality=args.quality, overwrite=args.overwrite)
     print(f"wrote {n} images under {args.outdir}")
     return 0

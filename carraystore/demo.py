@@ -18,8 +18,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-import carraystore
+import blosc2
+
 from carraystore.cli import main as cli_main
+from carraystore.reader import open_store
 from carraystore.sample_data import make_photo_folder
 
 
@@ -36,7 +38,7 @@ def _pillow_epoch(root: Path, seed: int) -> tuple[int, float]:
 
 def _store_epoch(path: Path, seed: int, batch_size: int = 32) -> tuple[int, float]:
     """One warm-up epoch, then one timed epoch (a new order) on the same open store."""
-    with carraystore.open(path) as store:
+    with open_store(path) as store:
         for epoch in (0, 1):
             t0 = time.perf_counter()
             n = 0
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, n, rate, size in rows:
         print(f"   {name:<44}{n:>8}{rate:>11.0f}{rate / rate_files:>8.1f}x{size / 1e6:>12.1f}")
     print("   (the JPEG row's size is the train split's share of the JPEG folder; a store holds decoded pixels)")
-    print(f"\n   cores: {os.cpu_count()}, blosc2 {carraystore.store.blosc2.__version__}, numpy {np.__version__}")
+    print(f"\n   cores: {os.cpu_count()}, blosc2 {blosc2.__version__}, numpy {np.__version__}")
     print(f"   stores: {out / 'train.b2nd'}, {out / 'val.b2nd'}, {fast}  (single files: copy them anywhere)")
     print("   more: `make bench` compares carraystore with tf.data, TFRecord, HDF5, zarr, bcolz, npy/npz (docs/benchmarks.md)")
     return 0

@@ -431,8 +431,17 @@ class StringTable(Sequence[str]):
         return cls(rec["utf8"], offsets)
 
     def concat(self, other: StringTable) -> StringTable:
-        offs = np.concatenate([self._offsets, other._offsets[1:] + self._offsets[-1]])
-        return StringTable(self._blob + other._blob, offs)
+        return StringTable.join([self, other])
+
+    @staticmethod
+    def join(tables: Sequence[StringTable]) -> StringTable:
+        """One table of every string of ``tables`` in order (one pass, whatever their number)."""
+        if not tables:
+            return StringTable(b"", np.zeros(1, dtype="<u8"))
+        sizes = np.array([len(t._blob) for t in tables], dtype="<u8")
+        starts = np.concatenate([np.zeros(1, dtype="<u8"), np.cumsum(sizes, dtype="<u8")])
+        offs = np.concatenate([tables[0]._offsets[:1], *(t._offsets[1:] + starts[i] for i, t in enumerate(tables))])
+        return StringTable(b"".join(t._blob for t in tables), offs.astype("<u8"))
 
 
 # -- metadata --------------------------------------------------------------------------
@@ -658,3 +667,47 @@ def _columns_from_record(rec: Any, n: int, where: str) -> dict[str, np.ndarray]:
 def crc32(data: bytes) -> int:
     """CRC32 of a compressed chunk, as recorded in the metadata."""
     return zlib.crc32(data) & 0xFFFFFFFF
+
+
+# -- chunk sizes and checks (shared by the reader and the writer) ------------------------
+
+#: Target uncompressed size of one chunk when ``chunk_images`` is not given.
+TARGET_CHUNK_BYTES = 4 * 1024 * 1024
+#: At most this many images per chunk by default.
+MAX_DEFAULT_CHUNK_IMAGES = 4096
+
+
+def default_chunk_images(image_nbytes: int, block_images: int = 1, layout: str = "NHWC") -> int:
+    """Items per chunk: about 4 MiB uncompressed (at most 4096 images), a multiple of ``block_images``."""
+    n = max(1, TARGET_CHUNK_BYTES // max(1, image_nbytes))
+    if layout == "NHWC":
+        n = min(MAX_DEFAULT_CHUNK_IMAGES, n)
+    return max(block_images, n - n % block_images)
+
+
+def chunk_crc_ok(data: bytes, want: int, chunk_nbytes: int) -> bool:
+    """Whether a chunk as read matches its recorded CRC32 (FORMAT.md, "Checksums").
+
+    A chunk of one repeated value (e.g. all-black images) is a blosc2 "special" chunk: the
+    frame keeps no bytes for it and a reader gets a synthesised 32-byte header, so there is
+    nothing to checksum; such a chunk is accepted when its header is special and its size
+    is the chunk's.
+    """
+    if crc32(data) == want:
+        return True
+    if len(data) != 32:
+        return False
+    try:
+        header = parse_chunk_header(data)
+    except FormatError:
+        return False
+    return header.special and header.nbytes == chunk_nbytes
+
+
+def as_records(a: np.ndarray) -> np.ndarray:
+    """``a`` viewed as raw records, so that assignment copies every byte.
+
+    numpy copies structured dtypes field by field and drops the padding bytes between
+    fields; a store keeps the source's bytes exactly.
+    """
+    return a.view(np.dtype((np.void, a.dtype.itemsize))) if a.dtype.fields is not None else a

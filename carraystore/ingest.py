@@ -26,7 +26,7 @@ from PIL import Image
 
 from carraystore.errors import ImageDecodeError, IngestError, InvalidInputError
 from carraystore.format import Codec
-from carraystore.store import StoreWriter, create
+from carraystore.writer import StoreWriter, create
 
 __all__ = [
     "IMAGE_EXTENSIONS",

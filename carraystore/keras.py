@@ -22,175 +22,21 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 import weakref
-from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import keras
-import numpy as np
 
-from carraystore.errors import InvalidInputError, LoaderError
-from carraystore.loader import LoaderSpec, Transform, default_threads, gather, make_spec
-from carraystore.sampling import EpochPlan, Shuffle
+from carraystore.engine import EpochDecoder, LoaderOptions, LoaderSpec, make_spec, warn_out_of_order
+from carraystore.errors import InvalidInputError
+from carraystore.forksafe import at_fork_in_child
+from carraystore.reader import open_store
+from carraystore.sampling import EpochPlan
 
 __all__ = ["StoreDataset", "KERAS_THREAD_PREFIX"]
 
 #: Name prefix of the decoder threads a StoreDataset starts.
 KERAS_THREAD_PREFIX = "carraystore-keras"
-
-
-class _Entry:
-    __slots__ = ("arena", "chunks", "slots", "done", "error", "pins", "left", "unserved")
-
-    def __init__(self, arena: np.ndarray, chunks: np.ndarray, batches: range) -> None:
-        self.arena = arena
-        self.chunks = chunks
-        self.slots = np.arange(len(chunks), dtype=np.int64)
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.pins = 0
-        self.left = len(chunks)
-        self.unserved = set(batches)  # batches of this window not handed out yet
-
-
-class _WindowCache:
-    """Decoded windows of one epoch, for one process; thread-safe."""
-
-    def __init__(self, spec: LoaderSpec, epoch: int, capacity: int, num_threads: int) -> None:
-        self.spec = spec
-        self.epoch = epoch
-        self.plan: EpochPlan = spec.plan(epoch)
-        self.k = spec.store.chunk_images
-        self.capacity = max(2, capacity)
-        self.lock = threading.Lock()
-        self.entries: OrderedDict[int, _Entry] = OrderedDict()
-        self.spare: list[np.ndarray] = []
-        self.slots = self.plan.max_window_chunks
-        self.executor = ThreadPoolExecutor(max(1, num_threads), thread_name_prefix=KERAS_THREAD_PREFIX)
-        self.decoded_windows: dict[int, int] = {}
-        self.chunks_decoded = 0
-        self.warned = False
-        self.closed = False
-
-    # -- decoding ----------------------------------------------------------------------------
-    def _decode_one(self, entry: _Entry, j: int) -> None:
-        try:
-            if entry.error is None:
-                self.spec.decode_chunk(int(entry.chunks[j]), entry.arena[j])
-        except BaseException as exc:
-            entry.error = exc
-        with self.lock:
-            self.chunks_decoded += 1
-            entry.left -= 1
-            last = entry.left == 0
-        if last:
-            entry.done.set()
-
-    def _start(self, w: int) -> _Entry:
-        """Begin decoding window ``w`` (lock held)."""
-        if self.closed:
-            raise LoaderError(f"{self.spec.store.path}: the dataset's decoder was shut down")
-        arena = self.spare.pop() if self.spare else np.empty((self.slots, self.k, *self.spec.store.image_shape), self.spec.store.dtype)
-        b = self.spec.batch_size
-        lo, hi = int(self.plan.window_starts[w]), int(self.plan.window_starts[w + 1])
-        entry = _Entry(arena, self.plan.window_chunks[w], range(lo // b, (hi - 1) // b + 1))
-        self.entries[w] = entry
-        n = self.decoded_windows[w] = self.decoded_windows.get(w, 0) + 1
-        if n > 1 and not self.warned:
-            self.warned = True
-            warnings.warn(
-                f"carraystore StoreDataset ({self.spec.store.path}): window {w} of epoch {self.epoch} was decoded "
-                f"{n} times; batches are being asked for out of order. model.fit(shuffle=True), Keras's default, "
-                "does that: StoreDataset already shuffles, so pass shuffle=False to fit (or raise cache_windows).",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        if not len(entry.chunks):
-            entry.done.set()
-        for j in range(len(entry.chunks)):
-            self.executor.submit(self._decode_one, entry, j)
-        self._evict()
-        return entry
-
-    def _evict(self) -> None:
-        while len(self.entries) > self.capacity:
-            # first a window whose batches were all handed out, else the least recently used
-            idle = [(w, e) for w, e in self.entries.items() if e.pins == 0 and e.done.is_set()]
-            victim = next((w for w, e in idle if not e.unserved), idle[0][0] if idle else None)
-            if victim is None:
-                return
-            e = self.entries.pop(victim)
-            if len(self.spare) < self.capacity:
-                self.spare.append(e.arena)
-
-    # -- access ------------------------------------------------------------------------------
-    def acquire(self, w: int) -> _Entry:
-        with self.lock:
-            e = self.entries.get(w)
-            if e is None:
-                e = self._start(w)
-            self.entries.move_to_end(w)
-            e.pins += 1
-        e.done.wait()
-        if e.error is not None:
-            self.release(e)
-            with self.lock:
-                if self.entries.get(w) is e:
-                    del self.entries[w]
-            err = e.error
-            if isinstance(err, LoaderError):
-                raise err
-            raise LoaderError(f"{self.spec.store.path}: decoding window {w} failed: {err!r}") from err
-        return e
-
-    def release(self, e: _Entry) -> None:
-        with self.lock:
-            e.pins -= 1
-
-    def prefetch(self, w: int) -> None:
-        """Start decoding window ``w`` ahead of need, unless that would evict a window still in use."""
-        if 0 <= w < self.plan.nwindows:
-            with self.lock:
-                if w in self.entries or self.closed:
-                    return
-                room = len(self.entries) < self.capacity or any(
-                    not e.unserved and e.pins == 0 and e.done.is_set() for e in self.entries.values()
-                )
-                if room:
-                    self._start(w)
-
-    def batch(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
-        spec, plan = self.spec, self.plan
-        a, b = spec.batch_bounds(plan, i)
-        w0, w1 = plan.window_of(a), plan.window_of(b - 1)
-        parts = []
-        for w in range(w0, w1 + 1):
-            lo, hi = max(a, int(plan.window_starts[w])), min(b, int(plan.window_starts[w + 1]))
-            e = self.acquire(w)
-            try:
-                parts.append(gather(plan.samples(lo, hi), e.chunks, e.slots, e.arena, self.k))
-            finally:
-                with self.lock:
-                    e.unserved.discard(i)
-                    e.pins -= 1
-        self.prefetch(w1 + 1)
-        x = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        y = spec.labels_for(plan.items[a:b])
-        return spec.finish(x, y, i, self.epoch, plan)  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            entries = list(self.entries.values())
-            self.entries.clear()
-            self.spare.clear()
-        self.executor.shutdown(wait=True, cancel_futures=True)
-        for e in entries:  # wake anyone still waiting on a window whose decoding was cancelled
-            if not e.done.is_set():
-                e.error = LoaderError(f"{self.spec.store.path}: the dataset was closed while decoding")
-                e.done.set()
 
 
 _DATASETS: "weakref.WeakSet[StoreDataset]" = weakref.WeakSet()
@@ -202,8 +48,7 @@ def _after_fork_in_child() -> None:
         ds._lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_in_child(_after_fork_in_child)
 
 
 class StoreDataset(keras.utils.PyDataset):
@@ -223,49 +68,24 @@ class StoreDataset(keras.utils.PyDataset):
         self,
         store_or_path: Any,
         batch_size: int,
-        shuffle: Shuffle = "block",
-        seed: int = 0,
-        epoch: int = 0,
-        window: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_remainder: bool = False,
-        transform: Transform | None = None,
-        label_mode: str | None = "int",
-        sequence_length: int | None = None,
-        sequence_stride: int | None = None,
-        groups: Any = None,
-        verify: bool = False,
-        num_threads: int | None = None,
+        options: LoaderOptions | None = None,
+        *,
         cache_windows: int = 3,
         workers: int = 1,
         use_multiprocessing: bool = False,
         max_queue_size: int = 10,
+        **kwargs: Any,
     ) -> None:
         super().__init__(workers=workers, use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
-        self._spec = make_spec(
-            store_or_path,
-            batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            window=window,
-            rank=rank,
-            world_size=world_size,
-            drop_remainder=drop_remainder,
-            transform=transform,
-            label_mode=label_mode,
-            sequence_length=sequence_length,
-            sequence_stride=sequence_stride,
-            groups=groups,
-            verify=verify,
-        )
-        if int(epoch) < 0:
-            raise InvalidInputError(f"epoch must be >= 0, got {epoch}")
-        self.epoch = int(epoch)
+        self._spec = make_spec(store_or_path, batch_size, options, **kwargs)
+        self.epoch = self._spec.options.epoch
         self.cache_windows = int(cache_windows)
-        self.num_threads = default_threads() if num_threads is None else int(num_threads)
+        if self.cache_windows < 1:
+            raise InvalidInputError(f"cache_windows must be >= 1, got {cache_windows}")
+        self.num_threads = int(self._spec.options.num_threads or 1)
         self._lock = threading.Lock()
-        self._cache: _WindowCache | None = None
+        self._cache: EpochDecoder | None = None
+        self._warned = False
         self._pid = os.getpid()
         self._used = False
         self._decoded: dict[int, int] = {}
@@ -302,7 +122,7 @@ class StoreDataset(keras.utils.PyDataset):
             out[c.epoch] = out.get(c.epoch, 0) + c.chunks_decoded
         return out
 
-    def _retire(self, c: _WindowCache) -> None:
+    def _retire(self, c: EpochDecoder) -> None:
         c.close()
         self._decoded[c.epoch] = self._decoded.get(c.epoch, 0) + c.chunks_decoded
 
@@ -310,12 +130,11 @@ class StoreDataset(keras.utils.PyDataset):
         return self._spec.num_batches
 
     # -- batches ---------------------------------------------------------------------------------
-    def _get_cache(self) -> _WindowCache:
+    def _get_cache(self) -> EpochDecoder:
         with self._lock:
             if self._pid != os.getpid():  # a forked worker: fresh file handle and cache
-                from carraystore.store import open_store
-
-                self._spec.store = open_store(self._spec.store.path)
+                store = self._spec.store
+                self._spec.store = open_store(store.location, store.storage_options or None)
                 self._cache = None
                 self._decoded = {}
                 self._pid = os.getpid()
@@ -323,7 +142,8 @@ class StoreDataset(keras.utils.PyDataset):
             if c is None or c.epoch != self.epoch:
                 if c is not None:
                     self._retire(c)
-                c = self._cache = _WindowCache(self._spec, self.epoch, self.cache_windows, self.num_threads)
+                nslots = self.cache_windows * self._spec.plan(self.epoch).max_window_chunks
+                c = self._cache = EpochDecoder(self._spec, self.epoch, nslots, self.num_threads, KERAS_THREAD_PREFIX)
             return c
 
     def __getitem__(self, index: int) -> Any:
@@ -333,7 +153,11 @@ class StoreDataset(keras.utils.PyDataset):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"batch {index} out of range for an epoch of {n} batches")
-        x, y = self._get_cache().batch(i)
+        c = self._get_cache()
+        x, y = c.batch(i)
+        if c.out_of_order and not self._warned:
+            self._warned = True
+            warn_out_of_order(c, "StoreDataset")
         return x if y is None else (x, y)
 
     # -- epochs ----------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from carraystore.errors import InvalidInputError, MissingDependencyError
-from carraystore.loader import LoaderSpec, iterate, make_spec
+from carraystore.engine import LoaderOptions, LoaderSpec, make_spec
+from carraystore.loader import iterate
 
 try:
     import tensorflow as tf
@@ -80,12 +81,9 @@ class _Passes:
 def to_dataset(
     store_or_path: Any,
     batch_size: int,
+    options: LoaderOptions | None = None,
     *,
-    epoch: int = 0,
-    start_batch: int = 0,
     output_signature: Any = None,
-    prefetch: int | None = None,
-    num_threads: int | None = None,
     **kwargs: Any,
 ) -> Any:
     """A ``tf.data.Dataset`` of (x, y) batches (x alone for unlabelled stores).
@@ -98,7 +96,8 @@ def to_dataset(
     also prefetched with ``tf.data.AUTOTUNE``. ``output_signature`` overrides the
     element spec worked out from the store (and the transform, run once on zeros).
     """
-    spec = make_spec(store_or_path, batch_size, **kwargs)
+    spec = make_spec(store_or_path, batch_size, options, **kwargs)
+    epoch, start_batch = spec.options.epoch, spec.options.start_batch
     nb = spec.num_batches
     if not 0 <= int(start_batch) <= nb:
         raise InvalidInputError(f"start_batch {start_batch} is outside the epoch's {nb} batches")
@@ -108,7 +107,7 @@ def to_dataset(
 
     def generate() -> Any:
         e, sb = passes.take()
-        it = iterate(spec, epoch=e, start_batch=sb, prefetch=prefetch, num_threads=num_threads)
+        it = iterate(spec, epoch=e, start_batch=sb)
         try:
             for x, y in it:
                 yield x if single else (x, y)

@@ -412,11 +412,11 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
 
 
 def _write(source: Source, tmp: Path, codec: Codec | str | None, progress: bool, chunk_images: int | None) -> Codec:
-    import carraystore
+    from carraystore.writer import create
 
     layout = store_layout(source.item_shape, source.dtype)
     provenance = {"migrated_from": {"kind": source.kind, "name": source.path.name, **source.provenance}}
-    writer = carraystore.create(
+    writer = create(
         tmp,
         source.item_shape,
         dtype=source.dtype,
@@ -453,9 +453,9 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
 
 def _verify(source: Source, path: Path, progress: bool) -> None:
     """Compare the store at ``path`` with a fresh pass over the source, chunk by chunk."""
-    import carraystore
+    from carraystore.reader import open_store
 
-    store = carraystore.open(path)
+    store = open_store(path)
     try:
         if len(store) != source.nrows or tuple(store.image_shape) != tuple(source.item_shape) or store.dtype != source.dtype:
             raise MigrationVerifyError(

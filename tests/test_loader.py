@@ -360,7 +360,7 @@ def test_bad_arguments_are_refused(photo_store: Path, kwargs: dict, match: str) 
 
 
 def test_the_buffer_pool_is_reused_across_epochs_and_can_be_released(photo_store: Path) -> None:
-    from carraystore import loader
+    from carraystore import engine as loader
 
     store = carraystore.open(photo_store)
     first = [x for x, _ in store.batches(16, epoch=0, window=2)]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import carraystore
+from carraystore.sources import LocalFileSource
 from carraystore.errors import CorruptStoreError
 from carraystore.sample_data import load_photo, photo_crops
 
@@ -28,7 +29,7 @@ def photo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_pread_reads_exactly_what_blosc2_reads(photo_store: Path) -> None:
     store = carraystore.open(photo_store)
-    assert store._offsets is not None  # the frame's offsets were parsed: reads go through os.pread
+    assert isinstance(store.source, LocalFileSource)  # reads go through os.pread at the frame's offsets
     array = blosc2.open(str(photo_store))
     for i in range(store.nchunks):
         assert store.read_chunk_bytes(i) == array.schunk.get_chunk(i), i

@@ -174,7 +174,7 @@ def measure_codec(
     """Compress ``images`` (N, H, W, C) chunk by chunk with ``codec`` as a store would; time both ways."""
     import blosc2
 
-    from carraystore.store import default_chunk_images
+    from carraystore.format import default_chunk_images
 
     images = np.ascontiguousarray(images)
     if images.ndim != 4:
@@ -523,9 +523,9 @@ def load_sample(path: str | os.PathLike[str], n: int = 128, seed: int = 0, image
         folder = list_image_folder(p, limit=n, seed=seed)
         return decode_images(folder.files, image_size)
     if p.suffix == ".b2nd" and p.is_file():
-        import carraystore
+        from carraystore.reader import open_store
 
-        store = carraystore.open(p)
+        store = open_store(p)
         if store.meta.layout != "NHWC":
             raise InvalidInputError(f"{p}: the codec suite needs an image store (layout NHWC), this one is {store.meta.layout!r}")
         total = len(store)

@@ -529,10 +529,10 @@ class CarrayStore(Peer):
         return {"codec": Codec.preset(self.preset).to_config()}
 
     def build(self, ctx: Context, dest: Path) -> None:
-        import carraystore
+        from carraystore.ingest import from_directory
 
         dest.mkdir(parents=True)
-        carraystore.from_directory(
+        from_directory(
             ctx.root if ctx.limit is None else _link_subset(ctx, dest),
             dest / "data.b2nd",
             image_size=ctx.image_size,
@@ -543,9 +543,9 @@ class CarrayStore(Peer):
         shutil.rmtree(dest / "_subset", ignore_errors=True)
 
     def reader(self, ctx: Context, dest: Path) -> Callable[[int], Iterator[Batch]]:
-        import carraystore
+        from carraystore.reader import open_store
 
-        store = carraystore.open(dest / "data.b2nd")
+        store = open_store(dest / "data.b2nd")
 
         def epoch(e: int) -> Iterator[Batch]:
             with store.batches(ctx.batch_size, shuffle=self.shuffle, seed=ctx.seed, epoch=e) as it:

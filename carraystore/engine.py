@@ -1,0 +1,695 @@
+"""The decoding engine: one epoch's chunks read, checked and decompressed by threads (layer 6).
+
+Everything that turns a store into batches goes through here: ``Store.batches`` /
+:func:`carraystore.loader.batches` (a streaming iterator), the Keras ``StoreDataset``
+(batches asked for by index, from any thread) and the tf.data adapter.
+
+- :class:`LoaderOptions` is the one frozen set of loader arguments every adapter takes.
+- :class:`LoaderSpec` is those options resolved against one store (clips, classes, sizes).
+- :class:`EpochDecoder` serves batch ``i`` of one epoch. Decoded chunks live in a pool of
+  chunk-sized slots allocated once (and kept for the next epoch of the same Store). A
+  window's slots are reserved together, its chunks are read and decompressed by the
+  decoder threads (GIL released, one blosc2 thread each), and the slots go back to the
+  pool once every batch of the window was served. Windows ahead are decoded while the
+  current one is served, as far as free slots allow; their byte ranges are announced to
+  the byte source first, so a remote source has them in flight early.
+- Errors name the store, the chunk and the batch; fork safety is :mod:`carraystore.forksafe`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import posixpath
+import queue
+import sys
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from carraystore.errors import CarrayStoreError, InvalidInputError, LoaderError
+from carraystore.forksafe import FORK_GATE, at_fork_in_child
+from carraystore.reader import Store, open_store
+from carraystore.sampling import EpochPlan, Shuffle, _check_shuffle, clip_starts, group_runs, num_batches, plan_epoch, shard_length
+
+__all__ = [
+    "LoaderOptions",
+    "LoaderSpec",
+    "EpochDecoder",
+    "BatchBuffers",
+    "make_spec",
+    "gather",
+    "default_threads",
+    "release_buffers",
+    "DEFAULT_WINDOW",
+]
+
+#: Default shuffle window, in chunks.
+DEFAULT_WINDOW = 16
+
+Batch = Tuple[np.ndarray, Optional[np.ndarray]]
+Transform = Callable[[np.ndarray, Optional[np.ndarray]], Tuple[Any, Any]]
+
+_LABEL_MODES = ("int", "categorical", None)
+
+
+def default_threads() -> int:
+    """Decoder threads used when ``num_threads`` is not given: the cpu count (2 to 8)."""
+    return max(2, min(8, os.cpu_count() or 1))
+
+
+def _int_arg(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}")
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}") from None
+    if v != value or v < minimum:
+        raise InvalidInputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return v
+
+
+# ---------------------------------------------------------------------------------------
+# arguments
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class LoaderOptions:
+    """How to walk a store: the one argument set of ``batches``, ``StoreDataset`` and ``to_dataset``.
+
+    - ``shuffle``: ``"block"`` (chunks in a random order, samples shuffled inside windows
+      of ``window`` chunks), ``"global"`` (a full permutation: the whole shard is decoded
+      at once; small stores), or False (store order).
+    - ``seed``, ``epoch``: the order depends on them only; use a new ``epoch`` every epoch.
+    - ``start_batch``: resume inside an epoch; yields exactly the batches from that index.
+    - ``rank``, ``world_size``: this rank's shard; shards are disjoint, of equal length and
+      cover every sample (``drop_remainder=False`` pads a shard by wrapping around,
+      ``True`` drops the few samples over and also the last short batch).
+    - ``transform(x, y) -> (x, y)``: a per-batch numpy function, run in a loader thread.
+    - ``label_mode``: ``"int"`` (int64 labels), ``"categorical"`` (float32 one-hot) or None.
+      Unlabelled stores give ``y = None``.
+    - ``sequence_length=L``: x is (B, L, *item) clips of consecutive samples that never
+      cross a group (the key's parent folder, or ``groups``, one value per sample);
+      clips step by ``sequence_stride`` (default L); y is the first frame's label.
+    - ``verify``: check every chunk's CRC32 before decoding it (always on for remote stores).
+    - ``prefetch``: decoded chunks held beyond the current window (default ``window``).
+    - ``num_threads``: decoder threads (default: the cpu count, 2 to 8), each
+      decompressing whole chunks with one blosc2 thread.
+    - ``queue_size``: finished batches waiting for the consumer.
+    """
+
+    shuffle: Shuffle = "block"
+    seed: int = 0
+    epoch: int = 0
+    start_batch: int = 0
+    window: int | None = None
+    rank: int = 0
+    world_size: int = 1
+    drop_remainder: bool = False
+    transform: Transform | None = None
+    label_mode: str | None = "int"
+    sequence_length: int | None = None
+    sequence_stride: int | None = None
+    groups: Sequence[Any] | np.ndarray | None = None
+    verify: bool = False
+    prefetch: int | None = None
+    num_threads: int | None = None
+    queue_size: int = 2
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "shuffle", _check_shuffle(self.shuffle))
+        s(self, "seed", _int_arg("seed", self.seed, 0))
+        s(self, "epoch", _int_arg("epoch", self.epoch, 0))
+        s(self, "start_batch", _int_arg("start_batch", self.start_batch, 0))
+        s(self, "window", DEFAULT_WINDOW if self.window is None else _int_arg("window", self.window, 1))
+        s(self, "world_size", _int_arg("world_size", self.world_size, 1))
+        s(self, "rank", _int_arg("rank", self.rank, 0))
+        if self.rank >= self.world_size:
+            raise InvalidInputError(f"rank {self.rank} must be below world_size {self.world_size}")
+        s(self, "drop_remainder", bool(self.drop_remainder))
+        if self.label_mode not in _LABEL_MODES:
+            raise InvalidInputError(f"label_mode must be 'int', 'categorical' or None, got {self.label_mode!r}")
+        if self.transform is not None and not callable(self.transform):
+            raise InvalidInputError("transform must be a function (x, y) -> (x, y)")
+        if self.sequence_length is not None:
+            s(self, "sequence_length", _int_arg("sequence_length", self.sequence_length, 1))
+            if self.sequence_stride is not None:
+                s(self, "sequence_stride", _int_arg("sequence_stride", self.sequence_stride, 1))
+        elif self.groups is not None or self.sequence_stride is not None:
+            raise InvalidInputError("groups= and sequence_stride= only apply with sequence_length=")
+        s(self, "verify", bool(self.verify))
+        s(self, "prefetch", self.window if self.prefetch is None else _int_arg("prefetch", self.prefetch, 0))
+        s(self, "num_threads", default_threads() if self.num_threads is None else _int_arg("num_threads", self.num_threads, 1))
+        s(self, "queue_size", _int_arg("queue_size", self.queue_size, 1))
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> LoaderOptions:
+        """Options from keyword arguments; an unknown name gets a "did you mean" hint."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for name in kwargs:
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; the loader takes {sorted(known)}"
+                raise InvalidInputError(f"unknown loader argument {name!r}{hint}")
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> LoaderOptions:
+        """A copy with some options changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class LoaderSpec:
+    """Loader options resolved against one store: what every adapter needs to make batches."""
+
+    store: Store
+    batch_size: int
+    options: LoaderOptions
+    num_classes: int
+    items: np.ndarray | None  # clip starts for sequences, None for every sample
+    span: int
+
+    # -- the options, by name ---------------------------------------------------------------
+    shuffle = property(lambda self: self.options.shuffle)
+    seed = property(lambda self: self.options.seed)
+    window = property(lambda self: self.options.window)
+    rank = property(lambda self: self.options.rank)
+    world_size = property(lambda self: self.options.world_size)
+    drop_remainder = property(lambda self: self.options.drop_remainder)
+    label_mode = property(lambda self: self.options.label_mode)
+    transform = property(lambda self: self.options.transform)
+    verify = property(lambda self: self.options.verify)
+
+    # -- sizes ----------------------------------------------------------------------------
+    @property
+    def n_items(self) -> int:
+        return len(self.store) if self.items is None else len(self.items)
+
+    @property
+    def shard_length(self) -> int:
+        """Items per rank per epoch."""
+        return shard_length(self.n_items, self.world_size, self.drop_remainder)
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per rank per epoch (the same every epoch)."""
+        return num_batches(self.shard_length, self.batch_size, self.drop_remainder)
+
+    @property
+    def labelled(self) -> bool:
+        return self.label_mode is not None and self.store.labels is not None
+
+    def x_shape(self, n: int) -> tuple[int, ...]:
+        item = tuple(self.store.image_shape)
+        return (n, *item) if self.span == 1 else (n, self.span, *item)
+
+    def y_shape(self, n: int | None) -> tuple[int | None, ...]:
+        return (n, self.num_classes) if self.label_mode == "categorical" else (n,)
+
+    # -- per epoch --------------------------------------------------------------------------
+    def plan(self, epoch: int) -> EpochPlan:
+        return plan_epoch(
+            len(self.store),
+            self.store.chunk_images,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=epoch,
+            window=self.window,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_remainder=self.drop_remainder,
+            items=self.items,
+            span=self.span,
+        )
+
+    def batch_bounds(self, plan: EpochPlan, i: int) -> tuple[int, int]:
+        a = i * self.batch_size
+        return a, min(a + self.batch_size, len(plan))
+
+    def labels_for(self, items: np.ndarray) -> np.ndarray | None:
+        """The batch's labels (a clip takes its first frame's label)."""
+        if not self.labelled:
+            return None
+        y = np.asarray(self.store.labels)[items]
+        if self.label_mode == "categorical":
+            if y.size and int(y.max()) >= self.num_classes:
+                raise LoaderError(f"{self.store.location}: label {int(y.max())} is outside the {self.num_classes} classes")
+            return np.eye(self.num_classes, dtype=np.float32)[y]
+        return y
+
+    def finish(self, x: np.ndarray, y: np.ndarray | None, batch: int, epoch: int, plan: EpochPlan) -> tuple[Any, Any]:
+        """Apply the transform; a failure becomes a LoaderError naming the batch and its chunks."""
+        if self.transform is None:
+            return x, y
+        try:
+            out = self.transform(x, y)
+            if not isinstance(out, tuple) or len(out) != 2:
+                raise TypeError(f"a transform must return a pair (x, y), got {type(out).__name__}")
+            return out
+        except Exception as exc:
+            a, b = self.batch_bounds(plan, batch)
+            chunks = np.unique(plan.samples(a, b) // self.store.chunk_images).tolist()
+            err = LoaderError(
+                f"{self.store.location}: transform {getattr(self.transform, '__name__', self.transform)!r} failed on "
+                f"batch {batch} of epoch {epoch} (chunks {chunks[:8]}{'...' if len(chunks) > 8 else ''}): "
+                f"{type(exc).__name__}: {exc}"
+            )
+            err.batch = batch  # type: ignore[attr-defined]
+            err.chunk = chunks[0] if chunks else None  # type: ignore[attr-defined]
+            raise err from exc
+
+    def decode_chunk(self, chunk: int, out: np.ndarray) -> None:
+        """Read, check and decompress one chunk into ``out``; errors become LoaderError naming it."""
+        store = self.store
+        try:
+            with FORK_GATE:
+                data = store.read_chunk_bytes(chunk)
+                if self.verify and not store.check_reads:
+                    store.check_chunk_bytes(chunk, data)
+                # one blosc2 thread per decoder thread: the decoders already run in parallel,
+                # and blosc2's own threads on top would oversubscribe the cores (measured: lz4
+                # chunks came 1.8x faster this way on 2 cores)
+                store.decompress_chunk(chunk, data, out, nthreads=1)
+        except Exception as exc:
+            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) else ""
+            err = LoaderError(f"{store.location}: loading chunk {chunk} failed: {type(exc).__name__}: {exc}{hint}")
+            err.chunk = chunk  # type: ignore[attr-defined]
+            raise err from exc
+
+
+def _open(store_or_path: Any) -> Store:
+    if isinstance(store_or_path, Store):
+        return store_or_path
+    if isinstance(store_or_path, (str, os.PathLike)):
+        return open_store(store_or_path)
+    raise InvalidInputError(f"expected a carraystore Store, a path or a URL of a .b2nd store, got {type(store_or_path).__name__}")
+
+
+def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None = None, **kwargs: Any) -> LoaderSpec:
+    """Resolve loader options (an options value, or keyword arguments) against a store."""
+    if options is None:
+        options = LoaderOptions.from_kwargs(**kwargs)
+    elif kwargs:
+        options = options.replace(**kwargs)
+    store = _open(store_or_path)
+    batch_size = _int_arg("batch_size", batch_size, 1)
+    labels = store.labels
+    if store.class_names:
+        ncls = len(store.class_names)
+    elif labels is not None and len(labels):
+        ncls = int(np.max(labels)) + 1
+    else:
+        ncls = 0
+    items = None
+    span = 1
+    if options.sequence_length is not None:
+        span = options.sequence_length
+        n = len(store)
+        groups = options.groups
+        if groups is None:
+            keys = store.keys
+            groups = [posixpath.dirname(k) for k in keys] if keys is not None else np.zeros(n, dtype=np.int8)
+        elif len(groups) != n:
+            raise InvalidInputError(f"{store.location}: groups has {len(groups)} entries for {n} samples; give one per sample")
+        items = clip_starts(group_runs(groups), span, options.sequence_stride)
+    return LoaderSpec(store=store, batch_size=batch_size, options=options, num_classes=ncls, items=items, span=span)
+
+
+# ---------------------------------------------------------------------------------------
+# gathering items out of decoded chunks
+# ---------------------------------------------------------------------------------------
+
+
+def gather(
+    samples: np.ndarray,
+    chunks: np.ndarray,
+    slots: np.ndarray,
+    arena: np.ndarray,
+    chunk_size: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """The items at ``samples`` (any shape) out of decoded chunks.
+
+    Chunk ``chunks[j]`` (sorted) sits in ``arena[slots[j]]``, an array of shape
+    (slots, chunk_size, *item_shape). The result has shape ``samples.shape + item_shape``;
+    it is written into ``out`` (C-contiguous, that shape) when given, else a new array.
+    """
+    s = samples.reshape(-1)
+    c = s // chunk_size
+    slot = slots[np.searchsorted(chunks, c)]
+    flat = slot * chunk_size + (s - c * chunk_size)
+    item = arena.shape[2:]
+    if out is None:
+        out = np.empty((*samples.shape, *item), dtype=arena.dtype)
+    # mode="clip" (the indices are valid) lets take() write straight into out, unbuffered
+    np.take(arena.reshape(-1, *item), flat, axis=0, out=out.reshape(-1, *item), mode="clip")
+    return out
+
+
+class BatchBuffers:
+    """Batch arrays reused once the consumer has let go of them.
+
+    Writing every batch into fresh memory costs a page fault per 4 KiB, which for large
+    images is slower than the copy itself. A buffer is handed out again only when nothing
+    outside this pool refers to it (its reference count, which views, queues and
+    buffer-protocol exports all raise, is back to the pool's own), so a consumer that
+    keeps batches always gets new arrays and never sees one overwritten.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.buffers: list[np.ndarray] = []
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        for buf in self.buffers:
+            # references: the list, the loop variable and getrefcount's own argument
+            if sys.getrefcount(buf) <= 3 and buf.shape == shape and buf.dtype == dtype:
+                return buf
+        buf = np.empty(shape, dtype=dtype)
+        if len(self.buffers) >= self.capacity:
+            self.buffers.pop(0)
+        self.buffers.append(buf)
+        return buf
+
+
+# ---------------------------------------------------------------------------------------
+# the slot pool, kept across epochs
+# ---------------------------------------------------------------------------------------
+
+# Decoded-chunk slots outlive an epoch: the next epoch on the same Store object takes them
+# back instead of allocating (and page-faulting) the whole pool again. One idle pool per
+# Store, freed with the Store (weak keys) or by release_buffers().
+_IDLE_ARENAS: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
+_ARENA_LOCK = threading.Lock()
+
+
+def _take_arena(store: Store, nslots: int) -> np.ndarray:
+    shape = (store.chunk_images, *store.image_shape)
+    with _ARENA_LOCK:
+        idle = _IDLE_ARENAS.get(store)
+        if idle is not None and idle.shape[0] >= nslots and idle.shape[1:] == shape and idle.dtype == store.dtype:
+            del _IDLE_ARENAS[store]
+            return idle[:nslots]
+    return np.empty((nslots, *shape), dtype=store.dtype)
+
+
+def _give_back_arena(store: Store, arena: np.ndarray) -> None:
+    base = arena.base if arena.base is not None else arena
+    with _ARENA_LOCK:
+        idle = _IDLE_ARENAS.get(store)
+        if idle is None or idle.shape[0] < base.shape[0]:
+            _IDLE_ARENAS[store] = base
+
+
+def release_buffers(store: Store | None = None) -> None:
+    """Free the decoded-chunk buffers kept for the next epoch (of ``store``, or of every store)."""
+    with _ARENA_LOCK:
+        if store is None:
+            _IDLE_ARENAS.clear()
+        else:
+            _IDLE_ARENAS.pop(store, None)
+
+
+# ---------------------------------------------------------------------------------------
+# the decoder
+# ---------------------------------------------------------------------------------------
+
+_LIVE: "weakref.WeakSet[EpochDecoder]" = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # the parent's decoder threads do not exist here: forget them, and the locks they held
+    global _LIVE_LOCK, _ARENA_LOCK
+    _LIVE_LOCK = threading.Lock()
+    _ARENA_LOCK = threading.Lock()
+    _LIVE.clear()
+
+
+at_fork_in_child(_after_fork_in_child)
+
+
+class _Window:
+    """One window of decoded chunks: its slots, progress, users and unserved batches."""
+
+    __slots__ = ("chunks", "slots", "left", "done", "error", "pins", "unserved")
+
+    def __init__(self, chunks: np.ndarray, slots: np.ndarray, batches: range) -> None:
+        self.chunks = chunks
+        self.slots = slots
+        self.left = len(chunks)
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.pins = 0
+        self.unserved = set(batches)
+        if not self.left:
+            self.done.set()
+
+
+class LoaderClosed(Exception):
+    """Raised inside the engine when a decoder was closed while a batch waited for it."""
+
+
+class EpochDecoder:
+    """Batches of one epoch of a :class:`LoaderSpec`, by index, from any thread.
+
+    ``nslots`` chunk slots are allocated once; a window needs as many slots as it has
+    chunks (``plan.max_window_chunks`` at most), so ``nslots`` beyond that is how far
+    ahead the decoder threads may work. ``batch(i)`` waits for the windows batch ``i``
+    draws from, gathers it, and starts decoding the windows after it.
+    """
+
+    def __init__(self, spec: LoaderSpec, epoch: int, nslots: int, num_threads: int, thread_prefix: str) -> None:
+        self.spec = spec
+        self.epoch = epoch
+        self.plan: EpochPlan = spec.plan(epoch)
+        self.k = spec.store.chunk_images
+        self.pid = os.getpid()
+        self.nslots = max(1, min(max(nslots, self.plan.max_window_chunks), self._total_chunks()))
+        self.arena: np.ndarray | None = _take_arena(spec.store, self.nslots)
+        self.cond = threading.Condition()
+        self.free: list[int] = list(range(self.nslots - 1, -1, -1))
+        self.windows: OrderedDict[int, _Window] = OrderedDict()
+        self.decode_count: dict[int, int] = {}
+        self.chunks_decoded = 0
+        self.out_of_order = False
+        self.closed = False
+        self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._announced = -1  # the last window whose byte ranges the source was told about
+        self.threads = [
+            threading.Thread(target=self._decode_loop, name=f"{thread_prefix}-{id(self):x}-decode{i}", daemon=True)
+            for i in range(max(1, num_threads))
+        ]
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        for t in self.threads:
+            t.start()
+
+    def _total_chunks(self) -> int:
+        return sum(len(c) for c in self.plan.window_chunks) or 1
+
+    # -- decoder threads -------------------------------------------------------------------
+    def _decode_loop(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            win, j = task
+            err: BaseException | None = None
+            if win.error is None and not self.closed:
+                assert self.arena is not None
+                try:
+                    self.spec.decode_chunk(int(win.chunks[j]), self.arena[int(win.slots[j])])
+                except BaseException as exc:  # reported to whoever waits for the window
+                    err = exc if isinstance(exc, LoaderError) else LoaderError(f"chunk {int(win.chunks[j])}: {exc!r}")
+                    if err is not exc:
+                        err.__cause__ = exc
+            with self.cond:
+                if err is not None and win.error is None:
+                    win.error = err
+                self.chunks_decoded += 1
+                win.left -= 1
+                if win.left == 0:
+                    win.done.set()
+                    self.cond.notify_all()
+
+    # -- windows ------------------------------------------------------------------------------
+    def _batches_of(self, w: int) -> range:
+        b = self.spec.batch_size
+        lo, hi = int(self.plan.window_starts[w]), int(self.plan.window_starts[w + 1])
+        return range(lo // b, (hi - 1) // b + 1) if hi > lo else range(0)
+
+    def _evictable(self, keep_unserved: bool) -> int | None:
+        """A resident window whose slots may be taken (lock held): served ones first."""
+        idle = [(w, e) for w, e in self.windows.items() if e.pins == 0 and e.done.is_set()]
+        for w, e in idle:
+            if not e.unserved:
+                return w
+        if keep_unserved or not idle:
+            return None
+        return idle[0][0]  # the least recently used window that is still wanted: decoded again later
+
+    def _drop(self, w: int) -> None:
+        e = self.windows.pop(w)
+        self.free.extend(int(s) for s in e.slots)
+        self.cond.notify_all()
+
+    def _start(self, w: int, wait: bool) -> _Window | None:
+        """Reserve slots for window ``w`` and queue its chunks (lock held).
+
+        ``wait``: evict idle windows and wait for slots (a batch needs it); otherwise start
+        only if slots are free now, evicting only windows that were fully served.
+        """
+        chunks = self.plan.window_chunks[w]
+        need = len(chunks)
+        while len(self.free) < need:
+            if self.closed:
+                raise LoaderClosed
+            victim = self._evictable(keep_unserved=not wait)
+            if victim is not None:
+                self._drop(victim)
+                continue
+            if not wait:
+                return None
+            self.cond.wait()
+        slots = np.array([self.free.pop() for _ in range(need)], dtype=np.int64)
+        win = _Window(chunks, slots, self._batches_of(w))
+        self.windows[w] = win
+        n = self.decode_count[w] = self.decode_count.get(w, 0) + 1
+        if n > 1:
+            self.out_of_order = True
+        self._announce(w)
+        for j in range(need):
+            self._tasks.put((win, j))
+        return win
+
+    def _announce(self, w: int) -> None:
+        """Tell the byte source which chunks come next (up to a window beyond ``w``)."""
+        last = min(self.plan.nwindows - 1, w + 1)
+        if last <= self._announced and w <= self._announced:
+            return
+        first = max(w, self._announced + 1)
+        chunks = [c for v in range(first, last + 1) for c in self.plan.window_chunks[v]]
+        self._announced = max(self._announced, last)
+        if chunks:
+            try:
+                self.spec.store.prefetch_chunks(chunks)
+            except Exception:  # a hint only
+                pass
+
+    def _acquire(self, w: int) -> _Window:
+        with self.cond:
+            win = self.windows.get(w)
+            if win is None:
+                win = self._start(w, wait=True)
+                assert win is not None
+            self.windows.move_to_end(w)
+            win.pins += 1
+        win.done.wait()
+        if win.error is not None:
+            with self.cond:
+                win.pins -= 1
+                if self.windows.get(w) is win and win.pins == 0:
+                    self._drop(w)
+            err = win.error
+            if isinstance(err, LoaderError):
+                raise err
+            raise LoaderError(f"{self.spec.store.location}: decoding window {w} failed: {err!r}") from err
+        return win
+
+    def _release(self, w: int, win: _Window, batch: int) -> None:
+        with self.cond:
+            win.pins -= 1
+            win.unserved.discard(batch)
+            if not win.unserved and win.pins == 0 and self.windows.get(w) is win:
+                self._drop(w)
+
+    def read_ahead(self, w: int) -> None:
+        """Start decoding windows from ``w`` on while slots are free (never evicting unserved ones)."""
+        with self.cond:
+            while 0 <= w < self.plan.nwindows and not self.closed:
+                if w not in self.windows and self._start(w, wait=False) is None:
+                    return
+                w += 1
+
+    # -- batches --------------------------------------------------------------------------------
+    def batch(self, i: int, out: np.ndarray | None = None) -> tuple[Any, Any]:
+        """Batch ``i`` of the epoch as ``(x, y)`` after the transform (x written into ``out``)."""
+        spec, plan = self.spec, self.plan
+        a, b = spec.batch_bounds(plan, i)
+        if out is None:
+            out = np.empty(spec.x_shape(b - a), dtype=spec.store.dtype)
+        pos = a
+        w = plan.window_of(a)
+        while pos < b:
+            end = min(b, int(plan.window_starts[w + 1]))
+            win = self._acquire(w)
+            try:
+                assert self.arena is not None
+                gather(plan.samples(pos, end), win.chunks, win.slots, self.arena, self.k, out=out[pos - a : end - a])
+            finally:
+                self._release(w, win, i)
+            pos = end
+            w += 1
+        self.read_ahead(plan.window_of(b - 1) + 1 if b > a else 0)
+        y = spec.labels_for(plan.items[a:b])
+        return spec.finish(out, y, i, self.epoch, plan)
+
+    # -- lifetime --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop and join the decoder threads; keep the slots for the Store's next epoch."""
+        if os.getpid() != self.pid:  # a forked child: these threads are the parent's
+            return
+        with self.cond:
+            if self.closed:
+                return
+            self.closed = True
+            for win in self.windows.values():
+                if not win.done.is_set():
+                    win.error = win.error or LoaderError(f"{self.spec.store.location}: the loader was closed while decoding")
+            self.cond.notify_all()
+        for _ in self.threads:
+            self._tasks.put(None)
+        me = threading.current_thread()
+        for t in self.threads:
+            if t is not me and t.is_alive():
+                t.join(timeout=30)
+        with self.cond:
+            for win in self.windows.values():
+                win.done.set()
+            self.windows.clear()
+        arena, self.arena = self.arena, None
+        if arena is not None and not any(t.is_alive() for t in self.threads):
+            _give_back_arena(self.spec.store, arena)
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+
+def stop_all() -> None:
+    """Stop every decoder of this process (at interpreter exit)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for d in live:
+        d.close()
+
+
+def warn_out_of_order(decoder: EpochDecoder, what: str) -> None:
+    """Warn once that batches were asked for out of order (windows decoded twice)."""
+    w = next((w for w, n in decoder.decode_count.items() if n > 1), None)
+    warnings.warn(
+        f"carraystore {what} ({decoder.spec.store.location}): window {w} of epoch {decoder.epoch} was decoded "
+        f"{decoder.decode_count.get(w, 0)} times; batches are being asked for out of order. model.fit(shuffle=True), "
+        "Keras's default, does that: StoreDataset already shuffles, so pass shuffle=False to fit (or raise cache_windows).",
+        RuntimeWarning,
+        stacklevel=4,
+    )

@@ -1,0 +1,252 @@
+"""The Blosc2 contiguous-frame layout of a store file, parsed from a byte source (layer 2).
+
+A frame (c-blosc2 README_CFRAME_FORMAT.rst; FORMAT.md says which facts a store relies on)
+is: a header (a msgpack array holding sizes, codec flags and the fixed metalayers), the
+data chunks, one compressed chunk of int64 chunk offsets (the offsets index), and a
+trailer (a msgpack array holding the variable-length metadata). :func:`read_frame` reads
+the header with one request and everything after the data chunks with a second one, so
+opening costs two reads however many images the store holds, and never touches a chunk.
+
+Nothing here knows what a store's metadata means: that is :mod:`carraystore.format`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import blosc2
+import msgpack
+import numpy as np
+
+from carraystore.errors import CorruptStoreError, NotAStoreError
+
+__all__ = ["ByteSource", "Frame", "read_frame", "HEAD_READ_BYTES", "special_chunk_header"]
+
+#: Bytes read from the start of a file to get the frame header in one request (a store's
+#: header is about 260 bytes; a longer one costs a second read).
+HEAD_READ_BYTES = 4096
+_MAGIC = b"b2frame\x00"
+#: Offsets-index entries with bit 63 set are chunks the frame stores as a special value
+#: without data; bits 56-61 say which value (1: zeros, 2: NaNs, 4: uninitialised).
+_SPECIAL_BIT = 1 << 63
+
+
+@runtime_checkable
+class ByteSource(Protocol):
+    """Random access to the bytes of one store file."""
+
+    #: A path or URL, for error messages (and for re-opening in another process).
+    location: str
+
+    def size(self) -> int:
+        """Total size in bytes."""
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset`` (thread-safe); raise when they cannot be had."""
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """The bytes of every (offset, length) range, in the order given, fetched concurrently."""
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """A hint: these ranges will be read soon, in this order (may do nothing)."""
+
+    def close(self) -> None:
+        """Release handles and connections."""
+
+
+
+@dataclass(frozen=True)
+class Frame:
+    """What a reader needs from a frame: geometry, codec flags, metalayers, chunk index, vlmeta."""
+
+    location: str
+    frame_len: int
+    header_len: int
+    #: bytes of all data chunks (they follow the header)
+    cbytes: int
+    nbytes: int
+    typesize: int
+    blocksize: int
+    chunksize: int
+    #: the codec id (blosc2.Codec value) and clevel in the frame header's codec flags
+    codec_id: int
+    clevel: int
+    #: the fixed metalayers: name -> the msgpack bytes stored for it
+    metalayers: dict[str, bytes]
+    #: absolute file offset of every chunk (-1 for a special chunk that holds no bytes)
+    chunk_offsets: np.ndarray
+    #: bytes available for every chunk (an upper bound: up to the next chunk; 0 if special)
+    chunk_lengths: np.ndarray
+    #: the special value of each chunk (0: a real chunk; 1: zeros; 2: NaNs; 4: uninitialised)
+    chunk_special: np.ndarray
+    #: variable-length metadata: name -> its compressed content (one blosc2 chunk)
+    vlmeta_raw: dict[str, bytes]
+
+    @property
+    def nchunks(self) -> int:
+        return len(self.chunk_offsets)
+
+    def b2nd(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(shape, chunks, blocks) from the ``b2nd`` metalayer."""
+        raw = self.metalayers.get("b2nd")
+        if raw is None:
+            raise NotAStoreError(f"{self.location}: a blosc2 frame without the b2nd metalayer (not an NDArray)")
+        try:
+            rec = msgpack.unpackb(raw, raw=True, strict_map_key=False)
+            _version, ndim, shape, chunks, blocks = rec[:5]
+            out = tuple(tuple(int(x) for x in v) for v in (shape, chunks, blocks))
+            if any(len(v) != ndim for v in out):
+                raise ValueError("dimension counts differ")
+        except Exception as exc:
+            raise CorruptStoreError(f"{self.location}: the b2nd metalayer cannot be read ({exc}); the file is damaged") from exc
+        return out  # type: ignore[return-value]
+
+    def vlmeta(self, name: str) -> bytes | None:
+        """The decompressed variable-length metadata ``name``, or None when absent."""
+        content = self.vlmeta_raw.get(name)
+        if content is None:
+            return None
+        try:
+            if len(content) < 32 or blosc2.get_cbuffer_sizes(content)[1] != len(content):
+                raise ValueError("its blosc2 chunk header does not match its size")
+            return bytes(blosc2.decompress(content))
+        except Exception as exc:
+            raise CorruptStoreError(f"{self.location}: the {name!r} metadata cannot be decompressed ({exc}); the file is damaged") from exc
+
+
+def _damaged(location: str, what: str) -> CorruptStoreError:
+    return CorruptStoreError(
+        f"{location}: {what}; the file is truncated, damaged or not a store (restore it from a copy or re-create it)"
+    )
+
+
+def _unpack_first(data: bytes) -> Any:
+    unpacker = msgpack.Unpacker(raw=True, strict_map_key=False, max_buffer_size=max(1, len(data)))
+    unpacker.feed(data)
+    return next(unpacker)
+
+
+def _named_contents(section: Any, where: str, location: str) -> dict[str, bytes]:
+    """A metalayer/vlmeta section ``[_, {name: offset}, [content, ...]]`` as name -> content."""
+    try:
+        _n, index, contents = section[:3]
+        names = [k.decode() if isinstance(k, bytes) else str(k) for k in index]
+        if len(names) != len(contents) or not all(isinstance(c, bytes) for c in contents):
+            raise ValueError("names and contents do not pair up")
+        return dict(zip(names, contents))
+    except Exception as exc:
+        raise _damaged(location, f"the {where} cannot be parsed ({exc})") from exc
+
+
+def read_frame(source: ByteSource) -> Frame:
+    """Parse the frame of ``source`` with two reads (three when the header is unusually long)."""
+    loc = source.location
+    size = source.size()
+    head = source.read(0, min(size, HEAD_READ_BYTES))
+    if len(head) < 64 or head[2:10] != _MAGIC:
+        raise _damaged(loc, f"not a blosc2 frame ({size} bytes)")
+    if head[10] != 0xD2 or head[0x0F] != 0xCF or head[38] != 0xD3:
+        raise _damaged(loc, "the frame header's layout is not the one this carraystore reads")
+    header_len = int.from_bytes(head[11:15], "big")
+    frame_len = int.from_bytes(head[16:24], "big")
+    cbytes = int.from_bytes(head[39:47], "big")
+    if frame_len != size:
+        raise _damaged(loc, f"the frame header says {frame_len} bytes, the file has {size}")
+    if not 64 <= header_len <= size or cbytes < 0 or header_len + cbytes > size:
+        raise _damaged(loc, f"frame header sizes out of range (header {header_len}, chunks {cbytes}, file {size})")
+    if header_len > len(head):
+        head = source.read(0, header_len)
+    try:
+        header = _unpack_first(head[:header_len])
+        flags = header[3]
+        nbytes, hcbytes, typesize, blocksize, chunksize = (int(v) for v in header[4:9])
+        metalayers = _named_contents(header[13], "frame header's metalayers", loc)
+    except CorruptStoreError:
+        raise
+    except Exception as exc:
+        raise _damaged(loc, f"the frame header cannot be parsed ({exc})") from exc
+    if hcbytes != cbytes:
+        raise _damaged(loc, "the frame header's two compressed sizes disagree")
+    # everything after the data chunks: the offsets index, then the trailer
+    tail_start = header_len + cbytes
+    tail = source.read(tail_start, size - tail_start)
+    if len(tail) < 23 or tail[-23] != 0xCE:
+        raise _damaged(loc, "the frame trailer is missing")
+    trailer_len = int.from_bytes(tail[-22:-18], "big")
+    if not 23 <= trailer_len <= len(tail):
+        raise _damaged(loc, f"trailer length {trailer_len} out of range")
+    index_bytes = tail[: len(tail) - trailer_len]
+    try:
+        trailer = _unpack_first(tail[len(tail) - trailer_len :])
+        vlmeta_raw = _named_contents(trailer[1], "frame trailer's metadata", loc)
+    except CorruptStoreError:
+        raise
+    except Exception as exc:
+        raise _damaged(loc, f"the frame trailer cannot be parsed ({exc})") from exc
+    offsets = _parse_offsets(index_bytes, nbytes, chunksize, cbytes, loc)
+    special = np.where(offsets < 0, (offsets.view(np.uint64) >> np.uint64(56)) & np.uint64(0x7F), 0).astype(np.int64)
+    real = offsets >= 0
+    # a chunk ends where the next one (in file order) begins, or where the data ends
+    pos = np.where(real, offsets, cbytes)
+    order = np.argsort(pos, kind="stable")
+    ends = np.full(len(offsets), cbytes, dtype=np.int64)
+    ends[order[:-1]] = pos[order][1:]
+    lengths = np.where(real, ends - offsets, 0)
+    return Frame(
+        location=loc,
+        frame_len=frame_len,
+        header_len=header_len,
+        cbytes=cbytes,
+        nbytes=nbytes,
+        typesize=typesize,
+        blocksize=blocksize,
+        chunksize=chunksize,
+        codec_id=flags[2] & 0x0F if isinstance(flags, bytes) and len(flags) > 2 else -1,
+        clevel=flags[2] >> 4 if isinstance(flags, bytes) and len(flags) > 2 else -1,
+        metalayers=metalayers,
+        chunk_offsets=np.where(real, offsets + header_len, -1),
+        chunk_lengths=lengths,
+        chunk_special=special,
+        vlmeta_raw=vlmeta_raw,
+    )
+
+
+def _parse_offsets(index_bytes: bytes, nbytes: int, chunksize: int, cbytes: int, loc: str) -> np.ndarray:
+    nchunks = -(-nbytes // chunksize) if chunksize > 0 else 0
+    if nchunks == 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(index_bytes) < 32:
+        raise _damaged(loc, "the chunk offsets index is missing")
+    try:
+        osize = blosc2.get_cbuffer_sizes(index_bytes[:32])[1]
+        if osize > len(index_bytes):
+            raise ValueError(f"it claims {osize} bytes, {len(index_bytes)} are there")
+        offsets = np.frombuffer(blosc2.decompress(index_bytes[:osize]), dtype="<i8").astype(np.int64)
+    except Exception as exc:
+        raise _damaged(loc, f"the chunk offsets index cannot be read ({exc})") from exc
+    if len(offsets) < nchunks:
+        raise _damaged(loc, f"the offsets index lists {len(offsets)} chunks, the frame holds {nchunks}")
+    offsets = offsets[:nchunks]
+    real = offsets >= 0
+    if np.any(offsets[real] >= cbytes):
+        raise _damaged(loc, "a chunk offset points past the data")
+    return offsets
+
+
+def special_chunk_header(special: int, nbytes: int, blocksize: int, typesize: int) -> bytes:
+    """The 32-byte chunk that stands for a special chunk (what ``SChunk.get_chunk`` returns).
+
+    Decompressing it gives the special value; its header has the special flag and no data.
+    """
+    head = bytearray(32)
+    head[0] = 5  # Blosc2 chunk format version
+    head[1] = 1
+    head[2] = 0x05
+    head[3] = typesize & 0xFF
+    head[4:8] = int(nbytes).to_bytes(4, "little")
+    head[8:12] = int(blocksize or nbytes).to_bytes(4, "little")
+    head[12:16] = (32).to_bytes(4, "little")
+    head[31] = (special & 0x7) << 4
+    return bytes(head)

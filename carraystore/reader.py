@@ -1,0 +1,558 @@
+"""Reading a store: open, describe, read and decompress whole chunks, index, verify (layer 4).
+
+A :class:`Store` reads through a byte source (:mod:`carraystore.sources`): a local file,
+an object store or a chunk cache. Opening parses the frame (:mod:`carraystore.frame`,
+two reads) and the metadata (:mod:`carraystore.format`) and checks the pinned codec
+against the file; it never reads the images. Blocks span whole images, so a
+decompressed chunk is the chunk's images in row order.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import blosc2
+import msgpack
+import numpy as np
+
+from carraystore.errors import (
+    CarrayStoreError,
+    ChecksumError,
+    CodecMismatchError,
+    CorruptStoreError,
+    FormatError,
+    FormatVersionError,
+    InvalidInputError,
+    NotAStoreError,
+)
+from carraystore.forksafe import in_forked_child
+from carraystore.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    META_KEY,
+    Codec,
+    StoreMeta,
+    StringTable,
+    as_records,
+    check_codec_against_header,
+    chunk_crc_ok,
+    crc32,
+    parse_chunk_header,
+)
+from carraystore.frame import Frame, read_frame, special_chunk_header
+from carraystore.sources import ByteSource, LocalFileSource
+
+__all__ = ["Store", "ChunkProblem", "open_store", "open_source", "is_url"]
+
+# Decompression in threads only runs in parallel when blosc2 releases the GIL.
+blosc2.set_releasegil(True)
+
+
+def is_url(location: Any) -> bool:
+    """Whether ``location`` is a URL (``scheme://...``) rather than a local path."""
+    return isinstance(location, str) and "://" in location and not location.startswith("file://")
+
+
+def open_source(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | None = None,
+) -> ByteSource:
+    """The byte source for a path or URL (``s3://``, ``gs://``, ``http(s)://``, ``file://``)."""
+    if isinstance(location, str) and location.startswith("file://"):
+        location = location[len("file://") :]
+    if not is_url(location):
+        if storage_options:
+            raise InvalidInputError(f"{location}: storage_options apply to URLs only, not to local paths")
+        p = Path(location)
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such store")
+        if p.is_dir():
+            raise NotAStoreError(f"{p} is a directory; a store is a single .b2nd file (use `carraystore migrate` for bcolz folders)")
+        if not p.is_file():
+            raise NotAStoreError(f"{p} is not a regular file (a FIFO or device?); a store is a single .b2nd file")
+        return LocalFileSource(p)
+    from carraystore import remote  # a source of bytes: the layer below this one
+
+    source: ByteSource = remote.open_source(str(location), storage_options)
+    if cache_dir is not None:
+        from carraystore.cache import CachedSource
+
+        source = CachedSource(source, cache_dir, cache_size)
+    return source
+
+
+@dataclass(frozen=True)
+class ChunkProblem:
+    """One problem ``Store.verify()`` found: the chunk index (or None for the file) and why."""
+
+    chunk: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = "file" if self.chunk is None else f"chunk {self.chunk}"
+        return f"{where}: {self.reason}"
+
+
+#: Set by :mod:`carraystore.loader` (a higher layer) when it is imported, which the package
+#: import always does: ``Store.batches`` delegates to it without importing upward.
+BATCHES: Callable[..., Any] | None = None
+
+
+class Store:
+    """A read-only carraystore store. Get one with ``carraystore.open(path_or_url)``."""
+
+    def __init__(
+        self,
+        source: ByteSource,
+        frame: Frame,
+        meta: StoreMeta,
+        storage_options: Mapping[str, Any] | None = None,
+        open_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._source = source
+        self._frame = frame
+        self.meta = meta
+        self.location = source.location
+        #: a Path for a local store, the URL string for a remote one
+        self.path: Any = Path(source.location) if isinstance(source, LocalFileSource) else source.location
+        self.storage_options = dict(storage_options or {})
+        self._open_kwargs = dict(open_kwargs or {})
+        #: every chunk read is checked against its CRC32 (always so for remote stores)
+        self.check_reads = not isinstance(source, LocalFileSource)
+        self._lock = threading.Lock()
+
+    # -- description -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.meta.nimages
+
+    @property
+    def source(self) -> ByteSource:
+        """Where the bytes come from (see carraystore.sources)."""
+        return self._source
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """(N, *item_shape): (N, H, W, C) for images."""
+        return (self.meta.nimages, *self.meta.image_shape)
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """The shape of one item: (H, W, C) for images."""
+        return self.meta.image_shape
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """The shape of one item (the same as ``image_shape``; the name fits non-image arrays)."""
+        return self.meta.image_shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.meta.np_dtype
+
+    @property
+    def layout(self) -> str:
+        """``"NHWC"`` for images, ``"array"`` for any other item shape or dtype."""
+        return self.meta.layout
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """Per-item metadata columns (for example the other columns of a migrated ctable)."""
+        return self.meta.columns
+
+    @property
+    def codec(self) -> Codec:
+        return self.meta.codec
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """Integer labels (int64), one per image, or None for an unlabelled store."""
+        return self.meta.labels
+
+    @property
+    def keys(self) -> StringTable | None:
+        """Relative paths or ids, one per image, or None."""
+        return self.meta.keys
+
+    @property
+    def class_names(self) -> tuple[str, ...] | None:
+        return self.meta.class_names
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return self.meta.attrs
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return self.meta.provenance
+
+    @property
+    def skipped(self) -> tuple[dict[str, str], ...]:
+        return self.meta.skipped
+
+    @property
+    def color_mode(self) -> str:
+        return self.meta.color_mode
+
+    @property
+    def nchunks(self) -> int:
+        return self.meta.nchunks
+
+    @property
+    def chunk_images(self) -> int:
+        return self.meta.chunk_images
+
+    @property
+    def chunk_nbytes(self) -> int:
+        """Uncompressed size of one (full) chunk."""
+        return self.meta.chunk_images * self.meta.image_nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Uncompressed size of the images."""
+        return self.meta.nimages * self.meta.image_nbytes
+
+    @property
+    def cbytes(self) -> int:
+        """Size of the file."""
+        return self._source.size()
+
+    def chunk_range(self, i: int) -> tuple[int, int]:
+        """The image indices [start, stop) held by chunk ``i``."""
+        k = self.meta.chunk_images
+        return i * k, min((i + 1) * k, self.meta.nimages)
+
+    def chunk_byte_range(self, i: int) -> tuple[int, int]:
+        """(offset, length) of chunk ``i``'s bytes in the file; length 0 for a special chunk."""
+        i = self._check_chunk_index(i)
+        return int(self._frame.chunk_offsets[i]), int(self._frame.chunk_lengths[i])
+
+    def __repr__(self) -> str:
+        return (
+            f"<carraystore.Store {self.location!r} shape={self.shape} dtype={self.dtype} "
+            f"codec={self.codec.describe()!r} chunks={self.nchunks}x{self.chunk_images}>"
+        )
+
+    # -- chunk I/O ------------------------------------------------------------------------
+    def _check_chunk_index(self, i: int) -> int:
+        n = self.nchunks
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"{self.location}: chunk {i} out of range (store has {n} chunks)")
+        return i
+
+    def read_chunk_bytes(self, i: int) -> bytes:
+        """The compressed bytes of chunk ``i`` (one read; thread-safe, GIL released).
+
+        A chunk the frame stores as a special value (all zeros, say) has no bytes in the
+        file: the 32-byte chunk that stands for it is returned.
+        """
+        i = self._check_chunk_index(i)
+        f = self._frame
+        special = int(f.chunk_special[i])
+        if special:
+            return special_chunk_header(special, self.chunk_nbytes, f.blocksize, f.typesize)
+        offset, length = int(f.chunk_offsets[i]), int(f.chunk_lengths[i])
+        try:
+            data = self._source.read(offset, length)
+        except CarrayStoreError:
+            raise
+        except Exception as exc:
+            raise CorruptStoreError(f"{self.location}: chunk {i} cannot be read at bytes {offset}-{offset + length} ({exc})") from exc
+        if len(data) >= 16:
+            cbytes = int.from_bytes(data[12:16], "little")
+            if cbytes <= len(data):
+                data = data[:cbytes] if cbytes < len(data) else data
+                if self.check_reads:
+                    self.check_chunk_bytes(i, data)
+                return data
+        raise CorruptStoreError(
+            f"{self.location}: chunk {i} is truncated ({len(data)} of {length} bytes readable at offset {offset}); "
+            f"the file is damaged: run `carraystore verify {self.location}`"
+        )
+
+    def prefetch_chunks(self, chunks: Sequence[int] | np.ndarray) -> None:
+        """Hint the source that these chunks will be read soon, in this order."""
+        f = self._frame
+        ranges = [
+            (int(f.chunk_offsets[c]), int(f.chunk_lengths[c]))
+            for c in np.asarray(chunks, dtype=np.int64).reshape(-1)
+            if 0 <= c < len(f.chunk_offsets) and f.chunk_offsets[c] >= 0
+        ]
+        if ranges:
+            self._source.prefetch(ranges)
+
+    # the name the loader of 0.1.0 used
+    advise_willneed = prefetch_chunks
+
+    def decompress_chunk(self, i: int, data: bytes, out: np.ndarray | None = None, nthreads: int | None = None) -> np.ndarray:
+        """Decompress chunk ``i``'s bytes into ``out`` (a full chunk buffer); return its images.
+
+        ``nthreads`` is blosc2's own thread count for this chunk (default: blosc2's global
+        setting); callers that decompress several chunks in parallel threads pass 1.
+        """
+        start, stop = self.chunk_range(i)
+        shape = (self.meta.chunk_images, *self.image_shape)
+        if out is None:
+            out = np.empty(shape, dtype=self.dtype)
+        elif out.shape != shape or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise InvalidInputError(f"out buffer must be C-contiguous {self.dtype} of shape {shape}")
+        try:
+            if in_forked_child() or nthreads is not None:
+                blosc2.decompress2(data, dst=out, nthreads=1 if in_forked_child() else nthreads)
+            else:
+                blosc2.decompress2(data, dst=out)
+        except Exception as exc:
+            raise CorruptStoreError(
+                f"{self.location}: chunk {i} does not decompress ({exc}); run `carraystore verify {self.location}`"
+            ) from exc
+        return out[: stop - start]
+
+    def check_chunk_bytes(self, i: int, data: bytes) -> None:
+        """Raise ChecksumError unless ``data`` (chunk ``i`` as read) matches its recorded CRC32."""
+        if not chunk_crc_ok(data, int(self.meta.crc32[i]), self.chunk_nbytes):
+            offset, length = self.chunk_byte_range(i)
+            raise ChecksumError(
+                f"{self.location}: chunk {i} (bytes {offset}-{offset + length}) fails its CRC32 check; "
+                "the file is damaged (or changed while read): run `carraystore verify` on it"
+            )
+
+    def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = False) -> np.ndarray:
+        """The images of chunk ``i`` as an array (a view of ``out`` when given)."""
+        i = self._check_chunk_index(i)
+        data = self.read_chunk_bytes(i)
+        if verify and not self.check_reads:
+            self.check_chunk_bytes(i, data)
+        return self.decompress_chunk(i, data, out)
+
+    def iter_chunks(self) -> Iterator[np.ndarray]:
+        """Every chunk in file order (a fresh array each)."""
+        for i in range(self.nchunks):
+            yield self.read_chunk(i)
+
+    # -- indexing -------------------------------------------------------------------------
+    def __getitem__(self, index: Any) -> np.ndarray:
+        n = self.meta.nimages
+        if isinstance(index, (int, np.integer)):
+            i = int(index)
+            if i < 0:
+                i += n
+            if not 0 <= i < n:
+                raise IndexError(f"image index {int(index)} out of range for a store of {n} images")
+            return self.take(np.array([i]))[0]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            return self.take(np.arange(start, stop, step))
+        idx = np.asarray(index)
+        if idx.dtype == bool:
+            if idx.shape != (n,):
+                raise IndexError(f"boolean index of shape {idx.shape} does not match a store of {n} images")
+            idx = np.flatnonzero(idx)
+        if idx.dtype.kind not in "iu":
+            raise IndexError(f"store index must be an int, slice, or integer/boolean array, got {idx.dtype}")
+        return self.take(idx)
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """Images at ``indices`` (any order, repeats allowed), reading each needed chunk once."""
+        n = self.meta.nimages
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size:
+            idx = np.where(idx < 0, idx + n, idx)
+            bad = (idx < 0) | (idx >= n)
+            if bad.any():
+                raise IndexError(f"image index {int(np.asarray(indices).reshape(-1)[np.argmax(bad)])} out of range for {n} images")
+        out = np.empty((len(idx), *self.image_shape), dtype=self.dtype)
+        if not idx.size:
+            return out
+        k = self.meta.chunk_images
+        chunk_of = idx // k
+        order = np.argsort(chunk_of, kind="stable")
+        sorted_chunks = chunk_of[order]
+        bounds = np.flatnonzero(np.diff(sorted_chunks)) + 1
+        groups = np.split(order, bounds)
+        self.prefetch_chunks([int(chunk_of[g[0]]) for g in groups])
+        buf = np.empty((k, *self.image_shape), dtype=self.dtype)
+        for group in groups:
+            c = int(chunk_of[group[0]])
+            images = self.read_chunk(c, out=buf)
+            # raw records: numpy (2.2 at least) may index structured items field by field, losing padding bytes
+            as_records(out)[group] = as_records(images)[idx[group] - c * k]
+        return out
+
+    # -- integrity ----------------------------------------------------------------------
+    def verify(self, progress: bool = False) -> list[ChunkProblem]:
+        """Re-read every chunk: CRC32, header against the pinned codec, full decompression.
+
+        Returns the problems found (an empty list means the store is sound).
+        """
+        problems: list[ChunkProblem] = []
+        if self._frame.nchunks != self.nchunks:
+            problems.append(ChunkProblem(None, f"file holds {self._frame.nchunks} chunks, metadata says {self.nchunks}"))
+        buf = np.empty((self.meta.chunk_images, *self.image_shape), dtype=self.dtype)
+        rng: Any = range(self.nchunks)
+        if progress:
+            from tqdm import tqdm
+
+            rng = tqdm(rng, desc=f"verify {Path(str(self.location)).name}", unit="chunk")
+        check_reads, self.check_reads = self.check_reads, False  # mismatches are reported below
+        try:
+            for i in rng:
+                try:
+                    data = self.read_chunk_bytes(i)
+                except CarrayStoreError as exc:
+                    problems.append(ChunkProblem(i, f"cannot be read: {exc.__cause__ or exc}"))
+                    continue
+                want = int(self.meta.crc32[i])
+                if not chunk_crc_ok(data, want, self.chunk_nbytes):
+                    problems.append(ChunkProblem(i, f"CRC32 mismatch: recorded {want:08x}, file has {crc32(data):08x}"))
+                    continue
+                try:
+                    check_codec_against_header(self.codec, self.meta.blocksize, parse_chunk_header(data), f"chunk {i}")
+                    self.decompress_chunk(i, data, buf)
+                except CarrayStoreError as exc:
+                    problems.append(ChunkProblem(i, str(exc)))
+        finally:
+            self.check_reads = check_reads
+        return problems
+
+    # -- streaming -------------------------------------------------------------------------
+    def batches(self, batch_size: int, **kwargs: Any) -> Any:
+        """Iterate (x, y) batches; see ``carraystore.loader.batches`` for the arguments."""
+        if BATCHES is None:  # pragma: no cover - `import carraystore` always sets it
+            raise RuntimeError("Store.batches needs carraystore.loader: import carraystore first")
+        return BATCHES(self, batch_size, **kwargs)
+
+    # -- lifetime -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the file handle or connections (the Store must not be used afterwards)."""
+        self._source.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Another process re-opens by location; handles and data never travel.
+        return {"location": self.location, "storage_options": self.storage_options, "open_kwargs": self._open_kwargs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        location = state.get("location", state.get("path"))
+        other = open_store(location, state.get("storage_options") or None, **state.get("open_kwargs", {}))
+        self.__dict__.update(other.__dict__)
+
+
+def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> None:
+    """Compare the file's real parameters with the record; raise CodecMismatchError naming both."""
+    shape, chunks, blocks = frame.b2nd()
+    want_chunks = (meta.chunk_images, *meta.image_shape)
+    want_blocks = (meta.codec.block_images, *meta.image_shape)
+    if shape != (meta.nimages, *meta.image_shape):
+        raise CorruptStoreError(
+            f"{location}: array shape {shape} does not match the metadata ({meta.nimages}, "
+            f"{', '.join(map(str, meta.image_shape))}); the file was damaged or written by another tool"
+        )
+    problems = []
+    dt_text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False, strict_map_key=False)[6]
+    try:
+        file_dtype = np.dtype(ast.literal_eval(dt_text)) if str(dt_text)[:1] in "{[" else np.dtype(dt_text)
+    except Exception:
+        file_dtype = None
+    if file_dtype != meta.np_dtype:
+        problems.append(f"dtype {dt_text} in the file, {meta.dtype} recorded")
+    # An empty array's chunk and block shapes are not kept reliably by blosc2 < 4.1 (3.x reads
+    # them as all ones, 4.0 as zeros) and no chunk depends on them, so they are checked only
+    # once the store holds items.
+    if meta.nimages and chunks != want_chunks:
+        problems.append(f"chunks {chunks} in the file, {want_chunks} recorded")
+    if meta.nimages and blocks != want_blocks:
+        problems.append(f"blocks {blocks} in the file, {want_blocks} recorded")
+    if frame.codec_id >= 0 and frame.codec_id != blosc2.Codec[meta.codec.codec.upper()].value:
+        try:
+            name = blosc2.Codec(frame.codec_id).name
+        except ValueError:
+            name = f"id {frame.codec_id}"
+        problems.append(f"codec {name} in the file header, {meta.codec.codec!r} recorded")
+    if frame.clevel >= 0 and frame.clevel != meta.codec.clevel:
+        problems.append(f"clevel {frame.clevel} in the file header, {meta.codec.clevel} recorded")
+    if frame.nchunks != meta.nchunks:
+        raise CorruptStoreError(f"{location}: file holds {frame.nchunks} chunks, metadata says {meta.nchunks}; the file is damaged")
+    if problems:
+        raise CodecMismatchError(f"{location}: " + "; ".join(problems))
+
+
+def _read_meta(frame: Frame, location: str) -> StoreMeta:
+    fixed = frame.metalayers.get(META_KEY)
+    if fixed is None:
+        raise NotAStoreError(
+            f"{location}: a blosc2 file, but not a carraystore store (no {META_KEY!r} meta layer); "
+            "create stores with carraystore.create() or `carraystore ingest`"
+        )
+    try:
+        fixed_rec = StoreMeta.unpack_record(fixed, location)
+        fixed_version = fixed_rec.get("format_version") if isinstance(fixed_rec, dict) else None
+        fixed_name = fixed_rec.get("format") if isinstance(fixed_rec, dict) else None
+    except CarrayStoreError:
+        raise
+    except Exception as exc:
+        raise CorruptStoreError(f"{location}: the {META_KEY!r} meta layer cannot be read ({exc})") from exc
+    if fixed_name != FORMAT_NAME or not isinstance(fixed_version, int) or isinstance(fixed_version, bool):
+        raise FormatError(f"{location}: the {META_KEY!r} meta layer is not a carraystore header ({fixed_rec!r})")
+    if fixed_version > FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{location}: format version {fixed_version} is newer than this carraystore reads ({FORMAT_VERSION}); "
+            "upgrade carraystore (pip install -U carraystore)"
+        )
+    raw = frame.vlmeta(META_KEY)
+    if raw is None:
+        raise FormatError(f"{location}: the {META_KEY!r} variable-length metadata is missing")
+    rec = StoreMeta.unpack_record(raw, location)
+    del raw  # the packed bytes go before the record is checked: lower peak memory on open
+    meta = StoreMeta.from_record(rec, location)
+    if meta.format_version != fixed_version:
+        raise FormatError(
+            f"{location}: the fixed meta layer says format version {fixed_version}, the metadata says "
+            f"{meta.format_version}; the file is damaged or was written by another tool"
+        )
+    return meta
+
+
+def open_store(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | None = None,
+) -> Store:
+    """Open a store for reading, from a path or a URL; checks the format and the pinned codec.
+
+    ``storage_options`` (URLs only) are the fsspec-style options pandas, zarr and dask take;
+    ``cache_dir``/``cache_size`` keep fetched chunks of a remote store on local disk.
+    """
+    open_kwargs = {k: v for k, v in (("cache_dir", cache_dir), ("cache_size", cache_size)) if v is not None}
+    source = open_source(location, storage_options, **open_kwargs)  # type: ignore[arg-type]
+    try:
+        frame = read_frame(source)
+        meta = _read_meta(frame, source.location)
+        _check_frame_against_meta(frame, meta, source.location)
+        store = Store(source, frame, meta, storage_options, open_kwargs)
+        if meta.nchunks:
+            # chunk 0's header (32 bytes, not the chunk) against the pinned codec
+            offset, _ = store.chunk_byte_range(0)
+            first = store.read_chunk_bytes(0) if offset < 0 else source.read(offset, 32)
+            check_codec_against_header(meta.codec, meta.blocksize, parse_chunk_header(first), f"{source.location}, chunk 0")
+        return store
+    except BaseException:
+        source.close()
+        raise
