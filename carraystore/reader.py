@@ -257,20 +257,33 @@ class Store:
         A chunk the frame stores as a special value (all zeros, say) has no bytes in the
         file: the 32-byte chunk that stands for it is returned.
         """
+        return bytes(self.chunk_buffer(i, copy=True))
+
+    def chunk_buffer(self, i: int, copy: bool = False, items: bool = False) -> bytes | memoryview:
+        """Chunk ``i``'s compressed bytes: a read-only view of the mapped file for a local
+        store (no copy; ``copy=True`` reads them instead), the fetched bytes otherwise.
+
+        A special chunk's stand-in has the frame's typesize, as blosc2 makes it; ``items=True``
+        gives it the codec's typesize instead, so that item ranges can be taken out of it.
+        """
         i = self._check_chunk_index(i)
         f = self._frame
         special = int(f.chunk_special[i])
         if special:
-            return special_chunk_header(special, self.chunk_nbytes, f.blocksize, f.typesize)
+            typesize = int(self.codec.typesize or 1) if items else f.typesize
+            return special_chunk_header(special, self.chunk_nbytes, f.blocksize, typesize)
         offset, length = int(f.chunk_offsets[i]), int(f.chunk_lengths[i])
         try:
-            data = self._source.read(offset, length)
+            if not copy and isinstance(self._source, LocalFileSource):
+                data: bytes | memoryview = self._source.view(offset, length)
+            else:
+                data = self._source.read(offset, length)
         except CarrayStoreError:
             raise
         except Exception as exc:
             raise CorruptStoreError(f"{self.location}: chunk {i} cannot be read at bytes {offset}-{offset + length} ({exc})") from exc
         if len(data) >= 16:
-            cbytes = int.from_bytes(data[12:16], "little")
+            cbytes = int.from_bytes(bytes(data[12:16]), "little")
             if cbytes <= len(data):
                 data = data[:cbytes] if cbytes < len(data) else data
                 if self.check_reads:
@@ -330,7 +343,7 @@ class Store:
     def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = False) -> np.ndarray:
         """The images of chunk ``i`` as an array (a view of ``out`` when given)."""
         i = self._check_chunk_index(i)
-        data = self.read_chunk_bytes(i)
+        data = self.chunk_buffer(i)
         if verify and not self.check_reads:
             self.check_chunk_bytes(i, data)
         return self.decompress_chunk(i, data, out)

@@ -10,7 +10,9 @@ local file, an object store (:mod:`carraystore.remote`) or a local chunk cache
 
 from __future__ import annotations
 
+import mmap
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,13 +23,35 @@ __all__ = ["ByteSource", "LocalFileSource"]
 
 
 class LocalFileSource:
-    """A local file read with ``os.pread``: no lock, the GIL released during I/O."""
+    """A local file read with ``os.pread`` (no lock, the GIL released during I/O), or seen
+    through a read-only memory map with :meth:`view` (no copy at all)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.location = str(self.path)
         self._fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self._size = os.fstat(self._fd).st_size
+        self._map: mmap.mmap | None = None
+        self._map_lock = threading.Lock()
+
+    def view(self, offset: int, length: int) -> memoryview:
+        """``length`` bytes at ``offset`` as a read-only view of the file's pages (no copy)."""
+        if offset < 0 or offset + length > self._size:
+            raise CorruptStoreError(
+                f"{self.location}: bytes {offset}-{offset + length} lie outside the file of {self._size} bytes; "
+                f"the file is truncated or damaged: run `carraystore verify {self.location}`"
+            )
+        m = self._map
+        if m is None:
+            with self._map_lock:
+                if self._map is None:
+                    if self._fd is None:
+                        raise ValueError(f"{self.location}: the file was closed")
+                    self._map = mmap.mmap(self._fd, self._size, access=mmap.ACCESS_READ) if self._size else None
+                m = self._map
+        if m is None:
+            return memoryview(b"")
+        return memoryview(m)[offset : offset + length]
 
     def size(self) -> int:
         return self._size
@@ -62,6 +86,12 @@ class LocalFileSource:
         return self._fd
 
     def close(self) -> None:
+        m, self._map = self._map, None
+        if m is not None:
+            try:
+                m.close()
+            except BufferError:  # views of it are still alive: the map goes with the last one
+                pass
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
