@@ -80,9 +80,9 @@ def open_source(
         if not p.is_file():
             raise NotAStoreError(f"{p} is not a regular file (a FIFO or device?); a store is a single .b2nd file")
         return LocalFileSource(p)
-    from carraystore import remote  # a source of bytes: the layer below this one
+    from carraystore.remote import open_source as open_remote_source  # the layer below this one
 
-    source: ByteSource = remote.open_source(str(location), storage_options)
+    source: ByteSource = open_remote_source(str(location), storage_options)
     if cache_dir is not None:
         from carraystore.cache import CachedSource
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from carraystore.errors import MigrationError
 from carraystore.migrations.bcolz import CarrayReader, CtableReader
-from carraystore.migrations.core import Block, Source, labels_from_array
+from carraystore.migrations.base import Block, Source, disk_size, labels_from_array
 
 __all__ = ["CarraySource", "TwoArraySource", "CtableSource", "object_conversion"]
 
@@ -179,9 +179,7 @@ class TwoArraySource(Source):
 
     @property
     def cbytes(self) -> int:
-        from carraystore.migrations.core import _disk_size
-
-        return _disk_size(self.path) + (_disk_size(self.labels_path) if self.labels_path else 0)
+        return disk_size(self.path) + (disk_size(self.labels_path) if self.labels_path else 0)
 
     def blocks(self) -> Iterator[Block]:
         pos = 0

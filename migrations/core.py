@@ -12,10 +12,7 @@ output path, and the source is only ever opened for reading.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-import re
-import secrets
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -26,7 +23,10 @@ from typing import Any
 import numpy as np
 
 from carraystore.errors import InvalidInputError, MigrationError, StoreExistsError
-from carraystore.format import COLOR_MODES, DTYPES, Codec
+from carraystore.format import Codec
+from carraystore.reader import open_store
+from carraystore.writer import create, publish, remove_stale_temps, temp_path
+from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
 
 __all__ = [
     "Block",
@@ -39,129 +39,10 @@ __all__ = [
     "store_layout",
 ]
 
-#: Rows per block aim at about this many uncompressed bytes (a few chunks at most).
-BLOCK_TARGET_BYTES = 8 * 1024 * 1024
-_TMP = re.compile(r"^\.(?P<name>.+)\.migrating-(?P<pid>\d+)-[0-9a-f]+\.b2nd$")
 
 
 class MigrationVerifyError(MigrationError):
     """The written store does not read back equal to the source (nothing was kept)."""
-
-
-@dataclass
-class Block:
-    """Consecutive rows of a source: the items, and optional labels, keys and metadata columns."""
-
-    data: np.ndarray
-    labels: np.ndarray | None = None
-    keys: Sequence[str] | None = None
-    columns: dict[str, np.ndarray] | None = None
-
-
-class Source:
-    """Something that can be migrated: a description plus a re-readable stream of blocks."""
-
-    kind: str = "source"
-    #: what the user pointed at (for messages and the summary)
-    path: Path
-    item_shape: tuple[int, ...]
-    dtype: np.dtype
-    nrows: int
-    attrs: dict[str, Any]
-    class_names: tuple[str, ...] | None = None
-    #: compression of the source as text, e.g. ``lz4-5 shuffle``
-    codec: str = ""
-    #: whether blocks carry labels
-    has_labels: bool = False
-    #: the store codec used when the caller picks none (None: the ``balanced`` preset)
-    default_codec: Codec | None = None
-
-    def __init__(self) -> None:
-        self.warnings: list[str] = []
-        self.notes: list[str] = []
-        self.provenance: dict[str, Any] = {}
-
-    @property
-    def cbytes(self) -> int:
-        """Bytes the source takes on disk."""
-        return _disk_size(self.path)
-
-    @property
-    def row_nbytes(self) -> int:
-        return int(math.prod(self.item_shape)) * self.dtype.itemsize
-
-    @property
-    def nbytes(self) -> int:
-        return self.nrows * self.row_nbytes
-
-    @property
-    def block_rows(self) -> int:
-        return max(1, BLOCK_TARGET_BYTES // max(1, self.row_nbytes))
-
-    def blocks(self) -> Iterator[Block]:
-        """Row blocks in order, read from disk; may be called again (verification re-reads)."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release open files."""
-
-
-def _disk_size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(OSError):
-                total += os.path.getsize(os.path.join(root, f))
-    return total
-
-
-def store_layout(item_shape: Sequence[int], dtype: np.dtype) -> str:
-    """"NHWC" for (H, W, C) images (C in 1/3/4, an image dtype), else "array" (shape kept exactly)."""
-    dt = np.dtype(dtype)
-    shape = tuple(item_shape)
-    if len(shape) == 3 and shape[2] in COLOR_MODES and dt.name in DTYPES and dt.isnative and min(shape) >= 1:
-        return "NHWC"
-    return "array"
-
-
-def labels_from_array(values: np.ndarray, where: str) -> tuple[np.ndarray, tuple[str, ...] | None, str]:
-    """Integer class labels from a labels array: (labels, class_names or None, what was done).
-
-    Accepts non-negative integers (any integer dtype, bool, or integral floats), strings
-    (class names: sorted, labels index them) and one-hot rows (N, K). Anything else is a
-    MigrationError that says how to keep the array instead.
-    """
-    a = np.asarray(values)
-    n = len(a)
-    hint = "; leave it out of --labels to keep it as a metadata column instead"
-    if a.dtype.kind in "SU" and a.ndim == 1:
-        text = a.astype(str) if a.dtype.kind == "U" else np.array([s.decode("utf-8", "replace") for s in a.tolist()], dtype=str)
-        names, inv = np.unique(text, return_inverse=True)
-        return inv.astype("<i8").reshape(-1), tuple(str(s) for s in names), f"class names {list(names)[:10]}{' ...' if len(names) > 10 else ''} from strings"
-    if a.ndim == 2 and a.shape[1] > 1 and a.dtype.kind in "biuf":
-        ones = a == 1
-        if n and bool(np.all(ones.sum(axis=1) == 1)) and bool(np.all((a == 0) | ones)):
-            return np.argmax(a, axis=1).astype("<i8"), None, f"one-hot labels ({a.shape[1]} classes) turned into class indices"
-        raise MigrationError(f"{where}: labels of shape {a.shape} are not one-hot rows{hint}")
-    if a.ndim == 2 and a.shape[1] == 1:
-        a = a[:, 0]
-    if a.ndim != 1:
-        raise MigrationError(f"{where}: labels must be one per row, got shape {a.shape}{hint}")
-    if a.dtype.kind == "b":
-        return a.astype("<i8"), None, "boolean labels as 0/1"
-    if a.dtype.kind == "f":
-        if n and not (np.all(np.isfinite(a)) and np.all(a == np.round(a))):
-            raise MigrationError(f"{where}: labels are {a.dtype} with non-integer values{hint}")
-        a = a.astype(np.int64)
-    elif a.dtype.kind not in "iu":
-        raise MigrationError(f"{where}: labels of dtype {a.dtype} are not class labels{hint}")
-    if n and a.dtype.kind == "u" and a.dtype.itemsize == 8 and int(a.max()) > np.iinfo(np.int64).max:
-        raise MigrationError(f"{where}: labels do not fit int64{hint}")
-    if n and int(a.min()) < 0:
-        raise MigrationError(f"{where}: labels include negative values ({int(a.min())}){hint}")
-    return a.astype("<i8"), None, f"{a.dtype} labels"
 
 
 # ---------------------------------------------------------------------------------------
@@ -287,10 +168,10 @@ def open_source(
         from carraystore.migrations.hdf5 import Hdf5Source
 
         return Hdf5Source(p, dataset=dataset or _name(images), labels=_name(labels))
-    from carraystore.migrations.versions import is_old_store, open_old_store
+    from carraystore.migrations.versions import open_old_store, store_format_version
 
-    if is_old_store(p):
-        return open_old_store(p)
+    if store_format_version(p) is not None:
+        return open_old_store(p)  # a store of the current version gets "nothing to migrate"
     raise MigrationError(
         f"{p}: not a format carraystore can migrate; it reads bcolz carray/ctable folders, .npz files, "
         "HDF5 files and carraystore stores of an older format version"
@@ -304,21 +185,6 @@ def _name(value: str | os.PathLike[str] | None) -> str | None:
 # ---------------------------------------------------------------------------------------
 # the pipeline
 # ---------------------------------------------------------------------------------------
-
-
-def _remove_stale_tmp(out: Path) -> None:
-    with contextlib.suppress(OSError):
-        for p in out.parent.iterdir():
-            m = _TMP.match(p.name)
-            if not m or m.group("name") != out.name:
-                continue
-            try:
-                os.kill(int(m.group("pid")), 0)
-            except ProcessLookupError:
-                with contextlib.suppress(OSError):
-                    p.unlink()
-            except PermissionError:
-                pass
 
 
 def _resolve_codec(codec: Codec | str | None, preset: str | None) -> Codec | str | None:
@@ -370,15 +236,15 @@ def migrate(
             raise InvalidInputError(f"{out_p}: the output would replace the source; write to a new file")
     chosen = _resolve_codec(codec, preset)
     source = open_source(src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle)
-    _remove_stale_tmp(out_p)
-    tmp = out_p.with_name(f".{out_p.name}.migrating-{os.getpid()}-{secrets.token_hex(4)}.b2nd")
+    remove_stale_temps(out_p)
+    tmp = temp_path(out_p, "migrating")
     try:
         store_codec = _write(source, tmp, chosen if chosen is not None else source.default_codec, progress, chunk_images)
         if verify:
             _verify(source, tmp, progress)
         if out_p.exists() and not overwrite:
             raise StoreExistsError(f"{out_p} appeared while migrating; not replacing it (pass --overwrite)")
-        os.replace(tmp, out_p)
+        publish(tmp, out_p)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -412,8 +278,6 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
 
 
 def _write(source: Source, tmp: Path, codec: Codec | str | None, progress: bool, chunk_images: int | None) -> Codec:
-    from carraystore.writer import create
-
     layout = store_layout(source.item_shape, source.dtype)
     provenance = {"migrated_from": {"kind": source.kind, "name": source.path.name, **source.provenance}}
     writer = create(
@@ -453,17 +317,15 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
 
 def _verify(source: Source, path: Path, progress: bool) -> None:
     """Compare the store at ``path`` with a fresh pass over the source, chunk by chunk."""
-    from carraystore.reader import open_store
-
     store = open_store(path)
     try:
-        if len(store) != source.nrows or tuple(store.image_shape) != tuple(source.item_shape) or store.dtype != source.dtype:
+        if len(store) != source.nrows or tuple(store.item_shape) != tuple(source.item_shape) or store.dtype != source.dtype:
             raise MigrationVerifyError(
-                f"{source.path}: the store reads back as {len(store)} x {store.image_shape} {store.dtype}, "
+                f"{source.path}: the store reads back as {len(store)} x {store.item_shape} {store.dtype}, "
                 f"the source is {source.nrows} x {source.item_shape} {source.dtype}"
             )
         k = store.chunk_images
-        buf = np.empty((k, *store.image_shape), dtype=store.dtype)
+        buf = np.empty((k, *store.item_shape), dtype=store.dtype)
         cur = -1
         chunk = buf[:0]
         pos = 0

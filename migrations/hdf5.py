@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from carraystore.errors import MigrationError, MissingDependencyError
-from carraystore.migrations.core import BLOCK_TARGET_BYTES, Block, Source, labels_from_array
+from carraystore.migrations.base import MIGRATION_BLOCK_BYTES, Block, Source, labels_from_array
 
 __all__ = ["Hdf5Source", "jsonable"]
 
@@ -129,7 +129,7 @@ class Hdf5Source(Source):
 
     @property
     def block_rows(self) -> int:
-        rows = max(1, BLOCK_TARGET_BYTES // max(1, self.row_nbytes))
+        rows = max(1, MIGRATION_BLOCK_BYTES // max(1, self.row_nbytes))
         chunks = self._dataset.chunks
         if chunks:  # whole HDF5 chunks per block: each is decompressed once
             rows = max(chunks[0], rows - rows % chunks[0])

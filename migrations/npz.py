@@ -19,7 +19,7 @@ from typing import IO
 import numpy as np
 
 from carraystore.errors import MigrationError
-from carraystore.migrations.core import Block, Source, labels_from_array
+from carraystore.migrations.base import Block, Source, labels_from_array
 
 __all__ = ["NpzSource", "relative_keys", "read_npy_header"]
 

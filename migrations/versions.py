@@ -26,11 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 
-from carraystore.errors import FormatError, FormatVersionError, MigrationError
+from carraystore.errors import CarrayStoreError, FormatError, FormatVersionError, MigrationError
 from carraystore.format import FORMAT_NAME, FORMAT_VERSION, META_KEY, Codec, dtype_from_record, dtype_to_record
-from carraystore.migrations.core import Block, Source
+from carraystore.frame import Frame, read_frame
+from carraystore.migrations.base import Block, Source
+from carraystore.sources import LocalFileSource
 
 __all__ = [
     "FormatMigration",
@@ -133,30 +136,44 @@ def _open_blosc2(path: Path) -> Any:
         return None
 
 
-def store_format_version(path: str | Path) -> int | None:
-    """The format version of the carraystore store at ``path``, or None if it is not one."""
-    array = _open_blosc2(Path(path))
-    if array is None or not hasattr(array, "schunk") or META_KEY not in array.schunk.meta:
+def _frame(path: Path) -> Frame | None:
+    """The parsed frame of ``path``, or None when it is not a blosc2 frame."""
+    try:
+        source = LocalFileSource(path)
+    except OSError:
         return None
     try:
-        fixed = array.schunk.meta[META_KEY]
-        version = fixed.get("format_version") if isinstance(fixed, dict) else None
+        return read_frame(source)
+    except CarrayStoreError:
+        return None
+    finally:
+        source.close()
+
+
+def store_format_version(path: str | Path) -> int | None:
+    """The format version of the carraystore store at ``path``, or None if it is not one."""
+    frame = _frame(Path(path))
+    raw = frame.metalayers.get(META_KEY) if frame is not None else None
+    if raw is None:
+        return None
+    try:
+        fixed = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception:
-        version = None
+        return None
+    version = fixed.get("format_version") if isinstance(fixed, dict) else None
     return version if isinstance(version, int) else None
 
 
 def is_old_store(path: str | Path) -> bool:
-    """True if ``path`` is a carraystore store (of any version); ``open_old_store`` checks which."""
-    return store_format_version(path) is not None
+    """True if ``path`` is a carraystore store of a format version older than this library's."""
+    version = store_format_version(path)
+    return version is not None and version < FORMAT_VERSION
 
 
-def _read_record(array: Any, path: Path) -> dict[str, Any]:
-    import msgpack
-
+def _read_record(frame: Frame | None, path: Path) -> dict[str, Any]:
+    raw = frame.vlmeta(META_KEY) if frame is not None else None
     try:
-        raw = bytes(array.schunk.vlmeta.get_vlmeta(META_KEY))
-        rec = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        rec = msgpack.unpackb(raw, raw=False, strict_map_key=True) if raw is not None else None
     except Exception as exc:
         raise FormatError(f"{path}: the store's metadata cannot be read ({exc})") from exc
     if not isinstance(rec, dict) or rec.get("format") != FORMAT_NAME:
@@ -173,7 +190,7 @@ class OldStoreSource(Source):
         self._array = _open_blosc2(path)
         if self._array is None:
             raise MigrationError(f"{path}: cannot be opened as a blosc2 file")
-        old = _read_record(self._array, path)
+        old = _read_record(_frame(path), path)
         self.old_version = int(old.get("format_version", -1))
         if self.old_version == FORMAT_VERSION:
             raise MigrationError(f"{path}: already at the current store format version {FORMAT_VERSION}; nothing to migrate")

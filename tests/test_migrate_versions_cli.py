@@ -19,7 +19,7 @@ from carraystore.cli import main
 from carraystore.errors import FormatVersionError, MigrationError
 from carraystore.format import FORMAT_VERSION
 from carraystore.migrations import migrate
-from carraystore.migrations.versions import FORMAT_MIGRATIONS, FormatMigration, upgrade_record
+from carraystore.migrations.versions import FORMAT_MIGRATIONS, is_old_store, FormatMigration, upgrade_record
 
 REPO = Path(__file__).resolve().parents[1]
 V0 = REPO / "tests" / "data" / "migrate" / "store_v0.b2nd"
@@ -51,6 +51,8 @@ def test_v0_store_is_refused_by_open_and_upgraded_by_migrate(tmp_path: Path) -> 
     assert src.read_bytes() == before
     with pytest.raises(MigrationError, match="already at the current"):
         migrate(tmp_path / "new.b2nd", tmp_path / "newer.b2nd", progress=False)
+    # only the older store counts as old; a current store and a non-store do not
+    assert is_old_store(src) and not is_old_store(tmp_path / "new.b2nd") and not is_old_store(V0.parent / "nothing")
 
 
 def test_upgrade_registry_applies_steps_in_order() -> None:

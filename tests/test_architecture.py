@@ -1,0 +1,143 @@
+"""The layer rule of docs/architecture.md: modules import only downward, never in a circle.
+
+Every ``import`` in ``carraystore/`` and ``migrations/`` counts, including the ones inside
+functions: an import that runs late is still a dependency a reader has to follow.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"carraystore": ROOT / "carraystore", "carraystore.migrations": ROOT / "migrations"}
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for pkg, folder in PACKAGES.items():
+        for f in sorted(folder.rglob("*.py")):
+            rel = f.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([pkg, *parts])] = f
+    return out
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The project module ``name`` refers to (a module, or the package that defines the name)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = mod if is_pkg else mod.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        pkg = pkg.rpartition(".")[0]
+                    base = f"{pkg}.{base}" if base else pkg
+                if base not in modules:
+                    continue  # a module not (yet) in this tree: no edge to its parent package
+                # ``from pkg import submodule`` depends on the submodule, not on pkg's facade
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for t in targets:
+                r = _resolve(t, modules) if t.startswith("carraystore") else None
+                if r is not None and r != mod:
+                    graph[mod].add(r)
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm: the groups of modules that import each other (size > 1)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    groups: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def test_no_import_cycles() -> None:
+    cycles = strongly_connected(import_graph())
+    assert not cycles, f"modules that import each other (directly or through others): {cycles}"
+
+
+def test_library_modules_never_import_the_facade() -> None:
+    graph = import_graph()
+    offenders = sorted(m for m, deps in graph.items() if "carraystore" in deps and m != "carraystore")
+    assert not offenders, f"these modules import the package facade `carraystore`; import the layer module instead: {offenders}"
+
+
+# The layers, lowest first (docs/architecture.md). A module may import modules of its own
+# layer or of lower ones, never of a higher one.
+LAYERS: list[set[str]] = [
+    {"carraystore._version", "carraystore.errors", "carraystore.forksafe"},
+    {"carraystore.format"},
+    {"carraystore.frame", "carraystore.blocks"},
+    {"carraystore.sources", "carraystore.remote", "carraystore.cache"},
+    {"carraystore.reader", "carraystore.writer", "carraystore.store"},
+    {"carraystore.sampling"},
+    {"carraystore.engine"},
+]
+
+
+def _layer(mod: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if mod in names:
+            return i
+    return len(LAYERS)  # adapters, ingest, CLI, migrations, benchmarks: the top
+
+
+def test_layers_import_only_downward() -> None:
+    graph = import_graph()
+    upward = sorted(
+        f"{m} -> {d}" for m, deps in graph.items() for d in deps if _layer(m) < len(LAYERS) and _layer(d) > _layer(m)
+    )
+    assert not upward, f"lower layers importing higher ones: {upward}"
+
+
+def test_the_checker_sees_cycles_and_function_level_imports(tmp_path: Path) -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert strongly_connected(graph) == [["a", "b", "c"]]
+    # an import inside a function is found
+    src = "def f():\n    from carraystore.loader import batches\n"
+    tree = ast.parse(src)
+    found = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert found == ["carraystore.loader"]
