@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.errors import CarrayStoreError, InvalidInputError
+from carraystore.errors import CarrayStoreError, InvalidInputError, NotAStoreError
 from carraystore.format import PRESETS, Codec
 
 __all__ = ["register", "store_info", "make_contact_sheet", "export_images"]
@@ -34,6 +34,53 @@ def add_codec_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), help="codec preset (default: balanced); see docs/codecs.md")
     p.add_argument("--codec-config", metavar="JSON", help='an explicit codec, e.g. \'{"codec": "zstd", "clevel": 3}\'')
     p.add_argument("--chunk-images", type=int, metavar="N", help="images per chunk (default: about 4 MiB per chunk)")
+
+
+# -- what a file is, when it is not a store ---------------------------------------------------
+
+#: Leading bytes of the files people point ``carraystore info`` at by mistake, and what to do.
+_MAGIC: tuple[tuple[bytes, str, str], ...] = (
+    (b"\xff\xd8\xff", "a JPEG image", "to make a store from image files use `carraystore ingest FOLDER OUT.b2nd`"),
+    (b"\x89PNG\r\n\x1a\n", "a PNG image", "to make a store from image files use `carraystore ingest FOLDER OUT.b2nd`"),
+    (b"GIF8", "a GIF image", "to make a store from image files use `carraystore ingest FOLDER OUT.b2nd`"),
+    (b"BM", "a BMP image", "to make a store from image files use `carraystore ingest FOLDER OUT.b2nd`"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file", "convert it with `carraystore migrate FILE OUT.b2nd` (see --dataset, --labels)"),
+    (b"PK\x03\x04", "a zip file (an .npz?)", "convert an .npz with `carraystore migrate FILE OUT.b2nd`"),
+    (b"\x93NUMPY", "a NumPy .npy file", "load it with numpy and write it with carraystore.create, or save it in an .npz and migrate that"),
+)
+
+
+def describe_non_store(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is when it is a file people confuse with a store (by magic bytes), and what to do; else None."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            if (p / "meta").is_dir() and (p / "data").is_dir() or (p / "__rootdirs__").exists():
+                return f"{p} is a bcolz folder, not a store; convert it with `carraystore migrate {p} OUT.b2nd`"
+            return None
+        with open(p, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    for magic, what, todo in _MAGIC:
+        if head.startswith(magic):
+            return f"{p} is {what}, not a carraystore store; {todo}"
+    if head[4:12] in (b"ftypheic", b"ftypavif") or head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return f"{p} is an image, not a carraystore store; to make a store from image files use `carraystore ingest FOLDER OUT.b2nd`"
+    return None
+
+
+def open_for_cli(path: str | os.PathLike[str]) -> Any:
+    """``open_store``, but a file that is something else (an image, HDF5, npz, bcolz) is named as such."""
+    from carraystore.reader import open_store
+
+    try:
+        return open_store(path)
+    except CarrayStoreError as exc:
+        what = describe_non_store(path)
+        if what is not None:
+            raise NotAStoreError(what) from exc
+        raise
 
 
 # -- ingest ----------------------------------------------------------------------------------
@@ -118,11 +165,9 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from carraystore.reader import open_store
-
     status = 0
     for path in args.stores:
-        with open_store(path) as store:
+        with open_for_cli(path) as store:
             info = store_info(store)
             if args.json:
                 print(json.dumps(info, indent=2))
@@ -163,12 +208,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from carraystore.reader import open_store
-
     bad = 0
     for path in args.stores:
         try:
-            store = open_store(path)
+            store = open_for_cli(path)
         except CarrayStoreError as exc:
             print(f"FAILED {path}: {exc}")
             bad += 1
@@ -188,8 +231,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 # -- preview ---------------------------------------------------------------------------------
 
 
-def make_contact_sheet(store: Any, n: int = 32, cols: int = 8, seed: int | None = 0, cell: int = 128) -> Any:
-    """A PIL image: ``n`` images of the store (random when ``seed`` is not None) with their labels."""
+def make_contact_sheet(
+    store: Any, n: int = 32, cols: int = 8, seed: int | None = 0, cell: int = 128, keys: bool = False
+) -> Any:
+    """A PIL image: ``n`` images of the store (random when ``seed`` is not None) with their labels.
+
+    Every image is scaled to fill its ``cell`` (small images enlarged by whole pixels, so a
+    32 px image stays sharp; large ones shrunk). ``keys=True`` prints each image's key
+    (its file path) under the tile as well.
+    """
     from PIL import Image, ImageDraw
 
     if store.layout != "NHWC":
@@ -201,7 +251,8 @@ def make_contact_sheet(store: Any, n: int = 32, cols: int = 8, seed: int | None 
     images = store.take(idx)
     cols = max(1, min(cols, n))
     rows = -(-n // cols)
-    text_h = 14
+    line_h = 12
+    text_h = 2 + line_h * (2 if keys and store.keys is not None else 1)
     sheet = Image.new("RGB", (cols * cell, rows * (cell + text_h)), "white")
     draw = ImageDraw.Draw(sheet)
     for j, (i, img) in enumerate(zip(idx, images)):
@@ -211,23 +262,35 @@ def make_contact_sheet(store: Any, n: int = 32, cols: int = 8, seed: int | None 
             arr = ((arr.astype(np.float64) - lo) / (hi - lo or 1) * 255).astype(np.uint8)
         mode = {1: "L", 3: "RGB", 4: "RGBA"}[arr.shape[2]]
         tile = Image.fromarray(arr[..., 0] if mode == "L" else arr, mode).convert("RGB")
-        tile.thumbnail((cell, cell))
+        scale = min(cell / tile.width, cell / tile.height)
+        if scale >= 2:  # enlarge small images by whole pixels (sharp, each pixel a block)
+            f = int(scale)
+            tile = tile.resize((tile.width * f, tile.height * f), Image.Resampling.NEAREST)
+        elif scale != 1:
+            size = (max(1, round(tile.width * scale)), max(1, round(tile.height * scale)))
+            tile = tile.resize(size, Image.Resampling.LANCZOS if scale < 1 else Image.Resampling.BICUBIC)
         x, y = (j % cols) * cell, (j // cols) * (cell + text_h)
         sheet.paste(tile, (x + (cell - tile.width) // 2, y + (cell - tile.height) // 2))
         label = f"#{int(i)}"
         if store.labels is not None:
             lab = int(store.labels[i])
             label += f" {store.class_names[lab] if store.class_names and lab < len(store.class_names) else lab}"
-        draw.text((x + 2, y + cell), label[:22], fill="black")
+        chars = max(8, cell // 6)
+        draw.text((x + 2, y + cell), label[:chars], fill="black")
+        if keys and store.keys is not None:
+            key = store.keys[int(i)]
+            draw.text((x + 2, y + cell + line_h), key if len(key) <= chars else "..." + key[-(chars - 3):], fill="black")
     return sheet
 
 
 def _cmd_preview(args: argparse.Namespace) -> int:
-    from carraystore.reader import open_store
-
-    with open_store(args.store) as store:
-        sheet = make_contact_sheet(store, n=args.n, cols=args.cols, seed=None if args.first else args.seed, cell=args.cell)
     out = Path(args.out)
+    if not out.parent.is_dir():
+        raise InvalidInputError(f"{out}: folder {out.parent} does not exist; create it first or write the preview elsewhere")
+    with open_for_cli(args.store) as store:
+        sheet = make_contact_sheet(
+            store, n=args.n, cols=args.cols, seed=None if args.first else args.seed, cell=args.cell, keys=args.keys
+        )
     tmp = out.with_name(f".{out.name}.partial")
     sheet.save(tmp, format="PNG")
     os.replace(tmp, out)
@@ -292,9 +355,7 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from carraystore.reader import open_store
-
-    with open_store(args.store) as store:
+    with open_for_cli(args.store) as store:
         n = export_images(store, args.outdir, fmt=args.format, quality=args.quality, overwrite=args.overwrite)
     print(f"wrote {n} images under {args.outdir}")
     return 0
@@ -315,46 +376,54 @@ def register(sub: Any) -> None:
     p.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image (default: keep size; all must agree)")
     from carraystore.ingest import INTERPOLATIONS
 
-    p.add_argument("--interpolation", choices=sorted(INTERPOLATIONS), default="bilinear")
-    p.add_argument("--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb")
+    p.add_argument("--interpolation", choices=sorted(INTERPOLATIONS), default="bilinear", help="resampling filter of --image-size (default bilinear)")
+    p.add_argument("--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb", help="channels of the stored images (default rgb)")
     p.add_argument("--crop-to-aspect-ratio", action="store_true", help="centre-crop to the target aspect ratio before resizing")
     p.add_argument("--keep-order", action="store_true", help="keep sorted file order (video frames) instead of a seeded shuffle")
     p.add_argument("--seed", type=int, default=0, help="seed of the write order (default 0)")
     p.add_argument("--workers", type=int, default=None, help="decoding processes (default: all cores)")
     p.add_argument("--on-error", choices=["fail", "skip"], default="fail", help="what to do with files that do not decode")
     p.add_argument("--split-dirs", action="store_true", help="one store per split sub-folder")
-    p.add_argument("--follow-links", action="store_true")
+    p.add_argument("--follow-links", action="store_true", help="descend into symbolic links to folders")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_codec_arguments(p)
     p.set_defaults(func=_cmd_ingest)
 
-    p = sub.add_parser("info", help="describe a store")
-    p.add_argument("stores", nargs="+", metavar="STORE")
+    p = sub.add_parser("info", help="describe a store", description=(
+        "Print what a store holds: items, shape and dtype, chunks, codec, sizes, class names and label counts, "
+        "keys, skipped files, provenance and attrs."))
+    p.add_argument("stores", nargs="+", metavar="STORE", help="one or more .b2nd stores")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser("verify", help="recompute checksums and decode every chunk (exit 1 on damage)")
-    p.add_argument("stores", nargs="+", metavar="STORE")
+    p = sub.add_parser("verify", help="recompute checksums and decode every chunk (exit 1 on damage)", description=(
+        "Check every chunk of each STORE: its CRC32, its header against the pinned codec, and that it decompresses. "
+        "Exits 1 and names the damaged chunks when any check fails."))
+    p.add_argument("stores", nargs="+", metavar="STORE", help="one or more .b2nd stores")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_verify)
 
-    p = sub.add_parser("preview", help="write a PNG contact sheet of images with their labels")
-    p.add_argument("store")
-    p.add_argument("out", help="output .png")
+    p = sub.add_parser("preview", help="write a PNG contact sheet of images with their labels", description=(
+        "Write a PNG grid of N images of STORE (a seeded random sample, or the first N) with their index and label "
+        "under each tile (and their key with --keys). Small images are enlarged to fill the tile."))
+    p.add_argument("store", help="the .b2nd store")
+    p.add_argument("out", help="output .png (its folder must exist)")
     p.add_argument("-n", type=int, default=32, help="number of images (default 32)")
-    p.add_argument("--cols", type=int, default=8)
-    p.add_argument("--cell", type=int, default=128, help="tile size in pixels")
+    p.add_argument("--cols", type=int, default=8, help="tiles per row (default 8)")
+    p.add_argument("--cell", type=int, default=128, help="tile size in pixels; images are scaled to fill it (default 128)")
+    p.add_argument("--keys", action="store_true", help="print each image's key (its file path) under the tile")
     p.add_argument("--seed", type=int, default=0, help="seed of the random sample")
     p.add_argument("--first", action="store_true", help="the first N images instead of a random sample")
     p.set_defaults(func=_cmd_preview)
 
-    p = sub.add_parser("export", help="write the images back as PNG/JPEG files under a folder")
-    p.add_argument("store")
-    p.add_argument("outdir")
-    p.add_argument("--format", choices=["png", "jpeg"], default="png")
-    p.add_argument("--quality", type=int, default=95, help="JPEG quality")
-    p.add_argument("--overwrite", action="store_true")
+    p = sub.add_parser("export", help="write the images back as PNG/JPEG files under a folder", description=(
+        "Write every image of STORE as a file under OUTDIR, named by its key (or <class>/<index> without keys)."))
+    p.add_argument("store", help="the .b2nd store")
+    p.add_argument("outdir", help="folder to write into (created if missing)")
+    p.add_argument("--format", choices=["png", "jpeg"], default="png", help="file format (default png, lossless)")
+    p.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95)")
+    p.add_argument("--overwrite", action="store_true", help="replace files that already exist")
     p.set_defaults(func=_cmd_export)
 
 
