@@ -34,12 +34,14 @@ __all__ = [
     "IngestResult",
     "DecodeOptions",
     "list_images",
+    "image_files",
     "decode_image",
     "from_directory",
 ]
 
-#: File extensions read, as in Keras (case-insensitive).
-IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".gif")
+#: File extensions read (case-insensitive): Keras' five plus WebP and TIFF, which Pillow decodes.
+#: The one list: ingest, ``carraystore bench`` and bench/ all find images with :func:`image_files`.
+IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 #: Keras interpolation names that Pillow can do, and Pillow's filter for each.
 INTERPOLATIONS = {
@@ -111,6 +113,11 @@ def _walk_images(root: Path, follow_links: bool) -> tuple[list[Path], list[Path]
             p = Path(dirpath) / name
             (images if p.suffix.lower() in IMAGE_EXTENSIONS else other).append(p)
     return images, other
+
+
+def image_files(root: str | os.PathLike[str], follow_links: bool = False) -> list[Path]:
+    """Every image file under ``root`` (any depth), in sorted path order."""
+    return _walk_images(Path(root), follow_links)[0]
 
 
 def list_images(

@@ -126,3 +126,36 @@ def test_preview_enlarges_small_images_and_prints_keys(small_store: Path, tmp_pa
     assert (key_line < 128).any(), "no text printed under the tile"
     # different keys print differently
     assert not np.array_equal(key_line, keyed[128 + 14 : 128 + 26, 128:256])
+
+
+def test_bench_loaders_takes_color_mode_and_image_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    photos = make_photo_folder(tmp_path / "p", n=24, size=(40, 40), classes=("astronaut", "coffee"), seed=1)
+    out_dir = tmp_path / "res"
+    argv = ["bench", "loaders", str(photos), "--batch-size", "8", "--epochs", "1", "--no-cold", "-q",
+            "--color-mode", "grayscale", "--image-size", "24", "20",
+            "--peers", "npy_files,pillow_threads,carraystore_fast_block", "--out", str(out_dir), "--work", str(tmp_path / "w")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    data = json.loads((out_dir / "loaders.json").read_text())
+    assert data["info"]["image_shape"] == [24, 20, 1] and data["info"]["color_mode"] == "grayscale"
+    assert all(r["status"] == "ok" and r["n_images"] == 24 for r in data["rows"]), data["rows"]
+    store = carraystore.open(tmp_path / "w" / "carraystore_fast" / "data.b2nd")
+    assert store.image_shape == (24, 20, 1)
+
+
+@pytest.mark.parametrize("name", ["pillow_threads", "keras_load_img", "tfdata_jpeg", "tfrecord", "npy_files"])
+def test_every_bench_peer_delivers_the_color_mode(name: str, tmp_path: Path) -> None:
+    from carraystore.benchmarks import loaders as L
+
+    peer = L.PEER_BY_NAME[name]
+    why = peer.missing()
+    if why:
+        pytest.skip(f"{name}: {why}")
+    photos = make_photo_folder(tmp_path / "p", n=8, size=(16, 16), classes=("astronaut", "coffee"), seed=2)
+    for mode, channels in (("grayscale", 1), ("rgba", 4)):
+        ctx = L.Context(str(photos), None, None, 4, 0, mode)
+        dest, _ = L.build_artifact(peer, ctx, tmp_path / mode)
+        x = np.concatenate([np.asarray(b) for b, _ in peer.reader(ctx, dest)(0)])
+        assert x.shape == (8, 16, 16, channels), (mode, x.shape)

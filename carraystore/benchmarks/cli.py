@@ -60,7 +60,8 @@ def register(sub: Any) -> None:
     )
     lo.add_argument("dir", nargs="?", help="folder of images in class sub-folders")
     lo.add_argument("--limit", type=int, default=None, help="use a seeded random subset of this many images")
-    lo.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image (default: all must agree)")
+    lo.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image, as ingest --image-size (default: all must agree)")
+    lo.add_argument("--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb", help="channels every loader delivers, as ingest --color-mode (default rgb)")
     lo.add_argument("--batch-size", type=int, default=32, help="images per batch (default 32)")
     lo.add_argument("--epochs", type=int, default=3, help="timed epochs per regime; the median counts (default 3)")
     lo.add_argument("--no-cold", action="store_true", help="skip the cold-cache epochs")
@@ -136,6 +137,7 @@ def _cmd_loaders(args: argparse.Namespace) -> int:
             work,
             limit=args.limit,
             image_size=tuple(args.image_size) if args.image_size else None,
+            color_mode=args.color_mode,
             batch_size=args.batch_size,
             epochs=args.epochs,
             cold=not args.no_cold,
