@@ -109,11 +109,31 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         follow_links=args.follow_links,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        max_skipped=args.max_skipped,
+        allow_split_names=args.allow_split_names,
     )
     results = result if isinstance(result, dict) else {"": result}
     for r in results.values():
         print(r.summary())
     return 0
+
+
+def _max_skipped(text: str) -> float | int:
+    """--max-skipped: ``20`` (files), ``5%`` or ``0.05`` (a share of the files)."""
+    try:
+        if text.endswith("%"):
+            value = float(text[:-1]) / 100
+            if not 0 <= value < 1:
+                raise ValueError
+            return value
+        if text.isdigit():
+            return int(text)
+        value = float(text)
+        if not 0 <= value < 1:
+            raise ValueError
+        return value
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (20), a percentage (5%) or a fraction below 1 (0.05)") from None
 
 
 # -- info ------------------------------------------------------------------------------------
@@ -383,7 +403,12 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the write order (default 0)")
     p.add_argument("--workers", type=int, default=None, help="decoding processes (default: all cores)")
     p.add_argument("--on-error", choices=["fail", "skip"], default="fail", help="what to do with files that do not decode")
-    p.add_argument("--split-dirs", action="store_true", help="one store per split sub-folder")
+    p.add_argument("--max-skipped", type=_max_skipped, default=0.01, metavar="N|P%",
+                   help="with --on-error skip, stop (writing nothing) when more files fail than this: a count (20), "
+                        "a percentage (5%%) or a fraction (0.05); default 1%%")
+    p.add_argument("--split-dirs", action="store_true", help="one store per split sub-folder (train/, validation/, test/)")
+    p.add_argument("--allow-split-names", action="store_true",
+                   help="ingest sub-folders named like splits (train/, test/, ...) as classes instead of refusing")
     p.add_argument("--follow-links", action="store_true", help="descend into symbolic links to folders")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

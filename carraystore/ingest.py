@@ -35,6 +35,9 @@ __all__ = [
     "DecodeOptions",
     "list_images",
     "image_files",
+    "split_like_folders",
+    "SPLIT_NAMES",
+    "DEFAULT_MAX_SKIPPED",
     "decode_image",
     "from_directory",
 ]
@@ -54,6 +57,13 @@ INTERPOLATIONS = {
 }
 _MODES = {"grayscale": ("L", 1), "rgb": ("RGB", 3), "rgba": ("RGBA", 4)}
 _FILES_PER_TASK = 16
+
+#: Folder names that mean a dataset split, not a class (compared in lower case).
+SPLIT_NAMES = frozenset(
+    {"train", "training", "val", "valid", "validation", "validate", "test", "testing", "dev", "eval", "evaluation", "holdout"}
+)
+#: The default of ``max_skipped``: an ingest that skips more than 1% of the files stops.
+DEFAULT_MAX_SKIPPED = 0.01
 
 
 @dataclass(frozen=True)
@@ -286,6 +296,37 @@ def _decoded(
 # -- the job ---------------------------------------------------------------------------------
 
 
+def split_like_folders(root: str | os.PathLike[str]) -> list[str]:
+    """The sub-folders of ``root`` that look like dataset splits (train/, validation/, test/, ...).
+
+    Returns them when they probably are splits: two or more split names, or one split
+    name that itself holds sub-folders (class folders). Otherwise an empty list.
+    """
+    rootp = Path(root)
+    subdirs = sorted(d for d in rootp.iterdir() if d.is_dir() and not d.name.startswith("."))
+    splits = [d for d in subdirs if d.name.lower() in SPLIT_NAMES]
+    if len(splits) >= 2 or any(any(c.is_dir() for c in d.iterdir()) for d in splits):
+        return [d.name for d in splits]
+    return []
+
+
+def _allowed_skips(max_skipped: float | int, total: int) -> int:
+    """How many of ``total`` files may be skipped: a fraction below 1 (0.01 = 1%) or a count."""
+    if isinstance(max_skipped, bool) or not isinstance(max_skipped, (int, float)) or max_skipped < 0:
+        raise InvalidInputError(f"max_skipped must be a fraction in [0, 1) or a count of files, got {max_skipped!r}")
+    if isinstance(max_skipped, float) and max_skipped < 1:
+        return int(max_skipped * total + 1e-9)
+    if float(max_skipped) != int(max_skipped):
+        raise InvalidInputError(f"max_skipped must be a fraction in [0, 1) or a whole count of files, got {max_skipped!r}")
+    return int(max_skipped)
+
+
+def _describe_limit(max_skipped: float | int) -> str:
+    if isinstance(max_skipped, float) and max_skipped < 1:
+        return f"{max_skipped * 100:g}%"
+    return f"{int(max_skipped)} file(s)"
+
+
 def _check_options(color_mode: str, image_size: Any, interpolation: str, on_error: str) -> tuple[int, int] | None:
     if color_mode not in _MODES:
         raise InvalidInputError(f"color_mode must be one of {sorted(_MODES)}, got {color_mode!r}")
@@ -323,9 +364,11 @@ def _ingest_one(
     progress: bool,
     attrs: dict[str, Any] | None,
     provenance: dict[str, Any],
+    max_skipped: float | int = DEFAULT_MAX_SKIPPED,
 ) -> IngestResult:
     if not rels:
         raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
+    allowed = _allowed_skips(max_skipped, len(rels))
     t0 = time.perf_counter()
     order = np.random.default_rng(seed).permutation(len(rels)) if shuffle else np.arange(len(rels))
     rels = [rels[i] for i in order]
@@ -336,6 +379,7 @@ def _ingest_one(
     skipped: list[tuple[str, str]] = []
     first_shape: tuple[int, ...] | None = None
     first_rel = ""
+    size_mismatch = "but earlier images are"
     batch_imgs: list[np.ndarray] = []
     batch_labels: list[int] = []
     batch_keys: list[str] = []
@@ -379,16 +423,36 @@ def _ingest_one(
                 bar.update(1)
             if err is None and arr is not None and first_shape is not None and arr.shape != first_shape:
                 err = (
-                    f"decoded to {arr.shape[0]}x{arr.shape[1]}x{arr.shape[2]} but earlier images are "
+                    f"decoded to {arr.shape[0]}x{arr.shape[1]}x{arr.shape[2]} {size_mismatch} "
                     f"{'x'.join(map(str, first_shape))} (e.g. {first_rel}); pass image_size (CLI: --image-size H W) to resize"
                 )
             if err is not None:
+                if on_error == "fail" and size_mismatch in err:
+                    # never suggest skipping here: in a folder of mixed sizes it would drop most images
+                    raise IngestError(
+                        f"{root / rel}: {err} them all to one size (e.g. --image-size "
+                        f"{first_shape[0] if first_shape else 256} {first_shape[1] if first_shape else 256})"
+                    )
                 if on_error == "fail":
                     raise IngestError(
                         f"{root / rel}: {err}. Fix or remove the file, or pass on_error='skip' (CLI: --on-error skip) "
                         "to skip bad files (they are listed in the output and in the store's metadata)"
                     )
                 skipped.append((rel, err))
+                if len(skipped) > allowed:
+                    n_size = sum(size_mismatch in r for _, r in skipped)
+                    hint = (
+                        f"; {n_size} of them differ in size from the first image: pass image_size (CLI: --image-size H W) "
+                        "to resize every image instead of skipping"
+                        if n_size
+                        else ""
+                    )
+                    raise IngestError(
+                        f"{root}: {len(skipped)} of the first {pos + 1} of {len(rels)} image files could not be used, more "
+                        f"than max_skipped allows ({_describe_limit(max_skipped)} = {allowed} of {len(rels)}); nothing was "
+                        f"written{hint}. First: {skipped[0][0]}: {skipped[0][1]}. Fix the files, or raise the limit "
+                        "(max_skipped=0.05 or a count; CLI: --max-skipped 5% or --max-skipped 20)"
+                    )
                 continue
             assert arr is not None
             if writer is None:
@@ -453,6 +517,8 @@ def from_directory(
     overwrite: bool = False,
     progress: bool = False,
     attrs: dict[str, Any] | None = None,
+    max_skipped: float | int = DEFAULT_MAX_SKIPPED,
+    allow_split_names: bool = False,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -464,6 +530,12 @@ def from_directory(
     (or ``shuffle=False``) writes files in sorted path order, e.g. for video frames.
     ``workers`` decoding processes (default: all cores; 1 decodes in this process).
     ``codec`` is a Codec or a preset name (``fast``, ``balanced``, ``small``).
+
+    With ``on_error="skip"`` files that do not decode are skipped and listed, but when more
+    than ``max_skipped`` of them fail (a fraction below 1, default 0.01 = 1%, or a count of
+    files) the ingest stops and writes nothing. A folder whose sub-folders look like splits
+    (train/ and validation/, ...) is refused unless ``split_dirs=True`` (one store per
+    split) or ``allow_split_names=True`` (they really are classes).
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
@@ -481,6 +553,7 @@ def from_directory(
         overwrite=overwrite,
         progress=progress,
         attrs=attrs,
+        max_skipped=max_skipped,
     )
 
     def provenance(src_name: str) -> dict[str, Any]:
@@ -499,6 +572,17 @@ def from_directory(
 
     if not split_dirs:
         out = Path(output)
+        _allowed_skips(max_skipped, 1)  # a bad value fails before any work
+        if root.is_dir() and not allow_split_names and labels in ("inferred", None) and class_names is None:
+            splits = split_like_folders(root)
+            if splits:
+                raise IngestError(
+                    f"{root}: its sub-folders {', '.join(s + '/' for s in splits)} look like dataset splits, not classes; "
+                    f"ingesting them as one store would make the classes {', '.join(splits)} and mix the splits. "
+                    f"Pass split_dirs=True (CLI: --split-dirs) for one store per split, or ingest one split "
+                    f"(e.g. {root / splits[0]}); if they really are classes pass allow_split_names=True "
+                    "(CLI: --allow-split-names)"
+                )
         rels, labs, names, ignored = list_images(root, labels, class_names, follow_links)
         return _ingest_one(root, out, rels, labs, names, ignored, opts, provenance=provenance(root.name), **common)  # type: ignore[arg-type]
 
