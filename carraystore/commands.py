@@ -1,4 +1,4 @@
-"""CLI sub-commands for the store itself: ingest, info, verify, preview, export."""
+"""CLI sub-commands for the store itself: ingest, info, meta, verify, preview, export."""
 
 from __future__ import annotations
 
@@ -80,6 +80,13 @@ def open_for_cli(path: str | os.PathLike[str]) -> Any:
         what = describe_non_store(path)
         if what is not None:
             raise NotAStoreError(what) from exc
+        from carraystore.writer import metadata_journal_path
+
+        journal = metadata_journal_path(path)
+        if journal.exists():
+            raise type(exc)(
+                f"{exc}. An interrupted metadata update left {journal}: run `carraystore meta {path}` to roll it back"
+            ) from exc
         raise
 
 
@@ -222,6 +229,50 @@ def _cmd_info(args: argparse.Namespace) -> int:
             if len(args.stores) > 1:
                 print()
     return status
+
+
+# -- meta ------------------------------------------------------------------------------------
+
+
+def _parse_attr(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``: VALUE as JSON when it parses (3, 0.5, true, [1,2], {"a":1}), else as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise InvalidInputError(f"--attr {text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _cmd_meta(args: argparse.Namespace) -> int:
+    from carraystore.writer import metadata_journal_path, recover_metadata_update, update_metadata
+
+    path = Path(args.store)
+    if metadata_journal_path(path).exists() and recover_metadata_update(path):
+        print(f"rolled back an interrupted metadata update of {path} (from {metadata_journal_path(path).name})", file=sys.stderr)
+    names = None
+    if args.class_names is not None:
+        names = [c.strip() for c in args.class_names.split(",")]
+    attrs = dict(_parse_attr(a) for a in args.attr)
+    if names is not None or attrs or args.remove_attr:
+        update_metadata(path, class_names=names, attrs=attrs or None, remove_attrs=args.remove_attr)
+    with open_for_cli(path) as store:
+        info = store_info(store)
+    shown = {k: info[k] for k in ("class_names", "attrs", "provenance", "labelled", "label_counts", "nimages") if k in info}
+    if args.json:
+        print(json.dumps(shown, indent=2))
+        return 0
+    print(f"{'store':<12} {path} ({info['nimages']} items)")
+    print(f"{'class_names':<12} {', '.join(info['class_names']) if info['class_names'] else 'none'}")
+    if info.get("label_counts"):
+        print(f"{'labels':<12} " + ", ".join(f"{k} ({v})" for k, v in info["label_counts"].items()))
+    else:
+        print(f"{'labels':<12} {'yes' if info['labelled'] else 'none'}")
+    print(f"{'attrs':<12} {json.dumps(info['attrs'])}")
+    if info["provenance"]:
+        print(f"{'provenance':<12} {json.dumps(info['provenance'])}")
+    return 0
 
 
 # -- verify ----------------------------------------------------------------------------------
@@ -385,7 +436,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    """Add ingest, info, verify, preview and export to the ``carraystore`` CLI."""
+    """Add ingest, info, meta, verify, preview and export to the ``carraystore`` CLI."""
     p = sub.add_parser("ingest", help="turn a folder of images into a store", description=(
         "Ingest SRC (class sub-folders of images, as keras.utils.image_dataset_from_directory reads) into OUT.b2nd. "
         "With --split-dirs, every sub-folder of SRC (train/, validation/, test/) becomes OUT/<split>.b2nd."))
@@ -421,6 +472,18 @@ def register(sub: Any) -> None:
     p.add_argument("stores", nargs="+", metavar="STORE", help="one or more .b2nd stores")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("meta", help="show or set a store's class names and attrs (in place, pixels untouched)", description=(
+        "Print STORE's class names, label counts, attrs and provenance; with --class-names / --attr / --remove-attr, "
+        "change them first. The change is written in place into the store's metadata (the image chunks are neither "
+        "read nor rewritten), journaled so that a crash leaves the old metadata."))
+    p.add_argument("store", metavar="STORE", help="the .b2nd store")
+    p.add_argument("--class-names", metavar="A,B,C", help="comma-separated class names, in label order (label 0 first)")
+    p.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
+                   help="set an attr (repeatable); VALUE is read as JSON when it parses (3, true, [1,2]), else as text")
+    p.add_argument("--remove-attr", action="append", default=[], metavar="KEY", help="delete an attr (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_meta)
 
     p = sub.add_parser("verify", help="recompute checksums and decode every chunk (exit 1 on damage)", description=(
         "Check every chunk of each STORE: its CRC32, its header against the pinned codec, and that it decompresses. "

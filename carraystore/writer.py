@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import re
@@ -44,9 +45,22 @@ from carraystore.format import (
     dtype_to_record,
     validate_key,
 )
+from carraystore.frame import read_frame
 from carraystore.reader import open_store
+from carraystore.sources import LocalFileSource
 
-__all__ = ["StoreWriter", "create", "append", "temp_path", "remove_stale_temps", "publish", "fsync_path"]
+__all__ = [
+    "StoreWriter",
+    "create",
+    "append",
+    "temp_path",
+    "remove_stale_temps",
+    "publish",
+    "fsync_path",
+    "update_metadata",
+    "recover_metadata_update",
+    "metadata_journal_path",
+]
 
 # ``.NAME.partial-PID-RANDOM`` (stores) and ``.NAME.migrating-PID-RANDOM.b2nd`` (migrations)
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?:partial|migrating)-(?P<pid>\d+)-[0-9a-f]+(?:\.b2nd)?$")
@@ -539,3 +553,157 @@ def append(path: str | os.PathLike[str], nthreads: int | None = None) -> StoreWr
     """Open an existing store to append images; same as ``create(path, mode="a")``."""
     return create(path, mode="a", dtype=None, nthreads=nthreads)  # type: ignore[arg-type]
 
+
+
+# -- metadata updates in place ---------------------------------------------------------------
+
+_JOURNAL_MAGIC = b"carraystore-metadata-journal 1\n"
+
+
+def metadata_journal_path(path: str | os.PathLike[str]) -> Path:
+    """Where :func:`update_metadata` keeps the bytes it may overwrite until the update is done."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.meta-journal")
+
+
+def recover_metadata_update(path: str | os.PathLike[str]) -> bool:
+    """Roll back a metadata update that was interrupted (a journal beside ``path``); True if one was.
+
+    The journal holds the frame header, everything after the data chunks (offsets index and
+    trailer) and the file size from before the update; writing them back and truncating
+    restores the store exactly as it was. The data chunks are never part of it: an update
+    does not touch them.
+    """
+    p = Path(path)
+    journal = metadata_journal_path(p)
+    if not journal.exists():
+        return False
+    blob = journal.read_bytes()
+    if not blob.startswith(_JOURNAL_MAGIC):
+        raise CorruptStoreError(f"{journal}: not a carraystore metadata journal; move it away and check {p}")
+    head_end = blob.index(b"\n", len(_JOURNAL_MAGIC))
+    info = json.loads(blob[len(_JOURNAL_MAGIC) : head_end])
+    payload = blob[head_end + 1 :]
+    if len(payload) != info["header_len"] + info["tail_len"] or crc32(payload) != info["crc32"]:
+        raise CorruptStoreError(f"{journal}: the journal is damaged; {p} may need to be restored from a copy")
+    with open(p, "r+b") as f:
+        f.seek(0)
+        f.write(payload[: info["header_len"]])
+        f.seek(info["tail_offset"])
+        f.write(payload[info["header_len"] :])
+        f.truncate(info["size"])
+        f.flush()
+        os.fsync(f.fileno())
+    journal.unlink()
+    fsync_path(p.parent, directory=True)
+    return True
+
+
+def update_metadata(
+    path: str | os.PathLike[str],
+    class_names: Sequence[str] | None = None,
+    attrs: dict[str, Any] | None = None,
+    remove_attrs: Sequence[str] = (),
+) -> StoreMeta:
+    """Set a store's class names and/or attrs in place; the pixels are neither read nor rewritten.
+
+    ``attrs`` are merged into the existing ones (``remove_attrs`` deletes keys). Blosc2 keeps
+    the metadata in the frame's trailer, after the data chunks; an update rewrites the
+    header's size fields, the offsets index and the trailer, never a data chunk. Crash
+    safety: those regions and the old file size are first written to a journal beside the
+    store (fsynced); a crash mid-update leaves the journal, and the next update (or
+    ``carraystore meta STORE``) rolls the store back from it. Returns the new metadata.
+    """
+    p = Path(path)
+    with _exclusive(p):
+        recover_metadata_update(p)
+        store = open_store(p)
+        meta = store.meta
+        store.close()
+        new = _updated_meta(p, meta, class_names, attrs, remove_attrs)
+        _rewrite_metadata(p, new)
+    return new
+
+
+@contextlib.contextmanager
+def _exclusive(p: Path) -> Any:
+    """An exclusive advisory lock (flock) on the store file while its metadata changes."""
+    import fcntl
+
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such store")
+    with open(p, "rb") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            raise InvalidInputError(f"{p}: another process is changing this store's metadata; try again when it is done") from exc
+        yield
+
+
+def _updated_meta(
+    p: Path, meta: StoreMeta, class_names: Sequence[str] | None, attrs: dict[str, Any] | None, remove_attrs: Sequence[str]
+) -> StoreMeta:
+    new_attrs = dict(meta.attrs)
+    if attrs:
+        try:
+            json.dumps(attrs)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{p}: attrs must be JSON values ({exc})") from exc
+        new_attrs.update(attrs)
+    for key in remove_attrs:
+        if key not in new_attrs:
+            raise InvalidInputError(f"{p}: no attr {key!r} to remove; the attrs are {sorted(new_attrs)}")
+        del new_attrs[key]
+    names = meta.class_names
+    if class_names is not None:
+        names = tuple(str(c) for c in class_names)
+        if len(set(names)) != len(names) or not all(names):
+            raise InvalidInputError(f"{p}: class names must be distinct and non-empty, got {list(names)}")
+        if meta.labels is None:
+            raise InvalidInputError(f"{p}: the store has no labels; class names name label values, so there is nothing to name")
+        top = int(meta.labels.max()) if len(meta.labels) else -1
+        if top >= len(names):
+            raise InvalidInputError(
+                f"{p}: labels go up to {top}, so {top + 1} class names are needed; {len(names)} given ({', '.join(names)})"
+            )
+    new = dataclasses.replace(meta, class_names=names, attrs=new_attrs)
+    new.validate(str(p))
+    return new
+
+
+def _rewrite_metadata(p: Path, new: StoreMeta) -> None:
+    """Journal the header and the tail, let blosc2 rewrite the trailer in place, check, drop the journal."""
+    source = LocalFileSource(p)
+    try:
+        frame = read_frame(source)
+        size = source.size()
+        tail_offset = frame.header_len + frame.cbytes
+        header = source.read(0, frame.header_len)
+        tail = source.read(tail_offset, size - tail_offset)
+    finally:
+        source.close()
+    payload = header + tail
+    info = {"size": size, "header_len": len(header), "tail_offset": tail_offset, "tail_len": len(tail), "crc32": crc32(payload)}
+    journal = metadata_journal_path(p)
+    tmp = journal.with_name(journal.name + f".{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(_JOURNAL_MAGIC + json.dumps(info).encode() + b"\n" + payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, journal)
+    fsync_path(p.parent, directory=True)
+    try:
+        array = blosc2.open(str(p), mode="a")  # never pass cparams here
+        _write_meta(array, new)
+        del array
+        fsync_path(p)
+        check = open_store(p)
+        ok = check.meta.class_names == new.class_names and check.meta.attrs == new.attrs
+        check.close()
+        if not ok:
+            raise CorruptStoreError(f"{p}: the metadata did not read back as written")
+    except BaseException:
+        recover_metadata_update(p)
+        raise
+    journal.unlink()
+    fsync_path(p.parent, directory=True)

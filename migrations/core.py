@@ -122,6 +122,7 @@ def open_source(
     labels: str | os.PathLike[str] | None = None,
     dataset: str | None = None,
     allow_pickle: bool = False,
+    no_labels: bool = False,
 ) -> Source:
     """Detect what ``src`` is and open it as a Source (see ``migrate`` for the arguments)."""
     from carraystore.migrations import bcolz as bz
@@ -167,7 +168,7 @@ def open_source(
     if head == _HDF5_MAGIC:
         from carraystore.migrations.hdf5 import Hdf5Source
 
-        return Hdf5Source(p, dataset=dataset or _name(images), labels=_name(labels))
+        return Hdf5Source(p, dataset=dataset or _name(images), labels=_name(labels), no_labels=no_labels)
     from carraystore.migrations.versions import open_old_store, store_format_version
 
     if store_format_version(p) is not None:
@@ -207,6 +208,8 @@ def migrate(
     overwrite: bool = False,
     progress: bool = True,
     chunk_images: int | None = None,
+    class_names: Sequence[str] | None = None,
+    no_labels: bool = False,
 ) -> MigrationReport:
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path).
 
@@ -218,7 +221,11 @@ def migrate(
     object-dtype bcolz arrays be unpickled (this runs code from the file: only for files
     you trust). ``verify`` re-reads the store and compares it bit for bit with the source
     before the store is renamed into place. ``codec`` / ``preset`` pick the store's codec
-    (default: the ``balanced`` preset). Returns a MigrationReport.
+    (default: the ``balanced`` preset). ``class_names`` names the label values (label 0
+    first); without it, an HDF5 dataset or npz member named ``class_names``, ``classes``
+    or ``label_names`` gives them. In an HDF5 file the labels are inferred when exactly one
+    dataset fits (integers, one per row); ``no_labels=True`` migrates without labels.
+    Returns a MigrationReport.
     """
     t0 = time.perf_counter()
     for given in (src, images if src is None else None, labels if src is None else None):
@@ -235,7 +242,11 @@ def migrate(
         if s is not None and Path(s).exists() and out_p.exists() and out_p.resolve() == Path(s).resolve():
             raise InvalidInputError(f"{out_p}: the output would replace the source; write to a new file")
     chosen = _resolve_codec(codec, preset)
-    source = open_source(src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle)
+    if no_labels and labels is not None:
+        raise InvalidInputError("give either labels or no_labels (--no-labels), not both")
+    source = open_source(src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle, no_labels=no_labels)
+    if class_names is not None:
+        _set_class_names(source, class_names)
     remove_stale_temps(out_p)
     tmp = temp_path(out_p, "migrating")
     try:
@@ -269,6 +280,25 @@ def migrate(
         warnings=list(source.warnings),
         notes=list(source.notes),
     )
+
+
+def _set_class_names(source: Source, class_names: Sequence[str]) -> None:
+    """Give the source's labels the names the user passed (checked: distinct, enough for the labels)."""
+    names = tuple(str(c) for c in class_names)
+    where = f"{source.path}: --class-names {','.join(names)}"
+    if not source.has_labels:
+        source.close()
+        raise InvalidInputError(f"{where}: the source has no labels to name; give the labels too (--labels NAME)")
+    if len(set(names)) != len(names) or not all(names):
+        source.close()
+        raise InvalidInputError(f"{where}: class names must be distinct and non-empty")
+    labels = getattr(source, "_labels", None)
+    if labels is not None and len(labels) and int(np.max(labels)) >= len(names):
+        source.close()
+        raise InvalidInputError(f"{where}: the labels go up to {int(np.max(labels))}, so {int(np.max(labels)) + 1} names are needed")
+    if source.class_names is not None and source.class_names != names:
+        source.notes.append(f"class names {list(source.class_names)[:10]} from the source replaced by --class-names")
+    source.class_names = names
 
 
 def _bar(total: int, desc: str, enabled: bool) -> Any:

@@ -58,7 +58,7 @@ def test_a_flag_typo_gets_the_subcommands_usage_and_a_suggestion(tmp_path: Path,
     err = capsys.readouterr().err
     assert "usage: carraystore preview" in err and "did you mean --cols?" in err
     with pytest.raises(SystemExit):
-        main(["bench", "loaders", "--color-mod", "rgb"])
+        main(["bench", "loaders", "--colour-mode", "rgb"])
     err = capsys.readouterr().err
     assert "usage: carraystore bench loaders" in err and "did you mean --color-mode?" in err
     with pytest.raises(SystemExit):
