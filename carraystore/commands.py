@@ -118,6 +118,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         max_skipped=args.max_skipped,
         allow_split_names=args.allow_split_names,
+        validation_split=args.validation_split,
+        subset=args.subset,
     )
     results = result if isinstance(result, dict) else {"": result}
     for r in results.values():
@@ -451,7 +453,12 @@ def register(sub: Any) -> None:
     p.add_argument("--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb", help="channels of the stored images (default rgb)")
     p.add_argument("--crop-to-aspect-ratio", action="store_true", help="centre-crop to the target aspect ratio before resizing")
     p.add_argument("--keep-order", action="store_true", help="keep sorted file order (video frames) instead of a seeded shuffle")
-    p.add_argument("--seed", type=int, default=0, help="seed of the write order (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the write order and of --validation-split (default 0)")
+    p.add_argument("--validation-split", type=float, metavar="F",
+                   help="keep a fraction F of the files apart for validation, the same files as Keras picks with the same --seed")
+    p.add_argument("--subset", choices=["training", "validation", "both"],
+                   help="with --validation-split: write the training part, the validation part, or both (OUT is then a "
+                        "folder receiving training.b2nd and validation.b2nd)")
     p.add_argument("--workers", type=int, default=None, help="decoding processes (default: all cores)")
     p.add_argument("--on-error", choices=["fail", "skip"], default="fail", help="what to do with files that do not decode")
     p.add_argument("--max-skipped", type=_max_skipped, default=0.01, metavar="N|P%",

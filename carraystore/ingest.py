@@ -36,6 +36,7 @@ __all__ = [
     "list_images",
     "image_files",
     "split_like_folders",
+    "validation_split_indices",
     "SPLIT_NAMES",
     "DEFAULT_MAX_SKIPPED",
     "decode_image",
@@ -321,6 +322,26 @@ def _allowed_skips(max_skipped: float | int, total: int) -> int:
     return int(max_skipped)
 
 
+def validation_split_indices(n: int, validation_split: float, shuffle: bool, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training, validation) positions in the sorted file list, chosen exactly as Keras does.
+
+    ``keras.utils.image_dataset_from_directory`` shuffles the sorted list with
+    ``np.random.RandomState(seed)`` (when shuffling) and keeps the last
+    ``int(validation_split * n)`` files for validation; the same seed picks the same files here.
+    """
+    if not isinstance(validation_split, (int, float)) or isinstance(validation_split, bool) or not 0 < validation_split < 1:
+        raise InvalidInputError(f"validation_split must be a fraction between 0 and 1, got {validation_split!r}")
+    n_val = int(validation_split * n)
+    if n_val == 0 or n_val == n:
+        raise IngestError(
+            f"validation_split={validation_split} of {n} files leaves {'no file for validation' if n_val == 0 else 'no file for training'}"
+        )
+    order = np.arange(n)
+    if shuffle:
+        np.random.RandomState(seed).shuffle(order)
+    return np.sort(order[: n - n_val]), np.sort(order[n - n_val :])
+
+
 def _describe_limit(max_skipped: float | int) -> str:
     if isinstance(max_skipped, float) and max_skipped < 1:
         return f"{max_skipped * 100:g}%"
@@ -519,6 +540,8 @@ def from_directory(
     attrs: dict[str, Any] | None = None,
     max_skipped: float | int = DEFAULT_MAX_SKIPPED,
     allow_split_names: bool = False,
+    validation_split: float | None = None,
+    subset: str | None = None,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -536,6 +559,13 @@ def from_directory(
     files) the ingest stops and writes nothing. A folder whose sub-folders look like splits
     (train/ and validation/, ...) is refused unless ``split_dirs=True`` (one store per
     split) or ``allow_split_names=True`` (they really are classes).
+
+    ``validation_split`` and ``subset`` work as in ``image_dataset_from_directory``: the
+    same ``seed`` puts the same files in the validation set as Keras does (the last
+    ``int(validation_split * n)`` of the sorted list shuffled with that seed; with
+    ``keep_order`` the last files in path order). ``subset="training"`` or
+    ``"validation"`` writes that part to ``output``; ``subset="both"`` writes both in one
+    call, ``output/training.b2nd`` and ``output/validation.b2nd``, and returns a dict.
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
@@ -570,6 +600,15 @@ def from_directory(
             "seed": seed if shuffle else None,
         }
 
+    if (validation_split is None) != (subset is None):
+        raise InvalidInputError(
+            "validation_split and subset go together (as in Keras): e.g. validation_split=0.2, subset='both' "
+            "(CLI: --validation-split 0.2 --subset both)"
+        )
+    if subset is not None and subset not in ("training", "validation", "both"):
+        raise InvalidInputError(f"subset must be 'training', 'validation' or 'both', got {subset!r}")
+    if subset is not None and split_dirs:
+        raise InvalidInputError("split_dirs already gives one store per split folder; leave out validation_split and subset")
     if not split_dirs:
         out = Path(output)
         _allowed_skips(max_skipped, 1)  # a bad value fails before any work
@@ -584,7 +623,32 @@ def from_directory(
                     "(CLI: --allow-split-names)"
                 )
         rels, labs, names, ignored = list_images(root, labels, class_names, follow_links)
-        return _ingest_one(root, out, rels, labs, names, ignored, opts, provenance=provenance(root.name), **common)  # type: ignore[arg-type]
+        if subset is None:
+            return _ingest_one(root, out, rels, labs, names, ignored, opts, provenance=provenance(root.name), **common)  # type: ignore[arg-type]
+        if not rels:
+            raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
+        parts = dict(zip(("training", "validation"), validation_split_indices(len(rels), validation_split, shuffle, seed)))  # type: ignore[arg-type]
+        wanted = ("training", "validation") if subset == "both" else (subset,)
+        if subset == "both":
+            if out.suffix == ".b2nd":
+                raise InvalidInputError(f"{out}: with subset='both' the output is a folder that receives training.b2nd and validation.b2nd")
+            out.mkdir(parents=True, exist_ok=True)
+        results: dict[str, IngestResult] = {}
+        for part in wanted:
+            idx = parts[part]
+            prov = provenance(root.name) | {"validation_split": validation_split, "subset": part, "split_seed": seed if shuffle else None}
+            results[part] = _ingest_one(
+                root,
+                out / f"{part}.b2nd" if subset == "both" else out,
+                [rels[i] for i in idx],
+                labs[idx] if labs is not None else None,
+                names,
+                ignored,
+                opts,
+                provenance=prov,
+                **common,  # type: ignore[arg-type]
+            )
+        return results if subset == "both" else results[subset]
 
     if not root.is_dir():
         raise IngestError(f"{root}: not a folder")
