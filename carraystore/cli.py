@@ -29,9 +29,9 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors suggest the closest command or flag ("did you mean")."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        m = re.search(r"invalid choice: '?([^'()]*?)'? \(choose from (.*)\)", message)
         if m:
-            choices = re.findall(r"'([^']*)'", m.group(2))
+            choices = [c.strip().strip("'") for c in m.group(2).split(",")]
             close = difflib.get_close_matches(m.group(1), choices, n=1)
             if close and "did you mean" not in message:
                 message += f"; did you mean {close[0]!r}?"
@@ -94,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             sub.unknown_arguments(extra)
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return status
     except BrokenPipeError:
         # the reader went away (``carraystore info STORE | head -1``): stop quietly, and point
         # stdout at /dev/null so that the interpreter's final flush cannot fail again
