@@ -99,6 +99,12 @@ def test_info_names_hdf5_images_and_npz(tmp_path: Path, capsys: pytest.CaptureFi
         assert "blosc2" not in err
     assert main(["verify", str(h5)]) == 1
     assert "HDF5" in capsys.readouterr().out
+    from carraystore.migrations.bcolz import write_carray
+
+    write_carray(tmp_path / "train_data.bc", np.zeros((4, 8), np.uint8), chunklen=2)
+    assert main(["info", str(tmp_path / "train_data.bc")]) == 2
+    err = capsys.readouterr().err
+    assert "bcolz" in err and "carraystore migrate" in err
 
 
 def test_preview_into_a_missing_folder_names_the_folder(small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
