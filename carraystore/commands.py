@@ -441,9 +441,10 @@ def register(sub: Any) -> None:
     """Add ingest, info, meta, verify, preview and export to the ``carraystore`` CLI."""
     p = sub.add_parser("ingest", help="turn a folder of images into a store", description=(
         "Ingest SRC (class sub-folders of images, as keras.utils.image_dataset_from_directory reads) into OUT.b2nd. "
-        "With --split-dirs, every sub-folder of SRC (train/, validation/, test/) becomes OUT/<split>.b2nd."))
+        "With --split-dirs, every sub-folder of SRC (train/, validation/, test/) becomes OUT/<split>.b2nd; "
+        "with --validation-split F --subset both, OUT/training.b2nd and OUT/validation.b2nd hold Keras' split."))
     p.add_argument("src", help="folder of images")
-    p.add_argument("out", help="output store (.b2nd), or a folder with --split-dirs")
+    p.add_argument("out", help="output store (.b2nd), or a folder with --split-dirs or --subset both")
     p.add_argument("--labels", choices=["inferred", "none"], default="inferred", help="labels from class sub-folders, or none")
     p.add_argument("--class-names", nargs="+", metavar="NAME", help="class folders to use, in label order")
     p.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image (default: keep size; all must agree)")

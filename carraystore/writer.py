@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import shutil
+from glob import escape as glob_escape
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -617,12 +618,29 @@ def update_metadata(
     p = Path(path)
     with _exclusive(p):
         recover_metadata_update(p)
+        _remove_dead_journal_temps(p)
         store = open_store(p)
         meta = store.meta
         store.close()
         new = _updated_meta(p, meta, class_names, attrs, remove_attrs)
         _rewrite_metadata(p, new)
     return new
+
+
+def _remove_dead_journal_temps(p: Path) -> None:
+    """Remove half-written journals (``.NAME.meta-journal.PID``) of processes that are gone."""
+    prefix = metadata_journal_path(p).name + "."
+    for q in p.parent.glob(glob_escape(prefix) + "*"):
+        pid = q.name[len(prefix) :]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                q.unlink()
+        except PermissionError:
+            pass
 
 
 @contextlib.contextmanager

@@ -214,5 +214,9 @@ def test_meta_interrupted_mid_write_rolls_back(store_path: Path, capsys) -> None
     assert "rolled back" in capsys.readouterr().err
     assert store_path.read_bytes() == original  # exactly as before the interrupted update
     assert not metadata_journal_path(store_path).exists()
+    # a journal half-written by a process that is gone is cleaned up by the next update
+    dead = metadata_journal_path(store_path).with_name(metadata_journal_path(store_path).name + ".4194999")
+    dead.write_bytes(b"carraystore-metadata-journal 1\n{")
     update_metadata(store_path, class_names=NAMES)
+    assert not dead.exists()
     assert carraystore.open(store_path).class_names == tuple(NAMES)
