@@ -57,6 +57,8 @@ def describe_non_store(path: str | os.PathLike[str]) -> str | None:
         if p.is_dir():
             if (p / "meta").is_dir() and (p / "data").is_dir() or (p / "__rootdirs__").exists():
                 return f"{p} is a bcolz folder, not a store; convert it with `carraystore migrate {p} OUT.b2nd`"
+            if _holds_images(p):
+                return f"{p} is a folder of images, not a store; make one with `carraystore ingest {p} OUT.b2nd`"
             return None
         with open(p, "rb") as f:
             head = f.read(16)
@@ -68,6 +70,24 @@ def describe_non_store(path: str | os.PathLike[str]) -> str | None:
     if head[4:12] in (b"ftypheic", b"ftypavif") or head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return f"{p} is an image, not a carraystore store; to make a store from image files use `carraystore ingest FOLDER OUT.b2nd`"
     return None
+
+
+def _holds_images(folder: Path, limit: int = 200) -> bool:
+    """Whether image files sit in ``folder`` or its sub-folders (looks at ``limit`` entries of each at most)."""
+    from carraystore.ingest import IMAGE_EXTENSIONS
+
+    def entries(d: Path) -> list[os.DirEntry[str]]:
+        with os.scandir(d) as it:
+            return [e for _, e in zip(range(limit), it)]
+
+    top = entries(folder)
+    for e in top:
+        if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS):
+            return True
+    for e in top:
+        if e.is_dir() and any(f.is_file() and f.name.lower().endswith(IMAGE_EXTENSIONS) for f in entries(Path(e.path))):
+            return True
+    return False
 
 
 def open_for_cli(path: str | os.PathLike[str]) -> Any:

@@ -38,7 +38,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("src", nargs="?", metavar="SRC", help="the source (leave out with --images X.bc --labels Y.bc)")
     p.add_argument("out", metavar="OUT.b2nd", help="the store to write")
     p.add_argument("--images", metavar="NAME", help="ctable column / HDF5 dataset / npz member with the images; or, without SRC, a bcolz carray folder")
-    p.add_argument("--labels", metavar="NAME", help="column / dataset / member with the labels; or, without SRC, a bcolz carray folder of labels")
+    p.add_argument("--labels", metavar="NAME", help="column / dataset / member with the labels (HDF5: inferred when exactly one "
+                   "integer dataset has one value per row); or, without SRC, a bcolz carray folder of labels")
     p.add_argument("--dataset", metavar="NAME", help="HDF5: the dataset to migrate (inferred when the file holds one)")
     p.add_argument("--class-names", metavar="A,B,C", help="names of the label values, comma-separated, label 0 first "
                    "(default: a class_names / classes / label_names dataset or member, when the source has one)")

@@ -86,12 +86,19 @@ def test_info_names_hdf5_images_and_npz(tmp_path: Path, capsys: pytest.CaptureFi
     h5 = tmp_path / "data.h5"
     with h5py.File(h5, "w") as f:
         f["images"] = np.zeros((4, 8, 8, 3), np.uint8)
-    jpg, png = tmp_path / "photo.jpg", tmp_path / "photo.png"
-    Image.fromarray(np.full((16, 16, 3), 90, np.uint8)).save(jpg)
-    Image.fromarray(np.full((16, 16, 3), 90, np.uint8)).save(png)
+    jpg, png, gif = tmp_path / "photo.jpg", tmp_path / "photo.png", tmp_path / "anim.gif"
+    for f in (jpg, png, gif):
+        Image.fromarray(np.full((16, 16, 3), 90, np.uint8)).save(f)
     npz = tmp_path / "cache.npz"
     np.savez(npz, x=np.zeros((2, 3)))
-    expected = {h5: ("HDF5", "carraystore migrate"), jpg: ("JPEG image", "ingest"), png: ("PNG image", "ingest"), npz: ("zip", "migrate")}
+    expected = {
+        h5: ("HDF5", "carraystore migrate"),
+        jpg: ("JPEG image", "ingest"),
+        png: ("PNG image", "ingest"),
+        gif: ("GIF image", "ingest"),
+        npz: ("zip", "migrate"),
+        tmp_path: ("folder of images", "carraystore ingest"),
+    }
     for path, words in expected.items():
         assert main(["info", str(path)]) == 2
         err = capsys.readouterr().err
