@@ -462,17 +462,20 @@ def _ingest_one(
                 skipped.append((rel, err))
                 if len(skipped) > allowed:
                     n_size = sum(size_mismatch in r for _, r in skipped)
-                    hint = (
-                        f"; {n_size} of them differ in size from the first image: pass image_size (CLI: --image-size H W) "
-                        "to resize every image instead of skipping"
-                        if n_size
-                        else ""
-                    )
+                    if n_size:  # raising the limit would only drop more of them: point to resizing
+                        todo = (
+                            f"{n_size} of them differ in size from the first image ({first_rel}): pass image_size "
+                            f"(CLI: --image-size H W) to resize every image instead of skipping them"
+                        )
+                    else:
+                        todo = (
+                            "fix or remove the files, or, if losing them is fine, raise the limit "
+                            "(max_skipped=0.05 or a count; CLI: --max-skipped 5% or --max-skipped 20)"
+                        )
                     raise IngestError(
                         f"{root}: {len(skipped)} of the first {pos + 1} of {len(rels)} image files could not be used, more "
-                        f"than max_skipped allows ({_describe_limit(max_skipped)} = {allowed} of {len(rels)}); nothing was "
-                        f"written{hint}. First: {skipped[0][0]}: {skipped[0][1]}. Fix the files, or raise the limit "
-                        "(max_skipped=0.05 or a count; CLI: --max-skipped 5% or --max-skipped 20)"
+                        f"than max_skipped (CLI: --max-skipped) allows ({_describe_limit(max_skipped)} = {allowed} of "
+                        f"{len(rels)}); nothing was written. First: {skipped[0][0]}: {skipped[0][1]}. To go on, {todo}"
                     )
                 continue
             assert arr is not None
