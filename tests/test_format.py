@@ -148,10 +148,10 @@ def test_parse_chunk_header_reads_what_blosc2_wrote(photo_patches: Callable[...,
 
 def test_validate_key() -> None:
     assert validate_key("cat/001.jpg") == "cat/001.jpg"
-    assert validate_key("cat\\001.jpg") == "cat/001.jpg"
+    assert validate_key("cat\\001.jpg") == "cat\\001.jpg"  # a backslash is part of the name, never a separator
     assert validate_key("id-123") == "id-123"
     assert validate_key("a/..b/c..") == "a/..b/c.."  # dots inside names are fine
-    for bad in ["/abs.jpg", "C:\\x.jpg", "d:/x", "~user/x", "..", "a/../../b", "", "a\nb", "a\x00b"]:
+    for bad in ["/abs.jpg", "C:\\x.jpg", "d:/x", "~user/x", "..", "a/../../b", "", "a\nb", "a\x00b", "..\\x", "a\\..\\..\\b", "\\\\server\\share", "bad\udcff.jpg"]:
         with pytest.raises(InvalidInputError, match="key"):
             validate_key(bad)
 
