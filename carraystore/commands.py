@@ -105,6 +105,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         split_dirs=args.split_dirs,
         follow_links=args.follow_links,
         overwrite=args.overwrite,
+        dtype=args.dtype,
         progress=not args.quiet,
     )
     results = result if isinstance(result, dict) else {"": result}
@@ -425,6 +426,9 @@ def register(sub: Any) -> None:
 
     p.add_argument("--interpolation", choices=sorted(INTERPOLATIONS), default="bilinear")
     p.add_argument("--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb")
+    p.add_argument("--dtype", choices=["uint8", "uint16"], default="uint8", help=(
+        "pixel type: uint8 (16-bit files keep their high byte) or uint16 (16-bit grayscale PNGs kept exactly, "
+        "8-bit files scaled by 257, 16-bit colour PNGs refused)"))
     p.add_argument("--crop-to-aspect-ratio", action="store_true", help="centre-crop to the target aspect ratio before resizing")
     p.add_argument("--keep-order", action="store_true", help="keep sorted file order (video frames) instead of a seeded shuffle")
     p.add_argument("--seed", type=int, default=0, help="seed of the write order (default 0)")
