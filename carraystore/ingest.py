@@ -343,23 +343,46 @@ def _decode_task(root: str, rels: list[str], opts: DecodeOptions) -> list[tuple[
 
 
 def _exit_with_parent(main_pid: int) -> None:
-    """Worker initializer: end this decoding process when the ingesting process is gone.
+    """Worker initializer: end this decoding process as soon as the ingesting process is gone.
 
-    A killed ingest (SIGKILL) cannot stop its pool; without this its forkserver and
-    decoding processes would keep running.
+    A killed ingest (SIGKILL) cannot stop its pool, and a dead process stays a zombie (still
+    "alive" to ``kill(pid, 0)``) until its caller reaps it, which a caller reading the
+    ingest's output pipes to EOF first never does (and the forkserver, the workers' parent,
+    lives as long as they do). So every 0.25 s the worker checks that the ingesting process
+    exists and is no zombie (``/proc``), and that it was not re-parented; on Linux it also
+    asks for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``).
     """
     import threading
 
-    def watch() -> None:
-        while True:
-            time.sleep(0.25)
-            try:
-                os.kill(main_pid, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:  # pragma: no cover - a reused pid of another user
-                os._exit(1)
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
 
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no prctl in this libc
+            pass
+
+    def gone() -> bool:
+        if os.getppid() != parent:
+            return True
+        try:
+            os.kill(main_pid, 0)
+            with open(f"/proc/{main_pid}/stat", "rb") as f:  # a zombie is dead, though kill() finds it
+                return f.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+        except FileNotFoundError:  # no /proc (macOS): kill() is the test
+            return False
+        except (ProcessLookupError, PermissionError):  # gone, or a reused pid of another user
+            return True
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(0.25)
+        os._exit(1)
+
+    if gone():  # the parent died before the death signal was asked for
+        os._exit(1)
     threading.Thread(target=watch, name="carraystore-parent-watch", daemon=True).start()
 
 
