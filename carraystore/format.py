@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -357,14 +358,15 @@ def check_codec_against_header(codec: Codec, blocksize: int, header: ChunkHeader
 
 
 def validate_key(key: str) -> str:
-    """Check that ``key`` is a relative, portable path or id; return it unchanged.
+    """Check that ``key`` is a relative, portable path or id; return it (with '/' separators).
 
-    Folders are separated by '/'. A backslash is an ordinary character of a name, never
-    reinterpreted; but a key must not be absolute or climb with '..' on Windows either.
+    Folders are separated by '/'. On POSIX a backslash is an ordinary character of a name,
+    kept as it is; on Windows, where it separates folders, it becomes '/'. Either way a key
+    must not be absolute or climb with '..' when a backslash is read as a separator.
     """
     if not isinstance(key, str) or not key:
         raise InvalidInputError(f"key {key!r}: keys must be non-empty strings")
-    k = key
+    k = key.replace("\\", "/") if os.sep == "\\" else key
     if "\x00" in k or "\n" in k:
         raise InvalidInputError(f"key {key!r}: keys may not contain NUL or newline characters")
     try:
