@@ -340,6 +340,13 @@ def _read_to_eof(streams: list, deadline: float) -> bool:
     return not open_fds
 
 
+def _still_running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_a_killed_ingest_leaves_no_worker_holding_the_callers_pipes(tmp_path: Path) -> None:
     src = make_photo_folder(tmp_path / "src", n=600, size=(160, 160), seed=3)
     out = tmp_path / "out.b2nd"
@@ -362,8 +369,8 @@ def test_a_killed_ingest_leaves_no_worker_holding_the_callers_pipes(tmp_path: Pa
         os.kill(proc.pid, signal.SIGKILL)
         # the caller reads to EOF before it reaps the child: no process may keep the pipes open
         assert _read_to_eof([proc.stdout, proc.stderr], time.time() + 10), "a worker kept the caller's pipes open"
-        gone, alive = psutil.wait_procs(family, timeout=10)
-        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+        _, alive = psutil.wait_procs(family, timeout=10)
+        assert [p.pid for p in alive if _still_running(p)] == []
     finally:
         if proc.poll() is None:
             proc.kill()
