@@ -183,6 +183,9 @@ def read_frame(source: ByteSource) -> Frame:
         raise _damaged(loc, f"the frame header cannot be parsed ({exc})") from exc
     if hcbytes != cbytes:
         raise _damaged(loc, "the frame header's two compressed sizes disagree")
+    if not (0 <= nbytes < 2**63 and 0 < typesize < 2**31 and 0 <= blocksize < 2**31 and 0 <= chunksize < 2**31):
+        raise _damaged(loc, f"frame header fields out of range (nbytes {nbytes}, typesize {typesize}, "
+                            f"blocksize {blocksize}, chunksize {chunksize})")
     # everything after the data chunks: the offsets index, then the trailer
     tail_start = header_len + cbytes
     tail = source.read(tail_start, size - tail_start)

@@ -479,7 +479,10 @@ def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> N
             f"{', '.join(map(str, meta.image_shape))}); the file was damaged or written by another tool"
         )
     problems = []
-    dt_text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False, strict_map_key=False)[6]
+    try:
+        dt_text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False, strict_map_key=False)[6]
+    except Exception as exc:
+        raise CorruptStoreError(f"{location}: the b2nd metalayer's dtype cannot be read ({exc}); the file is damaged") from exc
     try:
         file_dtype = np.dtype(ast.literal_eval(dt_text)) if str(dt_text)[:1] in "{[" else np.dtype(dt_text)
     except Exception:
