@@ -849,6 +849,8 @@ class StoreMeta:
         for name, col in self.columns.items():
             if len(col) != self.nimages:
                 raise FormatError(f"{where}: column {name!r} has {len(col)} rows for {self.nimages} items")
+        _check_plain(self.attrs, where)  # before json.dumps, which recurses
+        _check_plain(self.provenance, where)
         try:
             json.dumps(self.attrs)  # attrs must stay JSON
             json.dumps(self.provenance)
