@@ -908,7 +908,7 @@ def zero_chunk(codec: Codec, blocksize: int, nbytes: int, dont_split: bool | Non
     head = bytearray(32)
     head[0] = 5  # Blosc2 chunk format version
     head[1] = 1  # codec format version
-    head[2] = 0x05 | (0x10 if dont_split else 0) | (_CODEC_FORMAT[codec.codec] << 5)
+    head[2] = 0x05 | (0x08 if "delta" in codec.filters else 0) | (0x10 if dont_split else 0) | (_CODEC_FORMAT[codec.codec] << 5)
     head[3] = codec.typesize
     head[4:8] = int(nbytes).to_bytes(4, "little")
     head[8:12] = int(blocksize).to_bytes(4, "little")
