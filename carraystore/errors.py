@@ -11,6 +11,8 @@ __all__ = [
     "CodecMismatchError",
     "CorruptStoreError",
     "ChecksumError",
+    "MetadataChecksumError",
+    "MetadataTooLargeError",
     "StoreExistsError",
     "InvalidInputError",
     "ImageDecodeError",
@@ -53,6 +55,14 @@ class CorruptStoreError(CarrayStoreError):
 
 class ChecksumError(CorruptStoreError):
     """A compressed chunk does not match its recorded CRC32."""
+
+
+class MetadataChecksumError(ChecksumError):
+    """The metadata record does not match its recorded CRC-32 (FORMAT.md 4.3)."""
+
+
+class MetadataTooLargeError(CorruptStoreError):
+    """The metadata record would decompress to more than the format allows for the store's size."""
 
 
 class StoreExistsError(CarrayStoreError, FileExistsError):

@@ -40,16 +40,19 @@ from carraystore.format import (
     DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
+    LABEL_LIMIT,
     LAYOUTS,
+    META_CRC_KEY,
     META_KEY,
     Codec,
     StoreMeta,
     StringTable,
     as_records,
+    chunk_crc,
     chunk_crc_ok,
-    crc32,
     default_chunk_images,
     dtype_to_record,
+    metadata_limit,
     validate_key,
 )
 from carraystore.reader import open_store
@@ -185,7 +188,15 @@ def _frame_cparams(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
 
 
 def _write_meta(array: Any, meta: StoreMeta) -> None:
-    array.schunk.vlmeta[META_KEY] = meta.to_record()
+    """Store the sealed metadata record (FORMAT.md 4.3) as the vlmeta entry ``carraystore``."""
+    raw = meta.to_bytes()
+    limit = metadata_limit(meta.nimages)
+    if len(raw) > limit:
+        raise InvalidInputError(
+            f"the metadata of {meta.nimages} items takes {len(raw)} bytes, more than the {limit} a store may hold "
+            "(FORMAT.md, Limits): keep large per-item data in the images or a separate file, not in attrs or columns"
+        )
+    array.schunk.vlmeta.set_vlmeta(META_KEY, raw, typesize=1)
 
 
 class StoreWriter:
@@ -221,7 +232,7 @@ class StoreWriter:
         self._stored = meta.nimages  # images the array already holds
         if self._fill:
             data = array.schunk.get_chunk(self._chunk_start // k)
-            if not chunk_crc_ok(data, self._crc[self._chunk_start // k], k * meta.image_nbytes):
+            if not chunk_crc_ok(data, self._crc[self._chunk_start // k], meta.codec, meta.blocksize, k * meta.image_nbytes):
                 raise CorruptStoreError(f"{path}: last chunk fails its CRC32 check; not appending to a damaged store")
             blosc2.decompress2(data, dst=self._buf)
             self._buf[self._fill :].view(np.uint8)[...] = 0
@@ -375,8 +386,11 @@ class StoreWriter:
             raise InvalidInputError(
                 f"{self.path}: labels span {lab.min()}..{lab.max()} but there are {len(names)} class names"
             )
-        if n and lab.min() < 0:
-            raise InvalidInputError(f"{self.path}: labels must be >= 0, got {lab.min()}")
+        if n and (lab.min() < 0 or lab.max() >= LABEL_LIMIT):
+            raise InvalidInputError(
+                f"{self.path}: labels must lie in 0..{LABEL_LIMIT - 1}, got {lab.min()}..{lab.max()} "
+                "(a store has no 'missing' label: leave unlabelled items out, or give them a class of their own)"
+            )
         return lab
 
     def _check_columns(self, columns: dict[str, np.ndarray] | None, n: int) -> dict[str, np.ndarray]:
@@ -432,7 +446,7 @@ class StoreWriter:
                 self._array.resize((total, *self._meta.image_shape))
                 self._stored = total
             self._array.schunk.update_chunk(ic, data)
-        c = crc32(data)
+        c = chunk_crc(data, self._meta.codec, self._meta.blocksize)
         if ic < len(self._crc):
             self._crc[ic] = c
         else:
@@ -567,7 +581,7 @@ def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
         blocks=(meta.codec.block_images, *shape),
         urlpath=str(tmp),
         mode="w",
-        meta={META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}},
+        meta={META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, META_CRC_KEY: True}},
         cparams=_frame_cparams(meta.codec, meta.np_dtype),
     )
     _write_meta(array, meta)

@@ -33,6 +33,7 @@ from carraystore.format import (
     dtype_from_record,
     dtype_to_record,
     parse_chunk_header,
+    seal_record,
     validate_key,
 )
 
@@ -239,7 +240,8 @@ def _rewrite(path: Path, out: Path, mutate: Callable[[dict[str, Any]], Any]) -> 
     rec = _raw_record(out)
     mutate(rec)
     array = blosc2.open(str(out), mode="a")
-    array.schunk.vlmeta.set_vlmeta(META_KEY, msgpack.packb(rec, use_bin_type=True), typesize=1)
+    # re-sealed (FORMAT.md 4.3), so that the checks behind the checksum are what is tested
+    array.schunk.vlmeta.set_vlmeta(META_KEY, seal_record(rec), typesize=1)
     del array
     return out
 
@@ -258,7 +260,7 @@ def test_every_codec_parameter_is_recorded(store_path: Path) -> None:
     assert rec["blocksize"] == store.codec.block_images * 16 * 16 * 3
     array = blosc2.open(str(store_path), mode="r")  # and the file's own geometry agrees
     assert tuple(array.chunks) == (16, 16, 16, 3) and tuple(array.blocks) == tuple(rec["blocks"])
-    assert array.schunk.meta[META_KEY] == {"format": "carraystore", "format_version": FORMAT_VERSION}
+    assert array.schunk.meta[META_KEY] == {"format": "carraystore", "format_version": FORMAT_VERSION, "meta_crc32": True}
     for i in range(store.nchunks):
         h = parse_chunk_header(store.read_chunk_bytes(i))
         assert (h.typesize, h.blocksize, h.filters, h.filters_meta) == (3, rec["blocksize"], ("shuffle", "bytedelta"), (0, 3))
