@@ -376,7 +376,7 @@ MAX_PREVIEW_CELL = 1024
 MAX_PREVIEW_PIXELS = 64_000_000
 
 
-def _check_sheet_size(n: int, cols: int, cell: int, nimages: int | None = None) -> None:
+def _check_sheet_size(n: int, cols: int, cell: int, nimages: int | None = None, text_h: int = 14) -> None:
     """Refuse a contact sheet that is empty or would be too large to hold in memory.
 
     The sheet's pixels are counted when ``nimages`` (the store's length) is known.
@@ -390,7 +390,7 @@ def _check_sheet_size(n: int, cols: int, cell: int, nimages: int | None = None) 
         return
     n = max(1, min(n, nimages))
     cols = min(cols, n)
-    pixels = cols * cell * -(-n // cols) * (cell + 14)
+    pixels = cols * cell * -(-n // cols) * (cell + text_h)
     if pixels > MAX_PREVIEW_PIXELS:
         raise InvalidInputError(
             f"preview: {n} images in {cols} columns of {cell}-pixel tiles make a sheet of {pixels:,} pixels, over the "
@@ -411,7 +411,9 @@ def make_contact_sheet(
     """
     from PIL import Image, ImageDraw
 
-    _check_sheet_size(n, cols, cell, len(store))
+    line_h = 12
+    text_h = 2 + line_h * (2 if keys and store.keys is not None else 1)
+    _check_sheet_size(n, cols, cell, len(store), text_h)
     if store.layout != "NHWC":
         raise InvalidInputError(f"{store.path}: preview needs an image store (layout NHWC), not {store.layout!r}")
     n = min(n, len(store))
@@ -421,8 +423,6 @@ def make_contact_sheet(
     images = store.take(idx)
     cols = max(1, min(cols, n))
     rows = -(-n // cols)
-    line_h = 12
-    text_h = 2 + line_h * (2 if keys and store.keys is not None else 1)
     sheet = Image.new("RGB", (cols * cell, rows * (cell + text_h)), "white")
     draw = ImageDraw.Draw(sheet)
     for j, (i, img) in enumerate(zip(idx, images)):
