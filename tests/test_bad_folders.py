@@ -48,6 +48,8 @@ def test_one_split_folder_holding_classes_is_refused(split_folder: Path, tmp_pat
     shutil.copytree(split_folder / "train", only_train / "train")
     with pytest.raises(IngestError, match="split"):
         from_directory(only_train, tmp_path / "o.b2nd", workers=1)
+    with pytest.raises(IngestError, match="split"):  # unlabelled, the splits would be mixed just the same
+        from_directory(split_folder, tmp_path / "o.b2nd", labels=None, workers=1)
     # a class that happens to be named "test" beside real classes, holding images only, is fine
     classes = tmp_path / "classes"
     shutil.copytree(split_folder / "train" / "astronaut", classes / "test")
