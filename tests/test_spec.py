@@ -198,3 +198,19 @@ def test_the_canonical_zero_chunk_is_what_blosc2_produces(codec: str, filters: t
     assert fmt.chunk_crc(produced, resolved, blocksize) == fmt.crc32(produced)
     spec = {"codec": codec, "filters": list(resolved.filters), "filters_meta": list(resolved.filters_meta), "typesize": 3}
     assert spec_reader._zero_chunk(spec, blocksize, zeros.nbytes, splitmode == "never") == produced
+
+
+def test_items_of_256_bytes_or_more_have_typesize_1(tmp_path: Path) -> None:
+    """FORMAT.md 5.1: the one-byte header field cannot hold the itemsize; 1 is written and checked."""
+    dt = np.dtype([("a", "<f8", (40,))])  # 320-byte records
+    items = np.zeros(6, dtype=dt)
+    items["a"] = np.arange(6 * 40).reshape(6, 40)
+    path = tmp_path / "wide.b2nd"
+    with carraystore.create(path, (), dtype=dt, layout="array", chunk_images=4) as w:
+        w.append(items)
+    store = carraystore.open(path)
+    assert store.codec.typesize == 1 and store.codec.filters == ()
+    assert fmt.parse_chunk_header(store.read_chunk_bytes(0)).typesize == 1
+    assert store._frame.typesize == 320  # the frame header keeps the itemsize (int32)
+    assert store.verify() == [] and store[:].tobytes() == items.tobytes()
+    assert spec_reader.read_store(path)["items"].tobytes() == items.tobytes()
