@@ -111,7 +111,9 @@ def dtype_from_record(rec: Any) -> np.dtype:
         # descr_to_dtype (as .npy files do) restores padding: fields named '' are gaps, so a
         # structured dtype with offsets/itemsize round-trips exactly.
         dt = np.dtype(rec) if isinstance(rec, str) else descr_to_dtype(fields(rec))
-    except (TypeError, ValueError) as exc:
+    except FormatError:
+        raise
+    except Exception as exc:  # numpy parses some dtype strings with ast: SyntaxError, RecursionError, ...
         raise FormatError(f"unknown dtype {rec!r} in the metadata ({exc})") from exc
     if dt.hasobject:
         raise FormatError(f"dtype {rec!r} holds Python objects; stores never do")

@@ -214,3 +214,18 @@ def test_items_of_256_bytes_or_more_have_typesize_1(tmp_path: Path) -> None:
     assert store._frame.typesize == 320  # the frame header keeps the itemsize (int32)
     assert store.verify() == [] and store[:].tobytes() == items.tobytes()
     assert spec_reader.read_store(path)["items"].tobytes() == items.tobytes()
+
+
+def test_spec_writer_empty_store_then_appended(tmp_path: Path) -> None:
+    """N = 0: no chunks and no offsets index (FORMAT.md A.4); carraystore opens and grows it."""
+    path = tmp_path / "empty.b2nd"
+    codec = {"codec": "zstd", "clevel": 1, "filters": [], "filters_meta": [], "typesize": 3, "block_images": 2,
+             "splitmode": "never"}
+    spec_writer.write_store(path, np.zeros((0, 8, 8, 3), np.uint8), chunk_images=4, codec=codec)
+    store = carraystore.open(path)
+    assert len(store) == 0 and store.nchunks == 0 and store.verify() == []
+    with carraystore.append(path) as w:
+        w.append(np.full((5, 8, 8, 3), 7, np.uint8))
+    grown = carraystore.open(path)
+    assert grown.verify() == [] and np.array_equal(grown[:], np.full((5, 8, 8, 3), 7, np.uint8))
+    _assert_same(spec_reader.read_store(path), grown)
