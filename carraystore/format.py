@@ -84,12 +84,21 @@ def dtype_to_record(dt: np.dtype) -> Any:
         raise InvalidInputError(f"dtype {dt} holds Python objects, which a store cannot hold (it never pickles)")
     if dt.fields is None and dt.subdtype is None:
         return dt.str
-    return [[name, *(_descr_field(rest))] for name, *rest in dt.descr]
+    return [[_field_name(name), *(_descr_field(rest))] for name, *rest in dt.descr]
+
+
+def _field_name(name: Any) -> str:
+    if not isinstance(name, str):  # numpy writes a titled field's name as (title, name)
+        raise InvalidInputError(
+            f"structured dtype field {name!r} has a title, which a store does not keep (FORMAT.md 4.2); "
+            "rebuild the dtype without titles"
+        )
+    return name
 
 
 def _descr_field(rest: list[Any]) -> list[Any]:
     typ = rest[0]
-    out = [typ if isinstance(typ, str) else [[n, *(_descr_field(r))] for n, *r in typ]]
+    out = [typ if isinstance(typ, str) else [[_field_name(n), *(_descr_field(r))] for n, *r in typ]]
     if len(rest) > 1:
         out.append(list(rest[1]))
     return out
@@ -817,6 +826,13 @@ class StoreMeta:
                 raise FormatError(f"{where}: dtype {self.dtype!r} is not one of {DTYPES} (image layout)")
             if len(self.image_shape) != 3 or self.image_shape[2] not in COLOR_MODES or min(self.image_shape) < 1:
                 raise FormatError(f"{where}: image_shape {self.image_shape} must be (H, W, C) with C in 1, 3, 4")
+            if self.color_mode != COLOR_MODES[self.image_shape[2]]:
+                raise FormatError(
+                    f"{where}: color_mode {self.color_mode!r} does not match C = {self.image_shape[2]} "
+                    f"(FORMAT.md 4.1: {COLOR_MODES[self.image_shape[2]]!r})"
+                )
+        elif self.color_mode:
+            raise FormatError(f"{where}: color_mode {self.color_mode!r} in a store of layout 'array' (must be empty)")
         elif self.image_shape and min(self.image_shape) < 1:
             raise FormatError(f"{where}: item shape {self.image_shape} has an empty dimension")
         if dt.itemsize == 0:

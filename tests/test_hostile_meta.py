@@ -287,3 +287,24 @@ def test_a_flipped_bit_in_the_metadata_chunk_offsets_is_a_named_error(store_path
         assert run.returncode == 0, f"bit {bit}: the process died ({run.returncode}): {run.stderr[-500:]}"
         assert run.stdout.startswith("CorruptStoreError") and "block offset" in run.stdout, run.stdout
     assert issubclass(MetadataChecksumError, ChecksumError) and issubclass(MetadataTooLargeError, CorruptStoreError)
+
+
+def test_titled_dtypes_are_refused_when_written(tmp_path: Path) -> None:
+    dt = np.dtype({"names": ["a", "b"], "formats": ["<i4", "<f8"], "titles": ["Alpha", "Beta"]})
+    with pytest.raises(InvalidInputError, match="title"):
+        carraystore.create(tmp_path / "t.b2nd", (), dtype=dt, layout="array")
+    assert not list(tmp_path.iterdir())
+
+
+def test_color_mode_must_match_the_channels(store_path: Path) -> None:
+    _rewrite(store_path, lambda rec: rec.__setitem__("color_mode", "grayscale"))
+    with pytest.raises(FormatError, match="color_mode 'grayscale' does not match C = 3"):
+        carraystore.open(store_path)
+
+
+def test_damaged_dtype_strings_are_named_errors() -> None:
+    from carraystore.format import dtype_from_record
+
+    for rec in ("<i2,01", "((((((", "x" * 1000, [["a", 3]], [[1, "<i4"]]):
+        with pytest.raises(FormatError):
+            dtype_from_record(rec)
