@@ -82,7 +82,11 @@ def dtype_to_record(dt: np.dtype) -> Any:
     dt = np.dtype(dt)
     if dt.hasobject:
         raise InvalidInputError(f"dtype {dt} holds Python objects, which a store cannot hold (it never pickles)")
-    if dt.fields is None and dt.subdtype is None:
+    if dt.subdtype is not None:
+        raise InvalidInputError(
+            f"dtype {dt} is a sub-array dtype; put its shape {dt.shape} into the item shape instead (FORMAT.md 4.2)"
+        )
+    if dt.fields is None:
         return dt.str
     return [[_field_name(name), *(_descr_field(rest))] for name, *rest in dt.descr]
 

@@ -308,3 +308,8 @@ def test_damaged_dtype_strings_are_named_errors() -> None:
     for rec in ("<i2,01", "((((((", "x" * 1000, [["a", 3]], [[1, "<i4"]]):
         with pytest.raises(FormatError):
             dtype_from_record(rec)
+
+
+def test_sub_array_dtypes_are_refused_when_written(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="item shape"):
+        carraystore.create(tmp_path / "s.b2nd", (), dtype=np.dtype(("<f4", (3,))), layout="array")
