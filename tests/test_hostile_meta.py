@@ -313,3 +313,24 @@ def test_damaged_dtype_strings_are_named_errors() -> None:
 def test_sub_array_dtypes_are_refused_when_written(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="item shape"):
         carraystore.create(tmp_path / "s.b2nd", (), dtype=np.dtype(("<f4", (3,))), layout="array")
+
+
+def test_an_offsets_index_that_marks_a_chunk_uninitialised_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "z.b2nd"
+    images = np.zeros((8, 4, 4, 3), np.uint8)
+    images[4:] = 5
+    with carraystore.create(path, (4, 4, 3), chunk_images=4) as w:
+        w.append(images)
+    frame = read_frame(LocalFileSource(path))
+    data = path.read_bytes()
+    tail = frame.header_len + frame.cbytes
+    trailer_len = int.from_bytes(data[-22:-18], "big")
+    offsets = np.frombuffer(blosc2.decompress(data[tail : len(data) - trailer_len]), "<i8").copy()
+    assert offsets[0] == np.int64(-(2**63) + (1 << 56))  # zeros
+    offsets[0] = np.int64(-(2**63) + (4 << 56))  # uninitialised
+    index = blosc2.compress2(offsets.tobytes(), typesize=8)
+    rebuilt = bytearray(data[:tail] + index + data[len(data) - trailer_len :])
+    rebuilt[16:24] = len(rebuilt).to_bytes(8, "big")  # frame_len (FORMAT.md A.1)
+    path.write_bytes(bytes(rebuilt))
+    with pytest.raises(CorruptStoreError, match="chunk 0 as special value 4"):
+        carraystore.open(path)
