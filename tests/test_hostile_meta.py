@@ -334,3 +334,14 @@ def test_an_offsets_index_that_marks_a_chunk_uninitialised_is_refused(tmp_path: 
     path.write_bytes(bytes(rebuilt))
     with pytest.raises(CorruptStoreError, match="chunk 0 as special value 4"):
         carraystore.open(path)
+
+
+def test_appending_after_a_special_partial_last_chunk(tmp_path: Path) -> None:
+    path = tmp_path / "zz.b2nd"
+    with carraystore.create(path, (4, 4, 3), chunk_images=4) as w:
+        w.append(np.zeros((6, 4, 4, 3), np.uint8))
+    assert carraystore.open(path)._frame.chunk_special.tolist() == [1, 1]
+    with carraystore.append(path) as w:  # the writer checks the special last chunk's canonical CRC first
+        w.append(np.ones((3, 4, 4, 3), np.uint8))
+    store = carraystore.open(path)
+    assert store.verify() == [] and store[:].reshape(9, -1).sum(axis=1).tolist() == [0] * 6 + [48] * 3

@@ -229,3 +229,26 @@ def test_spec_writer_empty_store_then_appended(tmp_path: Path) -> None:
     grown = carraystore.open(path)
     assert grown.verify() == [] and np.array_equal(grown[:], np.full((5, 8, 8, 3), 7, np.uint8))
     _assert_same(spec_reader.read_store(path), grown)
+
+
+def test_spec_writer_header_matches_what_blosc2_writes(tmp_path: Path) -> None:
+    """Appendix A.1 byte for byte: the hand-built header equals python-blosc2's but for the
+    frame length (the metadata chunk compresses differently) and the decompression threads."""
+    rng = np.random.default_rng(11)
+    images = rng.integers(0, 256, (10, 8, 8, 3), dtype=np.uint8)
+    codec = {"codec": "zstd", "clevel": 1, "filters": ["shuffle", "bytedelta"], "filters_meta": [0, 3], "typesize": 3,
+             "block_images": 2, "splitmode": "never"}
+    spec_writer.write_store(tmp_path / "s.b2nd", images, chunk_images=4, codec=codec)
+    with carraystore.create(tmp_path / "c.b2nd", (8, 8, 3), chunk_images=4,
+                            codec=fmt.Codec.from_config({"id": "blosc2", **codec})) as w:
+        w.append(images)
+    ours, theirs = (tmp_path / "s.b2nd").read_bytes(), (tmp_path / "c.b2nd").read_bytes()
+    header_len = int.from_bytes(ours[11:15], "big")
+    assert header_len == int.from_bytes(theirs[11:15], "big")
+    masked = [(16, 24), (66, 68)]  # frame_len, decompression threads
+    a, b = bytearray(ours[:header_len]), bytearray(theirs[:header_len])
+    for lo, hi in masked:
+        a[lo:hi] = b[lo:hi] = bytes(hi - lo)
+    assert a == b
+    cbytes = int.from_bytes(ours[39:47], "big")
+    assert ours[header_len : header_len + cbytes] == theirs[header_len : header_len + cbytes]  # the same chunks
