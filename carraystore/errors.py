@@ -20,6 +20,8 @@ __all__ = [
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
+    "WriteError",
+    "NoSpaceError",
 ]
 
 
@@ -89,3 +91,11 @@ class MissingDependencyError(CarrayStoreError, ImportError):
 
 class LoaderError(CarrayStoreError):
     """A loader thread failed while reading or transforming a chunk."""
+
+
+class WriteError(CarrayStoreError, OSError):
+    """Writing a file failed (the file system refused the write); the temporary file is removed."""
+
+
+class NoSpaceError(WriteError):
+    """The file system ran out of space while a store or an exported file was written."""

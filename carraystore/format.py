@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -461,18 +462,27 @@ def check_codec_against_header(codec: Codec, blocksize: int, header: ChunkHeader
 
 
 def validate_key(key: str) -> str:
-    """Check that ``key`` is a relative, portable path or id; return it with '/' separators."""
+    """Check that ``key`` is a relative, portable path or id; return it (with '/' separators).
+
+    Folders are separated by '/'. On POSIX a backslash is an ordinary character of a name,
+    kept as it is; on Windows, where it separates folders, it becomes '/'. Either way a key
+    must not be absolute or climb with '..' when a backslash is read as a separator.
+    """
     if not isinstance(key, str) or not key:
         raise InvalidInputError(f"key {key!r}: keys must be non-empty strings")
-    k = key.replace("\\", "/")
+    k = key.replace("\\", "/") if os.sep == "\\" else key
     if "\x00" in k or "\n" in k:
         raise InvalidInputError(f"key {key!r}: keys may not contain NUL or newline characters")
-    if k.startswith("/") or (len(k) > 1 and k[1] == ":") or k.startswith("~"):
+    try:
+        k.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"key {ascii(key)} is not valid UTF-8 (an undecodable file name?)") from exc
+    if k.startswith(("/", "\\")) or (len(k) > 1 and k[1] == ":") or k.startswith("~"):
         raise InvalidInputError(
             f"key {key!r} is an absolute path; stores hold relative paths or ids only so that they can be "
             "moved and shared (make it relative to the dataset's root folder)"
         )
-    if any(part == ".." for part in k.split("/")):
+    if any(part == ".." for part in k.replace("\\", "/").split("/")):
         raise InvalidInputError(f"key {key!r} climbs out of its folder with '..'; give a path relative to the root")
     return k
 
