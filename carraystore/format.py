@@ -519,7 +519,8 @@ def _check_key_bytes(blob: bytes, offsets: np.ndarray, what: str) -> None:
         hit = blob.find(ch)  # memchr: far faster than a numpy comparison over the whole blob
         if hit >= 0:
             raise bad(int(np.searchsorted(ends, hit, side="right")), why)
-    absolute = (b[starts] == ord("/")) | (b[starts] == ord("~"))
+    # a backslash counts as a separator here, as in validate_key (it is one on Windows)
+    absolute = (b[starts] == ord("/")) | (b[starts] == ord("\\")) | (b[starts] == ord("~"))
     two = ends - starts > 1
     absolute[two] |= b[starts[two] + 1] == ord(":")
     if np.any(absolute):
@@ -528,7 +529,7 @@ def _check_key_bytes(blob: bytes, offsets: np.ndarray, what: str) -> None:
     for pos in np.flatnonzero(dots[:-1] & dots[1:]).tolist():  # every "..", then whether it is a component
         i = int(np.searchsorted(ends, pos, side="right"))
         lo, hi = int(starts[i]), int(ends[i])
-        if (pos == lo or blob[pos - 1] == 0x2F) and (pos + 2 == hi or blob[pos + 2] == 0x2F):
+        if (pos == lo or blob[pos - 1] in b"/\\") and (pos + 2 == hi or blob[pos + 2] in b"/\\"):
             raise bad(i, "has a '..' component")
 
 

@@ -179,8 +179,10 @@ def test_msgpack_timestamps_are_refused(store_path: Path) -> None:
         (lambda u: u.replace(b"k/1.png", b"k/\x00.png"), "NUL"),
         (lambda u: u.replace(b"k/1.png", b"../1.pn"), "'..' component"),
         (lambda u: u.replace(b"k/1.png", b"/k1.png"), "absolute"),
+        (lambda u: u.replace(b"k/1.png", b"k\\..\\12"), "'..' component"),
+        (lambda u: u.replace(b"k/1.png", b"\\k1.png"), "absolute"),
     ],
-    ids=["utf8", "nul", "dotdot", "absolute"],
+    ids=["utf8", "nul", "dotdot", "absolute", "dotdot-backslash", "absolute-backslash"],
 )
 def test_bad_keys_are_refused_on_open(store_path: Path, mutate: Callable[[bytes], bytes], why: str) -> None:
     _rewrite(store_path, lambda rec: rec["keys"].__setitem__("utf8", mutate(rec["keys"]["utf8"])))
@@ -190,9 +192,9 @@ def test_bad_keys_are_refused_on_open(store_path: Path, mutate: Callable[[bytes]
 
 def test_keys_with_dots_that_are_not_components_are_fine(tmp_path: Path) -> None:
     path = tmp_path / "dots.b2nd"
-    keys = ["a..b/c.png", "..x/y", "z/...", "v/w.."]
+    keys = ["a..b/c.png", "..x/y", "z/...", "v/w..", "back\\slash.jpg"]
     with carraystore.create(path, (4, 4, 1)) as w:
-        w.append(np.zeros((4, 4, 4, 1), np.uint8), keys=keys)
+        w.append(np.zeros((5, 4, 4, 1), np.uint8), keys=keys)
     assert list(carraystore.open(path).keys) == keys
 
 
