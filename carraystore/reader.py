@@ -506,6 +506,13 @@ def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> N
         problems.append(f"clevel {frame.clevel} in the file header, {meta.codec.clevel} recorded")
     if frame.nchunks != meta.nchunks:
         raise CorruptStoreError(f"{location}: file holds {frame.nchunks} chunks, metadata says {meta.nchunks}; the file is damaged")
+    odd = np.flatnonzero((frame.chunk_special != 0) & (frame.chunk_special != 1))
+    if odd.size:  # only all-zero chunks are ever special in a complete store (FORMAT.md 5.2)
+        i = int(odd[0])
+        raise CorruptStoreError(
+            f"{location}: the offsets index marks chunk {i} as special value {int(frame.chunk_special[i])} "
+            "(NaNs, a repeated value or uninitialised), which a complete store never holds; the file is damaged"
+        )
     if problems:
         raise CodecMismatchError(f"{location}: " + "; ".join(problems))
 
