@@ -18,6 +18,7 @@ __all__ = [
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
+    "StoreLockedError",
 ]
 
 
@@ -79,3 +80,7 @@ class MissingDependencyError(CarrayStoreError, ImportError):
 
 class LoaderError(CarrayStoreError):
     """A loader thread failed while reading or transforming a chunk."""
+
+
+class StoreLockedError(CarrayStoreError):
+    """Another writer (append, ingest, migrate, create) holds the store's writer lock."""
