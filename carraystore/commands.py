@@ -62,6 +62,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         follow_links=args.follow_links,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        lock_timeout=args.wait,
     )
     results = result if isinstance(result, dict) else {"": result}
     for r in results.values():
@@ -325,6 +326,8 @@ def register(sub: Any) -> None:
     p.add_argument("--split-dirs", action="store_true", help="one store per split sub-folder")
     p.add_argument("--follow-links", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="while another writer holds the output store, wait up to SECONDS (default: fail at once)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_codec_arguments(p)
     p.set_defaults(func=_cmd_ingest)

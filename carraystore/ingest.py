@@ -314,6 +314,7 @@ def _ingest_one(
     chunk_images: int | None,
     overwrite: bool,
     progress: bool,
+    lock_timeout: float | None,
     attrs: dict[str, Any] | None,
     provenance: dict[str, Any],
 ) -> IngestResult:
@@ -344,6 +345,7 @@ def _ingest_one(
             attrs=attrs,
             overwrite=overwrite,
             provenance=provenance,
+            lock_timeout=lock_timeout,
         )
 
     def flush() -> None:
@@ -446,6 +448,7 @@ def from_directory(
     overwrite: bool = False,
     progress: bool = False,
     attrs: dict[str, Any] | None = None,
+    lock_timeout: float | None = 0.0,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -457,6 +460,8 @@ def from_directory(
     (or ``shuffle=False``) writes files in sorted path order, e.g. for video frames.
     ``workers`` decoding processes (default: all cores; 1 decodes in this process).
     ``codec`` is a Codec or a preset name (``fast``, ``balanced``, ``small``).
+    ``lock_timeout``: seconds to wait while another writer holds the output store (None:
+    for ever); then :class:`~carraystore.errors.StoreLockedError` names the holder.
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
@@ -474,6 +479,7 @@ def from_directory(
         overwrite=overwrite,
         progress=progress,
         attrs=attrs,
+        lock_timeout=lock_timeout,
     )
 
     def provenance(src_name: str) -> dict[str, Any]:

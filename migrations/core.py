@@ -24,6 +24,8 @@ import numpy as np
 
 from carraystore.errors import InvalidInputError, MigrationError, StoreExistsError
 from carraystore.format import Codec
+from carraystore.journal import rollback
+from carraystore.lock import WriterLock
 from carraystore.reader import open_store
 from carraystore.writer import create, publish, remove_stale_temps, temp_path
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
@@ -207,6 +209,7 @@ def migrate(
     overwrite: bool = False,
     progress: bool = True,
     chunk_images: int | None = None,
+    lock_timeout: float | None = 0.0,
 ) -> MigrationReport:
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path).
 
@@ -218,7 +221,9 @@ def migrate(
     object-dtype bcolz arrays be unpickled (this runs code from the file: only for files
     you trust). ``verify`` re-reads the store and compares it bit for bit with the source
     before the store is renamed into place. ``codec`` / ``preset`` pick the store's codec
-    (default: the ``balanced`` preset). Returns a MigrationReport.
+    (default: the ``balanced`` preset). ``lock_timeout``: seconds to wait while another
+    writer holds ``out`` (None: for ever; then StoreLockedError names the holder).
+    Returns a MigrationReport.
     """
     t0 = time.perf_counter()
     for given in (src, images if src is None else None, labels if src is None else None):
@@ -229,6 +234,30 @@ def migrate(
         raise InvalidInputError(f"{out_p}: the output store's name must end in .b2nd")
     if not out_p.parent.is_dir():
         raise InvalidInputError(f"{out_p}: folder {out_p.parent} does not exist")
+    lock = WriterLock(out_p, purpose="migrate", timeout=lock_timeout)
+    lock.acquire()
+    try:
+        return _migrate_locked(src, out_p, images, labels, dataset, allow_pickle, verify, codec, preset, overwrite,
+                               progress, chunk_images, t0)
+    finally:
+        lock.release()
+
+
+def _migrate_locked(
+    src: str | os.PathLike[str] | None,
+    out_p: Path,
+    images: str | os.PathLike[str] | None,
+    labels: str | os.PathLike[str] | None,
+    dataset: str | None,
+    allow_pickle: bool,
+    verify: bool,
+    codec: Codec | str | None,
+    preset: str | None,
+    overwrite: bool,
+    progress: bool,
+    chunk_images: int | None,
+    t0: float,
+) -> MigrationReport:
     if out_p.exists() and not overwrite:
         raise StoreExistsError(f"{out_p} already exists; pass --overwrite (overwrite=True) to replace it")
     for s in (src, images if src is None else None, labels if src is None else None):
@@ -236,7 +265,8 @@ def migrate(
             raise InvalidInputError(f"{out_p}: the output would replace the source; write to a new file")
     chosen = _resolve_codec(codec, preset)
     source = open_source(src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle)
-    remove_stale_temps(out_p)
+    rollback(out_p)  # an append to out_p that died half-way is undone before anything else
+    remove_stale_temps(out_p)  # dead: we hold the lock every writer of out_p holds
     tmp = temp_path(out_p, "migrating")
     try:
         store_codec = _write(source, tmp, chosen if chosen is not None else source.default_codec, progress, chunk_images)
