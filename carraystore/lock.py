@@ -18,11 +18,13 @@ import os
 import socket
 import sys
 import time
+import weakref
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from carraystore.errors import CarrayStoreError, StoreLockedError
+from carraystore.forksafe import at_fork_in_child
 
 try:
     import fcntl
@@ -32,6 +34,20 @@ except ImportError:  # pragma: no cover - Windows: no locking (documented)
 __all__ = ["WriterLock", "lock_path", "lock_holder"]
 
 _POLL_S = 0.05
+#: Locks this process holds: a forked child closes its copies (the parent keeps the lock).
+_HELD: weakref.WeakSet[WriterLock] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for lock in list(_HELD):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # only the child's reference: the parent still holds the lock
+    _HELD.clear()
+
+
+at_fork_in_child(_forget_in_child)
 
 
 def lock_path(path: Path) -> Path:
@@ -113,6 +129,7 @@ class WriterLock:
                 os.close(fd)
                 continue
             self._fd = fd
+            _HELD.add(self)
             self._write_info()
             return True
 
@@ -135,6 +152,7 @@ class WriterLock:
         fd, self._fd = self._fd, None
         if fd is None:
             return
+        _HELD.discard(self)
         with contextlib.suppress(OSError):
             os.unlink(lock_path(self.path))
         os.close(fd)  # closing the last descriptor drops the flock

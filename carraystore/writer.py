@@ -151,7 +151,10 @@ class _InPlaceAppend:
 
     def __init__(self, path: Path, frame: Frame, nitems: int) -> None:
         self.path = path
-        self._fd: int | None = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            self._fd: int | None = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except PermissionError as exc:
+            raise InvalidInputError(f"{path}: cannot append, the store is not writable ({exc})") from exc
         self._old_len = frame.frame_len
         self._h = frame.header_len
         self._head = bytearray(os.pread(self._fd, self._h, 0))
@@ -223,6 +226,9 @@ class _InPlaceAppend:
         array = blosc2.open(str(self.path), mode="a")  # never pass cparams here
         _write_meta(array, meta)  # blosc2 rewrites the trailer (and the header's frame length)
         del array
+        frame_len = int.from_bytes(os.pread(self._fd, 8, FRAME_LEN_AT), "big")
+        if os.fstat(self._fd).st_size > frame_len:  # a shorter trailer than the one copied
+            os.ftruncate(self._fd, frame_len)
         os.fsync(self._fd)
         check = open_unguarded(self.path)  # the journal goes only once the new store reads back whole
         try:
@@ -506,7 +512,22 @@ class StoreWriter:
         if self._fill < k:
             self._buf[self._fill :].view(np.uint8)[...] = 0  # deterministic padding
         data = blosc2.compress2(self._buf, **self._cparams)
-        total = self._chunk_start + self._fill
+        self._store_chunk(ic, data, self._chunk_start + self._fill)
+        c = crc32(data)
+        if ic < len(self._crc):
+            self._crc[ic] = c
+        else:
+            self._crc.append(c)
+        if self._fill == k:
+            self._chunk_start += k
+            self._fill = 0
+
+    def _store_chunk(self, ic: int, data: bytes, total: int) -> None:
+        """Put the compressed chunk ``ic`` into the file, the array then holding ``total`` items.
+
+        The one place chunks reach the file: in place after the old data for an append,
+        through blosc2 into the temporary file otherwise.
+        """
         if self._inplace is not None:
             self._inplace.put_chunk(ic, data)
             self._stored = total
@@ -521,14 +542,6 @@ class StoreWriter:
                 self._array.resize((total, *self._meta.image_shape))
                 self._stored = total
             self._array.schunk.update_chunk(ic, data)
-        c = crc32(data)
-        if ic < len(self._crc):
-            self._crc[ic] = c
-        else:
-            self._crc.append(c)
-        if self._fill == k:
-            self._chunk_start += k
-            self._fill = 0
 
 
 def create(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -247,3 +248,58 @@ def test_lock_file_names_its_holder(tmp_path: Path) -> None:
     with carraystore.append(path):
         info = json.loads((tmp_path / ".s.b2nd.lock").read_text())
         assert info["pid"] == os.getpid() and info["purpose"] == "append" and info["host"] and info["since"]
+
+
+def test_ingest_into_a_target_another_writer_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from carraystore.cli import main
+    from carraystore.lock import WriterLock
+    from carraystore.sample_data import make_photo_folder
+
+    folder = make_photo_folder(tmp_path / "photos", n=12, size=(32, 32), seed=3)
+    out = tmp_path / "s.b2nd"
+    holder = WriterLock(out, purpose="ingest")
+    holder.acquire()
+    # the second ingest fails, naming the first; nothing is written
+    assert main(["ingest", str(folder), str(out), "-q", "--workers", "1"]) != 0
+    err = capsys.readouterr().err
+    assert "being written by ingest" in err and f"process {os.getpid()}" in err and "--wait" in err
+    assert not out.exists()
+    # with --wait it runs once the first writer is done
+    threading.Timer(0.5, holder.release).start()
+    t0 = time.monotonic()
+    assert main(["ingest", str(folder), str(out), "-q", "--workers", "1", "--wait", "20"]) == 0
+    assert time.monotonic() - t0 >= 0.4
+    with carraystore.open(out) as s:
+        assert len(s) == 12 and s.verify() == []
+
+
+HOLD_AND_FORK = """
+import os, sys, time, carraystore
+w = carraystore.append(sys.argv[1])
+pid = os.fork()
+if pid == 0:
+    time.sleep(60)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_writers_forked_children_do_not_keep_its_lock(tmp_path: Path) -> None:
+    path = tmp_path / "s.b2nd"
+    _store(path, 5)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_AND_FORK, str(path)], env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    try:
+        with pytest.raises(StoreLockedError):
+            carraystore.append(path)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        os.kill(child, 0)  # the forked child lives on
+        _append(path, 5, 2)  # yet the lock died with the writer
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    assert len(carraystore.open(path)) == 7
