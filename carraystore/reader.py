@@ -562,10 +562,10 @@ def open_store(
     return _open(source, storage_options, open_kwargs)
 
 
-def _file_state(path: Path) -> tuple[Any, ...]:
+def _file_state(real: Path) -> tuple[Any, ...]:
     """What changes when a writer touches a store: the file's and its journal's identity, size, time."""
     out: list[Any] = []
-    for p in (path, journal_path(path)):
+    for p in (real, journal_path(real)):
         try:
             st = os.stat(p)
             out.append((st.st_ino, st.st_size, st.st_mtime_ns))
@@ -582,15 +582,16 @@ def _open_local(source: LocalFileSource, storage_options: Any, open_kwargs: dict
     the file or its journal changed meanwhile (an append began or ended while we read).
     """
     path = source.path
+    real = Path(os.path.realpath(path))  # the journal sits beside the real file
     error: BaseException | None = None
     for attempt in range(200):
         if attempt:
             source = LocalFileSource(path)
             time.sleep(min(0.05, 0.001 * attempt))
-        before = _file_state(path)
-        journal = load_journal(path)
+        before = _file_state(real)
+        journal = load_journal(real)
         if journal is not None:
-            if rollback_if_abandoned(path):
+            if rollback_if_abandoned(real):
                 source.close()
                 continue
             source.close()
@@ -600,7 +601,7 @@ def _open_local(source: LocalFileSource, storage_options: Any, open_kwargs: dict
             store = _open(source, storage_options, open_kwargs, close_on_error=False)
         except CarrayStoreError as exc:
             error = exc
-        if _file_state(path) == before:
+        if _file_state(real) == before:
             if store is not None:
                 return store
             source.close()

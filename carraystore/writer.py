@@ -578,14 +578,16 @@ def create(
         raise InvalidInputError(f"mode must be 'w' or 'a', got {mode!r}")
     if not p.parent.is_dir():
         raise InvalidInputError(f"{p}: folder {p.parent} does not exist")
-    # One writer at a time: held until the writer's close() or abort().
-    lock = WriterLock(p, purpose="append" if mode == "a" else "create", timeout=lock_timeout)
+    # One writer at a time: held until the writer's close() or abort(). The lock and the
+    # journal sit beside the real file, so two paths (links) to one store share them.
+    real = Path(os.path.realpath(p))
+    lock = WriterLock(real, purpose="append" if mode == "a" else "create", timeout=lock_timeout)
     lock.acquire()
     try:
-        rollback(p)  # an append that died half-way is undone first (nothing happens without a journal)
+        rollback(real)  # an append that died half-way is undone first (nothing happens without a journal)
         remove_stale_temps(p)  # dead: we hold the lock every writer of p holds
         if mode == "a":
-            return _open_for_append(p, image_shape, dtype, nthreads, codec, lock)
+            return _open_for_append(real, image_shape, dtype, nthreads, codec, lock)
         return _create_new(p, image_shape, dtype, codec, chunk_images, class_names, attrs, overwrite, provenance, nthreads, layout, lock)
     except BaseException:
         lock.release()

@@ -234,7 +234,7 @@ def migrate(
         raise InvalidInputError(f"{out_p}: the output store's name must end in .b2nd")
     if not out_p.parent.is_dir():
         raise InvalidInputError(f"{out_p}: folder {out_p.parent} does not exist")
-    lock = WriterLock(out_p, purpose="migrate", timeout=lock_timeout)
+    lock = WriterLock(Path(os.path.realpath(out_p)), purpose="migrate", timeout=lock_timeout)
     lock.acquire()
     try:
         return _migrate_locked(src, out_p, images, labels, dataset, allow_pickle, verify, codec, preset, overwrite,
@@ -265,7 +265,7 @@ def _migrate_locked(
             raise InvalidInputError(f"{out_p}: the output would replace the source; write to a new file")
     chosen = _resolve_codec(codec, preset)
     source = open_source(src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle)
-    rollback(out_p)  # an append to out_p that died half-way is undone before anything else
+    rollback(Path(os.path.realpath(out_p)))  # an append to out_p that died half-way is undone before anything else
     remove_stale_temps(out_p)  # dead: we hold the lock every writer of out_p holds
     tmp = temp_path(out_p, "migrating")
     try:

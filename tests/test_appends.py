@@ -303,3 +303,80 @@ def test_a_killed_writers_forked_children_do_not_keep_its_lock(tmp_path: Path) -
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
     assert len(carraystore.open(path)) == 7
+
+
+def test_two_paths_to_one_store_share_one_lock(tmp_path: Path) -> None:
+    path = tmp_path / "s.b2nd"
+    _store(path, 5)
+    link = tmp_path / "link.b2nd"
+    link.symlink_to(path)
+    with carraystore.append(link) as w:
+        with pytest.raises(StoreLockedError):
+            carraystore.append(path)
+        w.append(_images(5, 3), labels=np.arange(5, 8) % 5, keys=_keys(5, 3))
+        with carraystore.open(link) as during:  # the journal beside the real file is found
+            assert len(during) == 5
+    with carraystore.open(link) as s:
+        assert np.array_equal(s[:], _images(0, 8))
+
+
+def _kill_mid_append(path: Path, start: int) -> None:
+    """Leave a hot journal: a child writes chunks in place and is SIGKILLed before close()."""
+    r, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            w = carraystore.append(path)
+            w.append(_images(start, 9), labels=np.arange(start, start + 9) % 5, keys=_keys(start, 9))
+            os.write(wfd, b"x")
+            time.sleep(60)
+        finally:
+            os._exit(1)
+    os.close(wfd)
+    assert os.read(r, 1) == b"x"
+    os.close(r)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def test_a_reader_that_cannot_roll_back_reads_the_old_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import carraystore.journal
+
+    path = tmp_path / "s.b2nd"
+    _store(path, 6)
+    old = path.read_bytes()
+    _kill_mid_append(path, 6)
+    assert (tmp_path / ".s.b2nd.journal").exists() and path.stat().st_size > len(old)
+    torn = path.read_bytes()
+    # a reader without write permission (root can write anyway: the check is what is replaced)
+    monkeypatch.setattr(carraystore.journal.os, "access", lambda *a, **k: False)
+    with carraystore.open(path) as s:
+        assert len(s) == 6 and np.array_equal(s[:], _images(0, 6)) and s.verify() == []
+        assert list(s.keys) == _keys(0, 6)
+    assert path.read_bytes() == torn and (tmp_path / ".s.b2nd.journal").exists()  # nothing written
+    monkeypatch.undo()
+    # a reader that may write rolls it back: the old store, byte for byte
+    with carraystore.open(path) as s:
+        assert len(s) == 6
+    assert path.read_bytes() == old and not (tmp_path / ".s.b2nd.journal").exists()
+
+
+def test_a_killed_migrations_temp_files_go_with_the_next_migrate(tmp_path: Path) -> None:
+    from carraystore.migrations.core import migrate
+
+    src = tmp_path / "cache.npz"
+    np.savez(src, images=_images(0, 10), labels=np.arange(10) % 3)
+    out = tmp_path / "out.b2nd"
+    holder = carraystore.create(out, SHAPE)  # a writer at work on the target
+    # a migrate killed on this host (its pid is alive: ours) or on another one
+    stale = tmp_path / f".out.b2nd.migrating-{os.getpid()}-0badc0de.b2nd"
+    stale.write_bytes(b"x" * 1000)
+    with pytest.raises(StoreLockedError, match="being written by create"):
+        migrate(src, out, images="images", labels="labels", progress=False)
+    assert stale.exists()  # nobody removes a temp file while the target's lock is held
+    holder.abort()
+    migrate(src, out, images="images", labels="labels", progress=False)
+    assert not stale.exists()
+    with carraystore.open(out) as s:
+        assert np.array_equal(s[:], _images(0, 10))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.npz", "out.b2nd"]
