@@ -160,18 +160,20 @@ def rollback(path: Path) -> bool:
 
 
 def rollback_if_abandoned(path: Path) -> bool:
-    """For readers: roll back a hot journal whose writer is gone, when this process may.
+    """For readers: roll back a journal whose writer is gone, when this process may.
 
-    Returns False when there is nothing to roll back or it cannot be done now (a writer
-    holds the lock, or the store or its folder is read-only): read through JournalSource.
+    A hot journal is rolled back, an incomplete one removed. Returns False when there is
+    no journal or it cannot be done now (a writer holds the lock, or the store or its
+    folder is read-only): then read through JournalSource (hot) or the file (incomplete).
     """
-    if load_journal(path) is None or not os.access(path, os.W_OK):
+    if not journal_path(path).exists() or not os.access(path, os.W_OK):
         return False
     lock = WriterLock(path, purpose="rollback of an interrupted append")
     if not lock.acquire(blocking=False):
         return False
     try:
-        return rollback(path)
+        rollback(path)
+        return True
     finally:
         lock.release()
 

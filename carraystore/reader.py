@@ -589,11 +589,11 @@ def _open_local(source: LocalFileSource, storage_options: Any, open_kwargs: dict
             source = LocalFileSource(path)
             time.sleep(min(0.05, 0.001 * attempt))
         before = _file_state(real)
+        if before[1] is not None and rollback_if_abandoned(real):
+            source.close()
+            continue
         journal = load_journal(real)
-        if journal is not None:
-            if rollback_if_abandoned(real):
-                source.close()
-                continue
+        if journal is not None:  # a writer at work, or we may not roll back: the store before it
             source.close()
             return _open(JournalSource(path, journal), storage_options, open_kwargs)
         store: Store | None = None
