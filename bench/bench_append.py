@@ -10,8 +10,9 @@ records the time and the bytes the file grew. Goal (asserted unless tiny): the m
 append to the big store takes at most 3x the median append to the small one.
 
 Scale (``CARRAYSTORE_BENCH_SCALE``): ``tiny`` (big store ~200 MB), ``default`` (~10 GB),
-``large`` (~20 GB). Free disk is checked first; the big store shrinks to fit (and says so).
-Writes ``append.json`` and ``append.md``.
+``large`` (~20 GB); ``CARRAYSTORE_BENCH_APPEND_BIG_MB`` sets another size. Free disk is
+checked first; the big store shrinks to fit (and says so). Writes ``append.json`` and
+``append.md``.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def _append_once(path: Path, images: np.ndarray, start: int) -> tuple[float, int
 def test_append_cost(benchmark: Any) -> None:
     folder = data_dir() / "append"
     folder.mkdir(parents=True, exist_ok=True)
-    big_bytes, note = _fits(BIG_BYTES[SCALE], folder)
+    want = int(os.environ.get("CARRAYSTORE_BENCH_APPEND_BIG_MB", 0)) * 2**20 or BIG_BYTES[SCALE]
+    big_bytes, note = _fits(want, folder)
     small, big = folder / "small.b2nd", folder / f"big-{big_bytes // 2**20}MiB.b2nd"
     t0 = time.perf_counter()
     n_small = _build(small, SMALL_BYTES)
