@@ -100,13 +100,16 @@ def write_journal(path: Path, journal: Journal) -> None:
     jp = journal_path(path)
     fd = os.open(jp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
-        data = journal.encode()
-        view = memoryview(data)
+        view = memoryview(journal.encode())
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
-    finally:
+    except BaseException:  # a disk full, say: the store is untouched, no journal is left
         os.close(fd)
+        with contextlib.suppress(OSError):
+            jp.unlink()
+        raise
+    os.close(fd)
     _fsync_dir(path.parent)
 
 

@@ -33,18 +33,6 @@ import numpy as np
 
 from carraystore._version import __version__
 from carraystore.errors import CorruptStoreError, InvalidInputError, StoreExistsError
-from carraystore.frame import (
-    CBYTES_AT,
-    FRAME_LEN_AT,
-    NBYTES_AT,
-    Frame,
-    encode_offsets,
-    raw_offsets,
-    shape0_position,
-    special_chunk_header,
-)
-from carraystore.journal import Journal, load_journal, remove_journal, rollback, write_journal
-from carraystore.lock import WriterLock
 from carraystore.format import (
     COLOR_MODES,
     DTYPES,
@@ -62,6 +50,18 @@ from carraystore.format import (
     dtype_to_record,
     validate_key,
 )
+from carraystore.frame import (
+    CBYTES_AT,
+    FRAME_LEN_AT,
+    NBYTES_AT,
+    Frame,
+    encode_offsets,
+    raw_offsets,
+    shape0_position,
+    special_chunk_header,
+)
+from carraystore.journal import Journal, remove_journal, rollback, write_journal
+from carraystore.lock import WriterLock
 from carraystore.reader import open_store, open_unguarded
 
 __all__ = ["StoreWriter", "create", "append", "temp_path", "remove_stale_temps", "publish", "fsync_path"]
