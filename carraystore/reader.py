@@ -582,20 +582,19 @@ def _open_local(source: LocalFileSource, storage_options: Any, open_kwargs: dict
     the file or its journal changed meanwhile (an append began or ended while we read).
     """
     path = source.path
+    source.close()  # opened again below, after the file's state is taken: its size must not be older
     real = Path(os.path.realpath(path))  # the journal sits beside the real file
     error: BaseException | None = None
     for attempt in range(200):
         if attempt:
-            source = LocalFileSource(path)
             time.sleep(min(0.05, 0.001 * attempt))
         before = _file_state(real)
         if before[1] is not None and rollback_if_abandoned(real):
-            source.close()
             continue
         journal = load_journal(real)
         if journal is not None:  # a writer at work, or we may not roll back: the store before it
-            source.close()
             return _open(JournalSource(path, journal), storage_options, open_kwargs)
+        source = LocalFileSource(path)
         store: Store | None = None
         try:
             store = _open(source, storage_options, open_kwargs, close_on_error=False)
