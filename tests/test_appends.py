@@ -297,8 +297,9 @@ def test_a_killed_writers_forked_children_do_not_keep_its_lock(tmp_path: Path) -
             carraystore.append(path)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        os.kill(child, 0)  # the forked child lives on
-        _append(path, 5, 2)  # yet the lock died with the writer
+        os.kill(child, 0)  # the forked child lives on (60 s)
+        # yet the lock died with the writer (the wait covers the child still running its fork hooks)
+        _append(path, 5, 2, lock_timeout=5)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
