@@ -187,6 +187,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         allow_split_names=args.allow_split_names,
         validation_split=args.validation_split,
         subset=args.subset,
+        lock_timeout=args.wait,
     )
     results = result if isinstance(result, dict) else {"": result}
     for r in results.values():
@@ -603,6 +604,8 @@ def register(sub: Any) -> None:
                    help="ingest sub-folders named like splits (train/, test/, ...) as classes instead of refusing")
     p.add_argument("--follow-links", action="store_true", help="descend into symbolic links to folders")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="while another writer holds the output store, wait up to SECONDS (default: fail at once)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_codec_arguments(p)
     p.set_defaults(func=_cmd_ingest)

@@ -22,6 +22,7 @@ __all__ = [
     "LoaderError",
     "WriteError",
     "NoSpaceError",
+    "StoreLockedError",
 ]
 
 
@@ -99,3 +100,5 @@ class WriteError(CarrayStoreError, OSError):
 
 class NoSpaceError(WriteError):
     """The file system ran out of space while a store or an exported file was written."""
+class StoreLockedError(CarrayStoreError):
+    """Another writer (append, ingest, migrate, create) holds the store's writer lock."""

@@ -555,6 +555,7 @@ def _ingest_one(
     chunk_images: int | None,
     overwrite: bool,
     progress: bool,
+    lock_timeout: float | None,
     attrs: dict[str, Any] | None,
     provenance: dict[str, Any],
     max_skipped: float | int = DEFAULT_MAX_SKIPPED,
@@ -588,6 +589,7 @@ def _ingest_one(
             attrs=attrs,
             overwrite=overwrite,
             provenance=provenance,
+            lock_timeout=lock_timeout,
         )
 
     def flush() -> None:
@@ -718,6 +720,7 @@ def from_directory(
     allow_split_names: bool = False,
     validation_split: float | None = None,
     subset: str | None = None,
+    lock_timeout: float | None = 0.0,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -746,6 +749,8 @@ def from_directory(
     ``keep_order`` the last files in path order). ``subset="training"`` or
     ``"validation"`` writes that part to ``output``; ``subset="both"`` writes both in one
     call, ``output/training.b2nd`` and ``output/validation.b2nd``, and returns a dict.
+    ``lock_timeout``: seconds to wait while another writer holds the output store (None:
+    for ever); then :class:`~carraystore.errors.StoreLockedError` names the holder.
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
@@ -766,6 +771,7 @@ def from_directory(
         progress=progress,
         attrs=attrs,
         max_skipped=max_skipped,
+        lock_timeout=lock_timeout,
     )
 
     def provenance(src_name: str) -> dict[str, Any]:

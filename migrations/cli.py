@@ -49,6 +49,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip re-reading the store and comparing it with the source")
     p.add_argument("--preset", metavar="NAME", help="codec preset of the new store: fast, balanced (default) or small")
     p.add_argument("--overwrite", action="store_true", help="replace OUT.b2nd if it exists")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="while another writer holds OUT.b2nd, wait up to SECONDS (default: fail at once)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet and sys.stderr.isatty(),
             class_names=[c.strip() for c in args.class_names.split(",")] if args.class_names else None,
             no_labels=args.no_labels,
+            lock_timeout=args.wait,
         )
     except MigrationVerifyError as exc:
         print(f"carraystore migrate: verification failed: {exc}", file=sys.stderr)

@@ -24,6 +24,8 @@ import numpy as np
 
 from carraystore.errors import InvalidInputError, MigrationError, StoreExistsError
 from carraystore.format import Codec
+from carraystore.journal import rollback
+from carraystore.lock import WriterLock
 from carraystore.reader import open_store
 from carraystore.writer import create, publish, remove_stale_temps, temp_path
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
@@ -210,6 +212,7 @@ def migrate(
     chunk_images: int | None = None,
     class_names: Sequence[str] | None = None,
     no_labels: bool = False,
+    lock_timeout: float | None = 0.0,
 ) -> MigrationReport:
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path).
 
@@ -225,6 +228,8 @@ def migrate(
     first); without it, an HDF5 dataset or npz member named ``class_names``, ``classes``
     or ``label_names`` gives them. In an HDF5 file the labels are inferred when exactly one
     dataset fits (integers, one per row); ``no_labels=True`` migrates without labels.
+    ``lock_timeout``: seconds to wait while another writer holds ``out`` (None: for ever;
+    then StoreLockedError names the holder).
     Returns a MigrationReport.
     """
     t0 = time.perf_counter()
@@ -236,6 +241,32 @@ def migrate(
         raise InvalidInputError(f"{out_p}: the output store's name must end in .b2nd")
     if not out_p.parent.is_dir():
         raise InvalidInputError(f"{out_p}: folder {out_p.parent} does not exist")
+    lock = WriterLock(Path(os.path.realpath(out_p)), purpose="migrate", timeout=lock_timeout)
+    lock.acquire()
+    try:
+        return _migrate_locked(src, out_p, images, labels, dataset, allow_pickle, verify, codec, preset, overwrite,
+                               progress, chunk_images, class_names, no_labels, t0)
+    finally:
+        lock.release()
+
+
+def _migrate_locked(
+    src: str | os.PathLike[str] | None,
+    out_p: Path,
+    images: str | os.PathLike[str] | None,
+    labels: str | os.PathLike[str] | None,
+    dataset: str | None,
+    allow_pickle: bool,
+    verify: bool,
+    codec: Codec | str | None,
+    preset: str | None,
+    overwrite: bool,
+    progress: bool,
+    chunk_images: int | None,
+    class_names: Sequence[str] | None,
+    no_labels: bool,
+    t0: float,
+) -> MigrationReport:
     if out_p.exists() and not overwrite:
         raise StoreExistsError(f"{out_p} already exists; pass --overwrite (overwrite=True) to replace it")
     for s in (src, images if src is None else None, labels if src is None else None):
@@ -247,7 +278,8 @@ def migrate(
     source = open_source(src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle, no_labels=no_labels)
     if class_names is not None:
         _set_class_names(source, class_names)
-    remove_stale_temps(out_p)
+    rollback(Path(os.path.realpath(out_p)))  # an append to out_p that died half-way is undone before anything else
+    remove_stale_temps(out_p)  # dead: we hold the lock every writer of out_p holds
     tmp = temp_path(out_p, "migrating")
     try:
         store_codec = _write(source, tmp, chosen if chosen is not None else source.default_codec, progress, chunk_images)
