@@ -18,6 +18,7 @@ __all__ = [
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
+    "UploadError",
 ]
 
 
@@ -79,3 +80,7 @@ class MissingDependencyError(CarrayStoreError, ImportError):
 
 class LoaderError(CarrayStoreError):
     """A loader thread failed while reading or transforming a chunk."""
+
+
+class UploadError(CarrayStoreError):
+    """Writing a store to object storage failed; nothing was published at the URL."""

@@ -26,6 +26,7 @@ from PIL import Image
 
 from carraystore.errors import ImageDecodeError, IngestError, InvalidInputError
 from carraystore.format import Codec
+from carraystore.reader import is_url
 from carraystore.writer import StoreWriter, create
 
 __all__ = [
@@ -68,7 +69,8 @@ class DecodeOptions:
 class IngestResult:
     """What an ingest did: output path, counts, class names, skipped files, speed."""
 
-    path: Path
+    #: the store's path, or its URL
+    path: Path | str
     nimages: int
     image_shape: tuple[int, ...]
     class_names: tuple[str, ...] | None
@@ -299,7 +301,7 @@ def _check_options(color_mode: str, image_size: Any, interpolation: str, on_erro
 
 def _ingest_one(
     root: Path,
-    output: Path,
+    output: Path | str,
     rels: list[str],
     labels: np.ndarray | None,
     class_names: tuple[str, ...] | None,
@@ -316,6 +318,8 @@ def _ingest_one(
     progress: bool,
     attrs: dict[str, Any] | None,
     provenance: dict[str, Any],
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> IngestResult:
     if not rels:
         raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
@@ -344,6 +348,8 @@ def _ingest_one(
             attrs=attrs,
             overwrite=overwrite,
             provenance=provenance,
+            storage_options=storage_options,
+            tmp_dir=tmp_dir,
         )
 
     def flush() -> None:
@@ -365,7 +371,7 @@ def _ingest_one(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(rels), desc=f"ingest {output.name}", unit="img", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=len(rels), desc=f"ingest {str(output).rsplit('/', 1)[-1]}", unit="img", file=sys.stderr, dynamic_ncols=True)
     try:
         for pos, (rel, arr, err) in enumerate(_decoded(root, rels, opts, workers)):
             if bar is not None:
@@ -420,7 +426,7 @@ def _ingest_one(
         ignored=ignored,
         seconds=time.perf_counter() - t0,
         nbytes=n * int(np.prod(shape)),
-        cbytes=output.stat().st_size,
+        cbytes=writer.file_size or 0,
     )
 
 
@@ -446,6 +452,8 @@ def from_directory(
     overwrite: bool = False,
     progress: bool = False,
     attrs: dict[str, Any] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -457,6 +465,10 @@ def from_directory(
     (or ``shuffle=False``) writes files in sorted path order, e.g. for video frames.
     ``workers`` decoding processes (default: all cores; 1 decodes in this process).
     ``codec`` is a Codec or a preset name (``fast``, ``balanced``, ``small``).
+
+    ``output`` may be a URL (``s3://bucket/train.b2nd``; with ``split_dirs`` a prefix
+    ``s3://bucket/data`` that receives ``<split>.b2nd`` objects): each store is written in a
+    staging folder under ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete.
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
@@ -474,6 +486,8 @@ def from_directory(
         overwrite=overwrite,
         progress=progress,
         attrs=attrs,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
     )
 
     def provenance(src_name: str) -> dict[str, Any]:
@@ -490,8 +504,9 @@ def from_directory(
             "seed": seed if shuffle else None,
         }
 
+    remote = is_url(output)
     if not split_dirs:
-        out = Path(output)
+        out = str(output) if remote else Path(output)
         rels, labs, names, ignored = list_images(root, labels, class_names, follow_links)
         return _ingest_one(root, out, rels, labs, names, ignored, opts, provenance=provenance(root.name), **common)  # type: ignore[arg-type]
 
@@ -502,10 +517,14 @@ def from_directory(
         raise IngestError(f"{root}: --split-dirs expects split sub-folders such as train/ and validation/")
     if labels not in ("inferred", None):
         raise InvalidInputError("with split_dirs, labels must be 'inferred' or None")
-    out_dir = Path(output)
-    if out_dir.suffix == ".b2nd":
-        raise InvalidInputError(f"{out_dir}: with split_dirs the output is a folder that receives <split>.b2nd files")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if str(output).rstrip("/").endswith(".b2nd"):
+        raise InvalidInputError(f"{output}: with split_dirs the output is a folder that receives <split>.b2nd files")
+    if not remote:
+        Path(output).mkdir(parents=True, exist_ok=True)
+
+    def split_output(split: str) -> Path | str:
+        return f"{str(output).rstrip('/')}/{split}.b2nd" if remote else Path(output) / f"{split}.b2nd"
+
     names_all: tuple[str, ...] | None = None
     if labels == "inferred":
         if class_names is not None:
@@ -525,6 +544,6 @@ def from_directory(
         else:
             rels, labs, names, ignored = list_images(src, None, None, follow_links)
         results[split] = _ingest_one(
-            src, out_dir / f"{split}.b2nd", rels, labs, names, ignored, opts, provenance=provenance(f"{root.name}/{split}"), **common  # type: ignore[arg-type]
+            src, split_output(split), rels, labs, names, ignored, opts, provenance=provenance(f"{root.name}/{split}"), **common  # type: ignore[arg-type]
         )
     return results

@@ -4,7 +4,9 @@ carraystore compresses every chunk itself with the pinned codec (``blosc2.compre
 and puts it in place with ``update_chunk``, so the chunk headers carry exactly the
 recorded parameters, whatever blosc2's defaults are. Until ``close()`` a store lives in
 a temporary file beside its path (``.NAME.b2nd.partial-PID-RANDOM``); ``close()``
-fsyncs it and renames it into place, so a store is never seen half-written.
+fsyncs it and renames it into place, so a store is never seen half-written. A store
+bound for a URL (``s3://...``) is written the same way in a local staging folder and
+then uploaded atomically (:mod:`carraystore.upload`).
 :func:`temp_path`, :func:`remove_stale_temps` and :func:`publish` are the same steps
 for other writers (migrations).
 """
@@ -18,7 +20,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,8 @@ from carraystore.format import (
     dtype_to_record,
     validate_key,
 )
-from carraystore.reader import open_store
+from carraystore.reader import is_url, open_store
+from carraystore.upload import RemoteTarget
 
 __all__ = ["StoreWriter", "create", "append", "temp_path", "remove_stale_temps", "publish", "fsync_path"]
 
@@ -121,12 +124,19 @@ class StoreWriter:
     """Writes a store; returned by ``carraystore.create``. Use as a context manager.
 
     Until ``close()`` the data lives in a temporary file beside ``path``; ``close()``
-    renames it into place atomically. On an exception inside ``with``, or ``abort()``,
-    the temporary file is removed and ``path`` is untouched.
+    renames it into place atomically (and, for a URL, uploads it). On an exception inside
+    ``with``, or ``abort()``, the temporary file is removed and ``path`` is untouched.
     """
 
-    def __init__(self, path: Path, tmp: Path, array: Any, meta: StoreMeta, nthreads: int) -> None:
-        self.path = path
+    def __init__(
+        self, path: Path, tmp: Path, array: Any, meta: StoreMeta, nthreads: int, target: RemoteTarget | None = None
+    ) -> None:
+        #: the store's path, or its URL when it is uploaded at close
+        self.path: Any = target.url if target is not None else path
+        self._dest = path
+        self._target = target
+        #: size in bytes of the published store (set by ``close()``)
+        self.file_size: int | None = None
         self._tmp = tmp
         self._array = array
         self._meta = meta
@@ -249,7 +259,11 @@ class StoreWriter:
             _write_meta(self._array, meta)
             self._meta = meta
             self._array = None
-            publish(self._tmp, self.path)
+            publish(self._tmp, self._dest)
+            self.file_size = self._dest.stat().st_size
+            if self._target is not None:
+                self._target.upload(self._dest)
+                self._target.cleanup()
         except BaseException:
             self.abort()
             raise
@@ -261,6 +275,8 @@ class StoreWriter:
         self._array = None
         with contextlib.suppress(FileNotFoundError):
             self._tmp.unlink()
+        if self._target is not None:
+            self._target.cleanup()
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -383,6 +399,8 @@ def create(
     provenance: dict[str, Any] | None = None,
     nthreads: int | None = None,
     layout: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> StoreWriter:
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
@@ -392,7 +410,20 @@ def create(
     ``image_shape`` is the shape of one item: (H, W, C) for images (C = 1, 3 or 4; an
     (H, W) shape gets C = 1), or any shape with ``layout="array"`` (``()`` for scalars).
     ``layout=None`` picks "NHWC" for (H, W, C) pixel data and "array" otherwise.
+
+    ``path`` may be a URL (``s3://bucket/train.b2nd``, ``gs://...``; ``storage_options``
+    as for ``carraystore.open``): the store is written in a staging folder under
+    ``tmp_dir`` (default ``TMPDIR``) and uploaded at ``close()``; it appears at the URL
+    only when complete. Appending to a URL downloads the store, appends, uploads it again.
     """
+    if is_url(path):
+        return _create_remote(str(path), storage_options, tmp_dir, mode=mode, overwrite=overwrite, image_shape=image_shape,
+                              dtype=dtype, codec=codec, chunk_images=chunk_images, class_names=class_names, attrs=attrs,
+                              provenance=provenance, nthreads=nthreads, layout=layout)
+    if storage_options:
+        raise InvalidInputError(f"{path}: storage_options apply to URLs only, not to local paths")
+    if isinstance(path, str) and path.startswith("file://"):
+        path = path[len("file://") :]
     p = Path(path)
     if p.suffix != ".b2nd":
         raise InvalidInputError(f"{p}: a store's file name must end in .b2nd")
@@ -480,6 +511,24 @@ def create(
     return StoreWriter(p, tmp, array, meta, nthreads)
 
 
+def _create_remote(
+    url: str, storage_options: Mapping[str, Any] | None, tmp_dir: Any, *, mode: str, overwrite: bool, **kwargs: Any
+) -> StoreWriter:
+    """``create`` for a URL: the local writer on a staging file, uploaded at close."""
+    if mode not in ("w", "a"):
+        raise InvalidInputError(f"mode must be 'w' or 'a', got {mode!r}")
+    target = RemoteTarget(url, storage_options, overwrite=overwrite, tmp_dir=tmp_dir, must_exist=mode == "a")
+    try:
+        if mode == "a":
+            target.download()
+        writer = create(target.local_path, mode=mode, overwrite=True, **kwargs)
+    except BaseException:
+        target.cleanup()
+        raise
+    writer.path, writer._target = url, target  # close() uploads; error messages name the URL
+    return writer
+
+
 def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
     """A fresh store file at ``tmp`` holding ``nimages`` unwritten items and ``meta``."""
     shape = meta.image_shape
@@ -535,7 +584,13 @@ def _open_for_append(
         raise
 
 
-def append(path: str | os.PathLike[str], nthreads: int | None = None) -> StoreWriter:
-    """Open an existing store to append images; same as ``create(path, mode="a")``."""
-    return create(path, mode="a", dtype=None, nthreads=nthreads)  # type: ignore[arg-type]
+def append(
+    path: str | os.PathLike[str],
+    nthreads: int | None = None,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
+) -> StoreWriter:
+    """Open an existing store (a path or URL) to append images; same as ``create(path, mode="a")``."""
+    return create(path, mode="a", dtype=None, nthreads=nthreads, storage_options=storage_options, tmp_dir=tmp_dir)  # type: ignore[arg-type]
 

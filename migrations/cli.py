@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from carraystore.commands import add_write_arguments
 from carraystore.errors import InvalidInputError
 
 __all__ = ["register", "run"]
@@ -18,6 +19,7 @@ examples:
   carraystore migrate cache.npz out.b2nd                       # np.savez cache {path: image}
   carraystore migrate data.h5 out.b2nd --dataset images --labels labels
   carraystore migrate old.b2nd new.b2nd                        # a store of an older format version
+  carraystore migrate train_data.bc s3://bucket/train.b2nd     # staged locally, verified, then uploaded
 """
 
 
@@ -45,6 +47,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--preset", metavar="NAME", help="codec preset of the new store: fast, balanced (default) or small")
     p.add_argument("--overwrite", action="store_true", help="replace OUT.b2nd if it exists")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_write_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -67,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
             preset=args.preset,
             overwrite=args.overwrite,
             progress=not args.quiet and sys.stderr.isatty(),
+            storage_options=args.storage_options,
+            tmp_dir=args.tmp_dir,
         )
     except MigrationVerifyError as exc:
         print(f"carraystore migrate: verification failed: {exc}", file=sys.stderr)
