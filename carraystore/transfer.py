@@ -23,7 +23,7 @@ from typing import Any
 from carraystore.errors import ChecksumError, CorruptStoreError, InvalidInputError, StoreExistsError
 from carraystore.format import chunk_crc_ok, crc32
 from carraystore.reader import Store, is_url, open_store
-from carraystore.upload import delete_remote, put_stream, remote_exists
+from carraystore.upload import check_writable, delete_remote, put_stream, remote_exists
 from carraystore.writer import publish, remove_stale_temps, temp_path
 
 __all__ = ["copy_store", "CopyResult", "COPY_READ_BYTES", "COPY_READS_IN_FLIGHT"]
@@ -166,7 +166,9 @@ def copy_store(
     if dst_storage_options is None and is_url(src_s) and is_url(dst_s):
         dst_storage_options = storage_options
     dst_remote = is_url(dst_s)
-    if not dst_remote and dst_storage_options:
+    if dst_remote:
+        check_writable(dst_s)
+    elif dst_storage_options:
         raise InvalidInputError(f"{dst_s}: dst_storage_options apply to URLs only, not to local paths")
     if not dst_s.rstrip("/").endswith(".b2nd"):
         raise InvalidInputError(f"{dst_s}: a store's name must end in .b2nd")

@@ -28,7 +28,7 @@ from typing import Any
 from carraystore.errors import CarrayStoreError, InvalidInputError, StoreExistsError, UploadError
 from carraystore.reader import is_url
 
-__all__ = ["RemoteTarget", "UploadError", "is_url", "put_stream", "remote_exists", "delete_remote", "PART_BYTES"]
+__all__ = ["RemoteTarget", "check_writable", "put_stream", "remote_exists", "delete_remote", "PART_BYTES"]
 
 #: Part size of multipart uploads (S3 allows 5 MiB to 5 GiB, at most 10,000 parts: 16 MiB
 #: parts reach 160 GB; larger files get larger parts).
@@ -46,7 +46,8 @@ def _object_store(url: str, storage_options: Mapping[str, Any] | None) -> tuple[
     return make_object_store(url, storage_options)
 
 
-def _check_writable(url: str) -> None:
+def check_writable(url: str) -> None:
+    """Raise InvalidInputError unless stores can be written at ``url`` (s3://, gs://, ...)."""
     scheme = url.split("://", 1)[0].lower()
     if scheme in ("http", "https"):
         raise InvalidInputError(
@@ -98,7 +99,7 @@ def put_stream(
     """
     import obstore
 
-    _check_writable(url)
+    check_writable(url)
     store, key = _object_store(url, storage_options)
     try:
         obstore.put(
@@ -150,7 +151,7 @@ class RemoteTarget:
         tmp_dir: str | os.PathLike[str] | None = None,
         must_exist: bool = False,
     ) -> None:
-        _check_writable(url)
+        check_writable(url)
         name = url.rstrip("/").rsplit("/", 1)[-1]
         if not name.endswith(".b2nd"):
             raise InvalidInputError(f"{url}: a store's name must end in .b2nd")
