@@ -18,6 +18,7 @@ __all__ = [
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
+    "RemoteReadError",
     "UploadError",
 ]
 
@@ -80,6 +81,24 @@ class MissingDependencyError(CarrayStoreError, ImportError):
 
 class LoaderError(CarrayStoreError):
     """A loader thread failed while reading or transforming a chunk."""
+
+
+class RemoteReadError(CarrayStoreError, OSError):
+    """Bytes of a remote store (object storage, HTTP) could not be read, after retries.
+
+    The message names the URL and the byte range (and the chunk where known); ``url``,
+    ``offset``, ``length`` and ``attempts`` say the same as attributes.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None, length: int | None = None, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.url = url
+        self.offset = offset
+        self.length = length
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class UploadError(CarrayStoreError):

@@ -1,0 +1,619 @@
+"""Stores on object storage and HTTP servers, read by ranged GETs (layer 3).
+
+:class:`RemoteSource` is the :class:`~carraystore.frame.ByteSource` of a URL: ``s3://``
+(AWS or any S3-compatible server: SeaweedFS, MinIO, Ceph), ``gs://``, ``http(s)://`` (any
+server that honours ``Range``) and ``file://``. The transport is `obstore
+<https://developmentseed.org/obstore/>`_ (Rust ``object_store`` + ``reqwest``): a request
+waits in Rust with the GIL released, and many are in flight from a few threads
+(docs/remote.md has the measurements behind that choice).
+
+- Opening costs one request: the first ranged GET brings the frame header and, from its
+  ``Content-Range``, the object's size, ETag and modification time (the identity a chunk
+  cache keys on). Reads inside those first bytes are served from memory.
+- Every request has a timeout. Transient failures (timeouts, connection resets, bodies cut
+  short, 5xx, 429, 503 SlowDown) are retried with exponential backoff and full jitter;
+  each retry is logged at DEBUG on the ``carraystore.remote`` logger and counted in
+  :attr:`RemoteSource.stats`. A permanent failure raises :class:`RemoteReadError` naming
+  the URL and the byte range.
+- :meth:`RemoteSource.prefetch` is a bounded read-ahead: the ranges it is told about are
+  fetched in the background, ``max_inflight`` requests at a time, runs of ranges adjacent in
+  the file and in the order given coalesced into one GET, and handed to :meth:`read` when
+  asked for (each range once). Unclaimed bytes are bounded by ``readahead_bytes``.
+- Fork and pickle: a RemoteSource pickles as its URL and options and re-opens on the other
+  side. obstore's Rust runtime does not survive ``fork()``: in a forked child the source
+  raises a clear error instead of hanging (use the ``spawn`` or ``forkserver`` start
+  method, or threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from carraystore.errors import CorruptStoreError, InvalidInputError, MissingDependencyError, RemoteReadError
+from carraystore.forksafe import at_fork_in_child
+from carraystore.frame import HEAD_READ_BYTES
+
+__all__ = [
+    "RemoteSource",
+    "RemoteStats",
+    "open_source",
+    "make_object_store",
+    "split_options",
+    "DEFAULT_MAX_INFLIGHT",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_RETRIES",
+    "SOURCE_OPTIONS",
+]
+
+log = logging.getLogger("carraystore.remote")
+
+#: Requests in flight at once (read-ahead and ``read_many``). Enough to hide a link's
+#: latency when ``max_inflight * chunk bytes >= bandwidth * round trip``: 16 chunks of
+#: 1 MiB cover 400 Mbit/s at 300 ms.
+DEFAULT_MAX_INFLIGHT = 16
+#: Seconds one request may take (connect, headers and body) before it counts as failed.
+DEFAULT_TIMEOUT = 30.0
+#: Retries of a transient failure before the read fails.
+DEFAULT_RETRIES = 6
+#: Largest GET made of adjacent ranges.
+DEFAULT_COALESCE_BYTES = 16 << 20
+#: Bytes fetched ahead and not yet asked for (the read-ahead's memory bound).
+DEFAULT_READAHEAD_BYTES = 512 << 20
+#: First and longest pause between retries (seconds; each pause is drawn from [0, cap]).
+BACKOFF_BASE = 0.1
+BACKOFF_MAX = 5.0
+
+#: storage_options keys that tune the source itself (not passed to the object store).
+SOURCE_OPTIONS = ("max_inflight", "timeout", "retries", "coalesce_bytes", "readahead_bytes", "connect_timeout")
+
+_SCHEMES = ("s3", "s3a", "gs", "gcs", "http", "https", "file")
+_FORKED = False
+
+
+def _forked() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+at_fork_in_child(_forked)
+
+
+# ---------------------------------------------------------------------------------------
+# URLs and storage options -> an obstore store
+# ---------------------------------------------------------------------------------------
+
+
+def split_options(storage_options: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(source knobs, object-store options) out of ``storage_options``."""
+    opts = dict(storage_options or {})
+    knobs = {k: opts.pop(k) for k in SOURCE_OPTIONS if k in opts}
+    return knobs, opts
+
+
+def _truthy(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("1", "true", "yes", "on")
+    return bool(v)
+
+
+def _aws_has_credentials(config: Mapping[str, Any]) -> bool:
+    if any(config.get(k) for k in ("access_key_id", "session_token", "role_arn", "web_identity_token_file")):
+        return True
+    env = os.environ
+    return any(
+        env.get(k)
+        for k in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_PROFILE",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        )
+    )
+
+
+def _client_options(knobs: Mapping[str, Any], client_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    timeout = float(knobs.get("timeout", DEFAULT_TIMEOUT))
+    connect = float(knobs.get("connect_timeout", min(10.0, timeout)))
+    out: dict[str, Any] = {
+        "allow_http": True,  # an http:// endpoint (a storage node on the LAN) works without flags
+        "timeout": timedelta(seconds=timeout),
+        "connect_timeout": timedelta(seconds=connect),
+        "pool_idle_timeout": timedelta(seconds=60),
+    }
+    for k, v in client_kwargs.items():  # obstore ClientConfig keys given in client_kwargs
+        if k not in ("endpoint_url", "region_name", "verify"):
+            out[k] = v
+    if client_kwargs.get("verify") is False:
+        out["allow_invalid_certificates"] = True
+    return out
+
+
+def _import_obstore() -> Any:
+    try:
+        import obstore.store
+    except ImportError as exc:  # pragma: no cover - obstore is in the remote and test extras
+        raise MissingDependencyError(
+            "reading stores from URLs needs obstore: pip install 'carraystore[remote]'"
+        ) from exc
+    return obstore.store
+
+
+def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """An obstore store for ``url`` and the object's key in it.
+
+    ``storage_options`` are fsspec-style (as pandas, zarr and dask take them):
+    ``endpoint_url`` (or ``client_kwargs={"endpoint_url": ...}``), ``key``, ``secret``,
+    ``token``, ``anon``, ``region`` (or ``client_kwargs={"region_name": ...}``); any
+    other key is passed to obstore as a config value (``S3Config``, ``GCSConfig``,
+    ``ClientConfig`` names). The standard environment (``AWS_ENDPOINT_URL``,
+    ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ...) is read by obstore.
+    Without credentials anywhere, S3 requests are anonymous (unsigned).
+    """
+    knobs, opts = split_options(storage_options)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in _SCHEMES:
+        raise InvalidInputError(f"{url}: unsupported URL scheme {scheme!r}; use s3://, gs://, http(s):// or file://")
+    st = _import_obstore()
+    client_kwargs = dict(opts.pop("client_kwargs", None) or {})
+    client = _client_options(knobs, client_kwargs)
+    for k in list(opts):  # ClientConfig keys given at the top level
+        if k in ("allow_http", "allow_invalid_certificates", "proxy_url", "user_agent", "default_headers", "http2_only", "http1_only"):
+            client[k] = opts.pop(k)
+    retry = {"max_retries": 0}  # retries are ours: counted, logged, and bounded by `retries`
+    anon = opts.pop("anon", None)
+    try:
+        if scheme in ("s3", "s3a"):
+            bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
+            if not bucket or not key:
+                raise InvalidInputError(f"{url}: an S3 URL is s3://bucket/key")
+            config: dict[str, Any] = {}
+            endpoint = opts.pop("endpoint_url", None) or client_kwargs.get("endpoint_url")
+            if endpoint:
+                config["endpoint"] = endpoint
+            for fs_name, name in (("key", "access_key_id"), ("secret", "secret_access_key"), ("token", "session_token")):
+                if opts.get(fs_name) is not None:
+                    config[name] = opts.pop(fs_name)
+            region = opts.pop("region", None) or opts.pop("region_name", None) or client_kwargs.get("region_name")
+            if region:
+                config["region"] = region
+            config.update(opts)
+            if anon is None:
+                anon = not _aws_has_credentials(config) and not _truthy(config.get("skip_signature", False))
+                anon = anon or None
+            if anon is not None:
+                config["skip_signature"] = _truthy(anon) or _truthy(config.get("skip_signature", False))
+            store = st.S3Store(bucket, config=config, client_options=client, retry_config=retry)
+            return store, key
+        if scheme in ("gs", "gcs"):
+            bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
+            if not bucket or not key:
+                raise InvalidInputError(f"{url}: a GCS URL is gs://bucket/key")
+            config = {}
+            token = opts.pop("token", None)
+            if token == "anon":
+                anon = True
+            elif isinstance(token, str) and token not in ("google_default", "cloud", "browser"):
+                config["application_credentials"] = token
+            opts.pop("project", None)
+            config.update(opts)
+            if anon:
+                config["skip_signature"] = True
+            return st.GCSStore(bucket, config=config, client_options=client, retry_config=retry), key
+        if scheme in ("http", "https"):
+            if opts:
+                raise InvalidInputError(f"{url}: storage options {sorted(opts)} do not apply to HTTP URLs")
+            path = parts.path
+            if not path or path.endswith("/"):
+                raise InvalidInputError(f"{url}: the URL must name a file")
+            base, _, name = path.rpartition("/")
+            store = st.HTTPStore.from_url(f"{scheme}://{parts.netloc}{base}/", client_options=client, retry_config=retry)
+            return store, unquote(name)
+        # file://
+        path = unquote(parts.path)
+        if parts.netloc and parts.netloc != "localhost":
+            raise InvalidInputError(f"{url}: a file URL is file:///absolute/path")
+        directory, _, name = path.rpartition("/")
+        return st.LocalStore(directory or "/"), name
+    except (InvalidInputError, MissingDependencyError):
+        raise
+    except Exception as exc:
+        raise InvalidInputError(f"{url}: the storage options cannot be used ({type(exc).__name__}: {exc})") from exc
+
+
+
+# ---------------------------------------------------------------------------------------
+# which failures are worth retrying
+# ---------------------------------------------------------------------------------------
+
+_STATUS = re.compile(r"status(?: code)?:? *(\d{3})", re.IGNORECASE)
+_TRANSIENT_TEXT = (
+    "timed out",
+    "timeout",
+    "connection",
+    "connect error",
+    "error sending request",
+    "error decoding response body",
+    "error reading a body",
+    "body from connection",
+    "broken pipe",
+    "reset by peer",
+    "incomplete",
+    "unexpected eof",
+    "end of file",
+    "slowdown",
+    "slow down",
+    "service unavailable",
+    "internal server error",
+    "bad gateway",
+    "gateway timeout",
+    "too many requests",
+    "dispatch task is gone",
+    "hyper",
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed request may succeed when tried again."""
+    if isinstance(exc, (_ShortRead, TimeoutError, ConnectionError)):
+        return True
+    if isinstance(exc, (FileNotFoundError, PermissionError)):
+        return False
+    name = type(exc).__name__
+    if name in ("NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "InvalidPathError", "NotSupportedError"):
+        return False
+    text = str(exc)
+    m = _STATUS.search(text)
+    if m:
+        code = int(m.group(1))
+        return code >= 500 or code in (408, 429)
+    low = text.lower()
+    return any(t in low for t in _TRANSIENT_TEXT)
+
+
+class _ShortRead(Exception):
+    """The server sent fewer bytes than the range holds (a body cut short)."""
+
+
+# ---------------------------------------------------------------------------------------
+# the source
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class RemoteStats:
+    """Counters of one source: ``requests`` (GETs sent, retries included), ``bytes``
+    (received), ``retries`` (requests sent again after a transient failure), ``coalesced``
+    (ranges served by a GET made for several)."""
+
+    requests: int = 0
+    bytes: int = 0
+    retries: int = 0
+    coalesced: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries, "coalesced": self.coalesced}
+
+
+class _Run:
+    """One GET fetched ahead: ``pieces`` (offset, length) ranges of it not yet claimed."""
+
+    __slots__ = ("start", "length", "future", "unclaimed", "done_at")
+
+    def __init__(self, start: int, length: int, pieces: int) -> None:
+        self.start = start
+        self.length = length
+        self.future: Future[bytes] | None = None
+        self.unclaimed = pieces
+        self.done_at: float | None = None
+
+
+class RemoteSource:
+    """A store file at a URL, read by ranged GETs (the ``ByteSource`` protocol).
+
+    Knobs (keyword arguments, or the same names in ``storage_options``): ``max_inflight``
+    (requests at once, default 16), ``timeout`` (seconds per request, 30), ``retries``
+    (of a transient failure, 6), ``coalesce_bytes`` (largest GET of adjacent ranges,
+    16 MiB), ``readahead_bytes`` (fetched ahead and not yet read, 512 MiB).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        max_inflight: int | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+        coalesce_bytes: int | None = None,
+        readahead_bytes: int | None = None,
+    ) -> None:
+        self.url = url
+        self.location = url
+        self.storage_options = dict(storage_options or {})
+        knobs, _ = split_options(self.storage_options)
+        given = {
+            "max_inflight": max_inflight,
+            "timeout": timeout,
+            "retries": retries,
+            "coalesce_bytes": coalesce_bytes,
+            "readahead_bytes": readahead_bytes,
+        }
+        knobs.update({k: v for k, v in given.items() if v is not None})
+        self._knobs = knobs
+        self.max_inflight = _positive("max_inflight", knobs.get("max_inflight", DEFAULT_MAX_INFLIGHT), url)
+        self.timeout = float(knobs.get("timeout", DEFAULT_TIMEOUT))
+        if not self.timeout > 0:
+            raise InvalidInputError(f"{url}: timeout must be > 0 seconds, got {self.timeout!r}")
+        self.retries = int(knobs.get("retries", DEFAULT_RETRIES))
+        if self.retries < 0:
+            raise InvalidInputError(f"{url}: retries must be >= 0, got {self.retries!r}")
+        self.coalesce_bytes = int(knobs.get("coalesce_bytes", DEFAULT_COALESCE_BYTES))
+        self.readahead_bytes = int(knobs.get("readahead_bytes", DEFAULT_READAHEAD_BYTES))
+        opts = dict(self.storage_options)
+        opts.update({k: v for k, v in knobs.items() if k in ("timeout", "connect_timeout")})
+        self._store, self.key = make_object_store(url, opts)
+        self.stats = RemoteStats()
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[tuple[int, int], tuple[_Run, int]] = {}
+        self._runs: list[_Run] = []
+        self._ahead_bytes = 0
+        self._closed = False
+        # the first request: the frame header, and the object's size and identity
+        self._head, meta = self._fetch_first(HEAD_READ_BYTES)
+        self._size = int(meta["size"])
+        self.etag: str | None = meta.get("e_tag")
+        last = meta.get("last_modified")
+        self.last_modified: str | None = last.isoformat() if hasattr(last, "isoformat") else (str(last) if last else None)
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def identity(self) -> str:
+        """What names this object's current content: URL, size, ETag or modification time."""
+        return f"{self.url}|{self._size}|{self.etag or self.last_modified or ''}"
+
+    def size(self) -> int:
+        return self._size
+
+    # -- requests ---------------------------------------------------------------------------
+    def _check_process(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.url}: the source was closed")
+        if os.getpid() != self._pid or _FORKED:
+            raise RemoteReadError(
+                f"{self.url}: this process was forked from one that had opened remote stores, and the object-store "
+                "client (obstore's Rust runtime) does not survive fork(); re-open the store in the child "
+                "(pickle the Store: it re-opens by URL) after starting it with the 'spawn' or 'forkserver' "
+                "multiprocessing method, or use threads (Keras: use_multiprocessing=False)",
+                url=self.url,
+            )
+
+    def _fetch_first(self, n: int) -> tuple[bytes, dict[str, Any]]:
+        import obstore
+
+        def once() -> tuple[bytes, dict[str, Any]]:
+            res = obstore.get(self._store, self.key, options={"range": (0, n)})
+            data = bytes(res.bytes())
+            meta = dict(res.meta)
+            if len(data) < min(n, int(meta["size"])):
+                raise _ShortRead(f"{len(data)} of {min(n, int(meta['size']))} bytes arrived")
+            return data, meta
+
+        return self._with_retries(once, 0, n)
+
+    def _get(self, offset: int, length: int) -> bytes:
+        import obstore
+
+        def once() -> bytes:
+            data = obstore.get_range(self._store, self.key, start=offset, length=length)
+            if len(data) != length:
+                raise _ShortRead(f"{len(data)} of {length} bytes arrived")
+            return bytes(data)
+
+        return self._with_retries(once, offset, length)
+
+    def _with_retries(self, once: Any, offset: int, length: int) -> Any:
+        self._check_process()
+        attempt = 0
+        while True:
+            with self._lock:
+                self.stats.requests += 1
+            try:
+                out = once()
+            except Exception as exc:
+                if isinstance(exc, RemoteReadError):
+                    raise
+                transient = is_transient(exc)
+                if not transient or attempt >= self.retries or self._closed:
+                    raise self._failure(exc, offset, length, attempt + 1, transient) from exc
+                attempt += 1
+                pause = random.uniform(0, min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (attempt - 1)))
+                with self._lock:
+                    self.stats.retries += 1
+                log.debug(
+                    "%s: bytes %d-%d: retry %d of %d in %.2f s after %s: %s",
+                    self.url, offset, offset + length, attempt, self.retries, pause, type(exc).__name__, _short(exc),
+                )  # fmt: skip
+                time.sleep(pause)
+                continue
+            n = len(out[0]) if isinstance(out, tuple) else len(out)
+            with self._lock:
+                self.stats.bytes += n
+            return out
+
+    def _failure(self, exc: BaseException, offset: int, length: int, attempts: int, transient: bool) -> RemoteReadError:
+        if isinstance(exc, FileNotFoundError) or type(exc).__name__ == "NotFoundError":
+            why = "the object does not exist (check the URL, bucket and endpoint)"
+        elif isinstance(exc, PermissionError) or type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
+            why = "access was denied (check the credentials: storage_options key/secret, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+        elif transient:
+            why = f"the server kept failing ({attempts} attempts, timeout {self.timeout:g} s each); check that it is up and reachable"
+        else:
+            why = "the server refused the request"
+        return RemoteReadError(
+            f"{self.url}: reading bytes {offset}-{offset + length} failed: {why}: {type(exc).__name__}: {_short(exc)}",
+            url=self.url,
+            offset=offset,
+            length=length,
+            attempts=attempts,
+        )
+
+    # -- ByteSource -------------------------------------------------------------------------------
+    def read(self, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset`` (from the read-ahead when it holds them)."""
+        offset, length = int(offset), int(length)
+        if offset < 0 or length < 0 or offset + length > self._size:
+            raise CorruptStoreError(
+                f"{self.url}: bytes {offset}-{offset + length} lie outside the object of {self._size} bytes; "
+                "the store is truncated or damaged"
+            )
+        if length == 0:
+            return b""
+        if offset + length <= len(self._head):
+            return self._head[offset : offset + length]
+        with self._lock:
+            hit = self._ahead.pop((offset, length), None)
+        if hit is not None:
+            run, at = hit
+            try:
+                assert run.future is not None
+                data = run.future.result()
+                return data[at : at + length]
+            finally:
+                with self._lock:
+                    run.unclaimed -= 1
+                    if run.unclaimed == 0:
+                        self._forget_run(run)
+        return self._get(offset, length)
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Every range's bytes, in order; fetched concurrently, adjacent ranges coalesced."""
+        ranges = [(int(o), int(n)) for o, n in ranges]
+        self._schedule(ranges, bounded=False)
+        return [self.read(o, n) for o, n in ranges]
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Start fetching these ranges in the background (as far as ``readahead_bytes`` allows)."""
+        try:
+            self._check_process()
+        except RemoteReadError:
+            return
+        self._schedule([(int(o), int(n)) for o, n in ranges], bounded=True)
+
+    def _runs_of(self, ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+        """Group ranges, in the order given, into runs adjacent in the file (each a GET)."""
+        runs: list[list[tuple[int, int]]] = []
+        for o, n in ranges:
+            if n <= 0 or o + n <= len(self._head) or o < 0 or o + n > self._size:
+                continue
+            if runs:
+                lo, ln = runs[-1][-1]
+                total = lo + ln - runs[-1][0][0]
+                if lo + ln == o and total + n <= self.coalesce_bytes:
+                    runs[-1].append((o, n))
+                    continue
+            runs.append([(o, n)])
+        return runs
+
+    def _schedule(self, ranges: list[tuple[int, int]], bounded: bool) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            fresh = [r for r in ranges if r not in self._ahead]
+            self._drop_stale()
+            for pieces in self._runs_of(fresh):
+                start = pieces[0][0]
+                length = pieces[-1][0] + pieces[-1][1] - start
+                if bounded and self._ahead_bytes + length > self.readahead_bytes:
+                    break
+                run = _Run(start, length, len(pieces))
+                for o, n in pieces:
+                    self._ahead[(o, n)] = (run, o - start)
+                if len(pieces) > 1:
+                    self.stats.coalesced += len(pieces)
+                self._runs.append(run)
+                self._ahead_bytes += length
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.max_inflight, thread_name_prefix=f"carraystore-remote-{id(self):x}")
+                run.future = self._pool.submit(self._fetch_run, run)
+
+    def _fetch_run(self, run: _Run) -> bytes:
+        try:
+            return self._get(run.start, run.length)
+        finally:
+            run.done_at = time.monotonic()
+
+    def _forget_run(self, run: _Run) -> None:
+        """(lock held)"""
+        try:
+            self._runs.remove(run)
+        except ValueError:
+            return
+        self._ahead_bytes -= run.length
+
+    def _drop_stale(self, age: float = 60.0) -> None:
+        """Forget runs fetched long ago and never fully read (the order changed) (lock held)."""
+        now = time.monotonic()
+        stale = [r for r in self._runs if r.done_at is not None and now - r.done_at > age]
+        if not stale:
+            return
+        gone = set(map(id, stale))
+        for key in [k for k, (r, _) in self._ahead.items() if id(r) in gone]:
+            del self._ahead[key]
+        for r in stale:
+            self._forget_run(r)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            self._ahead.clear()
+            self._runs.clear()
+            self._ahead_bytes = 0
+        if pool is not None and os.getpid() == self._pid:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- pickling: the URL and the options travel, connections never ------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "storage_options": self.storage_options, "knobs": self._knobs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        other = RemoteSource(state["url"], state["storage_options"], **{k: v for k, v in state["knobs"].items() if k != "connect_timeout"})
+        self.__dict__.update(other.__dict__)
+
+    def __repr__(self) -> str:
+        return f"<RemoteSource {self.url!r} size={self._size}>"
+
+
+def _positive(name: str, value: Any, url: str) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        v = 0
+    if v < 1:
+        raise InvalidInputError(f"{url}: {name} must be an integer >= 1, got {value!r}")
+    return v
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def open_source(url: str, storage_options: Mapping[str, Any] | None = None) -> RemoteSource:
+    """The byte source of a store at ``url`` (one request: the frame header and the size)."""
+    return RemoteSource(url, storage_options)
