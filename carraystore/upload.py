@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,9 @@ __all__ = ["RemoteTarget", "check_writable", "put_stream", "remote_exists", "del
 PART_BYTES = 16 * 1024 * 1024
 #: Parts uploaded at once.
 UPLOAD_CONCURRENCY = 8
+#: Attempts of a whole upload (or existence check) that fails transiently (a file can be
+#: sent again; a streamed copy cannot, and fails at once).
+UPLOAD_ATTEMPTS = 3
 _WRITABLE = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "memory")
 _STAGE = re.compile(r"^carraystore-upload-(?P<pid>\d+)-[0-9a-f]+$")
 
@@ -44,6 +49,19 @@ def _object_store(url: str, storage_options: Mapping[str, Any] | None) -> tuple[
     from carraystore.remote import make_object_store
 
     return make_object_store(url, storage_options)
+
+
+def _attempts(fn: Callable[[], Any]) -> Any:
+    """``fn()``, tried again (backoff with jitter) while it fails transiently."""
+    from carraystore.remote import is_transient
+
+    for attempt in range(1, UPLOAD_ATTEMPTS + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt == UPLOAD_ATTEMPTS or not is_transient(exc):
+                raise
+            time.sleep(random.uniform(0, 0.5 * 2**attempt))
 
 
 def check_writable(url: str) -> None:
@@ -68,7 +86,7 @@ def remote_exists(url: str, storage_options: Mapping[str, Any] | None = None) ->
 
     store, key = _object_store(url, storage_options)
     try:
-        obstore.head(store, key)
+        _attempts(lambda: obstore.head(store, key))
     except FileNotFoundError:
         return False
     except Exception as exc:
@@ -200,14 +218,14 @@ class RemoteTarget:
         size = path.stat().st_size
         store, key = _object_store(self.url, self.storage_options)
         try:
-            obstore.put(
+            _attempts(lambda: obstore.put(
                 store,
                 key,
                 path,
                 use_multipart=size > PART_BYTES,
                 chunk_size=_part_size(size),
                 max_concurrency=UPLOAD_CONCURRENCY,
-            )
+            ))
         except Exception as exc:
             raise UploadError(f"{self.url}: upload of {size} bytes failed ({_short(exc)}); nothing was published at the URL") from exc
         self.uploaded_bytes = size

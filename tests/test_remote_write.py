@@ -83,6 +83,11 @@ def test_ingest_cli_to_s3_equals_local_ingest(photo_folder: Path, seaweedfs, buc
     # the object is the store a local ingest writes, and the staging folder is gone
     _assert_same_store(_download(seaweedfs, url, tmp_path / "back.b2nd"), local)
     assert _staging_dirs(stage) == []
+    with cs.open(url, storage_options=seaweedfs.storage_options) as remote, cs.open(local) as here:
+        assert remote.verify() == []
+        np.testing.assert_array_equal(remote[:], here[:])
+        np.testing.assert_array_equal(remote.labels, here.labels)
+        assert list(remote.keys) == list(here.keys)
     # ingesting again refuses to replace it, unless asked
     assert cli_main(["ingest", str(photo_folder), url, "-q", "--workers", "1", "--storage-options", opts, "--tmp-dir", str(stage)]) == 2
     assert cli_main(["ingest", str(photo_folder), url, "-q", "--workers", "1", "--storage-options", opts, "--overwrite"]) == 0
