@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import obstore
 import pytest
+from obstore.store import S3Store
 
 import carraystore as cs
 from carraystore.benchmarks.netproxy import LinkProxy
@@ -309,3 +310,46 @@ def test_copy_from_plain_http(http_server, seaweedfs, bucket: str, tmp_path: Pat
     assert _object_bytes(seaweedfs, dst) == src.read_bytes()
     with cs.open(dst, storage_options=seaweedfs.storage_options) as store:
         np.testing.assert_array_equal(store[:], x)
+
+
+# -- bench loaders URL and the link proxy ----------------------------------------------------
+
+
+def test_bench_loaders_on_a_store_url(seaweedfs, bucket: str, tmp_path: Path, capsys) -> None:
+    src = tmp_path / "src.b2nd"
+    _store_with_holes(src)
+    url = f"s3://{bucket}/bench/src.b2nd"
+    cs.copy(src, url, dst_storage_options=seaweedfs.storage_options, verify=False)
+    with cs.open(src) as store:
+        nchunks = store.nchunks
+    opts = json.dumps(seaweedfs.storage_options)
+    assert cli_main(["bench", "loaders", url, "--storage-options", opts, "--epochs", "2", "--batch-size", "32", "-q",
+                     "--out", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    assert f"carraystore epochs from {url}" in text
+    rows = json.loads((tmp_path / "out" / "store_epochs.json").read_text())["epochs"]
+    assert [r["images"] for r in rows] == [150, 150]
+    # an epoch costs at most one request per chunk, and fetches the chunks' bytes once
+    assert all(0 < r["requests"] <= nchunks for r in rows)
+    assert all(r["mb"] * 1e6 <= src.stat().st_size for r in rows)
+
+
+def test_link_proxy_adds_latency_caps_bandwidth_and_counts(seaweedfs, bucket: str) -> None:
+    name, prefix = bucket.split("/", 1)
+    direct = seaweedfs.s3_store(name)
+    obstore.put(direct, f"{prefix}/blob", os.urandom(4_000_000))
+    with LinkProxy(seaweedfs.s3_port, rtt_ms=100, mbit=80) as link:
+        store = S3Store(name, endpoint=link.endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True})
+        obstore.get_range(store, f"{prefix}/blob", start=0, length=10)  # connect
+        link.reset()
+        t0 = time.perf_counter()
+        obstore.get_range(store, f"{prefix}/blob", start=0, length=10)
+        small = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        data = bytes(obstore.get(store, f"{prefix}/blob").bytes())
+        big = time.perf_counter() - t0
+        stats = link.reset()
+    assert len(data) == 4_000_000
+    assert small >= 0.1  # one round trip
+    assert big >= 4_000_000 * 8 / 80e6 * 0.9  # 0.4 s at 80 Mbit/s (less the proxy's small burst allowance)
+    assert stats.requests == stats.gets == 2 and stats.bytes_down > 4_000_000
