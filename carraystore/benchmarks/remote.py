@@ -34,7 +34,7 @@ import numpy as np
 
 __all__ = ["store_epochs", "run_contender", "peak_rss_mb", "CONTENDERS", "SKIPPED_PEERS"]
 
-CONTENDERS = ("carraystore", "carraystore_local", "jpeg_get", "webdataset", "zarr")
+CONTENDERS = ("carraystore", "carraystore_fast", "carraystore_local", "jpeg_get", "webdataset", "zarr")
 #: Peers of the issue that do not run here, and why.
 SKIPPED_PEERS = {
     "mosaicml-streaming": "needs PyTorch (torch is a hard dependency of `streaming`), which carraystore does not install",
@@ -53,15 +53,20 @@ def peak_rss_mb() -> float:
 
 
 def _timed(batches: Iterator[Any]) -> dict[str, float]:
+    """images/s of an epoch, its first batch's wait, and the rate after the first batch."""
     t0 = time.perf_counter()
     first = None
-    n = 0
+    n = n_first = 0
     for x in batches:
         if first is None:
             first = time.perf_counter() - t0
+            n_first = len(x)
         n += len(x)
     dt = time.perf_counter() - t0
-    return {"images": n, "seconds": dt, "images_per_s": n / dt if dt > 0 else float("nan"), "first_batch_s": first or 0.0}
+    first = first or 0.0
+    steady = (n - n_first) / (dt - first) if dt > first and n > n_first else float("nan")
+    return {"images": n, "seconds": dt, "images_per_s": n / dt if dt > 0 else float("nan"), "first_batch_s": first,
+            "after_first_images_per_s": steady}
 
 
 def store_epochs(
@@ -201,7 +206,7 @@ def run_contender(spec: dict[str, Any], emit: Any = None) -> list[dict[str, Any]
     emit = emit or (lambda d: None)
     kind = spec["kind"]
     epochs = spec["epochs"]
-    if kind in ("carraystore", "carraystore_local"):
+    if kind in ("carraystore", "carraystore_fast", "carraystore_local"):
         if kind == "carraystore_local":  # the local warm rate: one untimed epoch fills the page cache
             store_epochs(spec["location"], None, batch_size=spec["batch_size"], epochs=1, seed=spec["seed"] + 1000)
         return store_epochs(spec["location"], spec.get("storage_options"), batch_size=spec["batch_size"], epochs=epochs,
