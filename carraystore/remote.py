@@ -389,6 +389,11 @@ class RemoteSource:
     def size(self) -> int:
         return self._size
 
+    @property
+    def head_bytes(self) -> int:
+        """Bytes at the start of the object held in memory since opening (served without a request)."""
+        return len(self._head)
+
     # -- requests ---------------------------------------------------------------------------
     def _check_process(self) -> None:
         if self._closed:
