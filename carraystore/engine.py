@@ -640,8 +640,15 @@ class EpochDecoder:
         return win
 
     def _announce(self, w: int) -> None:
-        """Tell the byte source which chunks come next (up to a window beyond ``w``)."""
+        """Tell the byte source which chunks come next: up to a window beyond ``w``, and for a
+        remote source at least its ``max_inflight`` chunks beyond it, so that many ranged GETs
+        are in flight (the source bounds the bytes it fetches ahead)."""
+        want = int(getattr(self.spec.store.source, "max_inflight", 0) or 0)
         last = min(self.plan.nwindows - 1, w + 1)
+        n = sum(len(self.plan.window_chunks[v]) for v in range(w + 1, last + 1))
+        while n < want and last + 1 < self.plan.nwindows:
+            last += 1
+            n += len(self.plan.window_chunks[last])
         if last <= self._announced and w <= self._announced:
             return
         first = max(w, self._announced + 1)

@@ -30,6 +30,7 @@ from carraystore.errors import (
     FormatVersionError,
     InvalidInputError,
     NotAStoreError,
+    RemoteReadError,
 )
 from carraystore.forksafe import in_forked_child
 from carraystore.format import (
@@ -278,6 +279,8 @@ class Store:
                 data: bytes | memoryview = self._source.view(offset, length)
             else:
                 data = self._source.read(offset, length)
+        except RemoteReadError as exc:
+            raise RemoteReadError(f"{exc} (chunk {i})", url=exc.url, offset=exc.offset, length=exc.length, attempts=exc.attempts) from exc
         except CarrayStoreError:
             raise
         except Exception as exc:

@@ -20,13 +20,15 @@ waits in Rust with the GIL released, and many are in flight from a few threads
   the file and in the order given coalesced into one GET, and handed to :meth:`read` when
   asked for (each range once). Unclaimed bytes are bounded by ``readahead_bytes``.
 - Fork and pickle: a RemoteSource pickles as its URL and options and re-opens on the other
-  side. obstore's Rust runtime does not survive ``fork()``: in a forked child the source
-  raises a clear error instead of hanging (use the ``spawn`` or ``forkserver`` start
-  method, or threads).
+  side. obstore's Rust runtime does not survive ``fork()`` (tokio): in a process forked
+  after it ran, unsigned requests (HTTP, anonymous S3 and GCS) go through Python's own
+  HTTP client instead, and signed ones raise a clear error instead of hanging (start
+  workers with ``spawn``/``forkserver``, or use threads).
 """
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import random
@@ -38,7 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from carraystore.errors import CorruptStoreError, InvalidInputError, MissingDependencyError, RemoteReadError
 from carraystore.forksafe import at_fork_in_child
@@ -78,15 +80,19 @@ BACKOFF_MAX = 5.0
 SOURCE_OPTIONS = ("max_inflight", "timeout", "retries", "coalesce_bytes", "readahead_bytes", "connect_timeout")
 
 _SCHEMES = ("s3", "s3a", "gs", "gcs", "http", "https", "file")
-_FORKED = False
+#: obstore made a request in this process (its Rust runtime runs here)
+_RUNTIME_STARTED = False
+#: this process was forked after obstore's runtime started (in it or an ancestor): obstore
+#: would hang here, so requests go through the plain HTTP client or fail clearly
+_RUNTIME_INHERITED = False
 
 
-def _forked() -> None:
-    global _FORKED
-    _FORKED = True
+def _after_fork_in_child() -> None:
+    global _RUNTIME_INHERITED
+    _RUNTIME_INHERITED = _RUNTIME_INHERITED or _RUNTIME_STARTED
 
 
-at_fork_in_child(_forked)
+at_fork_in_child(_after_fork_in_child)
 
 
 # ---------------------------------------------------------------------------------------
@@ -234,6 +240,50 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
 
 
 
+def plain_http_url(url: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
+    """The object's URL for an unsigned plain-HTTP GET, or None when requests must be signed.
+
+    Used in processes forked after obstore's runtime started (obstore cannot run there):
+    ``http(s)://`` URLs, anonymous S3 (path-style, on the configured endpoint) and
+    anonymous GCS can still be read with Python's own HTTP client.
+    """
+    _, opts = split_options(storage_options)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("http", "https"):
+        return url
+    client_kwargs = dict(opts.get("client_kwargs") or {})
+    anon = opts.get("anon")
+    if scheme in ("s3", "s3a"):
+        config = {"access_key_id": opts.get("key"), "session_token": opts.get("token")}
+        config.update({k: v for k, v in opts.items() if k in ("access_key_id", "role_arn", "web_identity_token_file")})
+        if anon is None:
+            anon = _truthy(opts.get("skip_signature", os.environ.get("AWS_SKIP_SIGNATURE", False))) or not _aws_has_credentials(config)
+        if not _truthy(anon):
+            return None
+        endpoint = (
+            opts.get("endpoint_url")
+            or opts.get("endpoint")
+            or client_kwargs.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or os.environ.get("AWS_ENDPOINT")
+        )
+        if not endpoint:
+            region = opts.get("region") or client_kwargs.get("region_name") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            endpoint = f"https://s3.{region}.amazonaws.com"
+        return f"{endpoint.rstrip('/')}/{parts.netloc}{quote(unquote(parts.path))}"
+    if scheme in ("gs", "gcs"):
+        if _truthy(anon) or opts.get("token") == "anon":
+            return f"https://storage.googleapis.com/{parts.netloc}{quote(unquote(parts.path))}"
+        return None
+    return None
+
+
+class _HTTPStatusError(Exception):
+    """A plain-HTTP GET answered with an error status."""
+
+
 # ---------------------------------------------------------------------------------------
 # which failures are worth retrying
 # ---------------------------------------------------------------------------------------
@@ -267,7 +317,7 @@ _TRANSIENT_TEXT = (
 
 def is_transient(exc: BaseException) -> bool:
     """Whether a failed request may succeed when tried again."""
-    if isinstance(exc, (_ShortRead, TimeoutError, ConnectionError)):
+    if isinstance(exc, (_ShortRead, TimeoutError, ConnectionError, http.client.HTTPException)):
         return True
     if isinstance(exc, (FileNotFoundError, PermissionError)):
         return False
@@ -365,6 +415,8 @@ class RemoteSource:
         opts = dict(self.storage_options)
         opts.update({k: v for k, v in knobs.items() if k in ("timeout", "connect_timeout")})
         self._store, self.key = make_object_store(url, opts)
+        self._plain_url = plain_http_url(url, self.storage_options)
+        self._conns = threading.local()
         self.stats = RemoteStats()
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -389,26 +441,74 @@ class RemoteSource:
     def size(self) -> int:
         return self._size
 
+    @property
+    def head_bytes(self) -> int:
+        """Bytes at the start of the object held in memory since opening (served without a request)."""
+        return len(self._head)
+
     # -- requests ---------------------------------------------------------------------------
     def _check_process(self) -> None:
+        """Raise if closed; in a forked child, start afresh (new lock, pool, read-ahead)."""
         if self._closed:
             raise ValueError(f"{self.url}: the source was closed")
-        if os.getpid() != self._pid or _FORKED:
+        if os.getpid() != self._pid:
+            self._lock = threading.Lock()
+            self._pool = None
+            self._ahead = {}
+            self._runs = []
+            self._ahead_bytes = 0
+            self._conns = threading.local()
+            self._pid = os.getpid()
+
+    def _plain_only(self) -> bool:
+        """Whether requests must avoid obstore here (this process was forked after it ran)."""
+        if not _RUNTIME_INHERITED:
+            return False
+        if self._plain_url is None:
             raise RemoteReadError(
-                f"{self.url}: this process was forked from one that had opened remote stores, and the object-store "
-                "client (obstore's Rust runtime) does not survive fork(); re-open the store in the child "
-                "(pickle the Store: it re-opens by URL) after starting it with the 'spawn' or 'forkserver' "
-                "multiprocessing method, or use threads (Keras: use_multiprocessing=False)",
+                f"{self.url}: this process was forked from one that had used obstore, whose Rust runtime does not "
+                "survive fork(), and signed requests need it; start worker processes with the 'spawn' or "
+                "'forkserver' multiprocessing method (a pickled Store re-opens by URL there), or use threads "
+                "(Keras: use_multiprocessing=False)",
                 url=self.url,
             )
+        return True
+
+    def _plain_get(self, start: int, length: int) -> tuple[bytes, dict[str, Any]]:
+        """One ranged GET with Python's HTTP client (forked children): (bytes, meta)."""
+        parts = urlsplit(self._plain_url)
+        conn = getattr(self._conns, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+            conn = self._conns.conn = cls(parts.hostname, parts.port, timeout=self.timeout)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        try:
+            conn.request("GET", target, headers={"Range": f"bytes={start}-{start + length - 1}"})
+            resp = conn.getresponse()
+            body = resp.read()
+        except BaseException:
+            conn.close()
+            self._conns.conn = None
+            raise
+        if resp.status == 404:
+            raise FileNotFoundError(f"GET {self._plain_url}: status 404")
+        if resp.status in (401, 403):
+            raise PermissionError(f"GET {self._plain_url}: status {resp.status}")
+        if resp.status not in (200, 206):
+            raise _HTTPStatusError(f"GET {self._plain_url}: status {resp.status}: {body[:200]!r}")
+        total = resp.getheader("Content-Range", "").rpartition("/")[2]
+        size = int(total) if total.isdigit() else (len(body) if resp.status == 200 else -1)
+        if resp.status == 200:  # the server ignored Range
+            body = body[start : start + length]
+        return body, {"size": size, "e_tag": resp.getheader("ETag"), "last_modified": resp.getheader("Last-Modified")}
 
     def _fetch_first(self, n: int) -> tuple[bytes, dict[str, Any]]:
-        import obstore
-
         def once() -> tuple[bytes, dict[str, Any]]:
-            res = obstore.get(self._store, self.key, options={"range": (0, n)})
-            data = bytes(res.bytes())
-            meta = dict(res.meta)
+            if self._plain_only():
+                data, meta = self._plain_get(0, n)
+            else:
+                res = _obstore().get(self._store, self.key, options={"range": (0, n)})
+                data, meta = bytes(res.bytes()), dict(res.meta)
             if len(data) < min(n, int(meta["size"])):
                 raise _ShortRead(f"{len(data)} of {min(n, int(meta['size']))} bytes arrived")
             return data, meta
@@ -416,10 +516,11 @@ class RemoteSource:
         return self._with_retries(once, 0, n)
 
     def _get(self, offset: int, length: int) -> bytes:
-        import obstore
-
         def once() -> bytes:
-            data = obstore.get_range(self._store, self.key, start=offset, length=length)
+            if self._plain_only():
+                data: Any = self._plain_get(offset, length)[0]
+            else:
+                data = _obstore().get_range(self._store, self.key, start=offset, length=length)
             if len(data) != length:
                 raise _ShortRead(f"{len(data)} of {length} bytes arrived")
             return bytes(data)
@@ -475,6 +576,7 @@ class RemoteSource:
     # -- ByteSource -------------------------------------------------------------------------------
     def read(self, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes at ``offset`` (from the read-ahead when it holds them)."""
+        self._check_process()
         offset, length = int(offset), int(length)
         if offset < 0 or length < 0 or offset + length > self._size:
             raise CorruptStoreError(
@@ -502,16 +604,14 @@ class RemoteSource:
 
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Every range's bytes, in order; fetched concurrently, adjacent ranges coalesced."""
+        self._check_process()
         ranges = [(int(o), int(n)) for o, n in ranges]
         self._schedule(ranges, bounded=False)
         return [self.read(o, n) for o, n in ranges]
 
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Start fetching these ranges in the background (as far as ``readahead_bytes`` allows)."""
-        try:
-            self._check_process()
-        except RemoteReadError:
-            return
+        self._check_process()
         self._schedule([(int(o), int(n)) for o, n in ranges], bounded=True)
 
     def _runs_of(self, ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
@@ -597,6 +697,15 @@ class RemoteSource:
 
     def __repr__(self) -> str:
         return f"<RemoteSource {self.url!r} size={self._size}>"
+
+
+def _obstore() -> Any:
+    """obstore, noting that its runtime now runs in this process."""
+    global _RUNTIME_STARTED
+    import obstore
+
+    _RUNTIME_STARTED = True
+    return obstore
 
 
 def _positive(name: str, value: Any, url: str) -> int:

@@ -1,203 +1,354 @@
-"""A TCP proxy on loopback that emulates a network link: added round-trip time and a bandwidth cap.
+"""A TCP proxy on loopback that emulates a network link and injects faults.
 
-``LinkProxy(target_port, rtt_ms=20, mbit=400)`` listens on a free 127.0.0.1 port and
-forwards every connection to ``127.0.0.1:target_port``. Each direction's bytes are held
-for half the round-trip time, and the bytes of all connections share one token bucket
-per direction (one link of ``mbit`` megabits per second, like a NIC), so many requests
-in flight share the cap as they would on a real link. It counts connections, bytes and
-HTTP requests (request lines seen from the client), which the remote benchmark reports.
+Used by the remote tests (faults) and the remote benchmarks (a link with a round trip and
+a bandwidth cap), in front of any HTTP server (SeaweedFS's S3 gateway, a plain HTTP
+server)::
 
-Connection setup is not delayed (clients keep connections alive; the handshake is paid
-once per connection). Only loopback targets are accepted. It runs an asyncio loop in a
-daemon thread; ``stop()`` closes the listener and every connection.
+    with NetProxy("127.0.0.1", 8333, rtt=0.020, bandwidth=400e6 / 8) as proxy:
+        url_endpoint = proxy.url          # http://127.0.0.1:<port>
+        proxy.inject_503(2)               # the next 2 requests get "503 SlowDown"
+        proxy.cut_after(100_000)          # drop a connection mid-body, once
+        proxy.stall_after(100_000)        # stop sending, keep the connection open, once
+        print(proxy.stats)                # connections, requests, bytes each way, faults
+
+- ``rtt``: seconds added to every round trip (half on each direction, as a link's
+  propagation delay: data keeps flowing, it just arrives later).
+- ``bandwidth``: bytes per second, shared by every connection in each direction.
+- Faults are armed for the next request(s) or the next bytes sent to the client; each is
+  counted in ``stats``. Only loopback addresses are used.
 """
 
 from __future__ import annotations
 
-import asyncio
-import re
+import collections
+import socket
+import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LinkProxy", "LinkStats"]
+__all__ = ["NetProxy", "ProxyStats"]
 
-_REQUEST_LINE = re.compile(rb"(?:^|\r\n)(GET|HEAD|PUT|POST|DELETE) \S+ HTTP/1\.[01]\r\n")
-_BLOCK = 64 * 1024
+_BUF = 64 * 1024
+_SLOWDOWN = (
+    b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 
 
 @dataclass
-class LinkStats:
-    """Traffic through the proxy since it started (or since ``reset()``)."""
+class ProxyStats:
+    """What went through the proxy."""
 
     connections: int = 0
     requests: int = 0
-    bytes_up: int = 0  # client -> server
-    bytes_down: int = 0  # server -> client
-    gets: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    injected_503: int = 0
+    cuts: int = 0
+    stalls: int = 0
+    request_lines: list[str] = field(default_factory=list)
 
 
 class _Bucket:
-    """One direction of the link: bytes leave no faster than ``mbit`` megabits per second."""
+    """A token bucket: ``rate`` bytes per second shared by its users (None: unlimited)."""
 
-    #: seconds of sending time that may be made up after a late wake-up (sleep overshoot)
-    BURST_S = 0.05
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self.lock = threading.Lock()
+        self.next_free = time.monotonic()
 
-    def __init__(self, mbit: float | None) -> None:
-        self.rate = mbit * 1e6 / 8 if mbit else None
-        self.free_at = 0.0
-
-    async def send(self, n: int) -> None:
-        if self.rate is None:
+    def take(self, n: int) -> None:
+        if not self.rate:
             return
-        now = time.monotonic()
-        self.free_at = max(self.free_at, now - self.BURST_S) + n / self.rate
-        wait = self.free_at - now
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.next_free)
+            self.next_free = start + n / self.rate
+            wait = self.next_free - now
         if wait > 0:
-            await asyncio.sleep(wait)
+            time.sleep(wait)
 
 
-class LinkProxy:
-    """Forwards 127.0.0.1:``port`` to 127.0.0.1:``target_port`` with ``rtt_ms`` and ``mbit``."""
+class _Pipe:
+    """One direction of one connection: read, delay by ``delay`` seconds, cap, write."""
 
-    def __init__(self, target_port: int, rtt_ms: float = 0.0, mbit: float | None = None, target_host: str = "127.0.0.1") -> None:
-        if not target_host.startswith("127.") and target_host not in ("localhost", "::1"):
-            raise ValueError(f"LinkProxy forwards to loopback only, not {target_host}")
-        self.target = (target_host, int(target_port))
-        self.rtt_ms = float(rtt_ms)
-        self.mbit = mbit
-        self.stats = LinkStats()
-        self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._lock = threading.Lock()
+    def __init__(self, proxy: NetProxy, src: socket.socket, dst: socket.socket, down: bool, conn: _Conn) -> None:
+        self.proxy = proxy
+        self.src = src
+        self.dst = dst
+        self.down = down
+        self.conn = conn
+        self.queue: collections.deque[tuple[float, bytes | None]] = collections.deque()
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True, name="netproxy-read")
+        self.writer = threading.Thread(target=self._write, daemon=True, name="netproxy-write")
+
+    def start(self) -> None:
+        self.reader.start()
+        self.writer.start()
+
+    def put(self, data: bytes | None) -> None:
+        with self.cond:
+            self.queue.append((time.monotonic() + self.proxy.rtt / 2, data))
+            self.cond.notify()
+
+    def _read(self) -> None:
+        try:
+            if self.down:
+                while True:
+                    data = self.src.recv(_BUF)
+                    if not data:
+                        break
+                    self.put(data)
+            else:
+                self.conn.read_requests(self)
+        except OSError:
+            pass
+        self.put(None)
+
+    def _write(self) -> None:
+        proxy = self.proxy
+        try:
+            while True:
+                with self.cond:
+                    while not self.queue:
+                        self.cond.wait()
+                    due, data = self.queue.popleft()
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                if data is None:
+                    try:
+                        self.dst.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                    return
+                view = memoryview(data)
+                while view:
+                    piece = view[:_BUF]
+                    if self.down:
+                        fault = proxy._down_fault(len(piece))
+                        if fault == "cut":
+                            self.conn.reset()
+                            return
+                        if fault == "stall":
+                            self.conn.stall()
+                            return
+                    (proxy.down_bucket if self.down else proxy.up_bucket).take(len(piece))
+                    self.dst.sendall(piece)
+                    with proxy.lock:
+                        if self.down:
+                            proxy.stats.bytes_down += len(piece)
+                        else:
+                            proxy.stats.bytes_up += len(piece)
+                    view = view[len(piece) :]
+        except OSError:
+            self.conn.close()
+
+
+class _Conn:
+    """One client connection and its upstream connection."""
+
+    def __init__(self, proxy: NetProxy, client: socket.socket) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.upstream = socket.create_connection(proxy.target, timeout=30)
+        self.upstream.settimeout(None)
+        self.closed = False
+        self.up = _Pipe(proxy, client, self.upstream, down=False, conn=self)
+        self.down = _Pipe(proxy, self.upstream, client, down=True, conn=self)
+        self.reply_lock = threading.Lock()
+
+    def start(self) -> None:
+        self.up.start()
+        self.down.start()
+
+    def read_requests(self, pipe: _Pipe) -> None:
+        """Forward the client's requests one by one (answering some with 503 itself)."""
+        buf = b""
+        sock = self.client
+        while True:
+            while b"\r\n\r\n" not in buf:
+                data = sock.recv(_BUF)
+                if not data:
+                    if buf:
+                        pipe.put(buf)
+                    return
+                buf += data
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            head += b"\r\n\r\n"
+            lines = head.split(b"\r\n")
+            headers = {}
+            for line in lines[1:]:
+                k, _, v = line.partition(b":")
+                headers[k.strip().lower()] = v.strip()
+            proxy = self.proxy
+            with proxy.lock:
+                proxy.stats.requests += 1
+                proxy.stats.request_lines.append(lines[0].decode("latin-1"))
+                inject = proxy._pending_503 > 0
+                if inject:
+                    proxy._pending_503 -= 1
+                    proxy.stats.injected_503 += 1
+            if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+                # a body of unknown length: stop parsing, pass the rest through untouched
+                pipe.put(head + buf)
+                while True:
+                    data = sock.recv(_BUF)
+                    if not data:
+                        return
+                    pipe.put(data)
+            length = int(headers.get(b"content-length", b"0") or 0)
+            body_parts = []
+            have = min(len(buf), length)
+            body_parts.append(buf[:have])
+            buf = buf[have:]
+            left = length - have
+            while left > 0:
+                data = sock.recv(min(_BUF, left))
+                if not data:
+                    return
+                body_parts.append(data)
+                left -= len(data)
+            if inject:
+                reply = (
+                    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                    + b"Content-Length: " + str(len(_SLOWDOWN)).encode() + b"\r\n\r\n" + _SLOWDOWN
+                )  # fmt: skip
+                # the answer travels the down direction, after the link's delay
+                self.down.put(reply)
+                continue
+            pipe.put(head)
+            for part in body_parts:
+                if part:
+                    pipe.put(part)
+
+    def reset(self) -> None:
+        """Drop both connections abruptly (RST): a connection lost in the middle of a body."""
+        for s in (self.client, self.upstream):
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+        self.close()
+
+    def stall(self) -> None:
+        """Stop forwarding to the client; the connection stays open until the proxy stops."""
+        with self.proxy.lock:
+            self.proxy._stalled.append(self)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for s in (self.client, self.upstream):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+class NetProxy:
+    """Forwards ``127.0.0.1:<port>`` to ``(host, port)`` with a round trip, a cap and faults."""
+
+    def __init__(self, host: str, port: int, *, rtt: float = 0.0, bandwidth: float | None = None) -> None:
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(f"NetProxy forwards to loopback only, not {host!r}")
+        self.target = (host, int(port))
+        self.rtt = float(rtt)
+        self.up_bucket = _Bucket(bandwidth)
+        self.down_bucket = _Bucket(bandwidth)
+        self.stats = ProxyStats()
+        self.lock = threading.Lock()
+        self._pending_503 = 0
+        self._cut_at: list[tuple[str, int]] = []  # (kind, downstream bytes still to pass)
+        self._stalled: list[_Conn] = []
+        self._conns: list[_Conn] = []
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port = self._listener.getsockname()[1]
+        self._stopped = False
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="netproxy-accept")
+        self._thread.start()
 
     @property
-    def endpoint(self) -> str:
-        """``http://127.0.0.1:PORT``: the proxied server's URL."""
+    def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def reset(self) -> LinkStats:
-        """Return the counts so far and start counting from zero."""
-        with self._lock:
-            old, self.stats = self.stats, LinkStats()
-        return old
+    # -- faults ---------------------------------------------------------------------------
+    def inject_503(self, n: int = 1) -> None:
+        """Answer the next ``n`` requests with ``503 Slow Down`` (not forwarded)."""
+        with self.lock:
+            self._pending_503 += n
 
-    def start(self) -> LinkProxy:
-        ready = threading.Event()
+    def cut_after(self, nbytes: int, times: int = 1) -> None:
+        """Drop the connection (RST) once ``nbytes`` more bytes went to the client; ``times`` times."""
+        with self.lock:
+            for _ in range(times):
+                self._cut_at.append(("cut", int(nbytes)))
 
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            self._up, self._down = _Bucket(self.mbit), _Bucket(self.mbit)
-            self._server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-            self.port = self._server.sockets[0].getsockname()[1]
-            ready.set()
+    def stall_after(self, nbytes: int, times: int = 1) -> None:
+        """Stop sending to the client (connection left open) after ``nbytes`` more bytes."""
+        with self.lock:
+            for _ in range(times):
+                self._cut_at.append(("stall", int(nbytes)))
+
+    def _down_fault(self, n: int) -> str | None:
+        with self.lock:
+            if not self._cut_at:
+                return None
+            kind, left = self._cut_at[0]
+            if left > n:
+                self._cut_at[0] = (kind, left - n)
+                return None
+            self._cut_at.pop(0)
+            if kind == "cut":
+                self.stats.cuts += 1
+            else:
+                self.stats.stalls += 1
+            return kind
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def _accept(self) -> None:
+        while not self._stopped:
             try:
-                loop.run_forever()
-            finally:
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name=f"linkproxy-{self.target[1]}", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("the link proxy did not start")
-        return self
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                conn = _Conn(self, client)
+            except OSError:
+                client.close()  # the server is down: the client sees the connection closed
+                continue
+            with self.lock:
+                self.stats.connections += 1
+                self._conns.append(conn)
+            conn.start()
 
     def stop(self) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-
-        async def shutdown() -> None:
-            self._server.close()
-            for t in list(self._tasks):
-                t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
+        """Stop listening and close every connection."""
+        self._stopped = True
         try:
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            if self._thread is not None:
-                self._thread.join(10)
-            self._loop = None
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+        with self.lock:
+            conns = list(self._conns)
+        for c in conns:
+            c.close()
+        self._thread.join(timeout=5)
 
-    def __enter__(self) -> LinkProxy:
-        return self.start()
+    def __enter__(self) -> NetProxy:
+        return self
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-    # -- forwarding ------------------------------------------------------------------------
-    async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            sreader, swriter = await asyncio.open_connection(*self.target)
-        except OSError:
-            cwriter.close()
-            self._tasks.discard(task)
-            return
-        with self._lock:
-            self.stats.connections += 1
-        try:
-            await asyncio.gather(
-                self._pipe(creader, swriter, self._up, upstream=True),
-                self._pipe(sreader, cwriter, self._down, upstream=False),
-            )
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self._tasks.discard(task)
-            for w in (cwriter, swriter):
-                w.close()
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bucket: _Bucket, upstream: bool) -> None:
-        delay = self.rtt_ms / 2000.0
-        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
-
-        async def deliver() -> None:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    break
-                due, data = item
-                wait = due - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                await bucket.send(len(data))
-                writer.write(data)
-                await writer.drain()
-            if writer.can_write_eof():
-                writer.write_eof()
-
-        task = asyncio.ensure_future(deliver())
-        try:
-            while True:
-                data = await reader.read(_BLOCK)
-                if not data:
-                    break
-                with self._lock:
-                    if upstream:
-                        self.stats.bytes_up += len(data)
-                        # a client writes a request's head in one piece: its line starts a read or follows \r\n
-                        found = _REQUEST_LINE.findall(data)
-                        self.stats.requests += len(found)
-                        self.stats.gets += sum(1 for m in found if m == b"GET")
-                    else:
-                        self.stats.bytes_down += len(data)
-                queue.put_nowait((time.monotonic() + delay, data))
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            queue.put_nowait(None)
-            try:
-                await task
-            except (ConnectionError, OSError):
-                pass

@@ -2,7 +2,7 @@
 
 Used by ``carraystore bench loaders URL`` (:func:`store_epochs`) and by
 ``bench/bench_remote.py`` (:func:`run_contender` in a fresh process per contender, behind
-a :class:`~carraystore.benchmarks.netproxy.LinkProxy`). The peers, all reading the same
+a :class:`~carraystore.benchmarks.netproxy.NetProxy`). The peers, all reading the same
 images from the same S3 server through the same link:
 
 - ``jpeg_get``: one GET per JPEG with a thread pool, decoded with Pillow (today's habit);
