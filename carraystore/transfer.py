@@ -26,7 +26,7 @@ from carraystore.reader import Store, is_url, open_store
 from carraystore.upload import check_writable, delete_remote, put_stream, remote_exists
 from carraystore.writer import publish, remove_stale_temps, temp_path
 
-__all__ = ["copy_store", "CopyResult", "COPY_READ_BYTES", "COPY_READS_IN_FLIGHT"]
+__all__ = ["copy_store", "stream_verified", "CopyResult", "COPY_READ_BYTES", "COPY_READS_IN_FLIGHT"]
 
 #: Bytes per ranged read while copying (whole chunks; a larger chunk is read alone).
 COPY_READ_BYTES = 16 * 1024 * 1024

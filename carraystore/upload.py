@@ -40,7 +40,7 @@ UPLOAD_CONCURRENCY = 8
 #: Attempts of a whole upload (or existence check) that fails transiently (a file can be
 #: sent again; a streamed copy cannot, and fails at once).
 UPLOAD_ATTEMPTS = 3
-_WRITABLE = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "memory")
+_WRITABLE = ("s3", "s3a", "gs", "gcs")
 _STAGE = re.compile(r"^carraystore-upload-(?P<pid>\d+)-[0-9a-f]+$")
 
 
