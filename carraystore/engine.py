@@ -640,11 +640,13 @@ class EpochDecoder:
         return win
 
     def _announce(self, w: int) -> None:
-        """Tell the byte source which chunks come next: up to a window beyond ``w``, and for a
-        remote source at least its ``max_inflight`` chunks beyond it, so that many ranged GETs
-        are in flight (the source bounds the bytes it fetches ahead)."""
+        """Tell the byte source which chunks come next: up to a window beyond ``w``; for a
+        remote source two windows and at least its ``max_inflight`` chunks beyond it, so that
+        many ranged GETs are in flight (the source bounds the bytes it fetches ahead)."""
         want = int(getattr(self.spec.store.source, "max_inflight", 0) or 0)
-        last = min(self.plan.nwindows - 1, w + 1)
+        # a remote source gets two windows ahead: the next one is often fetched before it is
+        # decoded, and the link must not idle meanwhile
+        last = min(self.plan.nwindows - 1, w + (2 if want else 1))
         n = sum(len(self.plan.window_chunks[v]) for v in range(w + 1, last + 1))
         while n < want and last + 1 < self.plan.nwindows:
             last += 1

@@ -69,9 +69,9 @@ DEFAULT_TIMEOUT = 30.0
 #: Retries of a transient failure before the read fails.
 DEFAULT_RETRIES = 6
 #: Largest GET made of adjacent ranges.
-DEFAULT_COALESCE_BYTES = 16 << 20
+DEFAULT_COALESCE_BYTES = 4 << 20
 #: Bytes fetched ahead and not yet asked for (the read-ahead's memory bound).
-DEFAULT_READAHEAD_BYTES = 512 << 20
+DEFAULT_READAHEAD_BYTES = 256 << 20
 #: First and longest pause between retries (seconds; each pause is drawn from [0, cap]).
 BACKOFF_BASE = 0.1
 BACKOFF_MAX = 5.0
@@ -376,7 +376,7 @@ class RemoteSource:
     Knobs (keyword arguments, or the same names in ``storage_options``): ``max_inflight``
     (requests at once, default 16), ``timeout`` (seconds per request, 30), ``retries``
     (of a transient failure, 6), ``coalesce_bytes`` (largest GET of adjacent ranges,
-    16 MiB), ``readahead_bytes`` (fetched ahead and not yet read, 512 MiB).
+    4 MiB), ``readahead_bytes`` (fetched ahead and not yet read, 256 MiB).
     """
 
     def __init__(
