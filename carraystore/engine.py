@@ -35,7 +35,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from carraystore import blocks
-from carraystore.errors import CarrayStoreError, InvalidInputError, LoaderError
+from carraystore.errors import CarrayStoreError, InvalidInputError, LoaderError, RemoteReadError
 from carraystore.forksafe import FORK_GATE, at_fork_in_child
 from carraystore.reader import Store, open_store
 from carraystore.sampling import EpochPlan, Shuffle, _check_shuffle, clip_starts, group_runs, num_batches, plan_epoch, shard_length
@@ -280,7 +280,7 @@ class LoaderSpec:
                     store.check_chunk_bytes(chunk, data)
             return np.frombuffer(data, dtype=np.uint8)
         except Exception as exc:
-            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) else ""
+            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) and not isinstance(exc, RemoteReadError) else ""
             err = LoaderError(f"{store.location}: loading chunk {chunk} failed: {type(exc).__name__}: {exc}{hint}")
             err.chunk = chunk  # type: ignore[attr-defined]
             raise err from exc
@@ -298,7 +298,7 @@ class LoaderSpec:
                 # chunks came 1.8x faster this way on 2 cores)
                 store.decompress_chunk(chunk, data, out, nthreads=1)
         except Exception as exc:
-            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) else ""
+            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) and not isinstance(exc, RemoteReadError) else ""
             err = LoaderError(f"{store.location}: loading chunk {chunk} failed: {type(exc).__name__}: {exc}{hint}")
             err.chunk = chunk  # type: ignore[attr-defined]
             raise err from exc

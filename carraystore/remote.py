@@ -633,7 +633,7 @@ class RemoteSource:
         with self._lock:
             if self._closed:
                 return
-            fresh = [r for r in ranges if r not in self._ahead]
+            fresh = [r for r in dict.fromkeys(ranges) if r not in self._ahead]  # each range once
             self._drop_stale()
             for pieces in self._runs_of(fresh):
                 start = pieces[0][0]

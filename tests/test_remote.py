@@ -144,6 +144,23 @@ def test_store_dataset_matches_local(s3_url: str, seaweedfs: SeaweedFS, local_st
         assert np.array_equal(np.asarray(xr), np.asarray(xl)) and np.array_equal(np.asarray(yr), np.asarray(yl))
 
 
+def test_keras_worker_processes_read_a_remote_store(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
+    # Keras forks its worker processes after this one opened the store (obstore running):
+    # the workers read through the plain HTTP path, every sample once, in the local order
+    keras = pytest.importorskip("keras")
+    from carraystore.keras import StoreDataset
+
+    local = carraystore.open(local_store)
+    table = {local[i].tobytes(): i for i in range(len(local))}
+    ds = StoreDataset(carraystore.open(s3_url, seaweedfs.storage_options), 16, seed=9, workers=2, use_multiprocessing=True)
+    expected = StoreDataset(local, 16, seed=9).plan().items.tolist()
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten()])
+    out = np.rint(model.predict(ds, verbose=0)).astype(np.uint8).reshape(-1, 32, 32, 3)
+    seen = [table[img.tobytes()] for img in out]
+    assert seen == expected
+    ds.close()
+
+
 def test_to_dataset_matches_local(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
     pytest.importorskip("tensorflow")
     from carraystore.tf import to_dataset
@@ -249,6 +266,8 @@ def test_storage_options_mapping() -> None:
     assert not cfg.get("skip_signature")
     anon, _ = make_object_store("s3://bkt/k.b2nd", {"endpoint_url": "http://127.0.0.1:1", "anon": True})
     assert anon.config["skip_signature"] in (True, "true")
+    gcs, key = make_object_store("gs://bkt/x/train.b2nd", {"token": "anon"})
+    assert key == "x/train.b2nd" and gcs.config["skip_signature"] in (True, "true")
     http, key = make_object_store("http://127.0.0.1:1/a/b/train.b2nd")
     assert key == "train.b2nd"
     with pytest.raises(InvalidInputError, match="unsupported URL scheme"):
