@@ -180,6 +180,8 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
             client[k] = opts.pop(k)
     retry = {"max_retries": 0}  # retries are ours: counted, logged, and bounded by `retries`
     anon = opts.pop("anon", None)
+    provider = opts.pop("credential_provider", None)  # e.g. obstore.auth.boto3.Boto3CredentialProvider()
+    extra = {"credential_provider": provider} if provider is not None else {}
     try:
         if scheme in ("s3", "s3a"):
             bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
@@ -197,11 +199,11 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
                 config["region"] = region
             config.update(opts)
             if anon is None:
-                anon = not _aws_has_credentials(config) and not _truthy(config.get("skip_signature", False))
+                anon = provider is None and not _aws_has_credentials(config) and not _truthy(config.get("skip_signature", False))
                 anon = anon or None
             if anon is not None:
                 config["skip_signature"] = _truthy(anon) or _truthy(config.get("skip_signature", False))
-            store = st.S3Store(bucket, config=config, client_options=client, retry_config=retry)
+            store = st.S3Store(bucket, config=config, client_options=client, retry_config=retry, **extra)
             return store, key
         if scheme in ("gs", "gcs"):
             bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
@@ -217,7 +219,7 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
             config.update(opts)
             if anon:
                 config["skip_signature"] = True
-            return st.GCSStore(bucket, config=config, client_options=client, retry_config=retry), key
+            return st.GCSStore(bucket, config=config, client_options=client, retry_config=retry, **extra), key
         if scheme in ("http", "https"):
             if opts:
                 raise InvalidInputError(f"{url}: storage options {sorted(opts)} do not apply to HTTP URLs")
@@ -254,6 +256,8 @@ def plain_http_url(url: str, storage_options: Mapping[str, Any] | None = None) -
         return url
     client_kwargs = dict(opts.get("client_kwargs") or {})
     anon = opts.get("anon")
+    if opts.get("credential_provider") is not None:
+        return None
     if scheme in ("s3", "s3a"):
         config = {"access_key_id": opts.get("key"), "session_token": opts.get("token")}
         config.update({k: v for k, v in opts.items() if k in ("access_key_id", "role_arn", "web_identity_token_file")})
