@@ -451,3 +451,19 @@ def test_remote_source_counts_and_bounds(s3_url: str, proxy: NetProxy, local_sto
     with pytest.raises(Exception, match="outside the object"):
         src.read(len(data) - 10, 20)
     src.close()
+
+
+def test_read_ahead_is_bounded_and_fetches_each_range_once(s3_url: str, proxy: NetProxy, local_store: Path) -> None:
+    store = carraystore.open(local_store)
+    ranges = [store.chunk_byte_range(i) for i in np.random.default_rng(0).permutation(store.nchunks)]
+    bound = 3 * max(n for _, n in ranges)
+    src = RemoteSource(s3_url, _options(proxy, readahead_bytes=bound, coalesce_bytes=0, max_inflight=4))
+    data = local_store.read_bytes()
+    src.prefetch(ranges)  # every chunk hinted; at most `bound` bytes fetched ahead at a time
+    assert src._ahead_bytes <= bound and len(src._pending) >= len(ranges) - 3
+    for o, n in ranges:
+        assert src.read(o, n) == data[o : o + n]
+        assert src._ahead_bytes <= bound
+    assert src.stats.requests == 1 + len(ranges) == proxy.stats.requests  # opening + one GET per chunk
+    assert not src._pending and not src._ahead
+    src.close()
