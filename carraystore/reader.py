@@ -353,6 +353,8 @@ class Store:
 
     def iter_chunks(self) -> Iterator[np.ndarray]:
         """Every chunk in file order (a fresh array each)."""
+        if not isinstance(self._source, LocalFileSource):
+            self.prefetch_chunks(range(self.nchunks))
         for i in range(self.nchunks):
             yield self.read_chunk(i)
 
@@ -421,6 +423,8 @@ class Store:
 
             rng = tqdm(rng, desc=f"verify {Path(str(self.location)).name}", unit="chunk")
         check_reads, self.check_reads = self.check_reads, False  # mismatches are reported below
+        if not isinstance(self._source, LocalFileSource):
+            self.prefetch_chunks(range(self.nchunks))  # a remote source fetches ahead (bounded), many at once
         try:
             for i in rng:
                 try:

@@ -35,6 +35,7 @@ import random
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -69,10 +70,12 @@ DEFAULT_TIMEOUT = 30.0
 #: Retries of a transient failure before the read fails.
 DEFAULT_RETRIES = 6
 #: Largest GET made of adjacent ranges.
-DEFAULT_COALESCE_BYTES = 16 << 20
+DEFAULT_COALESCE_BYTES = 4 << 20
 #: Bytes fetched ahead and not yet asked for (the read-ahead's memory bound).
-DEFAULT_READAHEAD_BYTES = 512 << 20
+DEFAULT_READAHEAD_BYTES = 256 << 20
 #: First and longest pause between retries (seconds; each pause is drawn from [0, cap]).
+#: Hinted ranges remembered beyond the read-ahead bound.
+_MAX_PENDING = 1 << 16
 BACKOFF_BASE = 0.1
 BACKOFF_MAX = 5.0
 
@@ -180,6 +183,8 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
             client[k] = opts.pop(k)
     retry = {"max_retries": 0}  # retries are ours: counted, logged, and bounded by `retries`
     anon = opts.pop("anon", None)
+    provider = opts.pop("credential_provider", None)  # e.g. obstore.auth.boto3.Boto3CredentialProvider()
+    extra = {"credential_provider": provider} if provider is not None else {}
     try:
         if scheme in ("s3", "s3a"):
             bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
@@ -197,11 +202,11 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
                 config["region"] = region
             config.update(opts)
             if anon is None:
-                anon = not _aws_has_credentials(config) and not _truthy(config.get("skip_signature", False))
+                anon = provider is None and not _aws_has_credentials(config) and not _truthy(config.get("skip_signature", False))
                 anon = anon or None
             if anon is not None:
                 config["skip_signature"] = _truthy(anon) or _truthy(config.get("skip_signature", False))
-            store = st.S3Store(bucket, config=config, client_options=client, retry_config=retry)
+            store = st.S3Store(bucket, config=config, client_options=client, retry_config=retry, **extra)
             return store, key
         if scheme in ("gs", "gcs"):
             bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
@@ -217,7 +222,7 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
             config.update(opts)
             if anon:
                 config["skip_signature"] = True
-            return st.GCSStore(bucket, config=config, client_options=client, retry_config=retry), key
+            return st.GCSStore(bucket, config=config, client_options=client, retry_config=retry, **extra), key
         if scheme in ("http", "https"):
             if opts:
                 raise InvalidInputError(f"{url}: storage options {sorted(opts)} do not apply to HTTP URLs")
@@ -254,6 +259,8 @@ def plain_http_url(url: str, storage_options: Mapping[str, Any] | None = None) -
         return url
     client_kwargs = dict(opts.get("client_kwargs") or {})
     anon = opts.get("anon")
+    if opts.get("credential_provider") is not None:
+        return None
     if scheme in ("s3", "s3a"):
         config = {"access_key_id": opts.get("key"), "session_token": opts.get("token")}
         config.update({k: v for k, v in opts.items() if k in ("access_key_id", "role_arn", "web_identity_token_file")})
@@ -376,7 +383,7 @@ class RemoteSource:
     Knobs (keyword arguments, or the same names in ``storage_options``): ``max_inflight``
     (requests at once, default 16), ``timeout`` (seconds per request, 30), ``retries``
     (of a transient failure, 6), ``coalesce_bytes`` (largest GET of adjacent ranges,
-    16 MiB), ``readahead_bytes`` (fetched ahead and not yet read, 512 MiB).
+    4 MiB), ``readahead_bytes`` (fetched ahead and not yet read, 256 MiB).
     """
 
     def __init__(
@@ -422,6 +429,8 @@ class RemoteSource:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[tuple[int, int], tuple[_Run, int]] = {}
+        #: ranges hinted by prefetch and not started yet (the read-ahead bound was reached)
+        self._pending: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._runs: list[_Run] = []
         self._ahead_bytes = 0
         self._closed = False
@@ -455,6 +464,7 @@ class RemoteSource:
             self._lock = threading.Lock()
             self._pool = None
             self._ahead = {}
+            self._pending = OrderedDict()
             self._runs = []
             self._ahead_bytes = 0
             self._conns = threading.local()
@@ -589,6 +599,8 @@ class RemoteSource:
             return self._head[offset : offset + length]
         with self._lock:
             hit = self._ahead.pop((offset, length), None)
+            if hit is None:
+                self._pending.pop((offset, length), None)  # read now: not again from the hints
         if hit is not None:
             run, at = hit
             try:
@@ -600,26 +612,45 @@ class RemoteSource:
                     run.unclaimed -= 1
                     if run.unclaimed == 0:
                         self._forget_run(run)
+                        self._pump()
         return self._get(offset, length)
 
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Every range's bytes, in order; fetched concurrently, adjacent ranges coalesced."""
         self._check_process()
         ranges = [(int(o), int(n)) for o, n in ranges]
-        self._schedule(ranges, bounded=False)
+        with self._lock:
+            wanted = [r for r in dict.fromkeys(ranges) if r not in self._ahead and self._valid(r)]
+            for r in wanted:
+                self._pending.pop(r, None)
+            for pieces in self._runs_of(wanted):
+                self._submit(pieces)
         return [self.read(o, n) for o, n in ranges]
 
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """Start fetching these ranges in the background (as far as ``readahead_bytes`` allows)."""
+        """Fetch these ranges in the background, in this order: ``max_inflight`` GETs at a time,
+        adjacent ranges coalesced, at most ``readahead_bytes`` fetched and not yet read (the
+        rest wait as hints and start as reads free room)."""
         self._check_process()
-        self._schedule([(int(o), int(n)) for o, n in ranges], bounded=True)
+        with self._lock:
+            if self._closed:
+                return
+            self._drop_stale()
+            for r in dict.fromkeys((int(o), int(n)) for o, n in ranges):
+                if r not in self._ahead and self._valid(r):
+                    self._pending[r] = None
+            while len(self._pending) > _MAX_PENDING:  # hints too far ahead: forget the oldest
+                self._pending.popitem(last=False)
+            self._pump()
 
-    def _runs_of(self, ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    def _valid(self, r: tuple[int, int]) -> bool:
+        o, n = r
+        return n > 0 and o >= 0 and o + n <= self._size and o + n > len(self._head)
+
+    def _runs_of(self, ranges: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
         """Group ranges, in the order given, into runs adjacent in the file (each a GET)."""
         runs: list[list[tuple[int, int]]] = []
         for o, n in ranges:
-            if n <= 0 or o + n <= len(self._head) or o < 0 or o + n > self._size:
-                continue
             if runs:
                 lo, ln = runs[-1][-1]
                 total = lo + ln - runs[-1][0][0]
@@ -629,27 +660,37 @@ class RemoteSource:
             runs.append([(o, n)])
         return runs
 
-    def _schedule(self, ranges: list[tuple[int, int]], bounded: bool) -> None:
-        with self._lock:
-            if self._closed:
+    def _pump(self) -> None:
+        """Start GETs for the hinted ranges, in order, while the read-ahead bound allows (lock held)."""
+        while self._pending and not self._closed:
+            pieces: list[tuple[int, int]] = []
+            for r in self._pending:
+                if pieces:
+                    lo, ln = pieces[-1]
+                    if lo + ln != r[0] or lo + ln - pieces[0][0] + r[1] > self.coalesce_bytes:
+                        break
+                pieces.append(r)
+            length = pieces[-1][0] + pieces[-1][1] - pieces[0][0]
+            if self._ahead_bytes and self._ahead_bytes + length > self.readahead_bytes:
                 return
-            fresh = [r for r in ranges if r not in self._ahead]
-            self._drop_stale()
-            for pieces in self._runs_of(fresh):
-                start = pieces[0][0]
-                length = pieces[-1][0] + pieces[-1][1] - start
-                if bounded and self._ahead_bytes + length > self.readahead_bytes:
-                    break
-                run = _Run(start, length, len(pieces))
-                for o, n in pieces:
-                    self._ahead[(o, n)] = (run, o - start)
-                if len(pieces) > 1:
-                    self.stats.coalesced += len(pieces)
-                self._runs.append(run)
-                self._ahead_bytes += length
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.max_inflight, thread_name_prefix=f"carraystore-remote-{id(self):x}")
-                run.future = self._pool.submit(self._fetch_run, run)
+            for r in pieces:
+                del self._pending[r]
+            self._submit(pieces)
+
+    def _submit(self, pieces: list[tuple[int, int]]) -> None:
+        """One GET for adjacent ``pieces`` in the background (lock held)."""
+        start = pieces[0][0]
+        length = pieces[-1][0] + pieces[-1][1] - start
+        run = _Run(start, length, len(pieces))
+        for o, n in pieces:
+            self._ahead[(o, n)] = (run, o - start)
+        if len(pieces) > 1:
+            self.stats.coalesced += len(pieces)
+        self._runs.append(run)
+        self._ahead_bytes += length
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.max_inflight, thread_name_prefix=f"carraystore-remote-{id(self):x}")
+        run.future = self._pool.submit(self._fetch_run, run)
 
     def _fetch_run(self, run: _Run) -> bytes:
         try:
@@ -676,12 +717,14 @@ class RemoteSource:
             del self._ahead[key]
         for r in stale:
             self._forget_run(r)
+        self._pump()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
             self._ahead.clear()
+            self._pending.clear()
             self._runs.clear()
             self._ahead_bytes = 0
         if pool is not None and os.getpid() == self._pid:

@@ -144,6 +144,23 @@ def test_store_dataset_matches_local(s3_url: str, seaweedfs: SeaweedFS, local_st
         assert np.array_equal(np.asarray(xr), np.asarray(xl)) and np.array_equal(np.asarray(yr), np.asarray(yl))
 
 
+def test_keras_worker_processes_read_a_remote_store(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
+    # Keras forks its worker processes after this one opened the store (obstore running):
+    # the workers read through the plain HTTP path, every sample once, in the local order
+    keras = pytest.importorskip("keras")
+    from carraystore.keras import StoreDataset
+
+    local = carraystore.open(local_store)
+    table = {local[i].tobytes(): i for i in range(len(local))}
+    ds = StoreDataset(carraystore.open(s3_url, seaweedfs.storage_options), 16, seed=9, workers=2, use_multiprocessing=True)
+    expected = StoreDataset(local, 16, seed=9).plan().items.tolist()
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten()])
+    out = np.rint(model.predict(ds, verbose=0)).astype(np.uint8).reshape(-1, 32, 32, 3)
+    seen = [table[img.tobytes()] for img in out]
+    assert seen == expected
+    ds.close()
+
+
 def test_to_dataset_matches_local(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
     pytest.importorskip("tensorflow")
     from carraystore.tf import to_dataset
@@ -154,7 +171,7 @@ def test_to_dataset_matches_local(s3_url: str, seaweedfs: SeaweedFS, local_store
     _same(remote, local)
 
 
-def test_cli_info_and_verify_on_a_url_with_aws_environment(s3_url: str, seaweedfs: SeaweedFS) -> None:
+def test_cli_on_a_url_with_the_aws_environment(s3_url: str, seaweedfs: SeaweedFS, tmp_path: Path) -> None:
     # the standard AWS environment is honoured without code: endpoint from AWS_ENDPOINT_URL,
     # and no credentials at all means anonymous requests
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -167,6 +184,12 @@ def test_cli_info_and_verify_on_a_url_with_aws_environment(s3_url: str, seaweedf
     ver = subprocess.run([*cmd, "verify", "-q", s3_url], env=env, capture_output=True, text=True, timeout=120)
     assert ver.returncode == 0, ver.stdout + ver.stderr
     assert ver.stdout.startswith("OK s3://remote-read/data/train.b2nd: 25 chunks, 200 items")
+    sheet = tmp_path / "sheet.png"
+    pre = subprocess.run([*cmd, "preview", s3_url, str(sheet), "-n", "8"], env=env, capture_output=True, text=True, timeout=120)
+    assert pre.returncode == 0 and sheet.stat().st_size > 1000, pre.stderr
+    exp = subprocess.run([*cmd, "export", s3_url, str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120)
+    assert exp.returncode == 0, exp.stderr
+    assert len(list((tmp_path / "out").rglob("*.png"))) == N
 
 
 def test_plain_http_server(http_server: RangeHTTPServer, local_store: Path) -> None:
@@ -243,6 +266,8 @@ def test_storage_options_mapping() -> None:
     assert not cfg.get("skip_signature")
     anon, _ = make_object_store("s3://bkt/k.b2nd", {"endpoint_url": "http://127.0.0.1:1", "anon": True})
     assert anon.config["skip_signature"] in (True, "true")
+    gcs, key = make_object_store("gs://bkt/x/train.b2nd", {"token": "anon"})
+    assert key == "x/train.b2nd" and gcs.config["skip_signature"] in (True, "true")
     http, key = make_object_store("http://127.0.0.1:1/a/b/train.b2nd")
     assert key == "train.b2nd"
     with pytest.raises(InvalidInputError, match="unsupported URL scheme"):
@@ -332,7 +357,14 @@ def test_killed_server_gives_a_clear_error_within_the_timeout(tmp_path: Path, lo
 # -- the chunk cache -----------------------------------------------------------------------------------
 
 
-def test_cache_of_half_the_store_halves_the_second_epoch(s3_url: str, proxy: NetProxy, local_store: Path, tmp_path: Path) -> None:
+def test_cache_of_half_the_store_halves_the_second_epoch(
+    seaweedfs: SeaweedFS, proxy: NetProxy, tmp_path: Path, photo_patches: Any
+) -> None:
+    # chunks of about 60 KB (30 of them), so that HTTP headers weigh what they do on real stores
+    local_store = tmp_path / "bigger.b2nd"
+    with carraystore.create(local_store, (64, 64, 3), chunk_images=8) as w:
+        w.append(photo_patches(240, size=(64, 64), seed=3), labels=np.arange(240) % 3)
+    s3_url = seaweedfs.upload("remote-read", "data/bigger.b2nd", local_store)
     local = carraystore.open(local_store)
     size = local_store.stat().st_size
     cache = tmp_path / "cache"
@@ -345,6 +377,7 @@ def test_cache_of_half_the_store_halves_the_second_epoch(s3_url: str, proxy: Net
             fetched.append((proxy.stats.bytes_down - before) / size)
             assert store.source.cached_bytes() <= size // 2
             _same(got, _epoch(local, seed=7, epoch=epoch))
+    print(f"fetched per epoch (fraction of the store): {fetched}")
     assert fetched[0] >= 0.9  # the first epoch fetches everything (but the metadata)
     assert fetched[1] <= 0.55 and fetched[2] <= 0.55, fetched
     # another process (here: another open) shares the cache: it fetches as little
@@ -417,4 +450,20 @@ def test_remote_source_counts_and_bounds(s3_url: str, proxy: NetProxy, local_sto
     assert src.stats.requests == 1 + 2 == proxy.stats.requests, proxy.stats.request_lines
     with pytest.raises(Exception, match="outside the object"):
         src.read(len(data) - 10, 20)
+    src.close()
+
+
+def test_read_ahead_is_bounded_and_fetches_each_range_once(s3_url: str, proxy: NetProxy, local_store: Path) -> None:
+    store = carraystore.open(local_store)
+    ranges = [store.chunk_byte_range(i) for i in np.random.default_rng(0).permutation(store.nchunks)]
+    bound = 3 * max(n for _, n in ranges)
+    src = RemoteSource(s3_url, _options(proxy, readahead_bytes=bound, coalesce_bytes=0, max_inflight=4))
+    data = local_store.read_bytes()
+    src.prefetch(ranges)  # every chunk hinted; at most `bound` bytes fetched ahead at a time
+    assert src._ahead_bytes <= bound and len(src._pending) >= len(ranges) - 3
+    for o, n in ranges:
+        assert src.read(o, n) == data[o : o + n]
+        assert src._ahead_bytes <= bound
+    assert src.stats.requests == 1 + len(ranges) == proxy.stats.requests  # opening + one GET per chunk
+    assert not src._pending and not src._ahead
     src.close()

@@ -16,6 +16,9 @@ server)::
 - ``bandwidth``: bytes per second, shared by every connection in each direction.
 - Faults are armed for the next request(s) or the next bytes sent to the client; each is
   counted in ``stats``. Only loopback addresses are used.
+- ``python -m carraystore.benchmarks.netproxy --to 127.0.0.1:8333 --rtt 0.02 --mbit 400``
+  runs one in a process of its own (prints ``port N``), so that its threads do not share
+  the GIL of the process being measured.
 """
 
 from __future__ import annotations
@@ -352,3 +355,36 @@ class NetProxy:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m carraystore.benchmarks.netproxy --to 127.0.0.1:8333 --rtt 0.02 --mbit 400``
+
+    Runs a proxy in a process of its own (so that its threads do not share the GIL with the
+    process being measured); prints ``port <N>`` on its first line, then serves until killed.
+    """
+    import argparse
+    import signal
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m carraystore.benchmarks.netproxy", description=main.__doc__)
+    ap.add_argument("--to", required=True, help="HOST:PORT to forward to (loopback only)")
+    ap.add_argument("--rtt", type=float, default=0.0, help="added round trip, seconds")
+    ap.add_argument("--mbit", type=float, default=None, help="bandwidth cap, Mbit/s, each direction")
+    args = ap.parse_args(argv)
+    host, _, port = args.to.rpartition(":")
+    proxy = NetProxy(host, int(port), rtt=args.rtt, bandwidth=args.mbit * 1e6 / 8 if args.mbit else None)
+    print(f"port {proxy.port}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    proxy.stop()
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
