@@ -35,8 +35,9 @@ __all__ = ["RemoteTarget", "check_writable", "put_stream", "remote_exists", "del
 #: Part size of multipart uploads (S3 allows 5 MiB to 5 GiB, at most 10,000 parts: 16 MiB
 #: parts reach 160 GB; larger files get larger parts).
 PART_BYTES = 16 * 1024 * 1024
-#: Parts uploaded at once.
+#: Parts uploaded at once (a file), and parts of a stream held in memory and sent at once.
 UPLOAD_CONCURRENCY = 8
+STREAM_CONCURRENCY = 4
 #: Attempts of a whole upload (or existence check) that fails transiently (a file can be
 #: sent again; a streamed copy cannot, and fails at once).
 UPLOAD_ATTEMPTS = 3
@@ -121,7 +122,7 @@ def put_stream(
     store, key = _object_store(url, storage_options)
     try:
         obstore.put(
-            store, key, iter(blocks), use_multipart=True, chunk_size=_part_size(size_hint), max_concurrency=UPLOAD_CONCURRENCY
+            store, key, iter(blocks), use_multipart=True, chunk_size=_part_size(size_hint), max_concurrency=STREAM_CONCURRENCY
         )
     except CarrayStoreError:
         raise
