@@ -141,6 +141,21 @@ def test_create_and_append_at_a_url(seaweedfs, bucket: str, tmp_path: Path) -> N
         assert list(store.keys) == keys and store.class_names == tuple("abcde")
 
 
+def test_a_large_store_is_uploaded_in_parts(seaweedfs, bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{bucket}/large.b2nd"
+    x = _images(40, seed=5, shape=(1024, 1024, 1))  # 40 MB of noise: more than two 16 MiB parts
+    with cs.create(url, (1024, 1024, 1), codec="fast", chunk_images=4, storage_options=seaweedfs.storage_options,
+                   tmp_dir=tmp_path) as w:
+        w.append(x)
+    name, key = url[len("s3://") :].split("/", 1)
+    etag = obstore.head(seaweedfs.s3_store(name), key)["e_tag"]
+    assert etag.strip('"').endswith("-3")  # a multipart upload's ETag counts its parts
+    with cs.open(url, storage_options=seaweedfs.storage_options) as store:
+        assert store.verify() == []
+        np.testing.assert_array_equal(store[::7], x[::7])
+    assert _staging_dirs(tmp_path) == []
+
+
 def test_create_at_a_url_refusals(seaweedfs, bucket: str, tmp_path: Path) -> None:
     opts = seaweedfs.storage_options
     url = f"s3://{bucket}/x.b2nd"
