@@ -349,7 +349,7 @@ def register(sub: Any) -> None:
         "Ingest SRC (class sub-folders of images, as keras.utils.image_dataset_from_directory reads) into OUT.b2nd. "
         "With --split-dirs, every sub-folder of SRC (train/, validation/, test/) becomes OUT/<split>.b2nd."))
     p.add_argument("src", help="folder of images")
-    p.add_argument("out", help="output store (.b2nd), or a folder with --split-dirs")
+    p.add_argument("out", help="output store (.b2nd path or s3:// / gs:// URL), or a folder or URL prefix with --split-dirs")
     p.add_argument("--labels", choices=["inferred", "none"], default="inferred", help="labels from class sub-folders, or none")
     p.add_argument("--class-names", nargs="+", metavar="NAME", help="class folders to use, in label order")
     p.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image (default: keep size; all must agree)")

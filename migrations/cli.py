@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", nargs="?", metavar="SRC", help="the source (leave out with --images X.bc --labels Y.bc)")
-    p.add_argument("out", metavar="OUT.b2nd", help="the store to write")
+    p.add_argument("out", metavar="OUT.b2nd", help="the store to write: a path, or a URL such as s3://bucket/train.b2nd")
     p.add_argument("--images", metavar="NAME", help="ctable column / HDF5 dataset / npz member with the images; or, without SRC, a bcolz carray folder")
     p.add_argument("--labels", metavar="NAME", help="column / dataset / member with the labels; or, without SRC, a bcolz carray folder of labels")
     p.add_argument("--dataset", metavar="NAME", help="HDF5: the dataset to migrate (inferred when the file holds one)")
