@@ -176,7 +176,7 @@ class RemoteTarget:
             raise InvalidInputError(f"{url}: a store's name must end in .b2nd")
         self.url = url
         self.storage_options = dict(storage_options or {})
-        self.overwrite = overwrite
+        self.overwrite = overwrite or must_exist
         exists = remote_exists(url, self.storage_options)
         if must_exist and not exists:
             raise FileNotFoundError(f"{url}: no such store")
@@ -217,6 +217,8 @@ class RemoteTarget:
 
         path = Path(path) if path is not None else self.local_path
         size = path.stat().st_size
+        if not self.overwrite and remote_exists(self.url, self.storage_options):
+            raise StoreExistsError(f"{self.url} appeared while this store was being written; not replacing it (pass overwrite=True)")
         store, key = _object_store(self.url, self.storage_options)
         try:
             _attempts(lambda: obstore.put(

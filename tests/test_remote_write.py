@@ -172,6 +172,20 @@ def test_create_at_a_url_refusals(seaweedfs, bucket: str, tmp_path: Path) -> Non
     assert _staging_dirs(tmp_path) == []
 
 
+def test_a_store_that_appears_meanwhile_is_not_replaced(seaweedfs, bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{bucket}/raced.b2nd"
+    opts = seaweedfs.storage_options
+    first = cs.create(url, (8, 8, 1), storage_options=opts, tmp_dir=tmp_path)
+    first.append(_images(5, shape=(8, 8, 1)))
+    with cs.create(url, (8, 8, 1), storage_options=opts, tmp_dir=tmp_path) as second:  # published first
+        second.append(_images(3, shape=(8, 8, 1)))
+    with pytest.raises(cs.StoreExistsError, match="appeared while"):
+        first.close()
+    with cs.open(url, storage_options=opts) as store:
+        assert len(store) == 3
+    assert _staging_dirs(tmp_path) == []
+
+
 def test_an_error_while_writing_publishes_nothing(seaweedfs, bucket: str, tmp_path: Path) -> None:
     url = f"s3://{bucket}/broken.b2nd"
     with pytest.raises(cs.InvalidInputError):
