@@ -10,7 +10,8 @@ chunk-sized range of it once, in a random order (nothing adjacent, so nothing co
   ``batch_size=16``), what pandas, zarr and dask use by default.
 
 Reported per contender and chunk size: MB/s, requests/s, CPU seconds per GB read (this
-process, every thread), and how much a pure-Python thread gets done meanwhile (its loop
+process, every thread but the probe below), and how much a pure-Python thread (the probe)
+gets done meanwhile (its loop
 rate during the reads over its rate alone: 1.0 means the transport leaves the GIL to the
 training loop). The server's own CPU is not counted. Loopback has no latency: this measures
 the client's cost per request and per byte, which decides how many requests a training
@@ -37,7 +38,7 @@ SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
 SCALES = {
     "tiny": dict(object_mb=8, chunk_kib=(256,), rounds=1),
-    "small": dict(object_mb=32, chunk_kib=(256, 1024), rounds=2),
+    "small": dict(object_mb=32, chunk_kib=(256, 1024), rounds=3),
     "default": dict(object_mb=128, chunk_kib=(256, 1024), rounds=3),
     "large": dict(object_mb=512, chunk_kib=(256, 1024, 4096), rounds=3),
 }
@@ -68,10 +69,12 @@ class _PythonWork:
 
     def _run(self) -> None:
         n = 0
+        c0 = time.thread_time()
         while not self.stop.is_set():
             for _ in range(1000):
                 n += 1
             self.count = n
+        self.cpu = time.thread_time() - c0  # subtracted from the process's CPU time
 
     def __enter__(self) -> _PythonWork:
         self.t0 = time.perf_counter()
@@ -146,7 +149,6 @@ def test_transport(server) -> None:  # type: ignore[no-untyped-def]
     except ImportError:
         pytest.skip("s3fs is not installed")
     size = CFG["object_mb"] << 20
-    alone = statistics.median(_python_rate_alone(0.5) for _ in range(3))
     rows = []
     for chunk_kib in CFG["chunk_kib"]:
         chunk = chunk_kib << 10
@@ -154,11 +156,12 @@ def test_transport(server) -> None:  # type: ignore[no-untyped-def]
         for r in range(CFG["rounds"] + 1):  # round 0 warms connections and is not counted
             for name, fn in CONTENDERS.items():
                 ranges = _ranges(chunk, size, seed=r)
+                alone = _python_rate_alone(0.3)  # the probe's rate just before (the machine is shared)
                 c0, t0 = _cpu(), time.perf_counter()
                 with _PythonWork() as work:
                     got, requests = fn(server, ranges)
                 wall = time.perf_counter() - t0
-                cpu = _cpu() - c0
+                cpu = _cpu() - c0 - work.cpu  # the transport's CPU, not the Python thread's
                 assert got == size
                 if r:
                     samples[name].append(dict(wall=wall, cpu=cpu, requests=requests, python=work.rate / alone))

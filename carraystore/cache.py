@@ -164,7 +164,7 @@ class CachedSource:
     def size(self) -> int:
         return self.inner.size()
 
-    def _load(self, offset: int, length: int) -> bytes | None:
+    def _load(self, offset: int, length: int) -> memoryview | None:
         path = self.path_of(offset, length)
         try:
             with open(path, "rb") as f:
@@ -176,7 +176,7 @@ class CachedSource:
         ok = len(blob) >= _HEADER.size
         if ok:
             magic, crc, n = _HEADER.unpack_from(blob)
-            payload = blob[_HEADER.size :]
+            payload = memoryview(blob)[_HEADER.size :]  # no copy
             ok = magic == _MAGIC and n == length == len(payload) and zlib.crc32(payload) == crc
         if ok:
             return payload
@@ -190,7 +190,7 @@ class CachedSource:
             pass
         return None
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int) -> bytes | memoryview:
         data = self._load(offset, length)
         if data is not None:
             with self._lock:
@@ -205,7 +205,7 @@ class CachedSource:
         self._maybe_store(offset, length, data)
         return data
 
-    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | memoryview]:
         self.prefetch(ranges)
         return [self.read(o, n) for o, n in ranges]
 
@@ -218,11 +218,11 @@ class CachedSource:
             self.inner.prefetch(missing)
 
     # -- admission and eviction ----------------------------------------------------------------
-    def _maybe_store(self, offset: int, length: int, data: bytes) -> None:
+    def _maybe_store(self, offset: int, length: int, data: bytes | memoryview) -> None:
         with self._admit_lock:  # one decision at a time: the budget holds in this process
             self._admit(offset, length, data)
 
-    def _admit(self, offset: int, length: int, data: bytes) -> None:
+    def _admit(self, offset: int, length: int, data: bytes | memoryview) -> None:
         need = _HEADER.size + len(data)
         budget = self.cache_size
         if budget is not None and need > budget:

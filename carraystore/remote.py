@@ -372,7 +372,7 @@ class _Run:
     def __init__(self, start: int, length: int, pieces: int) -> None:
         self.start = start
         self.length = length
-        self.future: Future[bytes] | None = None
+        self.future: Future[bytes | memoryview] | None = None
         self.unclaimed = pieces
         self.done_at: float | None = None
 
@@ -525,15 +525,15 @@ class RemoteSource:
 
         return self._with_retries(once, 0, n)
 
-    def _get(self, offset: int, length: int) -> bytes:
-        def once() -> bytes:
+    def _get(self, offset: int, length: int) -> bytes | memoryview:
+        def once() -> bytes | memoryview:
             if self._plain_only():
                 data: Any = self._plain_get(offset, length)[0]
             else:
                 data = _obstore().get_range(self._store, self.key, start=offset, length=length)
             if len(data) != length:
                 raise _ShortRead(f"{len(data)} of {length} bytes arrived")
-            return bytes(data)
+            return memoryview(data)  # no copy: a view of the buffer the body arrived in
 
         return self._with_retries(once, offset, length)
 
@@ -584,8 +584,9 @@ class RemoteSource:
         )
 
     # -- ByteSource -------------------------------------------------------------------------------
-    def read(self, offset: int, length: int) -> bytes:
-        """Exactly ``length`` bytes at ``offset`` (from the read-ahead when it holds them)."""
+    def read(self, offset: int, length: int) -> bytes | memoryview:
+        """Exactly ``length`` bytes at ``offset`` (from the read-ahead when it holds them), as
+        ``bytes`` or a read-only view of the response's buffer (no copy)."""
         self._check_process()
         offset, length = int(offset), int(length)
         if offset < 0 or length < 0 or offset + length > self._size:
@@ -606,7 +607,7 @@ class RemoteSource:
             try:
                 assert run.future is not None
                 data = run.future.result()
-                return data[at : at + length]
+                return data[at : at + length]  # a view: the run's buffer lives while it is used
             finally:
                 with self._lock:
                     run.unclaimed -= 1
@@ -615,7 +616,7 @@ class RemoteSource:
                         self._pump()
         return self._get(offset, length)
 
-    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | memoryview]:
         """Every range's bytes, in order; fetched concurrently, adjacent ranges coalesced."""
         self._check_process()
         ranges = [(int(o), int(n)) for o, n in ranges]
@@ -692,7 +693,7 @@ class RemoteSource:
             self._pool = ThreadPoolExecutor(self.max_inflight, thread_name_prefix=f"carraystore-remote-{id(self):x}")
         run.future = self._pool.submit(self._fetch_run, run)
 
-    def _fetch_run(self, run: _Run) -> bytes:
+    def _fetch_run(self, run: _Run) -> bytes | memoryview:
         try:
             return self._get(run.start, run.length)
         finally:
