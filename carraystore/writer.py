@@ -128,13 +128,12 @@ class StoreWriter:
     ``with``, or ``abort()``, the temporary file is removed and ``path`` is untouched.
     """
 
-    def __init__(
-        self, path: Path, tmp: Path, array: Any, meta: StoreMeta, nthreads: int, target: RemoteTarget | None = None
-    ) -> None:
+    def __init__(self, path: Path, tmp: Path, array: Any, meta: StoreMeta, nthreads: int) -> None:
         #: the store's path, or its URL when it is uploaded at close
-        self.path: Any = target.url if target is not None else path
+        self.path: Any = path
         self._dest = path
-        self._target = target
+        #: set by ``create`` for a URL: the upload that ``close()`` makes
+        self._target: RemoteTarget | None = None
         #: size in bytes of the published store (set by ``close()``)
         self.file_size: int | None = None
         self._tmp = tmp
