@@ -432,6 +432,17 @@ def test_cache_survives_a_truncated_file_and_a_changed_object(
         assert store.source.stats.hits == 0
 
 
+def test_object_replaced_while_open_fails_clearly(seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path, photo_patches: Any) -> None:
+    url = seaweedfs.upload("remote-read", "data/replaced.b2nd", local_store)
+    store = carraystore.open(url, seaweedfs.storage_options)
+    other = tmp_path / "other.b2nd"
+    with carraystore.create(other, (32, 32, 3), chunk_images=CHUNK) as w:
+        w.append(photo_patches(N, size=(32, 32), seed=42))
+    seaweedfs.upload("remote-read", "data/replaced.b2nd", other)
+    with pytest.raises(RemoteReadError, match=r"replaced since the store was opened.*\(chunk 3\)"):
+        store.read_chunk(3)
+
+
 def test_parse_size() -> None:
     assert parse_size("20GB") == 20 * 10**9 and parse_size("512MiB") == 512 << 20 and parse_size(1000) == 1000
     assert parse_size(None) is None
