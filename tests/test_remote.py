@@ -254,6 +254,13 @@ def test_forked_child_reads_anonymous_stores_and_fails_clearly_on_signed_ones(
 # -- storage options ---------------------------------------------------------------------------
 
 
+def test_file_url_through_obstore(local_store: Path) -> None:
+    src = RemoteSource(local_store.resolve().as_uri())
+    data = local_store.read_bytes()
+    assert src.size() == len(data) and bytes(src.read(5000, 300)) == data[5000:5300]
+    assert carraystore.open(local_store.resolve().as_uri()).shape == (N, 32, 32, 3)  # the plain local path
+
+
 def test_storage_options_mapping() -> None:
     store, key = make_object_store(
         "s3://bkt/dir/train.b2nd",
