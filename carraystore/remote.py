@@ -329,7 +329,7 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError)):
         return False
     name = type(exc).__name__
-    if name in ("NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "InvalidPathError", "NotSupportedError"):
+    if name in ("NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "InvalidPathError", "NotSupportedError", "PreconditionError"):
         return False
     text = str(exc)
     m = _STATUS.search(text)
@@ -530,7 +530,12 @@ class RemoteSource:
             if self._plain_only():
                 data: Any = self._plain_get(offset, length)[0]
             else:
-                data = _obstore().get_range(self._store, self.key, start=offset, length=length)
+                # If-Match: an object replaced since opening fails the request instead of
+                # handing out bytes of another file
+                options: dict[str, Any] = {"range": (offset, offset + length)}
+                if self.etag:
+                    options["if_match"] = self.etag
+                data = _obstore().get(self._store, self.key, options=options).bytes()
             if len(data) != length:
                 raise _ShortRead(f"{len(data)} of {length} bytes arrived")
             return memoryview(data)  # no copy: a view of the buffer the body arrived in
@@ -567,7 +572,9 @@ class RemoteSource:
             return out
 
     def _failure(self, exc: BaseException, offset: int, length: int, attempts: int, transient: bool) -> RemoteReadError:
-        if isinstance(exc, FileNotFoundError) or type(exc).__name__ == "NotFoundError":
+        if type(exc).__name__ == "PreconditionError":
+            why = "the object was replaced since the store was opened (its ETag changed); open it again"
+        elif isinstance(exc, FileNotFoundError) or type(exc).__name__ == "NotFoundError":
             why = "the object does not exist (check the URL, bucket and endpoint)"
         elif isinstance(exc, PermissionError) or type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
             why = "access was denied (check the credentials: storage_options key/secret, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"

@@ -254,6 +254,13 @@ def test_forked_child_reads_anonymous_stores_and_fails_clearly_on_signed_ones(
 # -- storage options ---------------------------------------------------------------------------
 
 
+def test_file_url_through_obstore(local_store: Path) -> None:
+    src = RemoteSource(local_store.resolve().as_uri())
+    data = local_store.read_bytes()
+    assert src.size() == len(data) and bytes(src.read(5000, 300)) == data[5000:5300]
+    assert carraystore.open(local_store.resolve().as_uri()).shape == (N, 32, 32, 3)  # the plain local path
+
+
 def test_storage_options_mapping() -> None:
     store, key = make_object_store(
         "s3://bkt/dir/train.b2nd",
@@ -430,6 +437,17 @@ def test_cache_survives_a_truncated_file_and_a_changed_object(
     with carraystore.open(url, seaweedfs.storage_options, cache_dir=cache) as store:
         assert np.array_equal(store[:], x)
         assert store.source.stats.hits == 0
+
+
+def test_object_replaced_while_open_fails_clearly(seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path, photo_patches: Any) -> None:
+    url = seaweedfs.upload("remote-read", "data/replaced.b2nd", local_store)
+    store = carraystore.open(url, seaweedfs.storage_options)
+    other = tmp_path / "other.b2nd"
+    with carraystore.create(other, (32, 32, 3), chunk_images=CHUNK) as w:
+        w.append(photo_patches(N, size=(32, 32), seed=42))
+    seaweedfs.upload("remote-read", "data/replaced.b2nd", other)
+    with pytest.raises(RemoteReadError, match=r"replaced since the store was opened.*\(chunk 3\)"):
+        store.read_chunk(3)
 
 
 def test_parse_size() -> None:
