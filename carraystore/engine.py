@@ -36,7 +36,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from carraystore import blocks
-from carraystore.errors import CarrayStoreError, InvalidInputError, LoaderError
+from carraystore.errors import CarrayStoreError, InvalidInputError, LoaderError, RemoteReadError
 from carraystore.forksafe import FORK_GATE, at_fork_in_child
 from carraystore.reader import Store, open_store
 from carraystore.sampling import EpochPlan, Shuffle, _check_shuffle, clip_starts, group_runs, num_batches, plan_epoch, shard_length
@@ -281,7 +281,7 @@ class LoaderSpec:
                     store.check_chunk_bytes(chunk, data)
             return np.frombuffer(data, dtype=np.uint8)
         except Exception as exc:
-            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) else ""
+            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) and not isinstance(exc, RemoteReadError) else ""
             err = LoaderError(f"{store.location}: loading chunk {chunk} failed: {type(exc).__name__}: {exc}{hint}")
             err.chunk = chunk  # type: ignore[attr-defined]
             raise err from exc
@@ -299,7 +299,7 @@ class LoaderSpec:
                 # chunks came 1.8x faster this way on 2 cores)
                 store.decompress_chunk(chunk, data, out, nthreads=1)
         except Exception as exc:
-            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) else ""
+            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) and not isinstance(exc, RemoteReadError) else ""
             err = LoaderError(f"{store.location}: loading chunk {chunk} failed: {type(exc).__name__}: {exc}{hint}")
             err.chunk = chunk  # type: ignore[attr-defined]
             raise err from exc
@@ -655,8 +655,17 @@ class EpochDecoder:
         return win
 
     def _announce(self, w: int) -> None:
-        """Tell the byte source which chunks come next (up to a window beyond ``w``)."""
-        last = min(self.plan.nwindows - 1, w + 1)
+        """Tell the byte source which chunks come next: up to a window beyond ``w``; for a
+        remote source two windows and at least its ``max_inflight`` chunks beyond it, so that
+        many ranged GETs are in flight (the source bounds the bytes it fetches ahead)."""
+        want = int(getattr(self.spec.store.source, "max_inflight", 0) or 0)
+        # a remote source gets two windows ahead: the next one is often fetched before it is
+        # decoded, and the link must not idle meanwhile
+        last = min(self.plan.nwindows - 1, w + (2 if want else 1))
+        n = sum(len(self.plan.window_chunks[v]) for v in range(w + 1, last + 1))
+        while n < want and last + 1 < self.plan.nwindows:
+            last += 1
+            n += len(self.plan.window_chunks[last])
         if last <= self._announced and w <= self._announced:
             return
         first = max(w, self._announced + 1)

@@ -23,6 +23,8 @@ __all__ = [
     "WriteError",
     "NoSpaceError",
     "StoreLockedError",
+    "RemoteReadError",
+    "UploadError",
 ]
 
 
@@ -102,3 +104,23 @@ class NoSpaceError(WriteError):
     """The file system ran out of space while a store or an exported file was written."""
 class StoreLockedError(CarrayStoreError):
     """Another writer (append, ingest, migrate, create) holds the store's writer lock."""
+class RemoteReadError(CarrayStoreError, OSError):
+    """Bytes of a remote store (object storage, HTTP) could not be read, after retries.
+
+    The message names the URL and the byte range (and the chunk where known); ``url``,
+    ``offset``, ``length`` and ``attempts`` say the same as attributes.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None, length: int | None = None, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.url = url
+        self.offset = offset
+        self.length = length
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UploadError(CarrayStoreError):
+    """Writing a store to object storage failed; nothing was published at the URL."""

@@ -31,6 +31,7 @@ from carraystore.errors import (
     FormatVersionError,
     InvalidInputError,
     NotAStoreError,
+    RemoteReadError,
 )
 from carraystore.forksafe import in_forked_child
 from carraystore.format import (
@@ -282,6 +283,8 @@ class Store:
                 data: bytes | memoryview = self._source.view(offset, length)
             else:
                 data = self._source.read(offset, length)
+        except RemoteReadError as exc:
+            raise RemoteReadError(f"{exc} (chunk {i})", url=exc.url, offset=exc.offset, length=exc.length, attempts=exc.attempts) from exc
         except CarrayStoreError:
             raise
         except Exception as exc:
@@ -354,6 +357,8 @@ class Store:
 
     def iter_chunks(self) -> Iterator[np.ndarray]:
         """Every chunk in file order (a fresh array each)."""
+        if not isinstance(self._source, LocalFileSource):
+            self.prefetch_chunks(range(self.nchunks))
         for i in range(self.nchunks):
             yield self.read_chunk(i)
 
@@ -422,6 +427,8 @@ class Store:
 
             rng = tqdm(rng, desc=f"verify {Path(str(self.location)).name}", unit="chunk")
         check_reads, self.check_reads = self.check_reads, False  # mismatches are reported below
+        if not isinstance(self._source, LocalFileSource):
+            self.prefetch_chunks(range(self.nchunks))  # a remote source fetches ahead (bounded), many at once
         try:
             for i in rng:
                 try:
