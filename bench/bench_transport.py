@@ -105,7 +105,7 @@ def server():  # type: ignore[no-untyped-def]
         obstore.put(srv.s3_store(BUCKET), KEY, os.urandom(CFG["object_mb"] << 20))
         yield srv
     finally:
-        stop_process(srv.proc)
+        stop_process(srv.proc, kill=True)
 
 
 def _ranges(chunk: int, size: int, seed: int) -> list[tuple[int, int]]:

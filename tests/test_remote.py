@@ -342,14 +342,14 @@ def test_killed_server_gives_a_clear_error_within_the_timeout(tmp_path: Path, lo
         store = carraystore.open(url, _options(server, timeout=2, retries=2, max_inflight=2, readahead_bytes=20_000))
         it = store.batches(16, seed=1, window=1)
         next(it)
-        stop_process(server.proc)  # killed in the middle of the epoch
+        stop_process(server.proc, kill=True)  # killed (SIGKILL) in the middle of the epoch
         t = time.monotonic()
         with pytest.raises(LoaderError) as info:
             for _ in it:
                 pass
         took = time.monotonic() - t
     finally:
-        stop_process(server.proc)
+        stop_process(server.proc, kill=True)
     err = info.value
     cause = err.__cause__
     while cause is not None and not isinstance(cause, RemoteReadError):
