@@ -394,6 +394,31 @@ def test_cache_of_half_the_store_halves_the_second_epoch(
     assert (proxy.stats.bytes_down - before) / size <= 0.55 + 0.05  # + opening (header and index)
 
 
+def _epoch_in_process(url: str, options: dict[str, Any], cache: str, cache_size: int, seed: int) -> list[int]:
+    with carraystore.open(url, options, cache_dir=cache, cache_size=cache_size) as store:
+        return np.concatenate([y for _, y in store.batches(16, seed=seed)]).tolist()
+
+
+def test_processes_share_the_cache_safely(s3_url: str, seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    size = local_store.stat().st_size
+    cache = tmp_path / "cache"
+    local = carraystore.open(local_store)
+    with ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_epoch_in_process, s3_url, seaweedfs.storage_options, str(cache), size // 2, seed) for seed in range(3)]
+        got = [f.result(timeout=120) for f in futures]
+    for seed, labels in enumerate(got):
+        assert labels == np.concatenate([y for _, y in local.batches(16, seed=seed)]).tolist()
+    # every file the three processes left is whole and right, and the budget roughly held
+    with carraystore.open(s3_url, seaweedfs.storage_options, cache_dir=cache, cache_size=size // 2) as store:
+        files = list(store.source.dir.glob("*.chunk"))
+        assert files and all(store.source._load(*store.source._parse_name(f.name)) is not None for f in files)
+        assert store.source.stats.bad == 0
+        assert sum(f.stat().st_size for f in files) <= size // 2 + 3 * max(store.chunk_byte_range(i)[1] for i in range(store.nchunks))
+        assert np.array_equal(store[:], local[:])
+
+
 def test_lru_would_refetch_everything_scan_resistant_cache_does_not(local_store: Path, tmp_path: Path) -> None:
     # the same scans through the cache's policy alone (no server): a store-sized half cache
     from carraystore.sources import LocalFileSource
