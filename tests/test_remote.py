@@ -342,14 +342,14 @@ def test_killed_server_gives_a_clear_error_within_the_timeout(tmp_path: Path, lo
         store = carraystore.open(url, _options(server, timeout=2, retries=2, max_inflight=2, readahead_bytes=20_000))
         it = store.batches(16, seed=1, window=1)
         next(it)
-        stop_process(server.proc)  # killed in the middle of the epoch
+        stop_process(server.proc, kill=True)  # killed (SIGKILL) in the middle of the epoch
         t = time.monotonic()
         with pytest.raises(LoaderError) as info:
             for _ in it:
                 pass
         took = time.monotonic() - t
     finally:
-        stop_process(server.proc)
+        stop_process(server.proc, kill=True)
     err = info.value
     cause = err.__cause__
     while cause is not None and not isinstance(cause, RemoteReadError):
@@ -392,6 +392,31 @@ def test_cache_of_half_the_store_halves_the_second_epoch(
     with carraystore.open(s3_url, _options(proxy), cache_dir=cache, cache_size=size // 2) as store:
         _same(_epoch(store, seed=7, epoch=5), _epoch(local, seed=7, epoch=5))
     assert (proxy.stats.bytes_down - before) / size <= 0.55 + 0.05  # + opening (header and index)
+
+
+def _epoch_in_process(url: str, options: dict[str, Any], cache: str, cache_size: int, seed: int) -> list[int]:
+    with carraystore.open(url, options, cache_dir=cache, cache_size=cache_size) as store:
+        return np.concatenate([y for _, y in store.batches(16, seed=seed)]).tolist()
+
+
+def test_processes_share_the_cache_safely(s3_url: str, seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    size = local_store.stat().st_size
+    cache = tmp_path / "cache"
+    local = carraystore.open(local_store)
+    with ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_epoch_in_process, s3_url, seaweedfs.storage_options, str(cache), size // 2, seed) for seed in range(3)]
+        got = [f.result(timeout=120) for f in futures]
+    for seed, labels in enumerate(got):
+        assert labels == np.concatenate([y for _, y in local.batches(16, seed=seed)]).tolist()
+    # every file the three processes left is whole and right, and the budget roughly held
+    with carraystore.open(s3_url, seaweedfs.storage_options, cache_dir=cache, cache_size=size // 2) as store:
+        files = list(store.source.dir.glob("*.chunk"))
+        assert files and all(store.source._load(*store.source._parse_name(f.name)) is not None for f in files)
+        assert store.source.stats.bad == 0
+        assert sum(f.stat().st_size for f in files) <= size // 2 + 3 * max(store.chunk_byte_range(i)[1] for i in range(store.nchunks))
+        assert np.array_equal(store[:], local[:])
 
 
 def test_lru_would_refetch_everything_scan_resistant_cache_does_not(local_store: Path, tmp_path: Path) -> None:

@@ -71,16 +71,17 @@ def _wait_port(port: int, proc: subprocess.Popen[Any] | None, timeout: float, wh
     raise RuntimeError(f"{what} did not listen on port {port} within {timeout} s")
 
 
-def stop_process(proc: subprocess.Popen[Any]) -> None:
-    """Stop ``proc`` (and its process group) by PID: SIGTERM, then SIGKILL."""
+def stop_process(proc: subprocess.Popen[Any], kill: bool = False, grace: float = 3.0) -> None:
+    """Stop ``proc`` and its process group by PID: SIGTERM (SIGKILL at once with ``kill``),
+    then SIGKILL after ``grace`` seconds."""
     if proc.poll() is not None:
         return
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
-        proc.terminate()
+        proc.kill() if kill else proc.terminate()
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -165,6 +166,7 @@ def start_seaweedfs(workdir: Path, timeout: float = 60) -> SeaweedFS:
         "-master.telemetry=false",
         "-s3.port.iceberg=0",  # no Iceberg catalog or Lance namespace: fixed default ports
         "-s3.port.lance=0",
+        "-volume.preStopSeconds=0",  # stop at once when told to
     ]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
