@@ -108,8 +108,10 @@ class CachedSource:
         self._admit_lock = threading.Lock()
         #: the lowest score turned away for lack of room: the kept ranges are those below it
         self._ceiling: int | None = None
-        # range -> (score, file bytes): this process's view, refreshed from disk when full
+        # range -> (score, file bytes): this process's view, refreshed from disk when the
+        # folder changed under it (another process stored or evicted) or when it looks full
         self._entries: dict[tuple[int, int], tuple[int, int]] = {}
+        self._dir_mtime = -1
         self._rescan()
 
     # -- scores and names ----------------------------------------------------------------
@@ -131,9 +133,19 @@ class CachedSource:
         except ValueError:
             return None
 
+    def _dir_changed(self) -> bool:
+        try:
+            return os.stat(self.dir).st_mtime_ns != self._dir_mtime
+        except OSError:
+            return True
+
     def _rescan(self) -> None:
         """Rebuild the view of what is cached from the directory (other processes write too)."""
         entries: dict[tuple[int, int], tuple[int, int]] = {}
+        try:
+            self._dir_mtime = os.stat(self.dir).st_mtime_ns
+        except OSError:
+            self._dir_mtime = -1
         now = time.time()
         with os.scandir(self.dir) as it:
             for e in it:
@@ -234,7 +246,7 @@ class CachedSource:
         if budget is not None:
             with self._lock:
                 used = sum(size for _, size in self._entries.values())
-            if used + need > budget:
+            if used + need > budget or self._dir_changed():
                 self._rescan()  # other processes may have added or evicted files
             with self._lock:
                 used = sum(size for _, size in self._entries.values())
@@ -272,6 +284,12 @@ class CachedSource:
         with self._lock:
             self._entries[(offset, length)] = (s, len(blob))
             self.stats.stored += 1
+        if not victims and self._dir_mtime >= 0:
+            # our own write changed the folder: remember that, so only others' changes rescan
+            try:
+                self._dir_mtime = os.stat(self.dir).st_mtime_ns
+            except OSError:
+                pass
 
     def close(self) -> None:
         self.inner.close()

@@ -102,7 +102,7 @@ def _check_piece(store: Store, i: int, data: memoryview, offset: int) -> None:
             f"run `carraystore verify {store.location}`"
         )
     want = int(store.meta.crc32[i])
-    if not chunk_crc_ok(data[:cbytes], want, store.chunk_nbytes):
+    if not chunk_crc_ok(data[:cbytes], want, store.codec, store.meta.blocksize, store.chunk_nbytes):
         raise ChecksumError(
             f"{store.location}: chunk {i} (bytes {offset}-{offset + cbytes}) fails its CRC32 check (recorded {want:08x}, "
             f"read {crc32(bytes(data[:cbytes])):08x}); nothing was copied. Run `carraystore verify {store.location}`"
