@@ -18,6 +18,8 @@ __all__ = [
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
+    "ClipError",
+    "LoaderChecksumError",
 ]
 
 
@@ -79,3 +81,11 @@ class MissingDependencyError(CarrayStoreError, ImportError):
 
 class LoaderError(CarrayStoreError):
     """A loader thread failed while reading or transforming a chunk."""
+
+
+class ClipError(InvalidInputError):
+    """``sequence_length=`` cannot make clips from this store (shuffled, or groups too short)."""
+
+
+class LoaderChecksumError(LoaderError, ChecksumError):
+    """A loader read a chunk that fails its CRC32 check (``err.chunk`` names it)."""

@@ -58,8 +58,7 @@ def element_spec_for(spec: LoaderSpec) -> Any:
     xs = _tensor_spec((b, *spec.x_shape(1)[1:]), spec.store.dtype, str(spec.store.path))
     if not spec.labelled:
         return xs
-    ydt = np.float32 if spec.label_mode == "categorical" else np.int64
-    return xs, tf.TensorSpec(shape=spec.y_shape(b), dtype=tf.as_dtype(ydt))
+    return xs, tf.TensorSpec(shape=spec.y_shape(b), dtype=tf.as_dtype(spec.y_dtype))
 
 
 class _Passes:
