@@ -524,12 +524,16 @@ def direct_possible(store: Store) -> bool:
     """Whether batches can be decompressed image by image, straight into their slots.
 
     That needs blocks of one item (the ``fast`` preset on images over 64 KiB, or
-    ``Codec(block_images=1)``) and c-blosc2's getitem (see :mod:`carraystore.blocks`).
+    ``Codec(block_images=1)``), no bytedelta filter, and c-blosc2's getitem (see
+    :mod:`carraystore.blocks`).
     Each item is then decompressed once, into the batch: no decoded chunk in memory.
     """
     codec = store.codec
     return (
         codec.block_images == 1
+        # libblosc2's getitem fails on bytedelta chunks (error -18, the filter pipeline): the
+        # default preset on images over 64 KiB, e.g. 224x224 RGB, decodes whole chunks instead
+        and "bytedelta" not in codec.filters
         and codec.typesize is not None
         and store.meta.image_nbytes % codec.typesize == 0
         and blocks.available()

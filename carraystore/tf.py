@@ -146,6 +146,11 @@ def to_dataset(
     spec = specs[0]
     epoch, start_batch = spec.options.epoch, spec.options.start_batch
     nb = spec.num_batches
+    if input_context is not None and nb == 0:
+        raise InvalidInputError(
+            f"{spec.store.location}: each of the {world} replicas gets {spec.shard_length} samples, fewer than one "
+            f"batch of {batch_size}, so an epoch has no step; lower the global batch size or pass drop_remainder=False"
+        )
     if not 0 <= int(start_batch) <= nb:
         raise InvalidInputError(f"start_batch {start_batch} is outside the epoch's {nb} batches")
     sig = output_signature if output_signature is not None else element_spec_for(spec)
