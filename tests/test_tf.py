@@ -44,6 +44,15 @@ def test_element_spec(photo_store: Path, tmp_path: Path) -> None:
     spec = to_dataset(photo_store, 8, transform=lambda x, y: (x.astype(np.float32) / 255, y)).element_spec
     assert spec[0].dtype == tf.float32 and spec[0].shape.as_list() == [None, 24, 24, 3]
     assert isinstance(to_dataset(photo_store, 8, label_mode=None).element_spec, tf.TensorSpec)
+    # label_mode="binary" (a store of 2 classes): float32 (B, 1), as image_dataset_from_directory gives it
+    store = carraystore.open(photo_store)
+    keep = np.flatnonzero(store.labels < 2)
+    with carraystore.create(tmp_path / "two.b2nd", store.image_shape, class_names=list(store.class_names[:2])) as w:
+        w.append(store[keep], labels=store.labels[keep])
+    bds = to_dataset(tmp_path / "two.b2nd", 16, label_mode="binary", shuffle=False)
+    assert bds.element_spec[1].shape.as_list() == [None, 1] and bds.element_spec[1].dtype == tf.float32
+    ys = np.concatenate([yb.numpy() for _, yb in bds])
+    assert np.array_equal(ys[:, 0], store.labels[keep].astype(np.float32))
     # the spec matches what comes out
     for xb, yb in to_dataset(photo_store, 32, drop_remainder=True, label_mode="categorical").take(2):
         assert xb.shape == (32, 24, 24, 3) and yb.shape == (32, 4)
