@@ -94,7 +94,7 @@ class StoreDataset(keras.utils.PyDataset):
     ) -> None:
         spec = make_spec(store_or_path, batch_size, options, **kwargs)
         if max_queue_size is None:
-            max_queue_size = spec.options.queue_size if ("queue_size" in kwargs or options is not None) else 10
+            max_queue_size = spec.options.queue_size if "queue_size" in kwargs else 10
         super().__init__(workers=workers, use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
         self._spec = spec
         self.epoch = self._spec.options.epoch

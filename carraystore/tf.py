@@ -193,10 +193,18 @@ def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwar
             experimental_fetch_to_device=False,
             experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
         )
+        # MirroredStrategy keeps the per-replica input workers of this call as its default for
+        # every later call (TF 2.21, mirrored_strategy._input_workers_with_options): restore them,
+        # so that the strategy's other datasets keep the input mode they would have had
+        ext = strategy.extended
+        saved = getattr(ext, "_input_workers_devices", None)
         try:
             return strategy.distribute_datasets_from_function(fn, options=per_replica)
         except NotImplementedError:  # strategies without per-replica input: one pipeline per worker
             pass
+        finally:
+            if saved is not None:
+                ext._input_workers_devices = saved
     return strategy.distribute_datasets_from_function(fn)
 
 

@@ -135,23 +135,31 @@ def test_distribute_datasets_from_function_over_two_cpu_replicas(photo_store: Pa
         table = {{images[i].tobytes(): i for i in range(len(images))}}
 
         # iterating: 150 samples, global batch 30 -> shards of 75 per replica, 5 steps of 2 x 15
-        for dist in (
-            distribute(strategy, path, 30),
-            strategy.distribute_datasets_from_function(
-                lambda ctx: to_dataset(path, ctx.get_per_replica_batch_size(30), input_context=ctx),
-                options=tf.distribute.InputOptions(experimental_fetch_to_device=False,
-                    experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)),
-        ):
-            assert int(dist.cardinality) == 5, dist.cardinality
-            seen, steps = [], 0
+        def check(dist, steps=5):
+            assert int(dist.cardinality) == steps, dist.cardinality
+            seen, n = [], 0
             for batch in dist:
-                steps += 1
+                n += 1
                 xs = strategy.experimental_local_results(batch[0])
                 assert len(xs) == 2 and all(x.shape[0] == 15 for x in xs), [x.shape for x in xs]
-                for x in xs:
-                    seen.extend(table[img.tobytes()] for img in x.numpy())
-            assert steps == 5, steps
+                seen.extend(table[img.tobytes()] for x in xs for img in x.numpy())
+            assert n == 5, n
             assert len(seen) == len(set(seen)) == 150, len(seen)
+
+        check(distribute(strategy, path, 30))
+        # the default PER_WORKER mode (distribute left the strategy's default as it was): one pipeline
+        # feeds both replicas, still a shard each; it warns that Keras would count 10 steps, not 5
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dist = strategy.distribute_datasets_from_function(
+                lambda ctx: to_dataset(path, ctx.get_per_replica_batch_size(30), input_context=ctx))
+        assert any("Keras would count 2x" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        check(dist, steps=10)
+        # distribute, spelled out (docs/loading.md)
+        check(strategy.distribute_datasets_from_function(
+            lambda ctx: to_dataset(path, ctx.get_per_replica_batch_size(30), input_context=ctx),
+            options=tf.distribute.InputOptions(experimental_fetch_to_device=False,
+                experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)))
 
         # model.fit: global batch 32 does not divide 150 (4 x 32 + 22; 75 per replica is 4 x 16 + 11)
         seen, now = [], [-1]
