@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
+import stat
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -29,11 +33,51 @@ def _codec_from_args(args: argparse.Namespace) -> Codec | None:
     return None
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a clear usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def write_file_safely(target: Path, save: Callable[[BinaryIO], None]) -> None:
+    """Write ``target`` through ``save(file)`` and a temporary file beside it, then rename it into place.
+
+    The temporary file has a random name and is created exclusively (``O_EXCL``, ``O_NOFOLLOW``):
+    a link or file planted in the folder is never followed or written through. A failed write
+    (disk full, ...) raises a named error and leaves no temporary file.
+    """
+    from carraystore.writer import named_write_errors, temp_path
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    with named_write_errors(target, target.name):
+        for attempt in range(8):
+            tmp = temp_path(target)
+            try:
+                fd = os.open(tmp, flags, 0o666)
+                break
+            except FileExistsError:
+                if attempt == 7:
+                    raise
+        try:
+            with os.fdopen(fd, "wb") as f:
+                save(f)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+
+
 def add_codec_arguments(p: argparse.ArgumentParser) -> None:
     """--preset / --codec-config / --chunk-images, shared by ingest and migrate."""
     p.add_argument("--preset", choices=sorted(PRESETS), help="codec preset (default: balanced); see docs/codecs.md")
     p.add_argument("--codec-config", metavar="JSON", help='an explicit codec, e.g. \'{"codec": "zstd", "clevel": 3}\'')
-    p.add_argument("--chunk-images", type=int, metavar="N", help="images per chunk (default: about 4 MiB per chunk)")
+    p.add_argument("--chunk-images", type=positive_int, metavar="N", help="images per chunk (default: about 4 MiB per chunk)")
 
 
 # -- ingest ----------------------------------------------------------------------------------
@@ -61,6 +105,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         split_dirs=args.split_dirs,
         follow_links=args.follow_links,
         overwrite=args.overwrite,
+        dtype=args.dtype,
         progress=not args.quiet,
     )
     results = result if isinstance(result, dict) else {"": result}
@@ -188,10 +233,41 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 # -- preview ---------------------------------------------------------------------------------
 
 
+#: Bounds of a contact sheet: tile size (pixels), and the whole sheet (pixels, about 3 bytes each).
+MAX_PREVIEW_CELL = 1024
+MAX_PREVIEW_PIXELS = 64_000_000
+
+
+def _check_sheet_size(n: int, cols: int, cell: int, nimages: int | None = None) -> None:
+    """Refuse a contact sheet that is empty or would be too large to hold in memory.
+
+    The sheet's pixels are counted when ``nimages`` (the store's length) is known.
+    """
+    for name, value in (("n", n), ("cols", cols), ("cell", cell)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise InvalidInputError(f"preview: {name} must be a positive integer, got {value!r}")
+    if cell > MAX_PREVIEW_CELL:
+        raise InvalidInputError(f"preview: cell {cell} is larger than the limit of {MAX_PREVIEW_CELL} pixels per tile")
+    if nimages is None:
+        return
+    n = max(1, min(n, nimages))
+    cols = min(cols, n)
+    pixels = cols * cell * -(-n // cols) * (cell + 14)
+    if pixels > MAX_PREVIEW_PIXELS:
+        raise InvalidInputError(
+            f"preview: {n} images in {cols} columns of {cell}-pixel tiles make a sheet of {pixels:,} pixels, over the "
+            f"limit of {MAX_PREVIEW_PIXELS:,}; use a smaller -n or --cell"
+        )
+
+
 def make_contact_sheet(store: Any, n: int = 32, cols: int = 8, seed: int | None = 0, cell: int = 128) -> Any:
-    """A PIL image: ``n`` images of the store (random when ``seed`` is not None) with their labels."""
+    """A PIL image: ``n`` images of the store (random when ``seed`` is not None) with their labels.
+
+    Raises InvalidInputError for sizes below 1 or beyond ``MAX_PREVIEW_CELL`` / ``MAX_PREVIEW_PIXELS``.
+    """
     from PIL import Image, ImageDraw
 
+    _check_sheet_size(n, cols, cell, len(store))
     if store.layout != "NHWC":
         raise InvalidInputError(f"{store.path}: preview needs an image store (layout NHWC), not {store.layout!r}")
     n = min(n, len(store))
@@ -222,15 +298,40 @@ def make_contact_sheet(store: Any, n: int = 32, cols: int = 8, seed: int | None 
     return sheet
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _check_preview_output(out: Path, store_path: Path) -> None:
+    """Preview replaces only a regular PNG file (never a store, a link, a folder or a FIFO)."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        return
+    what = "the store itself" if store_path.exists() and os.path.samefile(out, store_path) else None
+    if stat.S_ISLNK(st.st_mode):
+        raise InvalidInputError(f"{out} is a symbolic link; preview does not replace links: choose another output name")
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInputError(f"{out} exists and is not a regular file (a folder, FIFO or device); choose another output name")
+    fd = os.open(out, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        head = f.read(len(_PNG_SIGNATURE))
+    if head != _PNG_SIGNATURE:
+        raise InvalidInputError(
+            f"{out} exists and is {what or 'not a PNG file'}; preview replaces only an earlier PNG: "
+            "choose another output name (e.g. sheet.png)"
+        )
+
+
 def _cmd_preview(args: argparse.Namespace) -> int:
     from carraystore.reader import open_store
 
+    _check_sheet_size(args.n, args.cols, args.cell)
+    _check_preview_output(Path(args.out), Path(args.store))
     with open_store(args.store) as store:
         sheet = make_contact_sheet(store, n=args.n, cols=args.cols, seed=None if args.first else args.seed, cell=args.cell)
     out = Path(args.out)
-    tmp = out.with_name(f".{out.name}.partial")
-    sheet.save(tmp, format="PNG")
-    os.replace(tmp, out)
+    _check_preview_output(out, Path(args.store))
+    write_file_safely(out, functools.partial(sheet.save, format="PNG"))
     print(f"wrote {out} ({sheet.width}x{sheet.height})")
     return 0
 
@@ -241,20 +342,29 @@ def _cmd_preview(args: argparse.Namespace) -> int:
 def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", quality: int = 95, overwrite: bool = False) -> int:
     """Write every image as a file under ``outdir`` (keys as relative paths); returns the count.
 
-    Refuses any key that would land outside ``outdir`` (absolute, ``..``, or through a link).
+    Refuses any key that would land outside ``outdir`` (absolute, ``..``, or through a link),
+    and an ``outdir`` that exists but is not a folder. Each file is written through a fresh
+    temporary file (see :func:`write_file_safely`).
     """
     from PIL import Image
 
     if store.layout != "NHWC" or store.dtype != np.uint8:
         raise InvalidInputError(f"{store.path}: export writes uint8 image stores; this one is {store.layout} {store.dtype}")
     root = Path(outdir)
+    if (root.exists() or root.is_symlink()) and not root.is_dir():
+        raise InvalidInputError(f"{root} exists and is not a folder; export writes one file per image under a folder: give a folder")
     root.mkdir(parents=True, exist_ok=True)
     root_resolved = root.resolve()
     ext = {"png": ".png", "jpeg": ".jpg"}[fmt]
     names: list[Path] = []
     for i in range(len(store)):
         if store.keys is not None:
-            key = store.keys[i].replace("\\", "/")
+            key = store.keys[i]
+            if "\\" in key and os.sep == "\\":
+                raise InvalidInputError(
+                    f"{store.path}: key {key!r} (item {i}) holds a backslash, which is part of the file name in a store "
+                    "but a folder separator here; export it on a POSIX system"
+                )
             rel = Path(key).with_suffix(ext)
         else:
             lab = int(store.labels[i]) if store.labels is not None else None
@@ -284,9 +394,8 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
             pil = Image.fromarray(img[..., 0] if mode == "L" else img, mode)
             if fmt == "jpeg" and mode == "RGBA":
                 raise InvalidInputError(f"{store.path}: RGBA images cannot be written as JPEG; use --format png")
-            tmp = target.with_name(f".{target.name}.partial")
-            pil.save(tmp, format="PNG" if fmt == "png" else "JPEG", **({"quality": quality} if fmt == "jpeg" else {}))
-            os.replace(tmp, target)
+            options: dict[str, Any] = {"quality": quality} if fmt == "jpeg" else {}
+            write_file_safely(target, functools.partial(pil.save, format="PNG" if fmt == "png" else "JPEG", **options))
             count += 1
     return count
 
@@ -317,6 +426,9 @@ def register(sub: Any) -> None:
 
     p.add_argument("--interpolation", choices=sorted(INTERPOLATIONS), default="bilinear")
     p.add_argument("--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb")
+    p.add_argument("--dtype", choices=["uint8", "uint16"], default="uint8", help=(
+        "pixel type: uint8 (16-bit files keep their high byte) or uint16 (16-bit grayscale PNGs kept exactly, "
+        "8-bit files scaled by 257, 16-bit colour PNGs refused)"))
     p.add_argument("--crop-to-aspect-ratio", action="store_true", help="centre-crop to the target aspect ratio before resizing")
     p.add_argument("--keep-order", action="store_true", help="keep sorted file order (video frames) instead of a seeded shuffle")
     p.add_argument("--seed", type=int, default=0, help="seed of the write order (default 0)")

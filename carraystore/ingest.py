@@ -12,8 +12,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import os
+import stat
 import sys
 import time
+import unicodedata
 import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -25,8 +27,8 @@ import numpy as np
 from PIL import Image
 
 from carraystore.errors import ImageDecodeError, IngestError, InvalidInputError
-from carraystore.format import Codec
-from carraystore.writer import StoreWriter, create
+from carraystore.format import Codec, validate_key
+from carraystore.writer import StoreWriter, check_class_names, create
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -52,6 +54,15 @@ INTERPOLATIONS = {
 }
 _MODES = {"grayscale": ("L", 1), "rgb": ("RGB", 3), "rgba": ("RGBA", 4)}
 _FILES_PER_TASK = 16
+#: Pixel types of an ingested store: 8-bit (the default, as Keras) or 16-bit.
+DTYPES = ("uint8", "uint16")
+#: Pillow modes of 16-bit grayscale images (the only 16-bit PNGs Pillow decodes at full depth).
+_DEEP_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+#: How each store dtype treats files of the other bit depth (recorded in the provenance).
+_DEPTH_RULE = {
+    "uint8": "16-bit files reduced to 8 bits by their high byte (value >> 8), as Pillow and tf.image decode them",
+    "uint16": "8-bit files scaled to 16 bits (value * 257); 16-bit colour PNGs are refused (Pillow decodes them to 8 bits)",
+}
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class DecodeOptions:
     image_size: tuple[int, int] | None = None
     interpolation: str = "bilinear"
     crop_to_aspect_ratio: bool = False
+    dtype: str = "uint8"
 
 
 @dataclass
@@ -92,7 +104,10 @@ class IngestResult:
         if self.class_names is not None:
             lines.append(f"  classes: {', '.join(self.class_names)}")
         if self.ignored:
-            lines.append(f"  ignored {len(self.ignored)} file(s) that are not in a class folder or not images, e.g. {self.ignored[0]}")
+            lines.append(
+                f"  ignored {len(self.ignored)} file(s) that are not in a class folder or not images, e.g. {shown_name(self.ignored[0])}"
+            )
+            lines.extend(f"    {shown_name(p)}" for p in self.ignored if p.endswith(")") and "/ (" in p)  # folders not entered
         if self.skipped:
             lines.append(f"  skipped {len(self.skipped)} file(s) that could not be decoded:")
             lines.extend(f"    {p}: {r}" for p, r in self.skipped)
@@ -102,14 +117,53 @@ class IngestResult:
 # -- listing ---------------------------------------------------------------------------------
 
 
+def shown_name(name: str) -> str:
+    """A file name as text that can be printed and stored: undecodable bytes as ``\\xNN``, control characters escaped."""
+    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in text)
+
+
 def _walk_images(root: Path, follow_links: bool) -> tuple[list[Path], list[Path]]:
-    """All image files under ``root`` (sorted) and the other files found (ignored)."""
-    images, other = [], []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_links):
-        dirnames.sort()
-        for name in sorted(filenames):
-            p = Path(dirpath) / name
-            (images if p.suffix.lower() in IMAGE_EXTENSIONS else other).append(p)
+    """All image files under ``root`` (sorted; a folder's files before its sub-folders) and the others (ignored).
+
+    With ``follow_links``, a link to a folder that was already listed (a loop, or a second way
+    to the same folder) is not entered again: it lands in the ignored list, named with the reason.
+    """
+    images: list[Path] = []
+    other: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+
+    def walk(folder: Path) -> None:
+        try:
+            st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in seen:
+                link = f"link to {os.readlink(folder)}, " if folder.is_symlink() else ""
+                other.append(Path(f"{folder}/ ({link}a folder already listed: not entered again)"))
+                return
+            seen.add((st.st_dev, st.st_ino))
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            other.append(Path(f"{folder}/ (cannot be listed: {exc.strerror})"))
+            return
+        subdirs: list[Path] = []
+        for e in entries:
+            p = Path(e.path)
+            try:
+                is_dir = e.is_dir()
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                (images if p.suffix.lower() in IMAGE_EXTENSIONS else other).append(p)
+            elif not e.is_symlink():
+                subdirs.append(p)
+            elif follow_links:
+                subdirs.append(p)
+            else:
+                other.append(Path(f"{p}/ (a link to a folder: not followed; pass follow_links=True, CLI --follow-links)"))
+        for d in subdirs:
+            walk(d)
+
+    walk(root)
     return images, other
 
 
@@ -123,6 +177,7 @@ def list_images(
     root = Path(directory)
     if not root.is_dir():
         raise IngestError(f"{root}: not a folder of images")
+    class_names = check_class_names(class_names, str(root))
     ignored: list[str] = []
     if labels == "inferred":
         subdirs = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
@@ -138,6 +193,12 @@ def list_images(
             names = tuple(subdirs)
         if not names:
             raise IngestError(f"{root}: no class sub-folders found; pass labels=None (CLI: --labels none) for an unlabelled folder")
+        for cls in names:
+            if os.fsencode(cls).decode("utf-8", "replace") != cls:
+                raise IngestError(
+                    f"{root / shown_name(cls)}: a class folder's name must be valid UTF-8 (it becomes a class name); "
+                    "rename the folder, or leave it out with class_names (CLI: --class-names)"
+                )
         rels: list[str] = []
         labs: list[int] = []
         for i, cls in enumerate(names):
@@ -176,22 +237,82 @@ def _crop_box(w: int, h: int, target_h: int, target_w: int) -> tuple[int, int, i
     return x, y, x + crop_w, y + crop_h
 
 
+def _open_regular_file(path: str | os.PathLike[str]) -> Any:
+    """Open ``path`` for reading, refusing anything but a regular file (a FIFO would block forever)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ImageDecodeError(f"{path}: not a regular file (a FIFO, socket or device); only image files are read")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as exc:
+        raise ImageDecodeError(f"{path}: file not found") from exc
+    except OSError as exc:
+        raise ImageDecodeError(f"{path}: cannot be read ({exc.strerror})") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced after the check above
+        os.close(fd)
+        raise ImageDecodeError(f"{path}: not a regular file (a FIFO, socket or device); only image files are read")
+    return os.fdopen(fd, "rb")
+
+
+def _png_bit_depth(f: Any) -> int | None:
+    """The bit depth of a PNG's colour channels from its IHDR chunk, or None for other files."""
+    f.seek(0)
+    head = f.read(26)
+    f.seek(0)
+    if len(head) == 26 and head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR":
+        return head[24]
+    return None
+
+
+def _resized(img: Any, opts: DecodeOptions) -> Any:
+    if opts.image_size is None:
+        return img
+    h, w = opts.image_size
+    box = _crop_box(img.width, img.height, h, w) if opts.crop_to_aspect_ratio else None
+    if (img.height, img.width) != (h, w) or box is not None:
+        img = img.resize((w, h), resample=INTERPOLATIONS[opts.interpolation], box=box)
+    return img
+
+
+def _pixels16(img: Any, opts: DecodeOptions, channels: int) -> np.ndarray:
+    """A 16-bit grayscale image as (H, W, C) uint16 at full depth (resized in float32 when asked)."""
+    gray = np.asarray(img).astype(np.float32)
+    if opts.image_size is not None:
+        gray = np.asarray(_resized(Image.fromarray(gray, "F"), opts))
+    gray = np.clip(np.rint(gray), 0, 65535).astype(np.uint16)
+    planes = [gray] * min(channels, 3) + ([np.full_like(gray, 65535)] if channels == 4 else [])
+    return np.stack(planes, axis=-1)
+
+
 def decode_image(path: str | os.PathLike[str], opts: DecodeOptions = DecodeOptions()) -> np.ndarray:
-    """Decode one file into an (H, W, C) uint8 array; raise ImageDecodeError naming the file."""
+    """Decode one file into an (H, W, C) array of ``opts.dtype``; raise ImageDecodeError naming the file.
+
+    Bit depth is converted explicitly, never clipped: into uint8, a 16-bit grayscale PNG
+    keeps its high byte (as Pillow does for 16-bit colour PNGs); into uint16, 16-bit
+    grayscale keeps every bit, 8-bit images are scaled by 257 and 16-bit colour PNGs are
+    refused (Pillow decodes those to 8 bits only).
+    """
     mode, channels = _MODES[opts.color_mode]
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _open_regular_file(path) as f:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            depth = _png_bit_depth(f)
+            with Image.open(f) as img:
                 img.load()
-                img = img.convert(mode)
-                if opts.image_size is not None:
-                    h, w = opts.image_size
-                    resample = INTERPOLATIONS[opts.interpolation]
-                    box = _crop_box(img.width, img.height, h, w) if opts.crop_to_aspect_ratio else None
-                    if (img.height, img.width) != (h, w) or box is not None:
-                        img = img.resize((w, h), resample=resample, box=box)
-                arr = np.asarray(img, dtype=np.uint8)
+                deep = img.mode in _DEEP_MODES
+                if opts.dtype == "uint16" and deep:
+                    return _pixels16(img, opts, channels)
+                if opts.dtype == "uint16" and depth == 16:
+                    raise ImageDecodeError(
+                        f"{path}: a 16-bit colour PNG, which Pillow decodes to 8 bits only; a uint16 store cannot hold "
+                        "its full depth. Ingest it with dtype='uint8' (CLI: --dtype uint8), or convert it to 16-bit grayscale"
+                    )
+                if deep:  # 16 bits -> 8: the high byte, never a clip at 255
+                    img = Image.fromarray((np.asarray(img).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8), "L")
+                arr = np.asarray(_resized(img.convert(mode), opts), dtype=np.uint8)
+                if opts.dtype == "uint16":
+                    arr = arr.astype(np.uint16) * np.uint16(257)
+    except ImageDecodeError:
+        raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageDecodeError(f"{path}: refused as a decompression bomb ({exc})") from exc
     except FileNotFoundError as exc:
@@ -222,23 +343,46 @@ def _decode_task(root: str, rels: list[str], opts: DecodeOptions) -> list[tuple[
 
 
 def _exit_with_parent(main_pid: int) -> None:
-    """Worker initializer: end this decoding process when the ingesting process is gone.
+    """Worker initializer: end this decoding process as soon as the ingesting process is gone.
 
-    A killed ingest (SIGKILL) cannot stop its pool; without this its forkserver and
-    decoding processes would keep running.
+    A killed ingest (SIGKILL) cannot stop its pool, and a dead process stays a zombie (still
+    "alive" to ``kill(pid, 0)``) until its caller reaps it, which a caller reading the
+    ingest's output pipes to EOF first never does (and the forkserver, the workers' parent,
+    lives as long as they do). So every 0.25 s the worker checks that the ingesting process
+    exists and is no zombie (``/proc``), and that it was not re-parented; on Linux it also
+    asks for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``).
     """
     import threading
 
-    def watch() -> None:
-        while True:
-            time.sleep(0.25)
-            try:
-                os.kill(main_pid, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:  # pragma: no cover - a reused pid of another user
-                os._exit(1)
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
 
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no prctl in this libc
+            pass
+
+    def gone() -> bool:
+        if os.getppid() != parent:
+            return True
+        try:
+            os.kill(main_pid, 0)
+            with open(f"/proc/{main_pid}/stat", "rb") as f:  # a zombie is dead, though kill() finds it
+                return f.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+        except FileNotFoundError:  # no /proc (macOS): kill() is the test
+            return False
+        except (ProcessLookupError, PermissionError):  # gone, or a reused pid of another user
+            return True
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(0.25)
+        os._exit(1)
+
+    if gone():  # the parent died before the death signal was asked for
+        os._exit(1)
     threading.Thread(target=watch, name="carraystore-parent-watch", daemon=True).start()
 
 
@@ -297,6 +441,34 @@ def _check_options(color_mode: str, image_size: Any, interpolation: str, on_erro
     return size  # type: ignore[return-value]
 
 
+def _drop_bad_names(
+    root: Path, rels: list[str], labels: np.ndarray | None, on_error: str
+) -> tuple[list[str], np.ndarray | None, list[tuple[str, str]]]:
+    """Files whose names cannot be keys (not UTF-8, newline, ...): an error, or skipped with ``on_error='skip'``.
+
+    Returns the other files, their labels, and the skipped ones as (printable name, reason).
+    """
+    keep: list[int] = []
+    skipped: list[tuple[str, str]] = []
+    for i, rel in enumerate(rels):
+        try:
+            validate_key(rel)
+        except InvalidInputError as exc:
+            reason = "file name is not valid UTF-8" if "UTF-8" in str(exc) else "file name holds a NUL or newline"
+            reason += ", so it cannot be a key (FORMAT.md, keys)"
+            if on_error == "fail":
+                raise IngestError(
+                    f"{root / shown_name(rel)}: {reason} (non-ASCII bytes shown as \\xNN). Rename the file, or pass "
+                    "on_error='skip' (CLI: --on-error skip) to skip it (it is listed in the output and the store's metadata)"
+                ) from None
+            skipped.append((shown_name(rel), reason))
+            continue
+        keep.append(i)
+    if not skipped:
+        return rels, labels, skipped
+    return [rels[i] for i in keep], (labels[keep] if labels is not None else None), skipped
+
+
 def _ingest_one(
     root: Path,
     output: Path,
@@ -320,13 +492,13 @@ def _ingest_one(
     if not rels:
         raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
     t0 = time.perf_counter()
+    rels, labels, skipped = _drop_bad_names(root, rels, labels, on_error)
     order = np.random.default_rng(seed).permutation(len(rels)) if shuffle else np.arange(len(rels))
     rels = [rels[i] for i in order]
     if labels is not None:
         labels = labels[order]
     _, channels = _MODES[opts.color_mode]
     writer: StoreWriter | None = None
-    skipped: list[tuple[str, str]] = []
     first_shape: tuple[int, ...] | None = None
     first_rel = ""
     batch_imgs: list[np.ndarray] = []
@@ -337,7 +509,7 @@ def _ingest_one(
         return create(
             output,
             shape,
-            dtype="uint8",
+            dtype=opts.dtype,
             codec=codec,
             chunk_images=chunk_images,
             class_names=class_names,
@@ -381,7 +553,7 @@ def _ingest_one(
                         f"{root / rel}: {err}. Fix or remove the file, or pass on_error='skip' (CLI: --on-error skip) "
                         "to skip bad files (they are listed in the output and in the store's metadata)"
                     )
-                skipped.append((rel, err))
+                skipped.append((shown_name(rel), err))
                 continue
             assert arr is not None
             if writer is None:
@@ -397,7 +569,7 @@ def _ingest_one(
             if len(batch_imgs) >= 64:
                 flush()
         if writer is None:
-            raise IngestError(f"{root}: none of the {len(rels)} image files could be decoded; first failure: {skipped[0][0]}: {skipped[0][1]}")
+            raise IngestError(f"{root}: none of the {len(rels) + len(skipped)} image files could be decoded; first failure: {skipped[0][0]}: {skipped[0][1]}")
         flush()
         for rel, reason in skipped:
             writer.add_skipped(rel, reason)
@@ -409,7 +581,7 @@ def _ingest_one(
     finally:
         if bar is not None:
             bar.close()
-    n = len(rels) - len(skipped)
+    n = writer.nimages
     shape = first_shape or ()
     return IngestResult(
         path=output,
@@ -419,7 +591,7 @@ def _ingest_one(
         skipped=skipped,
         ignored=ignored,
         seconds=time.perf_counter() - t0,
-        nbytes=n * int(np.prod(shape)),
+        nbytes=n * int(np.prod(shape)) * np.dtype(opts.dtype).itemsize,
         cbytes=output.stat().st_size,
     )
 
@@ -446,6 +618,7 @@ def from_directory(
     overwrite: bool = False,
     progress: bool = False,
     attrs: dict[str, Any] | None = None,
+    dtype: str = "uint8",
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -457,10 +630,16 @@ def from_directory(
     (or ``shuffle=False``) writes files in sorted path order, e.g. for video frames.
     ``workers`` decoding processes (default: all cores; 1 decodes in this process).
     ``codec`` is a Codec or a preset name (``fast``, ``balanced``, ``small``).
+    ``dtype`` is ``"uint8"`` (16-bit files keep their high byte) or ``"uint16"`` (16-bit grayscale
+    kept exactly, 8-bit files scaled by 257, 16-bit colour PNGs refused): see ``decode_image``.
+    File names that cannot be keys (not UTF-8, newline) and files that are not regular files
+    follow ``on_error`` like undecodable ones.
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
-    opts = DecodeOptions(color_mode, size, interpolation, bool(crop_to_aspect_ratio))
+    if dtype not in DTYPES:
+        raise InvalidInputError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    opts = DecodeOptions(color_mode, size, interpolation, bool(crop_to_aspect_ratio), dtype)
     if workers is None:
         workers = os.cpu_count() or 1
     shuffle = shuffle and not keep_order
@@ -486,6 +665,8 @@ def from_directory(
             "resize_library": f"Pillow {Image.__version__}" if size else None,
             "crop_to_aspect_ratio": bool(crop_to_aspect_ratio),
             "color_mode": color_mode,
+            "dtype": dtype,
+            "bit_depth": _DEPTH_RULE[dtype],
             "shuffled": shuffle,
             "seed": seed if shuffle else None,
         }

@@ -35,6 +35,7 @@ from carraystore.forksafe import in_forked_child
 from carraystore.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    META_CRC_KEY,
     META_KEY,
     Codec,
     StoreMeta,
@@ -43,6 +44,7 @@ from carraystore.format import (
     check_codec_against_header,
     chunk_crc_ok,
     crc32,
+    metadata_limit,
     parse_chunk_header,
 )
 from carraystore.frame import Frame, read_frame, special_chunk_header
@@ -333,7 +335,7 @@ class Store:
 
     def check_chunk_bytes(self, i: int, data: bytes) -> None:
         """Raise ChecksumError unless ``data`` (chunk ``i`` as read) matches its recorded CRC32."""
-        if not chunk_crc_ok(data, int(self.meta.crc32[i]), self.chunk_nbytes):
+        if not chunk_crc_ok(data, int(self.meta.crc32[i]), self.codec, self.meta.blocksize, self.chunk_nbytes):
             offset, length = self.chunk_byte_range(i)
             raise ChecksumError(
                 f"{self.location}: chunk {i} (bytes {offset}-{offset + length}) fails its CRC32 check; "
@@ -430,7 +432,7 @@ class Store:
                     problems.append(ChunkProblem(i, f"cannot be read: {exc.__cause__ or exc}"))
                     continue
                 want = int(self.meta.crc32[i])
-                if not chunk_crc_ok(data, want, self.chunk_nbytes):
+                if not chunk_crc_ok(data, want, self.codec, self.meta.blocksize, self.chunk_nbytes):
                     problems.append(ChunkProblem(i, f"CRC32 mismatch: recorded {want:08x}, file has {crc32(data):08x}"))
                     continue
                 try:
@@ -481,7 +483,10 @@ def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> N
             f"{', '.join(map(str, meta.image_shape))}); the file was damaged or written by another tool"
         )
     problems = []
-    dt_text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False, strict_map_key=False)[6]
+    try:
+        dt_text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False, strict_map_key=False)[6]
+    except Exception as exc:
+        raise CorruptStoreError(f"{location}: the b2nd metalayer's dtype cannot be read ({exc}); the file is damaged") from exc
     try:
         file_dtype = np.dtype(ast.literal_eval(dt_text)) if str(dt_text)[:1] in "{[" else np.dtype(dt_text)
     except Exception:
@@ -531,10 +536,11 @@ def _read_meta(frame: Frame, location: str) -> StoreMeta:
             f"{location}: format version {fixed_version} is newer than this carraystore reads ({FORMAT_VERSION}); "
             "upgrade carraystore (pip install -U carraystore)"
         )
-    raw = frame.vlmeta(META_KEY)
+    shape, _, _ = frame.b2nd()
+    raw = frame.vlmeta(META_KEY, metadata_limit(shape[0] if shape else 0))
     if raw is None:
         raise FormatError(f"{location}: the {META_KEY!r} variable-length metadata is missing")
-    rec = StoreMeta.unpack_record(raw, location)
+    rec = StoreMeta.unpack_record(raw, location, require_crc=fixed_rec.get(META_CRC_KEY) is True)
     del raw  # the packed bytes go before the record is checked: lower peak memory on open
     meta = StoreMeta.from_record(rec, location)
     if meta.format_version != fixed_version:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import re
 import secrets
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +27,48 @@ import blosc2
 import numpy as np
 
 from carraystore._version import __version__
-from carraystore.errors import CorruptStoreError, InvalidInputError, StoreExistsError
+from carraystore.errors import (
+    CarrayStoreError,
+    CorruptStoreError,
+    InvalidInputError,
+    NoSpaceError,
+    StoreExistsError,
+    WriteError,
+)
 from carraystore.format import (
     COLOR_MODES,
     DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
+    LABEL_LIMIT,
     LAYOUTS,
+    META_CRC_KEY,
     META_KEY,
     Codec,
     StoreMeta,
     StringTable,
     as_records,
+    chunk_crc,
     chunk_crc_ok,
-    crc32,
     default_chunk_images,
     dtype_to_record,
+    metadata_limit,
     validate_key,
 )
 from carraystore.reader import open_store
 
-__all__ = ["StoreWriter", "create", "append", "temp_path", "remove_stale_temps", "publish", "fsync_path"]
+__all__ = [
+    "StoreWriter",
+    "create",
+    "append",
+    "temp_path",
+    "remove_stale_temps",
+    "publish",
+    "fsync_path",
+    "write_error",
+    "named_write_errors",
+    "check_class_names",
+]
 
 # ``.NAME.partial-PID-RANDOM`` (stores) and ``.NAME.migrating-PID-RANDOM.b2nd`` (migrations)
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?:partial|migrating)-(?P<pid>\d+)-[0-9a-f]+(?:\.b2nd)?$")
@@ -96,6 +118,58 @@ def publish(tmp: Path, path: Path) -> None:
     fsync_path(path.parent, directory=True)
 
 
+#: A write that fails while its folder has less free space than this (plus what it wrote) failed for lack of space.
+_SPACE_MARGIN = 1 << 20
+
+
+def write_error(exc: BaseException, target: Path, what: str, need: int = 0) -> WriteError:
+    """The named error for a failed write of ``what`` into ``target``.
+
+    blosc2 reports a failed write as a bare ``RuntimeError`` (no errno), so "no space left"
+    is also recognised from the folder's free space: less than ``need`` bytes plus 1 MiB.
+    """
+    folder = target.parent
+    free: int | None = None
+    with contextlib.suppress(OSError):
+        st = os.statvfs(folder)
+        free = st.f_bavail * st.f_frsize
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) or (code is None and free is not None and free < need + _SPACE_MARGIN):
+        left = f" ({free} bytes free)" if free is not None else ""
+        error: WriteError = NoSpaceError(
+            f"no space left on {folder}{left} while writing {what} to {target}; "
+            "free some space or write elsewhere (the unfinished file is removed)"
+        )
+    else:
+        error = WriteError(f"could not write {what} to {target} ({exc}); check the folder's permissions, quota and file size limit")
+    error.errno = code or (errno.ENOSPC if isinstance(error, NoSpaceError) else errno.EIO)
+    return error
+
+
+@contextlib.contextmanager
+def named_write_errors(target: Path, what: str, need: int = 0) -> Iterator[None]:
+    """Turn a failed write inside the block (``OSError``, blosc2's ``RuntimeError``) into :func:`write_error`."""
+    try:
+        yield
+    except CarrayStoreError:
+        raise
+    except (RuntimeError, OSError) as exc:
+        raise write_error(exc, target, what, need) from exc
+
+
+def check_class_names(names: Sequence[str] | None, where: str) -> tuple[str, ...] | None:
+    """``names`` as a tuple of strings; refuses a name listed twice (two labels would mean one class)."""
+    if names is None:
+        return None
+    out = tuple(str(c) for c in names)
+    seen: set[str] = set()
+    for c in out:
+        if c in seen:
+            raise InvalidInputError(f"{where}: class name {c!r} is listed twice in {list(out)}; class names must be unique")
+        seen.add(c)
+    return out
+
+
 def _frame_cparams(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
     """Frame-level cparams: what plain blosc2 would use if someone wrote into the array."""
     cp: dict[str, Any] = {
@@ -114,7 +188,15 @@ def _frame_cparams(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
 
 
 def _write_meta(array: Any, meta: StoreMeta) -> None:
-    array.schunk.vlmeta[META_KEY] = meta.to_record()
+    """Store the sealed metadata record (FORMAT.md 4.3) as the vlmeta entry ``carraystore``."""
+    raw = meta.to_bytes()
+    limit = metadata_limit(meta.nimages)
+    if len(raw) > limit:
+        raise InvalidInputError(
+            f"the metadata of {meta.nimages} items takes {len(raw)} bytes, more than the {limit} a store may hold "
+            "(FORMAT.md, Limits): keep large per-item data in the images or a separate file, not in attrs or columns"
+        )
+    array.schunk.vlmeta.set_vlmeta(META_KEY, raw, typesize=1)
 
 
 class StoreWriter:
@@ -150,7 +232,7 @@ class StoreWriter:
         self._stored = meta.nimages  # images the array already holds
         if self._fill:
             data = array.schunk.get_chunk(self._chunk_start // k)
-            if not chunk_crc_ok(data, self._crc[self._chunk_start // k], k * meta.image_nbytes):
+            if not chunk_crc_ok(data, self._crc[self._chunk_start // k], meta.codec, meta.blocksize, k * meta.image_nbytes):
                 raise CorruptStoreError(f"{path}: last chunk fails its CRC32 check; not appending to a damaged store")
             blosc2.decompress2(data, dst=self._buf)
             self._buf[self._fill :].view(np.uint8)[...] = 0
@@ -246,10 +328,11 @@ class StoreWriter:
                 blosc2_version=blosc2.__version__,
             )
             meta.validate(str(self.path))
-            _write_meta(self._array, meta)
-            self._meta = meta
-            self._array = None
-            publish(self._tmp, self.path)
+            with named_write_errors(self._tmp, "the metadata"):
+                _write_meta(self._array, meta)
+                self._meta = meta
+                self._array = None
+                publish(self._tmp, self.path)
         except BaseException:
             self.abort()
             raise
@@ -303,8 +386,11 @@ class StoreWriter:
             raise InvalidInputError(
                 f"{self.path}: labels span {lab.min()}..{lab.max()} but there are {len(names)} class names"
             )
-        if n and lab.min() < 0:
-            raise InvalidInputError(f"{self.path}: labels must be >= 0, got {lab.min()}")
+        if n and (lab.min() < 0 or lab.max() >= LABEL_LIMIT):
+            raise InvalidInputError(
+                f"{self.path}: labels must lie in 0..{LABEL_LIMIT - 1}, got {lab.min()}..{lab.max()} "
+                "(a store has no 'missing' label: leave unlabelled items out, or give them a class of their own)"
+            )
         return lab
 
     def _check_columns(self, columns: dict[str, np.ndarray] | None, n: int) -> dict[str, np.ndarray]:
@@ -349,17 +435,18 @@ class StoreWriter:
             self._buf[self._fill :].view(np.uint8)[...] = 0  # deterministic padding
         data = blosc2.compress2(self._buf, **self._cparams)
         total = self._chunk_start + self._fill
-        if self._stored == 0:
-            # blosc2 < 4.1 cannot grow an array from length 0 (3.x miscounts its chunks,
-            # 4.0 crashes), so the first chunk re-creates the still empty file at length total.
-            self._array = None
-            self._array = _new_array(self._tmp, self._meta, total)
-            self._stored = total
-        elif total != self._stored:
-            self._array.resize((total, *self._meta.image_shape))
-            self._stored = total
-        self._array.schunk.update_chunk(ic, data)
-        c = crc32(data)
+        with named_write_errors(self._tmp, f"chunk {ic}", len(data)):
+            if self._stored == 0:
+                # blosc2 < 4.1 cannot grow an array from length 0 (3.x miscounts its chunks,
+                # 4.0 crashes), so the first chunk re-creates the still empty file at length total.
+                self._array = None
+                self._array = _new_array(self._tmp, self._meta, total)
+                self._stored = total
+            elif total != self._stored:
+                self._array.resize((total, *self._meta.image_shape))
+                self._stored = total
+            self._array.schunk.update_chunk(ic, data)
+        c = chunk_crc(data, self._meta.codec, self._meta.blocksize)
         if ic < len(self._crc):
             self._crc[ic] = c
         else:
@@ -409,6 +496,9 @@ def create(
         raise InvalidInputError(f"{p}: folder {p.parent} does not exist")
     if image_shape is None:
         raise InvalidInputError("create(): image_shape (H, W, C) is required for a new store")
+    if chunk_images is not None and (isinstance(chunk_images, bool) or int(chunk_images) != chunk_images or chunk_images < 1):
+        raise InvalidInputError(f"{p}: chunk_images must be a positive integer (images per chunk), got {chunk_images!r}")
+    class_names = check_class_names(class_names, str(p))
     shape = tuple(int(x) for x in image_shape)
     dt = np.dtype(dtype)
     dtype_to_record(dt)  # refuses object dtypes with a clear message
@@ -472,7 +562,8 @@ def create(
     meta.validate(str(p))
     tmp = temp_path(p)
     try:
-        array = _new_array(tmp, meta, 0)
+        with named_write_errors(tmp, "a new store"):
+            array = _new_array(tmp, meta, 0)
     except Exception:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -490,7 +581,7 @@ def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
         blocks=(meta.codec.block_images, *shape),
         urlpath=str(tmp),
         mode="w",
-        meta={META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}},
+        meta={META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, META_CRC_KEY: True}},
         cparams=_frame_cparams(meta.codec, meta.np_dtype),
     )
     _write_meta(array, meta)
