@@ -106,6 +106,8 @@ class StoreDataset(keras.utils.PyDataset):
             raise InvalidInputError(f"start_batch {sb} is past the epoch's {nb} batches")
         if sb:
             self._resume = (self.epoch, sb)
+        #: the length of the resumed epoch once it is over (TrainingPosition catches a fit going on with it)
+        self._resumed_len: int | None = None
         self.cache_windows = int(cache_windows)
         if self.cache_windows < 1:
             raise InvalidInputError(f"cache_windows must be >= 1, got {cache_windows}")
@@ -203,6 +205,7 @@ class StoreDataset(keras.utils.PyDataset):
             self.epoch = int(epoch)
             self._used = False
             self._resume = None
+            self._resumed_len = None
 
     def on_epoch_begin(self) -> None:
         """Keras calls this before each epoch; the epoch in use is ``self.epoch``."""
@@ -220,6 +223,10 @@ class StoreDataset(keras.utils.PyDataset):
         with self._lock:
             if not self._used:
                 return  # the same epoch goes on: batches already decoded stay valid
+            if self._resume is not None and self._resume[0] == self.epoch:
+                self._resumed_len = self._spec.num_batches - self._resume[1]
+            else:
+                self._resumed_len = None
             self.epoch += 1
             self._used = False
             self._resume = None
@@ -277,6 +284,8 @@ class TrainingPosition(keras.callbacks.Callback):
 
     The dataset's ``epoch`` follows Keras's epoch index when it starts at the same number
     (``StoreDataset(epoch=e)`` with ``fit(initial_epoch=e)``; both start at 0 by default).
+    A fit that would go on past a resumed epoch (Keras would run the next epochs at the
+    resumed epoch's length, losing batches) stops with an error saying what to do.
     """
 
     def __init__(self, dataset: StoreDataset, path: str | os.PathLike[str] | None = None, every: int = 1) -> None:
@@ -294,8 +303,17 @@ class TrainingPosition(keras.callbacks.Callback):
         self._count = 0
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self._epoch = self.dataset.epoch
-        self._first = self.dataset.first_batch
+        ds = self.dataset
+        steps = (self.params or {}).get("steps")
+        if ds._resumed_len is not None and steps == ds._resumed_len and steps < len(ds):
+            # one fit keeps its first epoch's step count: this whole epoch would lose its first batches
+            raise InvalidInputError(
+                f"{ds.store.location}: this fit would run epoch {ds.epoch} for {steps} of its {len(ds)} batches, the "
+                "length of the resumed epoch before it (Keras keeps one step count per fit). Fit the resumed epoch on "
+                "its own (initial_epoch=e, epochs=e + 1), then fit the whole epochs (docs/loading.md, Resuming)"
+            )
+        self._epoch = ds.epoch
+        self._first = ds.first_batch
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.position = (self._epoch, self._first + int(batch) + 1)

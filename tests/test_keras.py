@@ -285,3 +285,19 @@ def test_a_fit_interrupted_mid_epoch_resumes_with_exactly_one_epoch_of_samples(s
     assert position.position == (2, 0) and TrainingPosition.load(where) == (2, 0)
     gc.collect()
     assert keras_threads() == []
+
+
+def test_one_fit_going_on_past_a_resumed_epoch_stops_with_what_to_do(splits: dict[str, Path]) -> None:
+    """Keras keeps the first epoch's step count for the whole fit: the epoch after a resumed
+    one would silently lose start_batch batches. TrainingPosition stops it, saying what to do."""
+    from carraystore.keras import TrainingPosition
+
+    ds = StoreDataset(splits["train"], 32, start_batch=3)
+    assert len(ds) == ds.spec.num_batches - 3
+    model = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(len(CLASSES))])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    position = TrainingPosition(ds)
+    with pytest.raises(carraystore.InvalidInputError, match=r"resumed epoch.*initial_epoch=e, epochs=e \+ 1"):
+        model.fit(ds, epochs=3, shuffle=False, verbose=0, callbacks=[position])
+    assert position.position == (1, 0), "the resumed epoch itself finished"
+    ds.close()
