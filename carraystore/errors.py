@@ -24,6 +24,7 @@ __all__ = [
     "NoSpaceError",
     "ClipError",
     "LoaderChecksumError",
+    "StoreLockedError",
 ]
 
 
@@ -101,6 +102,10 @@ class WriteError(CarrayStoreError, OSError):
 
 class NoSpaceError(WriteError):
     """The file system ran out of space while a store or an exported file was written."""
+
+
+class StoreLockedError(CarrayStoreError):
+    """Another writer (append, ingest, migrate, create) holds the store's writer lock."""
 
 
 class ClipError(InvalidInputError):

@@ -88,14 +88,27 @@ def dtype_to_record(dt: np.dtype) -> Any:
     dt = np.dtype(dt)
     if dt.hasobject:
         raise InvalidInputError(f"dtype {dt} holds Python objects, which a store cannot hold (it never pickles)")
-    if dt.fields is None and dt.subdtype is None:
+    if dt.subdtype is not None:
+        raise InvalidInputError(
+            f"dtype {dt} is a sub-array dtype; put its shape {dt.shape} into the item shape instead (FORMAT.md 4.2)"
+        )
+    if dt.fields is None:
         return dt.str
-    return [[name, *(_descr_field(rest))] for name, *rest in dt.descr]
+    return [[_field_name(name), *(_descr_field(rest))] for name, *rest in dt.descr]
+
+
+def _field_name(name: Any) -> str:
+    if not isinstance(name, str):  # numpy writes a titled field's name as (title, name)
+        raise InvalidInputError(
+            f"structured dtype field {name!r} has a title, which a store does not keep (FORMAT.md 4.2); "
+            "rebuild the dtype without titles"
+        )
+    return name
 
 
 def _descr_field(rest: list[Any]) -> list[Any]:
     typ = rest[0]
-    out = [typ if isinstance(typ, str) else [[n, *(_descr_field(r))] for n, *r in typ]]
+    out = [typ if isinstance(typ, str) else [[_field_name(n), *(_descr_field(r))] for n, *r in typ]]
     if len(rest) > 1:
         out.append(list(rest[1]))
     return out
@@ -117,7 +130,9 @@ def dtype_from_record(rec: Any) -> np.dtype:
         # descr_to_dtype (as .npy files do) restores padding: fields named '' are gaps, so a
         # structured dtype with offsets/itemsize round-trips exactly.
         dt = np.dtype(rec) if isinstance(rec, str) else descr_to_dtype(fields(rec))
-    except (TypeError, ValueError) as exc:
+    except FormatError:
+        raise
+    except Exception as exc:  # numpy parses some dtype strings with ast: SyntaxError, RecursionError, ...
         raise FormatError(f"unknown dtype {rec!r} in the metadata ({exc})") from exc
     if dt.hasobject:
         raise FormatError(f"dtype {rec!r} holds Python objects; stores never do")
@@ -497,29 +512,30 @@ def _check_key_bytes(blob: bytes, offsets: np.ndarray, what: str) -> None:
     if np.any(ends == starts):
         raise bad(first(ends == starts), "is empty")
     b = np.frombuffer(blob, dtype=np.uint8)
-    try:
-        blob.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise bad(int(np.searchsorted(ends, exc.start, side="right")), "is not valid UTF-8") from None
+    if b.size and int(b.max()) >= 0x80:  # pure ASCII needs no decoding
+        try:
+            blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise bad(int(np.searchsorted(ends, exc.start, side="right")), "is not valid UTF-8") from None
     cont = (b[starts] & 0xC0) == 0x80  # a key may not begin inside another's character
     if np.any(cont):
         raise bad(first(cont), "is not valid UTF-8")
-    for ch, why in ((0, "holds a NUL character"), (10, "holds a newline")):
-        hits = np.flatnonzero(b == ch)
-        if hits.size:
-            raise bad(int(np.searchsorted(ends, hits[0], side="right")), why)
-    absolute = (b[starts] == ord("/")) | (b[starts] == ord("~"))
+    for ch, why in ((b"\x00", "holds a NUL character"), (b"\n", "holds a newline")):
+        hit = blob.find(ch)  # memchr: far faster than a numpy comparison over the whole blob
+        if hit >= 0:
+            raise bad(int(np.searchsorted(ends, hit, side="right")), why)
+    # a backslash counts as a separator here, as in validate_key (it is one on Windows)
+    absolute = (b[starts] == ord("/")) | (b[starts] == ord("\\")) | (b[starts] == ord("~"))
     two = ends - starts > 1
     absolute[two] |= b[starts[two] + 1] == ord(":")
     if np.any(absolute):
         raise bad(first(absolute), "is an absolute path")
-    pos = blob.find(b"..")
-    while pos >= 0:
+    dots = b == ord(".")
+    for pos in np.flatnonzero(dots[:-1] & dots[1:]).tolist():  # every "..", then whether it is a component
         i = int(np.searchsorted(ends, pos, side="right"))
         lo, hi = int(starts[i]), int(ends[i])
-        if (pos == lo or blob[pos - 1] == 0x2F) and (pos + 2 == hi or blob[pos + 2] == 0x2F):
+        if (pos == lo or blob[pos - 1] in b"/\\") and (pos + 2 == hi or blob[pos + 2] in b"/\\"):
             raise bad(i, "has a '..' component")
-        pos = blob.find(b"..", pos + 1)
 
 
 class StringTable(Sequence[str]):
@@ -620,7 +636,7 @@ def check_record_seal(raw: bytes, where: str) -> bool:
     if len(raw) < len(_SEAL) + 5 or raw[-4 - len(_SEAL) : -4] != _SEAL:
         return False
     want = int.from_bytes(raw[-4:], "big")
-    got = crc32(raw[:-4])
+    got = crc32(memoryview(raw)[:-4])  # no copy of a record that may be tens of MB
     if got != want:
         raise MetadataChecksumError(
             f"{where}: the metadata record fails its checksum (recorded {want:08x}, computed {got:08x}); "
@@ -830,6 +846,13 @@ class StoreMeta:
                 raise FormatError(f"{where}: dtype {self.dtype!r} is not one of {DTYPES} (image layout)")
             if len(self.image_shape) != 3 or self.image_shape[2] not in COLOR_MODES or min(self.image_shape) < 1:
                 raise FormatError(f"{where}: image_shape {self.image_shape} must be (H, W, C) with C in 1, 3, 4")
+            if self.color_mode != COLOR_MODES[self.image_shape[2]]:
+                raise FormatError(
+                    f"{where}: color_mode {self.color_mode!r} does not match C = {self.image_shape[2]} "
+                    f"(FORMAT.md 4.1: {COLOR_MODES[self.image_shape[2]]!r})"
+                )
+        elif self.color_mode:
+            raise FormatError(f"{where}: color_mode {self.color_mode!r} in a store of layout 'array' (must be empty)")
         elif self.image_shape and min(self.image_shape) < 1:
             raise FormatError(f"{where}: item shape {self.image_shape} has an empty dimension")
         if dt.itemsize == 0:

@@ -268,3 +268,50 @@ def special_chunk_header(special: int, nbytes: int, blocksize: int, typesize: in
     head[12:16] = (32).to_bytes(4, "little")
     head[31] = (special & 0x7) << 4
     return bytes(head)
+
+
+# -- writing in place (appends) ------------------------------------------------------------
+#: Byte positions of the big-endian 64-bit header fields an append rewrites (each follows
+#: its msgpack type byte): the frame length, the uncompressed and the compressed sizes.
+FRAME_LEN_AT = 16
+NBYTES_AT = 30
+CBYTES_AT = 39
+
+
+def shape0_position(head: bytes, nitems: int, location: str) -> int:
+    """Where the first dimension of the ``b2nd`` metalayer's shape (big-endian int64) lies in
+    the header ``head``; checked to hold ``nitems``."""
+    try:
+        header = _unpack_first(head)
+        index = {k.decode() if isinstance(k, bytes) else str(k): int(v) for k, v in header[13][1].items()}
+        c = index["b2nd"]
+        # bin32 (0xc6, 4-byte length), then fixarray(7), version, ndim, fixarray(ndim), int64 (0xd3)
+        ndim = head[c + 7]
+        ok = head[c] == 0xC6 and head[c + 5] == 0x97 and head[c + 6] < 0x80 and head[c + 8] == 0x90 | ndim and head[c + 9] == 0xD3
+        pos = c + 10
+        if not ok or int.from_bytes(head[pos : pos + 8], "big", signed=True) != nitems:
+            raise ValueError("the b2nd metalayer is not laid out as this carraystore writes it")
+    except Exception as exc:
+        raise _damaged(location, f"cannot update the frame header in place ({exc})") from exc
+    return pos
+
+
+def raw_offsets(frame: Frame) -> np.ndarray:
+    """The offsets index entries as stored: data-relative offsets, special chunks flagged."""
+    special = frame.chunk_special.astype(np.uint64)
+    flagged = (np.uint64(_SPECIAL_BIT) | (special << np.uint64(56))).view(np.int64)
+    return np.where(frame.chunk_special > 0, flagged, frame.chunk_offsets - frame.header_len).astype("<i8")
+
+
+def encode_offsets(raw: np.ndarray) -> bytes:
+    """An offsets index chunk for ``raw`` (int64 little-endian entries), as blosc2 writes one."""
+    return bytes(
+        blosc2.compress2(
+            np.ascontiguousarray(raw, dtype="<i8"),
+            typesize=8,
+            codec=blosc2.Codec.BLOSCLZ,
+            clevel=5,
+            splitmode=blosc2.SplitMode.NEVER_SPLIT,
+            nthreads=1,
+        )
+    )

@@ -36,12 +36,18 @@ __all__ = [
     "IngestResult",
     "DecodeOptions",
     "list_images",
+    "image_files",
+    "split_like_folders",
+    "validation_split_indices",
+    "SPLIT_NAMES",
+    "DEFAULT_MAX_SKIPPED",
     "decode_image",
     "from_directory",
 ]
 
-#: File extensions read, as in Keras (case-insensitive).
-IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".gif")
+#: File extensions read (case-insensitive): Keras' five plus WebP and TIFF, which Pillow decodes.
+#: The one list: ingest, ``carraystore bench`` and bench/ all find images with :func:`image_files`.
+IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 #: Keras interpolation names that Pillow can do, and Pillow's filter for each.
 INTERPOLATIONS = {
@@ -63,6 +69,13 @@ _DEPTH_RULE = {
     "uint8": "16-bit files reduced to 8 bits by their high byte (value >> 8), as Pillow and tf.image decode them",
     "uint16": "8-bit files scaled to 16 bits (value * 257); 16-bit colour PNGs are refused (Pillow decodes them to 8 bits)",
 }
+
+#: Folder names that mean a dataset split, not a class (compared in lower case).
+SPLIT_NAMES = frozenset(
+    {"train", "training", "val", "valid", "validation", "validate", "test", "testing", "dev", "eval", "evaluation", "holdout"}
+)
+#: The default of ``max_skipped``: an ingest that skips more than 1% of the files stops.
+DEFAULT_MAX_SKIPPED = 0.01
 
 
 @dataclass(frozen=True)
@@ -165,6 +178,11 @@ def _walk_images(root: Path, follow_links: bool) -> tuple[list[Path], list[Path]
 
     walk(root)
     return images, other
+
+
+def image_files(root: str | os.PathLike[str], follow_links: bool = False) -> list[Path]:
+    """Every image file under ``root`` (any depth), in sorted path order."""
+    return _walk_images(Path(root), follow_links)[0]
 
 
 def list_images(
@@ -423,6 +441,57 @@ def _decoded(
 # -- the job ---------------------------------------------------------------------------------
 
 
+def split_like_folders(root: str | os.PathLike[str]) -> list[str]:
+    """The sub-folders of ``root`` that look like dataset splits (train/, validation/, test/, ...).
+
+    Returns them when they probably are splits: two or more split names, or one split
+    name that itself holds sub-folders (class folders). Otherwise an empty list.
+    """
+    rootp = Path(root)
+    subdirs = sorted(d for d in rootp.iterdir() if d.is_dir() and not d.name.startswith("."))
+    splits = [d for d in subdirs if d.name.lower() in SPLIT_NAMES]
+    if len(splits) >= 2 or any(any(c.is_dir() for c in d.iterdir()) for d in splits):
+        return [d.name for d in splits]
+    return []
+
+
+def _allowed_skips(max_skipped: float | int, total: int) -> int:
+    """How many of ``total`` files may be skipped: a fraction below 1 (0.01 = 1%) or a count."""
+    if isinstance(max_skipped, bool) or not isinstance(max_skipped, (int, float)) or max_skipped < 0:
+        raise InvalidInputError(f"max_skipped must be a fraction in [0, 1) or a count of files, got {max_skipped!r}")
+    if isinstance(max_skipped, float) and max_skipped < 1:
+        return int(max_skipped * total + 1e-9)
+    if float(max_skipped) != int(max_skipped):
+        raise InvalidInputError(f"max_skipped must be a fraction in [0, 1) or a whole count of files, got {max_skipped!r}")
+    return int(max_skipped)
+
+
+def validation_split_indices(n: int, validation_split: float, shuffle: bool, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training, validation) positions in the sorted file list, chosen exactly as Keras does.
+
+    ``keras.utils.image_dataset_from_directory`` shuffles the sorted list with
+    ``np.random.RandomState(seed)`` (when shuffling) and keeps the last
+    ``int(validation_split * n)`` files for validation; the same seed picks the same files here.
+    """
+    if not isinstance(validation_split, (int, float)) or isinstance(validation_split, bool) or not 0 < validation_split < 1:
+        raise InvalidInputError(f"validation_split must be a fraction between 0 and 1, got {validation_split!r}")
+    n_val = int(validation_split * n)
+    if n_val == 0 or n_val == n:
+        raise IngestError(
+            f"validation_split={validation_split} of {n} files leaves {'no file for validation' if n_val == 0 else 'no file for training'}"
+        )
+    order = np.arange(n)
+    if shuffle:
+        np.random.RandomState(seed).shuffle(order)
+    return np.sort(order[: n - n_val]), np.sort(order[n - n_val :])
+
+
+def _describe_limit(max_skipped: float | int) -> str:
+    if isinstance(max_skipped, float) and max_skipped < 1:
+        return f"{max_skipped * 100:g}%"
+    return f"{int(max_skipped)} file(s)"
+
+
 def _check_options(color_mode: str, image_size: Any, interpolation: str, on_error: str) -> tuple[int, int] | None:
     if color_mode not in _MODES:
         raise InvalidInputError(f"color_mode must be one of {sorted(_MODES)}, got {color_mode!r}")
@@ -486,11 +555,14 @@ def _ingest_one(
     chunk_images: int | None,
     overwrite: bool,
     progress: bool,
+    lock_timeout: float | None,
     attrs: dict[str, Any] | None,
     provenance: dict[str, Any],
+    max_skipped: float | int = DEFAULT_MAX_SKIPPED,
 ) -> IngestResult:
     if not rels:
         raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
+    allowed = _allowed_skips(max_skipped, len(rels))
     t0 = time.perf_counter()
     rels, labels, skipped = _drop_bad_names(root, rels, labels, on_error)
     order = np.random.default_rng(seed).permutation(len(rels)) if shuffle else np.arange(len(rels))
@@ -501,6 +573,7 @@ def _ingest_one(
     writer: StoreWriter | None = None
     first_shape: tuple[int, ...] | None = None
     first_rel = ""
+    size_mismatch = "but earlier images are"
     batch_imgs: list[np.ndarray] = []
     batch_labels: list[int] = []
     batch_keys: list[str] = []
@@ -516,6 +589,7 @@ def _ingest_one(
             attrs=attrs,
             overwrite=overwrite,
             provenance=provenance,
+            lock_timeout=lock_timeout,
         )
 
     def flush() -> None:
@@ -544,16 +618,39 @@ def _ingest_one(
                 bar.update(1)
             if err is None and arr is not None and first_shape is not None and arr.shape != first_shape:
                 err = (
-                    f"decoded to {arr.shape[0]}x{arr.shape[1]}x{arr.shape[2]} but earlier images are "
+                    f"decoded to {arr.shape[0]}x{arr.shape[1]}x{arr.shape[2]} {size_mismatch} "
                     f"{'x'.join(map(str, first_shape))} (e.g. {first_rel}); pass image_size (CLI: --image-size H W) to resize"
                 )
             if err is not None:
+                if on_error == "fail" and size_mismatch in err:
+                    # never suggest skipping here: in a folder of mixed sizes it would drop most images
+                    raise IngestError(
+                        f"{root / rel}: {err} them all to one size (e.g. --image-size "
+                        f"{first_shape[0] if first_shape else 256} {first_shape[1] if first_shape else 256})"
+                    )
                 if on_error == "fail":
                     raise IngestError(
                         f"{root / rel}: {err}. Fix or remove the file, or pass on_error='skip' (CLI: --on-error skip) "
                         "to skip bad files (they are listed in the output and in the store's metadata)"
                     )
                 skipped.append((shown_name(rel), err))
+                if len(skipped) > allowed:
+                    n_size = sum(size_mismatch in r for _, r in skipped)
+                    if n_size:  # raising the limit would only drop more of them: point to resizing
+                        todo = (
+                            f"{n_size} of them differ in size from the first image ({first_rel}): pass image_size "
+                            f"(CLI: --image-size H W) to resize every image instead of skipping them"
+                        )
+                    else:
+                        todo = (
+                            "fix or remove the files, or, if losing them is fine, raise the limit "
+                            "(max_skipped=0.05 or a count; CLI: --max-skipped 5% or --max-skipped 20)"
+                        )
+                    raise IngestError(
+                        f"{root}: {len(skipped)} of the first {pos + 1} of {len(rels)} image files could not be used, more "
+                        f"than max_skipped (CLI: --max-skipped) allows ({_describe_limit(max_skipped)} = {allowed} of "
+                        f"{len(rels)}); nothing was written. First: {skipped[0][0]}: {skipped[0][1]}. To go on, {todo}"
+                    )
                 continue
             assert arr is not None
             if writer is None:
@@ -619,6 +716,11 @@ def from_directory(
     progress: bool = False,
     attrs: dict[str, Any] | None = None,
     dtype: str = "uint8",
+    max_skipped: float | int = DEFAULT_MAX_SKIPPED,
+    allow_split_names: bool = False,
+    validation_split: float | None = None,
+    subset: str | None = None,
+    lock_timeout: float | None = 0.0,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -634,6 +736,21 @@ def from_directory(
     kept exactly, 8-bit files scaled by 257, 16-bit colour PNGs refused): see ``decode_image``.
     File names that cannot be keys (not UTF-8, newline) and files that are not regular files
     follow ``on_error`` like undecodable ones.
+
+    With ``on_error="skip"`` files that do not decode are skipped and listed, but when more
+    than ``max_skipped`` of them fail (a fraction below 1, default 0.01 = 1%, or a count of
+    files) the ingest stops and writes nothing. A folder whose sub-folders look like splits
+    (train/ and validation/, ...) is refused unless ``split_dirs=True`` (one store per
+    split) or ``allow_split_names=True`` (they really are classes).
+
+    ``validation_split`` and ``subset`` work as in ``image_dataset_from_directory``: the
+    same ``seed`` puts the same files in the validation set as Keras does (the last
+    ``int(validation_split * n)`` of the sorted list shuffled with that seed; with
+    ``keep_order`` the last files in path order). ``subset="training"`` or
+    ``"validation"`` writes that part to ``output``; ``subset="both"`` writes both in one
+    call, ``output/training.b2nd`` and ``output/validation.b2nd``, and returns a dict.
+    ``lock_timeout``: seconds to wait while another writer holds the output store (None:
+    for ever); then :class:`~carraystore.errors.StoreLockedError` names the holder.
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
@@ -653,6 +770,8 @@ def from_directory(
         overwrite=overwrite,
         progress=progress,
         attrs=attrs,
+        max_skipped=max_skipped,
+        lock_timeout=lock_timeout,
     )
 
     def provenance(src_name: str) -> dict[str, Any]:
@@ -671,10 +790,55 @@ def from_directory(
             "seed": seed if shuffle else None,
         }
 
+    if (validation_split is None) != (subset is None):
+        raise InvalidInputError(
+            "validation_split and subset go together (as in Keras): e.g. validation_split=0.2, subset='both' "
+            "(CLI: --validation-split 0.2 --subset both)"
+        )
+    if subset is not None and subset not in ("training", "validation", "both"):
+        raise InvalidInputError(f"subset must be 'training', 'validation' or 'both', got {subset!r}")
+    if subset is not None and split_dirs:
+        raise InvalidInputError("split_dirs already gives one store per split folder; leave out validation_split and subset")
     if not split_dirs:
         out = Path(output)
+        _allowed_skips(max_skipped, 1)  # a bad value fails before any work
+        if root.is_dir() and not allow_split_names and labels in ("inferred", None) and class_names is None:
+            splits = split_like_folders(root)
+            if splits:
+                raise IngestError(
+                    f"{root}: its sub-folders {', '.join(s + '/' for s in splits)} look like dataset splits, not classes; "
+                    f"ingesting them as one store would make the classes {', '.join(splits)} and mix the splits. "
+                    f"Pass split_dirs=True (CLI: --split-dirs) for one store per split, or ingest one split "
+                    f"(e.g. {root / splits[0]}); if they really are classes pass allow_split_names=True "
+                    "(CLI: --allow-split-names)"
+                )
         rels, labs, names, ignored = list_images(root, labels, class_names, follow_links)
-        return _ingest_one(root, out, rels, labs, names, ignored, opts, provenance=provenance(root.name), **common)  # type: ignore[arg-type]
+        if subset is None:
+            return _ingest_one(root, out, rels, labs, names, ignored, opts, provenance=provenance(root.name), **common)  # type: ignore[arg-type]
+        if not rels:
+            raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
+        parts = dict(zip(("training", "validation"), validation_split_indices(len(rels), validation_split, shuffle, seed)))  # type: ignore[arg-type]
+        wanted = ("training", "validation") if subset == "both" else (subset,)
+        if subset == "both":
+            if out.suffix == ".b2nd":
+                raise InvalidInputError(f"{out}: with subset='both' the output is a folder that receives training.b2nd and validation.b2nd")
+            out.mkdir(parents=True, exist_ok=True)
+        results: dict[str, IngestResult] = {}
+        for part in wanted:
+            idx = parts[part]
+            prov = provenance(root.name) | {"validation_split": validation_split, "subset": part, "split_seed": seed if shuffle else None}
+            results[part] = _ingest_one(
+                root,
+                out / f"{part}.b2nd" if subset == "both" else out,
+                [rels[i] for i in idx],
+                labs[idx] if labs is not None else None,
+                names,
+                ignored,
+                opts,
+                provenance=prov,
+                **common,  # type: ignore[arg-type]
+            )
+        return results if subset == "both" else results[subset]
 
     if not root.is_dir():
         raise IngestError(f"{root}: not a folder")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,9 +49,10 @@ from carraystore.format import (
     parse_chunk_header,
 )
 from carraystore.frame import Frame, read_frame, special_chunk_header
+from carraystore.journal import JournalSource, journal_path, load_journal, rollback_if_abandoned
 from carraystore.sources import ByteSource, LocalFileSource
 
-__all__ = ["Store", "ChunkProblem", "open_store", "open_source", "is_url"]
+__all__ = ["Store", "ChunkProblem", "open_store", "open_source", "is_url", "open_unguarded"]
 
 # Decompression in threads only runs in parallel when blosc2 releases the GIL.
 blosc2.set_releasegil(True)
@@ -510,6 +512,13 @@ def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> N
         problems.append(f"clevel {frame.clevel} in the file header, {meta.codec.clevel} recorded")
     if frame.nchunks != meta.nchunks:
         raise CorruptStoreError(f"{location}: file holds {frame.nchunks} chunks, metadata says {meta.nchunks}; the file is damaged")
+    odd = np.flatnonzero((frame.chunk_special != 0) & (frame.chunk_special != 1))
+    if odd.size:  # only all-zero chunks are ever special in a complete store (FORMAT.md 5.2)
+        i = int(odd[0])
+        raise CorruptStoreError(
+            f"{location}: the offsets index marks chunk {i} as special value {int(frame.chunk_special[i])} "
+            "(NaNs, a repeated value or uninitialised), which a complete store never holds; the file is damaged"
+        )
     if problems:
         raise CodecMismatchError(f"{location}: " + "; ".join(problems))
 
@@ -565,6 +574,67 @@ def open_store(
     """
     open_kwargs = {k: v for k, v in (("cache_dir", cache_dir), ("cache_size", cache_size)) if v is not None}
     source = open_source(location, storage_options, **open_kwargs)  # type: ignore[arg-type]
+    if isinstance(source, LocalFileSource):
+        return _open_local(source, storage_options, open_kwargs)
+    return _open(source, storage_options, open_kwargs)
+
+
+def _file_state(real: Path) -> tuple[Any, ...]:
+    """What changes when a writer touches a store: the file's and its journal's identity, size, time."""
+    out: list[Any] = []
+    for p in (real, journal_path(real)):
+        try:
+            st = os.stat(p)
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _open_local(source: LocalFileSource, storage_options: Any, open_kwargs: dict[str, Any]) -> Store:
+    """Open a local store without ever seeing an append half-way (docs/appends.md).
+
+    A hot journal: roll it back when its writer is gone and we may write, else read the
+    store as it was before that append (JournalSource). No journal: read, and retry when
+    the file or its journal changed meanwhile (an append began or ended while we read).
+    """
+    path = source.path
+    source.close()  # opened again below, after the file's state is taken: its size must not be older
+    real = Path(os.path.realpath(path))  # the journal sits beside the real file
+    error: BaseException | None = None
+    for attempt in range(200):
+        if attempt:
+            time.sleep(min(0.05, 0.001 * attempt))
+        before = _file_state(real)
+        if before[1] is not None and rollback_if_abandoned(real):
+            continue
+        journal = load_journal(real)
+        if journal is not None:  # a writer at work, or we may not roll back: the store before it
+            return _open(JournalSource(path, journal), storage_options, open_kwargs)
+        source = LocalFileSource(path)
+        store: Store | None = None
+        try:
+            store = _open(source, storage_options, open_kwargs, close_on_error=False)
+        except CarrayStoreError as exc:
+            error = exc
+        if _file_state(real) == before:
+            if store is not None:
+                return store
+            source.close()
+            assert error is not None
+            raise error
+        source.close()  # an append began or ended while we read: read again
+    if error is None:
+        error = CorruptStoreError(f"{path}: the store kept changing while it was opened (200 tries); try again")
+    raise error
+
+
+def open_unguarded(path: str | os.PathLike[str]) -> Store:
+    """The local store file as it is now, journal or not: for the writer that holds its lock."""
+    return _open(LocalFileSource(path), None, {})
+
+
+def _open(source: ByteSource, storage_options: Any, open_kwargs: dict[str, Any], close_on_error: bool = True) -> Store:
     try:
         frame = read_frame(source)
         meta = _read_meta(frame, source.location)
@@ -577,5 +647,6 @@ def open_store(
             check_codec_against_header(meta.codec, meta.blocksize, parse_chunk_header(first), f"{source.location}, chunk 0")
         return store
     except BaseException:
-        source.close()
+        if close_on_error:
+            source.close()
         raise

@@ -232,8 +232,8 @@ def read_store(path: str | Path) -> dict[str, Any]:
         blob = rec["keys"]["utf8"]
         keys = [blob[int(offs[i]) : int(offs[i + 1])].decode("utf-8") for i in range(n)]
         for key in keys:
-            parts = key.split("/")
-            if not key or "\x00" in key or "\n" in key or key[0] in "/~" or key[1:2] == ":" or ".." in parts:
+            parts = key.replace("\\", "/").split("/")  # a backslash counts as a separator here (4.5)
+            if not key or "\x00" in key or "\n" in key or key[0] in "/\\~" or key[1:2] == ":" or ".." in parts:
                 raise SpecError(f"bad key {key!r}")
     crc = np.frombuffer(rec["crc32"], "<u4")
     # -- A.4 offsets index and the chunks (5.2, 5.3)

@@ -352,7 +352,8 @@ def test_an_edited_record_is_refused_with_a_clear_error(
 
 
 def test_metadata_bytes_are_plain_msgpack_only() -> None:
-    meta = StoreMeta(image_shape=(2, 2, 3), dtype="|u1", codec=Codec(block_images=2).resolve(np.dtype("u1"), (2, 2, 3)), chunk_images=4)
+    meta = StoreMeta(image_shape=(2, 2, 3), dtype="|u1", codec=Codec(block_images=2).resolve(np.dtype("u1"), (2, 2, 3)), chunk_images=4,
+                     color_mode="rgb")
     again = StoreMeta.from_bytes(meta.to_bytes(), "x")
     assert again.to_record() == meta.to_record()
     rec = meta.to_record()

@@ -24,6 +24,7 @@ from carraystore.frame import read_frame
 from carraystore.sources import LocalFileSource
 
 SEED = 20261123
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "carraystore-0.1.0"
 CASES_PER_REGION = {"header": 70, "chunks": 70, "index": 50, "trailer": 60, "vlmeta": 110}
 CHILD_TIMEOUT_S = 60
 
@@ -189,3 +190,25 @@ def test_mutated_stores_never_crash_hang_or_lie(tmp_path: Path) -> None:
     refused = sum("error" in r for r in results.values())
     damaged = sum(bool(r.get("problems")) for r in results.values())
     assert refused > 100 and damaged > 10, (refused, damaged)  # the mutations really hit something
+
+
+@pytest.mark.parametrize("name", ["array_records", "black_frames"])
+def test_mutated_golden_stores_never_crash_or_hang(tmp_path: Path, name: str) -> None:
+    """0.1.0 stores carry no metadata checksum, so only "no crash, no hang, only named errors"
+    can hold for them; a structured dtype and a special chunk widen what the parser meets."""
+    original = tmp_path / "orig.b2nd"
+    original.write_bytes((GOLDEN / f"{name}.b2nd").read_bytes())
+    data = original.read_bytes()
+    regions = _regions(original)
+    rng = np.random.default_rng(SEED + len(name))
+    paths = []
+    for region, (lo, hi) in regions.items():
+        for i in range(40):
+            p = tmp_path / f"{region}-{i:03d}.b2nd"
+            p.write_bytes(_mutate(data, lo, hi, rng))
+            paths.append(p)
+    results, crashed, hung = _run_cases(paths)
+    assert not crashed and not hung, (crashed, hung)
+    unexpected = {p: r["unexpected"] for p, r in results.items() if "unexpected" in r}
+    assert not unexpected, f"errors that are not CarrayStoreError: {unexpected}"
+    assert len(results) == len(paths)

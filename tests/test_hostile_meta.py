@@ -179,8 +179,10 @@ def test_msgpack_timestamps_are_refused(store_path: Path) -> None:
         (lambda u: u.replace(b"k/1.png", b"k/\x00.png"), "NUL"),
         (lambda u: u.replace(b"k/1.png", b"../1.pn"), "'..' component"),
         (lambda u: u.replace(b"k/1.png", b"/k1.png"), "absolute"),
+        (lambda u: u.replace(b"k/1.png", b"k\\..\\12"), "'..' component"),
+        (lambda u: u.replace(b"k/1.png", b"\\k1.png"), "absolute"),
     ],
-    ids=["utf8", "nul", "dotdot", "absolute"],
+    ids=["utf8", "nul", "dotdot", "absolute", "dotdot-backslash", "absolute-backslash"],
 )
 def test_bad_keys_are_refused_on_open(store_path: Path, mutate: Callable[[bytes], bytes], why: str) -> None:
     _rewrite(store_path, lambda rec: rec["keys"].__setitem__("utf8", mutate(rec["keys"]["utf8"])))
@@ -190,9 +192,9 @@ def test_bad_keys_are_refused_on_open(store_path: Path, mutate: Callable[[bytes]
 
 def test_keys_with_dots_that_are_not_components_are_fine(tmp_path: Path) -> None:
     path = tmp_path / "dots.b2nd"
-    keys = ["a..b/c.png", "..x/y", "z/...", "v/w.."]
+    keys = ["a..b/c.png", "..x/y", "z/...", "v/w..", "back\\slash.jpg"]
     with carraystore.create(path, (4, 4, 1)) as w:
-        w.append(np.zeros((4, 4, 4, 1), np.uint8), keys=keys)
+        w.append(np.zeros((5, 4, 4, 1), np.uint8), keys=keys)
     assert list(carraystore.open(path).keys) == keys
 
 
@@ -287,3 +289,61 @@ def test_a_flipped_bit_in_the_metadata_chunk_offsets_is_a_named_error(store_path
         assert run.returncode == 0, f"bit {bit}: the process died ({run.returncode}): {run.stderr[-500:]}"
         assert run.stdout.startswith("CorruptStoreError") and "block offset" in run.stdout, run.stdout
     assert issubclass(MetadataChecksumError, ChecksumError) and issubclass(MetadataTooLargeError, CorruptStoreError)
+
+
+def test_titled_dtypes_are_refused_when_written(tmp_path: Path) -> None:
+    dt = np.dtype({"names": ["a", "b"], "formats": ["<i4", "<f8"], "titles": ["Alpha", "Beta"]})
+    with pytest.raises(InvalidInputError, match="title"):
+        carraystore.create(tmp_path / "t.b2nd", (), dtype=dt, layout="array")
+    assert not list(tmp_path.iterdir())
+
+
+def test_color_mode_must_match_the_channels(store_path: Path) -> None:
+    _rewrite(store_path, lambda rec: rec.__setitem__("color_mode", "grayscale"))
+    with pytest.raises(FormatError, match="color_mode 'grayscale' does not match C = 3"):
+        carraystore.open(store_path)
+
+
+def test_damaged_dtype_strings_are_named_errors() -> None:
+    from carraystore.format import dtype_from_record
+
+    for rec in ("<i2,01", "((((((", "x" * 1000, [["a", 3]], [[1, "<i4"]]):
+        with pytest.raises(FormatError):
+            dtype_from_record(rec)
+
+
+def test_sub_array_dtypes_are_refused_when_written(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="item shape"):
+        carraystore.create(tmp_path / "s.b2nd", (), dtype=np.dtype(("<f4", (3,))), layout="array")
+
+
+def test_an_offsets_index_that_marks_a_chunk_uninitialised_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "z.b2nd"
+    images = np.zeros((8, 4, 4, 3), np.uint8)
+    images[4:] = 5
+    with carraystore.create(path, (4, 4, 3), chunk_images=4) as w:
+        w.append(images)
+    frame = read_frame(LocalFileSource(path))
+    data = path.read_bytes()
+    tail = frame.header_len + frame.cbytes
+    trailer_len = int.from_bytes(data[-22:-18], "big")
+    offsets = np.frombuffer(blosc2.decompress(data[tail : len(data) - trailer_len]), "<i8").copy()
+    assert offsets[0] == np.int64(-(2**63) + (1 << 56))  # zeros
+    offsets[0] = np.int64(-(2**63) + (4 << 56))  # uninitialised
+    index = blosc2.compress2(offsets.tobytes(), typesize=8)
+    rebuilt = bytearray(data[:tail] + index + data[len(data) - trailer_len :])
+    rebuilt[16:24] = len(rebuilt).to_bytes(8, "big")  # frame_len (FORMAT.md A.1)
+    path.write_bytes(bytes(rebuilt))
+    with pytest.raises(CorruptStoreError, match="chunk 0 as special value 4"):
+        carraystore.open(path)
+
+
+def test_appending_after_a_special_partial_last_chunk(tmp_path: Path) -> None:
+    path = tmp_path / "zz.b2nd"
+    with carraystore.create(path, (4, 4, 3), chunk_images=4) as w:
+        w.append(np.zeros((6, 4, 4, 3), np.uint8))
+    assert carraystore.open(path)._frame.chunk_special.tolist() == [1, 1]
+    with carraystore.append(path) as w:  # the writer checks the special last chunk's canonical CRC first
+        w.append(np.ones((3, 4, 4, 3), np.uint8))
+    store = carraystore.open(path)
+    assert store.verify() == [] and store[:].reshape(9, -1).sum(axis=1).tolist() == [0] * 6 + [48] * 3

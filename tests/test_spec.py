@@ -198,3 +198,57 @@ def test_the_canonical_zero_chunk_is_what_blosc2_produces(codec: str, filters: t
     assert fmt.chunk_crc(produced, resolved, blocksize) == fmt.crc32(produced)
     spec = {"codec": codec, "filters": list(resolved.filters), "filters_meta": list(resolved.filters_meta), "typesize": 3}
     assert spec_reader._zero_chunk(spec, blocksize, zeros.nbytes, splitmode == "never") == produced
+
+
+def test_items_of_256_bytes_or_more_have_typesize_1(tmp_path: Path) -> None:
+    """FORMAT.md 5.1: the one-byte header field cannot hold the itemsize; 1 is written and checked."""
+    dt = np.dtype([("a", "<f8", (40,))])  # 320-byte records
+    items = np.zeros(6, dtype=dt)
+    items["a"] = np.arange(6 * 40).reshape(6, 40)
+    path = tmp_path / "wide.b2nd"
+    with carraystore.create(path, (), dtype=dt, layout="array", chunk_images=4) as w:
+        w.append(items)
+    store = carraystore.open(path)
+    assert store.codec.typesize == 1 and store.codec.filters == ()
+    assert fmt.parse_chunk_header(store.read_chunk_bytes(0)).typesize == 1
+    assert store._frame.typesize == 320  # the frame header keeps the itemsize (int32)
+    assert store.verify() == [] and store[:].tobytes() == items.tobytes()
+    assert spec_reader.read_store(path)["items"].tobytes() == items.tobytes()
+
+
+def test_spec_writer_empty_store_then_appended(tmp_path: Path) -> None:
+    """N = 0: no chunks and no offsets index (FORMAT.md A.4); carraystore opens and grows it."""
+    path = tmp_path / "empty.b2nd"
+    codec = {"codec": "zstd", "clevel": 1, "filters": [], "filters_meta": [], "typesize": 3, "block_images": 2,
+             "splitmode": "never"}
+    spec_writer.write_store(path, np.zeros((0, 8, 8, 3), np.uint8), chunk_images=4, codec=codec)
+    store = carraystore.open(path)
+    assert len(store) == 0 and store.nchunks == 0 and store.verify() == []
+    with carraystore.append(path) as w:
+        w.append(np.full((5, 8, 8, 3), 7, np.uint8))
+    grown = carraystore.open(path)
+    assert grown.verify() == [] and np.array_equal(grown[:], np.full((5, 8, 8, 3), 7, np.uint8))
+    _assert_same(spec_reader.read_store(path), grown)
+
+
+def test_spec_writer_header_matches_what_blosc2_writes(tmp_path: Path) -> None:
+    """Appendix A.1 byte for byte: the hand-built header equals python-blosc2's but for the
+    frame length (the metadata chunk compresses differently) and the decompression threads."""
+    rng = np.random.default_rng(11)
+    images = rng.integers(0, 256, (10, 8, 8, 3), dtype=np.uint8)
+    codec = {"codec": "zstd", "clevel": 1, "filters": ["shuffle", "bytedelta"], "filters_meta": [0, 3], "typesize": 3,
+             "block_images": 2, "splitmode": "never"}
+    spec_writer.write_store(tmp_path / "s.b2nd", images, chunk_images=4, codec=codec)
+    with carraystore.create(tmp_path / "c.b2nd", (8, 8, 3), chunk_images=4,
+                            codec=fmt.Codec.from_config({"id": "blosc2", **codec})) as w:
+        w.append(images)
+    ours, theirs = (tmp_path / "s.b2nd").read_bytes(), (tmp_path / "c.b2nd").read_bytes()
+    header_len = int.from_bytes(ours[11:15], "big")
+    assert header_len == int.from_bytes(theirs[11:15], "big")
+    masked = [(16, 24), (66, 68)]  # frame_len, decompression threads
+    a, b = bytearray(ours[:header_len]), bytearray(theirs[:header_len])
+    for lo, hi in masked:
+        a[lo:hi] = b[lo:hi] = bytes(hi - lo)
+    assert a == b
+    cbytes = int.from_bytes(ours[39:47], "big")
+    assert ours[header_len : header_len + cbytes] == theirs[header_len : header_len + cbytes]  # the same chunks
