@@ -39,6 +39,7 @@ from carraystore.errors import InvalidInputError
 from carraystore.forksafe import at_fork_in_child
 from carraystore.reader import open_store
 from carraystore.sampling import EpochPlan
+from carraystore.writer import publish, temp_path
 
 __all__ = ["StoreDataset", "TrainingPosition", "KERAS_THREAD_PREFIX"]
 
@@ -327,11 +328,14 @@ class TrainingPosition(keras.callbacks.Callback):
             self.save()
 
     def save(self) -> None:
-        """Write the position to ``path`` (a temporary file renamed over it)."""
+        """Write the position to ``path``: a temporary file, fsynced and renamed over it."""
         assert self.path is not None
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps({"epoch": self.position[0], "batch": self.position[1]}))
-        os.replace(tmp, self.path)
+        tmp = temp_path(self.path)
+        try:
+            tmp.write_text(json.dumps({"epoch": self.position[0], "batch": self.position[1]}))
+            publish(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @staticmethod
     def load(path: str | os.PathLike[str]) -> tuple[int, int]:
