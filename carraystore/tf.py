@@ -182,7 +182,10 @@ def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwar
     ``PER_REPLICA`` input mode), so that every replica reads its own shard in batches of
     ``global_batch_size / num_replicas``, the remainder is dropped per replica
     (``drop_remainder=True`` unless given), and the dataset's cardinality is the number of
-    steps of an epoch: Keras shows and runs the right ``steps_per_epoch``.
+    steps of an epoch: Keras shows and runs the right ``steps_per_epoch``. Strategies
+    without per-replica input (``MultiWorkerMirroredStrategy``, ``TPUStrategy``) get one
+    pipeline per worker that still gives every replica its own shard; give ``fit``
+    ``steps_per_epoch=steps_per_epoch(store, global_batch_size)`` there (it warns).
     """
 
     def fn(ctx: Any) -> Any:
