@@ -121,7 +121,7 @@ def to_dataset(
     replica's batches full: a short last batch on one replica would stop ``fit``). A
     pipeline that feeds R > 1 replicas (the default ``PER_WORKER`` input mode) yields R
     batches per step, which Keras counts as R steps: use :func:`distribute` (one pipeline
-    per replica) or pass ``steps_per_epoch``.
+    per replica), or ``.repeat()`` the dataset and give ``fit`` ``steps_per_epoch``.
     """
     replicas = 1
     if input_context is not None:
@@ -137,7 +137,7 @@ def to_dataset(
             warnings.warn(
                 f"carraystore.tf.to_dataset: this input pipeline feeds {replicas} replicas, so each step takes {replicas} "
                 f"of its batches and Keras would count {replicas}x the steps of an epoch; use carraystore.tf.distribute "
-                "(one input pipeline per replica) or give fit steps_per_epoch",
+                "(one input pipeline per replica), or .repeat() the dataset and give fit steps_per_epoch",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -184,8 +184,10 @@ def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwar
     (``drop_remainder=True`` unless given), and the dataset's cardinality is the number of
     steps of an epoch: Keras shows and runs the right ``steps_per_epoch``. Strategies
     without per-replica input (``MultiWorkerMirroredStrategy``, ``TPUStrategy``) get one
-    pipeline per worker that still gives every replica its own shard; give ``fit``
-    ``steps_per_epoch=steps_per_epoch(store, global_batch_size)`` there (it warns).
+    pipeline per worker that still gives every replica its own shard, but Keras counts
+    each of its batches as a step (it warns): there, build the datasets yourself with
+    ``to_dataset(..., input_context=ctx).repeat()`` (each pass is the next epoch) and give
+    ``fit`` ``steps_per_epoch=steps_per_epoch(store, global_batch_size)``.
     """
 
     def fn(ctx: Any) -> Any:
