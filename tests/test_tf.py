@@ -198,6 +198,15 @@ def test_distribute_datasets_from_function_over_two_cpu_replicas(photo_store: Pa
                 assert len(ids) == len(set(ids)) == per_epoch, (e, len(ids), len(set(ids)))
                 sizes = sorted(len(b) for k, b in seen if k == e)
                 assert sizes == ([16] * 8 if drop else [11, 11] + [16] * 8), sizes
+        # the PER_WORKER path, as documented: .repeat() (each pass the next epoch) + steps_per_epoch
+        counts = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "Keras would count 2x": that is why steps_per_epoch
+            warnings.filterwarnings("error", message=".*ran out of data")
+            dist = strategy.distribute_datasets_from_function(
+                lambda ctx: to_dataset(path, ctx.get_per_replica_batch_size(30), input_context=ctx).repeat())
+            model.fit(dist, epochs=2, steps_per_epoch=steps_per_epoch(path, 30), verbose=0, callbacks=[Steps()], shuffle=False)
+        assert counts == [(5, 5)] * 2, counts
         print("DISTRIBUTED OK")
         """
     )
