@@ -22,6 +22,8 @@ __all__ = [
     "LoaderError",
     "WriteError",
     "NoSpaceError",
+    "ClipError",
+    "LoaderChecksumError",
     "StoreLockedError",
     "RemoteReadError",
     "UploadError",
@@ -102,6 +104,8 @@ class WriteError(CarrayStoreError, OSError):
 
 class NoSpaceError(WriteError):
     """The file system ran out of space while a store or an exported file was written."""
+
+
 class StoreLockedError(CarrayStoreError):
     """Another writer (append, ingest, migrate, create) holds the store's writer lock."""
 class RemoteReadError(CarrayStoreError, OSError):
@@ -124,3 +128,11 @@ class RemoteReadError(CarrayStoreError, OSError):
 
 class UploadError(CarrayStoreError):
     """Writing a store to object storage failed; nothing was published at the URL."""
+
+
+class ClipError(InvalidInputError):
+    """``sequence_length=`` cannot make clips from this store (shuffled, or groups too short)."""
+
+
+class LoaderChecksumError(LoaderError, ChecksumError):
+    """A loader read a chunk that fails its CRC32 check (``err.chunk`` names it)."""

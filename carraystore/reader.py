@@ -347,8 +347,12 @@ class Store:
                 "the file is damaged (or changed while read): run `carraystore verify` on it"
             )
 
-    def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = False) -> np.ndarray:
-        """The images of chunk ``i`` as an array (a view of ``out`` when given)."""
+    def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = True) -> np.ndarray:
+        """The images of chunk ``i`` as an array (a view of ``out`` when given).
+
+        ``verify`` (default True) checks the chunk's CRC32 first: a damaged chunk raises
+        ChecksumError naming it instead of handing out wrong pixels.
+        """
         i = self._check_chunk_index(i)
         data = self.chunk_buffer(i)
         if verify and not self.check_reads:
