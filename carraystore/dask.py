@@ -167,8 +167,8 @@ def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> 
             while yielded in ready:
                 value = ready.pop(yielded)
                 yielded += 1
-                fill()
                 yield value
+                fill()  # after the consumer has seen the value: it may steer the next submission
     finally:
         pending = [f for f in futures if f.key in index]
         if pending:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import os
+import secrets
 import sys
 import time
 import warnings
@@ -221,6 +222,24 @@ def _decode_task(root: str, rels: list[str], opts: DecodeOptions) -> list[tuple[
     return out
 
 
+def _shape_error(arr: np.ndarray | None, first_shape: tuple[int, ...] | None, first_rel: str) -> str | None:
+    """Why a decoded image cannot join the store (its shape differs from the first one), or None."""
+    if arr is None or first_shape is None or arr.shape == first_shape:
+        return None
+    return (
+        f"decoded to {arr.shape[0]}x{arr.shape[1]}x{arr.shape[2]} but earlier images are "
+        f"{'x'.join(map(str, first_shape))} (e.g. {first_rel}); pass image_size (CLI: --image-size H W) to resize"
+    )
+
+
+def _bad_file_error(root: Path, rel: str, err: str) -> IngestError:
+    """The error of ``on_error='fail'`` for the first bad file."""
+    return IngestError(
+        f"{root / rel}: {err}. Fix or remove the file, or pass on_error='skip' (CLI: --on-error skip) "
+        "to skip bad files (they are listed in the output and in the store's metadata)"
+    )
+
+
 def _exit_with_parent(main_pid: int) -> None:
     """Worker initializer: end this decoding process when the ingesting process is gone.
 
@@ -316,6 +335,7 @@ def _ingest_one(
     progress: bool,
     attrs: dict[str, Any] | None,
     provenance: dict[str, Any],
+    client: Any = None,
 ) -> IngestResult:
     if not rels:
         raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
@@ -324,6 +344,11 @@ def _ingest_one(
     rels = [rels[i] for i in order]
     if labels is not None:
         labels = labels[order]
+    if client is not None:
+        return _ingest_on_cluster(
+            client, root, output, rels, labels, class_names, ignored, opts, t0=t0, on_error=on_error, codec=codec,
+            chunk_images=chunk_images, overwrite=overwrite, progress=progress, attrs=attrs, provenance=provenance,
+        )
     _, channels = _MODES[opts.color_mode]
     writer: StoreWriter | None = None
     skipped: list[tuple[str, str]] = []
@@ -370,17 +395,10 @@ def _ingest_one(
         for pos, (rel, arr, err) in enumerate(_decoded(root, rels, opts, workers)):
             if bar is not None:
                 bar.update(1)
-            if err is None and arr is not None and first_shape is not None and arr.shape != first_shape:
-                err = (
-                    f"decoded to {arr.shape[0]}x{arr.shape[1]}x{arr.shape[2]} but earlier images are "
-                    f"{'x'.join(map(str, first_shape))} (e.g. {first_rel}); pass image_size (CLI: --image-size H W) to resize"
-                )
+            err = err or _shape_error(arr, first_shape, first_rel)
             if err is not None:
                 if on_error == "fail":
-                    raise IngestError(
-                        f"{root / rel}: {err}. Fix or remove the file, or pass on_error='skip' (CLI: --on-error skip) "
-                        "to skip bad files (they are listed in the output and in the store's metadata)"
-                    )
+                    raise _bad_file_error(root, rel, err)
                 skipped.append((rel, err))
                 continue
             assert arr is not None
@@ -446,6 +464,7 @@ def from_directory(
     overwrite: bool = False,
     progress: bool = False,
     attrs: dict[str, Any] | None = None,
+    client: Any = None,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -457,6 +476,10 @@ def from_directory(
     (or ``shuffle=False``) writes files in sorted path order, e.g. for video frames.
     ``workers`` decoding processes (default: all cores; 1 decodes in this process).
     ``codec`` is a Codec or a preset name (``fast``, ``balanced``, ``small``).
+    ``client`` (a ``dask.distributed.Client``) decodes on its cluster instead of local
+    processes; the store is byte for byte the one a local ingest writes (docs/dask.md).
+    The workers read the files at the same path, so ``directory`` must be on a file system
+    they all see.
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
@@ -474,6 +497,7 @@ def from_directory(
         overwrite=overwrite,
         progress=progress,
         attrs=attrs,
+        client=client,
     )
 
     def provenance(src_name: str) -> dict[str, Any]:
@@ -528,3 +552,162 @@ def from_directory(
             src, out_dir / f"{split}.b2nd", rels, labs, names, ignored, opts, provenance=provenance(f"{root.name}/{split}"), **common  # type: ignore[arg-type]
         )
     return results
+
+
+# -- on a dask.distributed cluster -------------------------------------------------------------
+
+
+def _chunk_task(
+    root: str, rels: list[str], opts: DecodeOptions, shape: tuple[int, ...], first_rel: str, meta: Any
+) -> tuple[bytes, int, int, list[tuple[int, str]]]:
+    """On a cluster worker: decode the files of one planned chunk exactly as a local ingest
+    does (``_decode_task``, ``_shape_error``) and compress the good ones as one store chunk.
+
+    Returns (compressed chunk, number of good images, CRC32, [(index in ``rels``, reason)]).
+    """
+    from carraystore.writer import compress_chunk
+
+    good: list[np.ndarray] = []
+    errors: list[tuple[int, str]] = []
+    for j, (arr, err) in enumerate(_decode_task(root, rels, opts)):
+        err = err or _shape_error(arr, shape, first_rel)
+        if err is None and arr is not None:
+            good.append(arr)
+        else:
+            errors.append((j, err or "not decoded"))
+    items = np.stack(good) if good else np.zeros((0, *shape), dtype=np.uint8)
+    data, crc = compress_chunk(meta, items)
+    return data, len(good), crc, errors
+
+
+def _ingest_on_cluster(
+    client: Any,
+    root: Path,
+    output: Path,
+    rels: list[str],
+    labels: np.ndarray | None,
+    class_names: tuple[str, ...] | None,
+    ignored: list[str],
+    opts: DecodeOptions,
+    *,
+    t0: float,
+    on_error: str,
+    codec: Codec | str | None,
+    chunk_images: int | None,
+    overwrite: bool,
+    progress: bool,
+    attrs: dict[str, Any] | None,
+    provenance: dict[str, Any],
+) -> IngestResult:
+    """``_ingest_one`` with the decoding on a dask.distributed cluster (same order, same bytes).
+
+    This process plans: the item shape (``image_size``, or the first file that decodes, as
+    locally), then the files of each chunk. Workers decode, resize and compress whole
+    chunks (``_chunk_task``); this process places them in order (``carraystore.dask.in_order``,
+    a bounded window) with the keys and labels it already knows. A chunk with bad files comes
+    back short: the plan then gives the next task fewer files so that later chunks line up
+    again, and chunks already under way are decompressed and appended here (same bytes).
+    """
+    import blosc2
+
+    from carraystore.dask import in_order
+
+    sees = client.run(os.path.isdir, str(root))
+    blind = sorted(w for w, ok in sees.items() if not ok)
+    if blind:
+        raise IngestError(
+            f"{root}: worker(s) {', '.join(blind)} cannot see this folder; a distributed ingest reads the files "
+            "on the workers, so the folder must be at the same path on every worker (a shared file system)"
+        )
+    _, channels = _MODES[opts.color_mode]
+    first_rel = ""
+    if opts.image_size is not None:
+        shape: tuple[int, ...] = (*opts.image_size, channels)
+    else:  # the first image that decodes fixes the shape, as in the local ingest
+        first_err: tuple[str, str] | None = None
+        for rel in rels:
+            arr, err = _decode_task(str(root), [rel], opts)[0]
+            if err is None and arr is not None:
+                shape, first_rel = arr.shape, rel
+                break
+            if on_error == "fail":
+                raise _bad_file_error(root, rel, err or "not decoded")
+            first_err = first_err or (rel, err or "not decoded")
+        else:
+            assert first_err is not None
+            raise IngestError(f"{root}: none of the {len(rels)} image files could be decoded; first failure: {first_err[0]}: {first_err[1]}")
+    writer: StoreWriter = create(
+        output,
+        shape,
+        dtype="uint8",
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        attrs=attrs,
+        overwrite=overwrite,
+        provenance=provenance,
+    )
+    meta = writer.meta
+    k = meta.chunk_images
+    skipped: list[tuple[str, str]] = []
+    window = max(4, 2 * sum(client.nthreads().values()))
+    groups: list[tuple[int, int]] = []  # the planned (start, stop) file range of every task, in order
+    bad_seen = [0]  # bad files among the groups already placed
+    tag = f"carraystore-ingest-{secrets.token_hex(4)}"
+
+    def plan() -> Any:
+        pos = 0
+        while pos < len(rels):
+            # images before `pos` if every file in flight decodes; fill up to the next chunk boundary
+            size = k - (pos - bad_seen[0]) % k
+            start, pos = pos, min(pos + size, len(rels))
+            groups.append((start, pos))
+            yield lambda a=start, b=pos: client.submit(
+                _chunk_task, str(root), rels[a:b], opts, shape, first_rel, meta, key=f"{tag}-{a}-{b}"
+            )
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(rels), desc=f"ingest {output.name}", unit="img", file=sys.stderr, dynamic_ncols=True)
+    try:
+        for g, (data, ngood, crc, errors) in enumerate(in_order(client, plan(), window)):
+            start, stop = groups[g]
+            bad = {j for j, _ in errors}
+            for j, err in errors:
+                if on_error == "fail":
+                    raise _bad_file_error(root, rels[start + j], err)
+                skipped.append((rels[start + j], err))
+            bad_seen[0] += len(bad)
+            idx = [i for i in range(start, stop) if i - start not in bad]
+            lab = labels[idx] if labels is not None else None
+            keys = [rels[i] for i in idx]
+            if ngood and writer.nimages % k == 0:
+                writer.append_compressed_chunk(data, ngood, crc, labels=lab, keys=keys)
+            elif ngood:  # a chunk planned before an earlier bad file shifted the boundaries
+                items = np.frombuffer(blosc2.decompress2(data), dtype=np.uint8).reshape(k, *shape)[:ngood]
+                writer.append(items, labels=lab, keys=keys)
+            if bar is not None:
+                bar.update(stop - start)
+        for rel, reason in skipped:
+            writer.add_skipped(rel, reason)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    n = len(rels) - len(skipped)
+    return IngestResult(
+        path=output,
+        nimages=n,
+        image_shape=shape,
+        class_names=class_names,
+        skipped=skipped,
+        ignored=ignored,
+        seconds=time.perf_counter() - t0,
+        nbytes=n * int(np.prod(shape)),
+        cbytes=output.stat().st_size,
+    )
