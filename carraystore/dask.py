@@ -140,7 +140,7 @@ def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> 
     index: dict[Any, int] = {}
     ready: dict[int, Any] = {}
     futures: list[Any] = []
-    ac = as_completed()
+    ac = as_completed(loop=client.loop)
     submitted = yielded = 0
     exhausted = False
 
