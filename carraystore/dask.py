@@ -240,6 +240,7 @@ def from_dask(
         attrs=attrs,
         overwrite=overwrite,
         provenance=provenance,
+        nthreads=1,  # the short last chunk is compressed here: one thread, the same bytes as compress_chunk
     ) as writer:
         meta = writer.meta
         k = meta.chunk_images

@@ -369,6 +369,7 @@ def _ingest_one(
             attrs=attrs,
             overwrite=overwrite,
             provenance=provenance,
+            nthreads=1,  # with more threads blosc2 orders a chunk's blocks as they finish: bytes would vary
         )
 
     def flush() -> None:
@@ -646,6 +647,7 @@ def _ingest_on_cluster(
         attrs=attrs,
         overwrite=overwrite,
         provenance=provenance,
+        nthreads=1,  # as the local ingest: the same bytes
     )
     meta = writer.meta
     k = meta.chunk_images
