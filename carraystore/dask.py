@@ -16,6 +16,7 @@ Needs the ``dask`` extra: ``pip install 'carraystore[dask]'``.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,54 +126,39 @@ def default_client() -> Any | None:
 
 
 def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> Iterator[Any]:
-    """Results of futures in submission order, with at most ``window`` submitted but not yet yielded.
+    """Results of futures in submission order, with at most ``window`` futures alive at a time.
 
-    ``submits`` yields callables that each submit one task to ``client`` and return its
-    future; it is pulled lazily, one item each time there is room, so it can plan the next
-    task from what has been yielded so far. Results that arrive early wait in a reorder
-    buffer of at most ``window`` entries; each future is released once its result is taken.
-    A worker lost midway is handled by the scheduler (the task runs again elsewhere).
+    ``submits`` yields callables that each submit work to ``client`` and return its future
+    (or a list of futures, e.g. ``client.compute`` of several tasks sharing inputs). It is
+    pulled lazily, whenever fewer than ``window`` futures are alive, so that it can plan the
+    next task from the results yielded so far. Results are fetched one at a time, in order:
+    those that finish early wait on the workers, so this process holds one result at a time.
+    Each future is released once its result is taken; a worker lost midway is handled by
+    the scheduler (its tasks run again elsewhere). On an error the remaining work is cancelled.
     """
-    from distributed import as_completed
-
     window = max(1, int(window))
     it = iter(submits)
-    index: dict[Any, int] = {}
-    ready: dict[int, Any] = {}
-    futures: list[Any] = []
-    ac = as_completed(loop=client.loop)
-    submitted = yielded = 0
-    exhausted = False
+    alive: deque[Any] = deque()
 
     def fill() -> None:
-        nonlocal submitted, exhausted
-        while not exhausted and submitted - yielded < window:
+        while len(alive) < window:
             make = next(it, None)
             if make is None:
-                exhausted = True
                 return
-            fut = make()
-            index[fut.key] = submitted
-            futures.append(fut)
-            ac.add(fut)
-            submitted += 1
+            got = make()
+            alive.extend(got if isinstance(got, list) else [got])
 
     try:
         fill()
-        while yielded < submitted:
-            fut = next(ac)
-            i = index.pop(fut.key)
-            ready[i] = fut.result()
+        while alive:
+            fut = alive.popleft()
+            value = fut.result()
             fut.release()
-            while yielded in ready:
-                value = ready.pop(yielded)
-                yielded += 1
-                yield value
-                fill()  # after the consumer has seen the value: it may steer the next submission
+            yield value
+            fill()  # after the consumer has seen the value: it may steer the next submission
     finally:
-        pending = [f for f in futures if f.key in index]
-        if pending:
-            client.cancel(pending)
+        if alive:
+            client.cancel(list(alive))
 
 
 # -- dask arrays as stores -------------------------------------------------------------------
@@ -203,10 +189,10 @@ def from_dask(
     outputs, features: ``layout="array"``). The array is rechunked along axis 0 to the
     store's chunk size (``chunk_images``, default about 4 MiB per chunk) and whole along the
     other axes. Each chunk is compressed where it is computed; the writer (this process)
-    receives only compressed chunks and their CRCs, in order, holding at most ``window``
-    of them (default: twice the cluster's threads, at least 4). With a ``dask.distributed``
-    client that is the cluster; otherwise dask's current scheduler computes windows of
-    chunks. ``labels`` (numpy or dask, one integer per item) and ``keys`` (strings) are
+    receives only compressed chunks and their CRCs, in order, one at a time; at most
+    ``window`` chunks are under way (default: 8 per cluster thread, at least 32). With a
+    ``dask.distributed`` client that is the cluster; otherwise dask's current scheduler
+    computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask, one integer per item) and ``keys`` (strings) are
     optional. Atomic: the store appears only when complete.
     """
     if is_url(path_or_url):
@@ -265,14 +251,19 @@ def from_dask(
 
 
 def _compute_in_order(tasks: list[Any], window: int | None) -> Iterator[Any]:
-    """Compute delayed tasks, yielding results in order, at most ``window`` held at a time."""
+    """Compute delayed tasks, yielding results in order.
+
+    Tasks go to the scheduler in batches (one graph each, so that chunks sharing an input
+    block, as after a rechunk, compute it once), at most two batches at a time. With a
+    distributed client the results wait on the workers and this process fetches one at a
+    time; with another scheduler a batch's results (compressed chunks) are held here.
+    """
     client = default_client()
+    nthreads = sum(client.nthreads().values()) if client is not None else (os.cpu_count() or 1)
+    batch = max(1, window // 2) if window else max(16, 4 * nthreads)
+    batches = [tasks[i : i + batch] for i in range(0, len(tasks), batch)]
     if client is not None:
-        if window is None:
-            window = max(4, 2 * sum(client.nthreads().values()))
-        yield from in_order(client, ((lambda t=t: client.compute(t)) for t in tasks), window)
+        yield from in_order(client, ((lambda b=b: client.compute(b)) for b in batches), 2 * batch)
         return
-    if window is None:
-        window = max(4, 2 * (os.cpu_count() or 1))
-    for start in range(0, len(tasks), window):
-        yield from dask.compute(*tasks[start : start + window])
+    for b in batches:
+        yield from dask.compute(*b)

@@ -225,24 +225,25 @@ def test_from_dask_checks_its_arguments(tmp_path: Path) -> None:
 
 
 def test_in_order_keeps_order_and_a_bounded_window(client: object) -> None:
-    outstanding: list[int] = []
+    alive: list[int] = []
     state = {"submitted": 0, "yielded": 0}
 
     def submits() -> Iterator[Callable[[], object]]:
         for i in range(24):
             def make(i: int = i) -> object:
                 state["submitted"] += 1
-                outstanding.append(state["submitted"] - state["yielded"])
-                # later tasks finish first within a window: the reorder buffer is exercised
-                return client.submit(time.sleep, 0.02 * (3 - i % 4), key=f"sleep-{i}", pure=False)
+                alive.append(state["submitted"] - state["yielded"])
+                # within a window later tasks finish first: their results wait on the workers
+                delay = 0.02 * (3 - i % 4)
+                return client.submit(lambda i, d: (time.sleep(d), i)[1], i, delay, key=f"sleep-{i}", pure=False)
             yield make
 
     got = []
-    for i, _ in enumerate(cdask.in_order(client, submits(), window=4)):
+    for value in cdask.in_order(client, submits(), window=4):
         state["yielded"] += 1
-        got.append(i)
+        got.append(value)
     assert got == list(range(24))
-    assert max(outstanding) == 4
+    assert max(alive) == 4
 
 
 # -- distributed ingest ---------------------------------------------------------------------------
