@@ -15,6 +15,7 @@ Needs the ``dask`` extra: ``pip install 'carraystore[dask]'``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -236,15 +237,16 @@ def from_dask(
                 x = x.rechunk(want)
             blocks = x.to_delayed(optimize_graph=True).reshape(-1)
             tasks = [dask.delayed(_compress_block, pure=True)(b, meta) for b in blocks]
-            for i, (data, count, crc) in enumerate(_compute_in_order(tasks, window)):
-                sl = slice(i * k, i * k + count)
-                writer.append_compressed_chunk(
-                    data,
-                    count,
-                    crc,
-                    labels=lab[sl] if lab is not None else None,
-                    keys=keylist[sl] if keylist is not None else None,
-                )
+            with contextlib.closing(_compute_in_order(tasks, window)) as results:  # cancels what is left on an error
+                for i, (data, count, crc) in enumerate(results):
+                    sl = slice(i * k, i * k + count)
+                    writer.append_compressed_chunk(
+                        data,
+                        count,
+                        crc,
+                        labels=lab[sl] if lab is not None else None,
+                        keys=keylist[sl] if keylist is not None else None,
+                    )
         elif lab is not None or keylist is not None:
             writer.append(np.empty((0, *meta.image_shape), dtype=meta.np_dtype), labels=lab, keys=keylist)
     return open_store(Path(path_or_url))

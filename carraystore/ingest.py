@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from carraystore.errors import ImageDecodeError, IngestError, InvalidInputError
+from carraystore.errors import CarrayStoreError, ImageDecodeError, IngestError, InvalidInputError
 from carraystore.format import Codec
 from carraystore.writer import StoreWriter, create
 
@@ -673,8 +673,21 @@ def _ingest_on_cluster(
         from tqdm import tqdm
 
         bar = tqdm(total=len(rels), desc=f"ingest {output.name}", unit="img", file=sys.stderr, dynamic_ncols=True)
+    results = in_order(client, plan(), window)
     try:
-        for g, (data, ngood, crc, errors) in enumerate(in_order(client, plan(), window)):
+        for g in range(len(rels)):  # at most one task per file; the plan ends the loop
+            try:
+                data, ngood, crc, errors = next(results)
+            except StopIteration:
+                break
+            except CarrayStoreError:
+                raise
+            except Exception as exc:  # the cluster gave up on a task (e.g. it killed several workers)
+                start, stop = groups[g]
+                raise IngestError(
+                    f"{root}: the cluster could not decode the chunk of files {rels[start]} .. {rels[stop - 1]} "
+                    f"({type(exc).__name__}: {exc}); ingest those files locally to find the one at fault"
+                ) from exc
             start, stop = groups[g]
             bad = {j for j, _ in errors}
             for j, err in errors:
@@ -699,6 +712,7 @@ def _ingest_on_cluster(
         writer.abort()
         raise
     finally:
+        results.close()  # cancels the tasks still under way, now rather than at garbage collection
         if bar is not None:
             bar.close()
     n = len(rels) - len(skipped)

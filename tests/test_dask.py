@@ -318,37 +318,65 @@ def test_distributed_ingest_needs_the_folder_on_the_workers(
     assert not (tmp_path / "o.b2nd").exists()
 
 
-def test_distributed_ingest_survives_a_killed_worker(tmp_path: Path, cluster: tuple[object, object]) -> None:
-    cl, client = cluster
-    folder = make_photo_folder(tmp_path / "src", n=400, size=(64, 64), classes=("astronaut", "rocket"), seed=9)
-    local = tmp_path / "local.b2nd"
-    cs.from_directory(folder, local, image_size=(48, 48), chunk_images=8, workers=1)
-    client.wait_for_workers(2)
-    pids = client.run(os.getpid)  # worker address -> process id
+def _kill_when_busy(client: object, killed: dict[str, object]) -> threading.Thread:
+    """A thread that SIGKILLs one worker process as soon as it runs an ingest task."""
+    client.wait_for_workers(2)  # type: ignore[attr-defined]
+    pids = client.run(os.getpid)  # type: ignore[attr-defined]  # worker address -> process id
     victim_addr, victim_pid = sorted(pids.items())[0]
-    killed: dict[str, object] = {}
 
-    def kill_when_busy() -> None:
+    def run() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            busy = client.processing(workers=[victim_addr]).get(victim_addr, ())
+            busy = client.processing(workers=[victim_addr]).get(victim_addr, ())  # type: ignore[attr-defined]
             if any(str(k).startswith("carraystore-ingest") for k in busy):
                 killed["tasks"] = list(busy)
+                killed["pid"] = victim_pid
                 os.kill(victim_pid, signal.SIGKILL)
                 return
             time.sleep(0.005)
 
-    t = threading.Thread(target=kill_when_busy)
+    t = threading.Thread(target=run)
     t.start()
+    return t
+
+
+def test_distributed_ingest_survives_a_killed_worker(tmp_path: Path, client: object) -> None:
+    folder = make_photo_folder(tmp_path / "src", n=400, size=(64, 64), classes=("astronaut", "rocket"), seed=9)
+    local = tmp_path / "local.b2nd"
+    cs.from_directory(folder, local, image_size=(48, 48), chunk_images=8, workers=1)
+    killed: dict[str, object] = {}
+    t = _kill_when_busy(client, killed)
     try:
         cs.from_directory(folder, tmp_path / "dist.b2nd", image_size=(48, 48), chunk_images=8, client=client)
     finally:
         t.join()
     assert killed.get("tasks"), "the worker was never seen running an ingest task"
     with pytest.raises(ProcessLookupError):
-        os.kill(victim_pid, 0)
+        os.kill(killed["pid"], 0)  # type: ignore[arg-type]
     assert (tmp_path / "dist.b2nd").read_bytes() == local.read_bytes()
-    client.wait_for_workers(2)  # the nanny brings a fresh worker up for the next tests
+    client.wait_for_workers(2)  # type: ignore[attr-defined]  # the nanny brings a fresh worker up
+
+
+def test_distributed_ingest_that_the_cluster_gives_up_on_leaves_nothing(tmp_path: Path, client: object) -> None:
+    folder = make_photo_folder(tmp_path / "src", n=200, size=(64, 64), classes=("astronaut",), seed=2)
+
+    def set_allowed_failures(n: int) -> None:
+        def f(dask_scheduler: object) -> None:
+            dask_scheduler.allowed_failures = n  # type: ignore[attr-defined]
+        client.run_on_scheduler(f)  # type: ignore[attr-defined]
+
+    set_allowed_failures(0)  # the first lost worker fails its task for good
+    killed: dict[str, object] = {}
+    t = _kill_when_busy(client, killed)
+    try:
+        with pytest.raises(IngestError, match=r"the cluster could not decode the chunk of files .*KilledWorker"):
+            cs.from_directory(folder, tmp_path / "dist.b2nd", image_size=(48, 48), chunk_images=8, client=client)
+    finally:
+        t.join()
+        set_allowed_failures(3)
+    assert killed.get("tasks")
+    assert list(tmp_path.iterdir()) == [tmp_path / "src"]  # no store, no temporary file
+    client.wait_for_workers(2)  # type: ignore[attr-defined]
 
 
 def test_cli_ingest_with_dask_scheduler(tmp_path: Path, cluster: tuple[object, object], messy_folder: Path) -> None:
