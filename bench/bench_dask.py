@@ -63,7 +63,7 @@ class Peak:
 def cluster(n):
     "A started cluster whose workers have imported carraystore (a long-lived cluster's state)."
     from distributed import Client, LocalCluster
-    cl = LocalCluster(processes=True, n_workers=n, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR)
+    cl = LocalCluster(processes=True, n_workers=n, threads_per_worker=1, dashboard_address='127.0.0.1:0', silence_logs=logging.ERROR)
     client = Client(cl)
     client.wait_for_workers(n)
     client.run(lambda: [__import__(m) for m in ("carraystore.ingest", "carraystore.dask", "PIL.Image")])

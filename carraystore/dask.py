@@ -43,10 +43,16 @@ __all__ = ["to_dask", "labels", "from_dask", "in_order"]
 
 
 def _as_store(store_or_url: Store | str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Store:
+    """An open store whose location means the same in every process (absolute for a local file)."""
     if isinstance(store_or_url, Store):
         if storage_options:
             raise InvalidInputError("storage_options apply when a path or URL is given, not an open Store")
+        if isinstance(store_or_url.path, Path) and not store_or_url.path.is_absolute():
+            return open_store(store_or_url.path.absolute())
         return store_or_url
+    if not is_url(store_or_url):
+        path = str(store_or_url)
+        return open_store(Path(path[len("file://") :] if path.startswith("file://") else path).absolute(), storage_options)
     return open_store(store_or_url, storage_options)
 
 

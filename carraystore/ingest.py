@@ -27,7 +27,7 @@ from PIL import Image
 
 from carraystore.errors import CarrayStoreError, ImageDecodeError, IngestError, InvalidInputError
 from carraystore.format import Codec
-from carraystore.writer import StoreWriter, create
+from carraystore.writer import StoreWriter, compress_chunk, create
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -478,7 +478,7 @@ def from_directory(
     ``workers`` decoding processes (default: all cores; 1 decodes in this process).
     ``codec`` is a Codec or a preset name (``fast``, ``balanced``, ``small``).
     ``client`` (a ``dask.distributed.Client``) decodes on its cluster instead of local
-    processes; the store is byte for byte the one a local ingest writes (docs/dask.md).
+    processes (``workers`` is then unused); the store is byte for byte the one a local ingest writes (docs/dask.md).
     The workers read the files at the same path, so ``directory`` must be on a file system
     they all see.
     """
@@ -566,8 +566,6 @@ def _chunk_task(
 
     Returns (compressed chunk, number of good images, CRC32, [(index in ``rels``, reason)]).
     """
-    from carraystore.writer import compress_chunk
-
     good: list[np.ndarray] = []
     errors: list[tuple[int, str]] = []
     for j, (arr, err) in enumerate(_decode_task(root, rels, opts)):

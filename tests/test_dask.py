@@ -31,9 +31,12 @@ cdask = pytest.importorskip("carraystore.dask")
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[object, object]]:
-    """(LocalCluster, Client): two worker processes, one thread each; the client is not the default."""
+    """(LocalCluster, Client): two worker processes, one thread each; the client is not the default.
+
+    The dashboard gets a free loopback port: dashboard_address=None still serves one on :8787.
+    """
     with distributed.LocalCluster(
-        processes=True, n_workers=2, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR
+        processes=True, n_workers=2, threads_per_worker=1, dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR
     ) as cl:
         client = distributed.Client(cl, set_as_default=False)
         try:
@@ -82,6 +85,17 @@ def test_to_dask_sums_and_fancy_indexes_like_numpy_on_worker_processes(
     y = store.to_dask()
     assert y.name == x.name
     np.testing.assert_array_equal(y[5:70].compute(), images[5:70])
+
+
+def test_to_dask_of_a_relative_path_works_on_workers_with_another_cwd(
+    tmp_path: Path, client: object, monkeypatch: pytest.MonkeyPatch, photo_patches: Callable[..., np.ndarray]
+) -> None:
+    images = photo_patches(50, (8, 8), seed=2)
+    _store_of(tmp_path / "rel.b2nd", images, chunk_images=16)
+    monkeypatch.chdir(tmp_path)
+    assert all(cwd != str(tmp_path) for cwd in client.run(os.getcwd).values())  # type: ignore[attr-defined]
+    for x in (cdask.to_dask("rel.b2nd"), cs.open("rel.b2nd").to_dask(), cdask.to_dask("file://rel.b2nd")):
+        np.testing.assert_array_equal(client.compute(x).result(), images)  # type: ignore[attr-defined]
 
 
 def test_the_store_travels_as_its_location_not_its_data(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
