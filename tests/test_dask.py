@@ -307,6 +307,17 @@ def test_the_local_ingest_is_reproducible_byte_for_byte(tmp_path: Path, messy_fo
     assert (tmp_path / "one.b2nd").read_bytes() == (tmp_path / "two.b2nd").read_bytes()
 
 
+def test_distributed_ingest_of_split_folders(tmp_path: Path, client: object) -> None:
+    src = make_photo_folder(tmp_path / "src", n=60, size=(24, 24), classes=("astronaut", "coffee"), seed=3,
+                            splits={"train": 0.75, "val": 0.25})
+    kw = dict(split_dirs=True, chunk_images=8, seed=1)
+    local = cs.from_directory(src, tmp_path / "local", workers=1, **kw)
+    dist = cs.from_directory(src, tmp_path / "dist", client=client, **kw)
+    assert set(local) == set(dist) == {"train", "val"}  # type: ignore[arg-type]
+    for split in ("train", "val"):
+        assert (tmp_path / "local" / f"{split}.b2nd").read_bytes() == (tmp_path / "dist" / f"{split}.b2nd").read_bytes()
+
+
 def test_distributed_ingest_fails_on_the_same_file_as_the_local_one(
     tmp_path: Path, client: object, messy_folder: Path
 ) -> None:
