@@ -199,8 +199,9 @@ def from_dask(
     receives only compressed chunks and their CRCs, in order, one at a time; at most
     ``window`` chunks are under way (default: 8 per cluster thread, at least 32). With a
     ``dask.distributed`` client that is the cluster; otherwise dask's current scheduler
-    computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask, one integer per item) and ``keys`` (strings) are
-    optional. Atomic: the store appears only when complete.
+    computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask,
+    one integer per item) and ``keys`` (strings) are optional. Writing to a URL is not
+    supported yet. Atomic: the store appears only when complete.
     """
     if is_url(path_or_url):
         raise InvalidInputError(
