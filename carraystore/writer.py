@@ -274,16 +274,7 @@ class StoreWriter:
         if n < k:
             self._fill = n
             return
-        # the same steps as _flush_chunk, with the bytes given
-        ic = self._chunk_start // k
-        total = self._chunk_start + k
-        if self._stored == 0:
-            self._array = None
-            self._array = _new_array(self._tmp, meta, total)
-        else:
-            self._array.resize((total, *meta.image_shape))
-        self._stored = total
-        self._array.schunk.update_chunk(ic, data)
+        self._store_chunk(self._chunk_start // k, data, self._chunk_start + k)
         self._crc.append(int(crc))
         self._chunk_start += k
 
@@ -431,6 +422,23 @@ class StoreWriter:
         if self._fill == k:
             self._chunk_start += k
             self._fill = 0
+
+    def _store_chunk(self, ic: int, data: bytes, total: int) -> None:
+        """Put the compressed chunk ``ic`` into the file, the array then holding ``total`` items.
+
+        (The steps of ``_flush_chunk``, for ``append_compressed_chunk``; the appends branch
+        has a method of this name that ``_flush_chunk`` also uses: keep that one.)
+        """
+        if self._stored == 0:
+            # blosc2 < 4.1 cannot grow an array from length 0 (3.x miscounts its chunks,
+            # 4.0 crashes), so the first chunk re-creates the still empty file at length total.
+            self._array = None
+            self._array = _new_array(self._tmp, self._meta, total)
+            self._stored = total
+        elif total != self._stored:
+            self._array.resize((total, *self._meta.image_shape))
+            self._stored = total
+        self._array.schunk.update_chunk(ic, data)
 
 
 def create(
