@@ -478,9 +478,9 @@ def from_directory(
     ``workers`` decoding processes (default: all cores; 1 decodes in this process).
     ``codec`` is a Codec or a preset name (``fast``, ``balanced``, ``small``).
     ``client`` (a ``dask.distributed.Client``) decodes on its cluster instead of local
-    processes (``workers`` is then unused); the store is byte for byte the one a local ingest writes (docs/dask.md).
-    The workers read the files at the same path, so ``directory`` must be on a file system
-    they all see.
+    processes (``workers`` is then unused); the store is byte for byte the one a local
+    ingest writes (docs/dask.md). The workers read the files at the same path, so
+    ``directory`` must be on a file system they all see.
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
