@@ -16,6 +16,7 @@ Needs the ``dask`` extra: ``pip install 'carraystore[dask]'``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -243,7 +244,9 @@ def from_dask(
             if x.chunks[0][:-1] != (k,) * (len(x.chunks[0]) - 1) or x.chunks[0][-1] > k or any(len(c) > 1 for c in x.chunks[1:]):
                 x = x.rechunk(want)
             blocks = x.to_delayed(optimize_graph=True).reshape(-1)
-            tasks = [dask.delayed(_compress_block, pure=True)(b, meta) for b in blocks]
+            # meta rides in the function: dask.delayed would walk the dataclass for every task
+            compress = dask.delayed(functools.partial(_compress_block, meta=meta), pure=True)
+            tasks = [compress(b) for b in blocks]
             with contextlib.closing(_compute_in_order(tasks, window)) as results:  # cancels what is left on an error
                 for i, (data, count, crc) in enumerate(results):
                     sl = slice(i * k, i * k + count)
