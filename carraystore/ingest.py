@@ -574,7 +574,7 @@ def _chunk_task(
             good.append(arr)
         else:
             errors.append((j, err or "not decoded"))
-    items = np.stack(good) if good else np.zeros((0, *shape), dtype=np.uint8)
+    items = np.stack(good) if good else np.zeros((0, *shape), dtype=meta.np_dtype)
     data, crc = compress_chunk(meta, items)
     return data, len(good), crc, errors
 
@@ -699,7 +699,7 @@ def _ingest_on_cluster(
             if ngood and writer.nimages % k == 0:
                 writer.append_compressed_chunk(data, ngood, crc, labels=lab, keys=keys)
             elif ngood:  # a chunk planned before an earlier bad file shifted the boundaries
-                items = np.frombuffer(blosc2.decompress2(data), dtype=np.uint8).reshape(k, *shape)[:ngood]
+                items = np.frombuffer(blosc2.decompress2(data), dtype=meta.np_dtype).reshape(k, *shape)[:ngood]
                 writer.append(items, labels=lab, keys=keys)
             if bar is not None:
                 bar.update(stop - start)
