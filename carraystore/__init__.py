@@ -9,7 +9,7 @@ from carraystore.errors import __all__ as _errors_all  # noqa: E402
 from carraystore.format import FORMAT_VERSION, PRESETS, Codec  # noqa: E402
 from carraystore.reader import ChunkProblem, Store  # noqa: E402
 from carraystore.reader import open_store as open  # noqa: E402,A001
-from carraystore.writer import StoreWriter, append, create  # noqa: E402
+from carraystore.writer import StoreWriter, append, create, update_metadata  # noqa: E402
 from carraystore import loader as _loader  # noqa: E402,F401  (gives Store.batches its implementation)
 from carraystore import reader as _reader  # noqa: E402
 
@@ -48,6 +48,7 @@ __all__ = [
     "ChunkProblem",
     "create",
     "append",
+    "update_metadata",
     "open",
     "from_directory",
     "migrate",

@@ -7,7 +7,10 @@ its parser and sets ``func`` to a handler ``(args) -> int`` (the exit status).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -22,8 +25,48 @@ COMMAND_MODULES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors suggest the closest command or flag ("did you mean")."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.search(r"invalid choice: '?([^'()]*?)'? \(choose from (.*)\)", message)
+        if m:
+            choices = [c.strip().strip("'") for c in m.group(2).split(",")]
+            close = difflib.get_close_matches(m.group(1), choices, n=1)
+            if close and "did you mean" not in message:
+                message += f"; did you mean {close[0]!r}?"
+        super().error(message)
+
+    def unknown_arguments(self, extra: Sequence[str]) -> None:
+        """Exit with this parser's usage, the unknown arguments and the closest known flag for each."""
+        flags = sorted(s for s in self._option_string_actions if s.startswith("--"))
+        hints = []
+        for arg in extra:
+            if arg.startswith("-"):
+                close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.6)
+                if close:
+                    hints.append(f"{arg.split('=', 1)[0]}: did you mean {close[0]}?")
+        message = f"unrecognized arguments: {' '.join(extra)}"
+        if hints:
+            message += "\n  " + "\n  ".join(hints)
+        self.error(message)
+
+
+def _subparser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub-)sub-command parser that ``args`` were parsed by (for its usage line)."""
+    current = parser
+    while True:
+        action = next((a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if action is None:
+            return current
+        name = getattr(args, action.dest, None)
+        if name not in action.choices:
+            return current
+        current = action.choices[name]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="carraystore",
         description="Compressed single-file image stores for Keras and tf.data.",
     )
@@ -44,9 +87,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 failed check, 2 usage or input error)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = _subparser(parser, args)
+        if isinstance(sub, _Parser):
+            sub.unknown_arguments(extra)
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return status
+    except BrokenPipeError:
+        # the reader went away (``carraystore info STORE | head -1``): stop quietly, and point
+        # stdout at /dev/null so that the interpreter's final flush cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what a shell reports for a process ended by a closed pipe
     except CarrayStoreError as exc:
         print(f"carraystore {args.command}: error: {exc}", file=sys.stderr)
         return 2

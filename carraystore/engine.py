@@ -25,6 +25,7 @@ import posixpath
 import queue
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections import OrderedDict
@@ -507,6 +508,10 @@ class LoaderClosed(Exception):
     """Raised inside the engine when a decoder was closed while a batch waited for it."""
 
 
+#: how long a batch waits for a partly served earlier window to be finished before evicting it
+EVICT_PATIENCE_S = 2.0
+
+
 class EpochDecoder:
     """Batches of one epoch of a :class:`LoaderSpec`, by index, from any thread.
 
@@ -532,6 +537,8 @@ class EpochDecoder:
         self.cond = threading.Condition()
         self.free: list[int] = list(range(self.nslots - 1, -1, -1))
         self.windows: OrderedDict[int, _Window] = OrderedDict()
+        #: windows whose batches were all served: read-ahead never decodes them again
+        self.finished: set[int] = set()
         self.decode_count: dict[int, int] = {}
         self.chunks_decoded = 0
         self.out_of_order = False
@@ -618,10 +625,18 @@ class EpochDecoder:
         """
         chunks = self.plan.window_chunks[w]
         need = len(chunks)
+        deadline: float | None = None
         while len(self.free) < need:
             if self.closed:
                 raise LoaderClosed
             victim = self._evictable(keep_unserved=not wait)
+            if victim is not None and victim < w and self.windows[victim].unserved:
+                # The victim's batches come before w's: give the threads serving them a
+                # moment to finish (its slots then free up) rather than decode it twice.
+                deadline = time.monotonic() + EVICT_PATIENCE_S if deadline is None else deadline
+                if time.monotonic() < deadline:
+                    self.cond.wait(max(0.0, deadline - time.monotonic()))
+                    continue
             if victim is not None:
                 self._drop(victim)
                 continue
@@ -681,13 +696,14 @@ class EpochDecoder:
             win.pins -= 1
             win.unserved.discard(batch)
             if not win.unserved and win.pins == 0 and self.windows.get(w) is win:
+                self.finished.add(w)
                 self._drop(w)
 
     def read_ahead(self, w: int) -> None:
         """Start decoding windows from ``w`` on while slots are free (never evicting unserved ones)."""
         with self.cond:
             while 0 <= w < self.plan.nwindows and not self.closed:
-                if w not in self.windows and self._start(w, wait=False) is None:
+                if w not in self.windows and w not in self.finished and self._start(w, wait=False) is None:
                     return
                 w += 1
 

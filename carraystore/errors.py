@@ -11,6 +11,8 @@ __all__ = [
     "CodecMismatchError",
     "CorruptStoreError",
     "ChecksumError",
+    "MetadataChecksumError",
+    "MetadataTooLargeError",
     "StoreExistsError",
     "InvalidInputError",
     "ImageDecodeError",
@@ -18,6 +20,9 @@ __all__ = [
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
+    "WriteError",
+    "NoSpaceError",
+    "StoreLockedError",
 ]
 
 
@@ -53,6 +58,14 @@ class ChecksumError(CorruptStoreError):
     """A compressed chunk does not match its recorded CRC32."""
 
 
+class MetadataChecksumError(ChecksumError):
+    """The metadata record does not match its recorded CRC-32 (FORMAT.md 4.3)."""
+
+
+class MetadataTooLargeError(CorruptStoreError):
+    """The metadata record would decompress to more than the format allows for the store's size."""
+
+
 class StoreExistsError(CarrayStoreError, FileExistsError):
     """The output path already exists and overwriting was not asked for."""
 
@@ -79,3 +92,13 @@ class MissingDependencyError(CarrayStoreError, ImportError):
 
 class LoaderError(CarrayStoreError):
     """A loader thread failed while reading or transforming a chunk."""
+
+
+class WriteError(CarrayStoreError, OSError):
+    """Writing a file failed (the file system refused the write); the temporary file is removed."""
+
+
+class NoSpaceError(WriteError):
+    """The file system ran out of space while a store or an exported file was written."""
+class StoreLockedError(CarrayStoreError):
+    """Another writer (append, ingest, migrate, create) holds the store's writer lock."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from numpy.lib.format import descr_to_dtype
 
 from carraystore.errors import (
     CodecMismatchError,
+    CorruptStoreError,
+    MetadataChecksumError,
     FormatError,
     FormatVersionError,
     InvalidInputError,
@@ -62,6 +65,17 @@ COLOR_MODES = {1: "grayscale", 3: "rgb", 4: "rgba"}
 LAYOUTS = ("NHWC", "array")
 #: Uncompressed size a blosc2 block aims at when ``Codec.block_images`` is None (auto).
 BLOCK_TARGET_BYTES = 128 * 1024
+#: Key of the fixed meta layer that says the metadata record carries its checksum (FORMAT.md 4.3).
+#: Also the name of the record's last entry, which holds that checksum.
+META_CRC_KEY = "meta_crc32"
+#: The decompressed metadata record is at most this many bytes plus METADATA_BYTES_PER_ITEM per
+#: item (FORMAT.md, "Limits"): a reader refuses larger records before decompressing them.
+METADATA_BASE_BYTES = 64 * 1024 * 1024
+METADATA_BYTES_PER_ITEM = 16 * 1024
+#: Maps and lists in the metadata nest at most this deep (attrs, provenance).
+METADATA_MAX_DEPTH = 64
+#: Labels are 0 <= label < LABEL_LIMIT (they fit int32 for Keras and tf.data).
+LABEL_LIMIT = 2**31
 
 
 def dtype_to_record(dt: np.dtype) -> Any:
@@ -69,14 +83,27 @@ def dtype_to_record(dt: np.dtype) -> Any:
     dt = np.dtype(dt)
     if dt.hasobject:
         raise InvalidInputError(f"dtype {dt} holds Python objects, which a store cannot hold (it never pickles)")
-    if dt.fields is None and dt.subdtype is None:
+    if dt.subdtype is not None:
+        raise InvalidInputError(
+            f"dtype {dt} is a sub-array dtype; put its shape {dt.shape} into the item shape instead (FORMAT.md 4.2)"
+        )
+    if dt.fields is None:
         return dt.str
-    return [[name, *(_descr_field(rest))] for name, *rest in dt.descr]
+    return [[_field_name(name), *(_descr_field(rest))] for name, *rest in dt.descr]
+
+
+def _field_name(name: Any) -> str:
+    if not isinstance(name, str):  # numpy writes a titled field's name as (title, name)
+        raise InvalidInputError(
+            f"structured dtype field {name!r} has a title, which a store does not keep (FORMAT.md 4.2); "
+            "rebuild the dtype without titles"
+        )
+    return name
 
 
 def _descr_field(rest: list[Any]) -> list[Any]:
     typ = rest[0]
-    out = [typ if isinstance(typ, str) else [[n, *(_descr_field(r))] for n, *r in typ]]
+    out = [typ if isinstance(typ, str) else [[_field_name(n), *(_descr_field(r))] for n, *r in typ]]
     if len(rest) > 1:
         out.append(list(rest[1]))
     return out
@@ -98,7 +125,9 @@ def dtype_from_record(rec: Any) -> np.dtype:
         # descr_to_dtype (as .npy files do) restores padding: fields named '' are gaps, so a
         # structured dtype with offsets/itemsize round-trips exactly.
         dt = np.dtype(rec) if isinstance(rec, str) else descr_to_dtype(fields(rec))
-    except (TypeError, ValueError) as exc:
+    except FormatError:
+        raise
+    except Exception as exc:  # numpy parses some dtype strings with ast: SyntaxError, RecursionError, ...
         raise FormatError(f"unknown dtype {rec!r} in the metadata ({exc})") from exc
     if dt.hasobject:
         raise FormatError(f"dtype {rec!r} holds Python objects; stores never do")
@@ -329,6 +358,82 @@ def parse_chunk_header(chunk: bytes) -> ChunkHeader:
     )
 
 
+def metadata_limit(nimages: int) -> int:
+    """The most bytes a store of ``nimages`` items may hold in its decompressed metadata record."""
+    return METADATA_BASE_BYTES + max(0, int(nimages)) * METADATA_BYTES_PER_ITEM
+
+
+def check_chunk_layout(chunk: bytes | memoryview, what: str, max_nbytes: int) -> ChunkHeader:
+    """Check that a Blosc2 chunk's sizes and block-offset table lie inside it, before any decompressor sees it.
+
+    libblosc2 trusts these fields: a chunk whose block offsets or stream sizes point
+    outside it can crash the process. This walks the structure (FORMAT.md, appendix B)
+    without decompressing: header sizes, the block-offset table, and every stream's size
+    field. Raises CorruptStoreError naming ``what``; returns the parsed header.
+    """
+    n = len(chunk)
+    if n < 32:
+        raise CorruptStoreError(f"{what}: a blosc2 chunk of {n} bytes is shorter than its 32-byte header")
+    b = bytes(chunk[:32])
+    header = parse_chunk_header(b)
+    flags = b[2]
+    problems = []
+    if (flags & 0x05) != 0x05 and not header.memcpyed:
+        problems.append(f"flags {flags:#04x} are not a Blosc2 extended header")
+    if header.cbytes != n:
+        problems.append(f"header says {header.cbytes} compressed bytes, {n} are there")
+    if not 0 <= header.nbytes <= max_nbytes:
+        problems.append(f"it decompresses to {header.nbytes} bytes, more than the {max_nbytes} allowed")
+    if header.typesize < 1:
+        problems.append("typesize 0")
+    if header.nbytes and not 0 < header.blocksize:
+        problems.append(f"blocksize {header.blocksize}")
+    if b[31] & 0x01:
+        problems.append("it uses a dictionary, which stores never do")
+    if problems:
+        raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged ({'; '.join(problems)})")
+    special = (b[31] >> 4) & 0x07 if (flags & 0x05) == 0x05 else 0
+    if special:
+        want = 32 + (header.typesize if special == 3 else 0)
+        if special not in (1, 2, 3, 4) or n != want:
+            raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged (special value {special} in {n} bytes)")
+        return header
+    if header.memcpyed:
+        if n != 32 + header.nbytes:
+            raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged (a copied chunk of {header.nbytes} bytes in {n})")
+        return header
+    if header.nbytes == 0:
+        if n != 32:
+            raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged (empty but {n} bytes)")
+        return header
+    bsize = header.blocksize
+    nblocks = -(-header.nbytes // bsize)
+    table_end = 32 + 4 * nblocks
+    if table_end > n:
+        raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged (its block-offset table of {nblocks} entries does not fit)")
+    starts = np.frombuffer(bytes(chunk[32:table_end]), dtype="<i4")
+    if np.any(starts < table_end) or np.any(starts >= n):
+        raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged (a block offset points outside it)")
+    typesize = header.typesize
+    for j, start in enumerate(starts.tolist()):
+        size = bsize if j < nblocks - 1 or header.nbytes % bsize == 0 else header.nbytes % bsize
+        split = not header.dont_split and size == bsize  # a shorter last block is one stream
+        nstreams = typesize if (split and typesize <= 16) else 1
+        pos = start
+        for _ in range(nstreams):
+            if pos + 4 > n:
+                raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged (block {j} runs past its end)")
+            csize = int.from_bytes(bytes(chunk[pos : pos + 4]), "little", signed=True)
+            pos += 4
+            if csize < 0:
+                pos += 1  # a run of one byte value: a token byte follows, no data
+            elif pos + csize > n:
+                raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged (block {j} runs past its end)")
+            else:
+                pos += csize
+    return header
+
+
 def check_codec_against_header(codec: Codec, blocksize: int, header: ChunkHeader, where: str) -> None:
     """Raise CodecMismatchError naming both sides when a chunk header disagrees with the record."""
     if header.special:
@@ -357,20 +462,75 @@ def check_codec_against_header(codec: Codec, blocksize: int, header: ChunkHeader
 
 
 def validate_key(key: str) -> str:
-    """Check that ``key`` is a relative, portable path or id; return it with '/' separators."""
+    """Check that ``key`` is a relative, portable path or id; return it (with '/' separators).
+
+    Folders are separated by '/'. On POSIX a backslash is an ordinary character of a name,
+    kept as it is; on Windows, where it separates folders, it becomes '/'. Either way a key
+    must not be absolute or climb with '..' when a backslash is read as a separator.
+    """
     if not isinstance(key, str) or not key:
         raise InvalidInputError(f"key {key!r}: keys must be non-empty strings")
-    k = key.replace("\\", "/")
+    k = key.replace("\\", "/") if os.sep == "\\" else key
     if "\x00" in k or "\n" in k:
         raise InvalidInputError(f"key {key!r}: keys may not contain NUL or newline characters")
-    if k.startswith("/") or (len(k) > 1 and k[1] == ":") or k.startswith("~"):
+    try:
+        k.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"key {ascii(key)} is not valid UTF-8 (an undecodable file name?)") from exc
+    if k.startswith(("/", "\\")) or (len(k) > 1 and k[1] == ":") or k.startswith("~"):
         raise InvalidInputError(
             f"key {key!r} is an absolute path; stores hold relative paths or ids only so that they can be "
             "moved and shared (make it relative to the dataset's root folder)"
         )
-    if any(part == ".." for part in k.split("/")):
+    if any(part == ".." for part in k.replace("\\", "/").split("/")):
         raise InvalidInputError(f"key {key!r} climbs out of its folder with '..'; give a path relative to the root")
     return k
+
+
+def _check_key_bytes(blob: bytes, offsets: np.ndarray, what: str) -> None:
+    """The rules of ``validate_key`` for a whole key table at once (FORMAT.md 4.5); FormatError names the key."""
+    if not isinstance(blob, bytes):
+        raise FormatError(f"metadata {what!r}: 'utf8' must be bytes")
+    n = len(offsets) - 1
+    if n <= 0:
+        return
+    starts = offsets[:-1].astype(np.int64)
+    ends = offsets[1:].astype(np.int64)
+
+    def bad(i: int, why: str) -> FormatError:
+        key = blob[int(starts[i]) : int(ends[i])].decode("utf-8", "backslashreplace")
+        return FormatError(f"metadata {what!r}: key {i} ({key!r}) {why}; the file is damaged or was not written by carraystore")
+
+    def first(mask: np.ndarray) -> int:
+        return int(np.argmax(mask))
+
+    if np.any(ends == starts):
+        raise bad(first(ends == starts), "is empty")
+    b = np.frombuffer(blob, dtype=np.uint8)
+    if b.size and int(b.max()) >= 0x80:  # pure ASCII needs no decoding
+        try:
+            blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise bad(int(np.searchsorted(ends, exc.start, side="right")), "is not valid UTF-8") from None
+    cont = (b[starts] & 0xC0) == 0x80  # a key may not begin inside another's character
+    if np.any(cont):
+        raise bad(first(cont), "is not valid UTF-8")
+    for ch, why in ((b"\x00", "holds a NUL character"), (b"\n", "holds a newline")):
+        hit = blob.find(ch)  # memchr: far faster than a numpy comparison over the whole blob
+        if hit >= 0:
+            raise bad(int(np.searchsorted(ends, hit, side="right")), why)
+    # a backslash counts as a separator here, as in validate_key (it is one on Windows)
+    absolute = (b[starts] == ord("/")) | (b[starts] == ord("\\")) | (b[starts] == ord("~"))
+    two = ends - starts > 1
+    absolute[two] |= b[starts[two] + 1] == ord(":")
+    if np.any(absolute):
+        raise bad(first(absolute), "is an absolute path")
+    dots = b == ord(".")
+    for pos in np.flatnonzero(dots[:-1] & dots[1:]).tolist():  # every "..", then whether it is a component
+        i = int(np.searchsorted(ends, pos, side="right"))
+        lo, hi = int(starts[i]), int(ends[i])
+        if (pos == lo or blob[pos - 1] in b"/\\") and (pos + 2 == hi or blob[pos + 2] in b"/\\"):
+            raise bad(i, "has a '..' component")
 
 
 class StringTable(Sequence[str]):
@@ -445,6 +605,56 @@ class StringTable(Sequence[str]):
 
 
 # -- metadata --------------------------------------------------------------------------
+
+#: The last bytes of a sealed record before its 4-byte CRC: the key ``meta_crc32`` (fixstr)
+#: and the msgpack uint32 marker (FORMAT.md 4.3).
+_SEAL = b"\xaa" + META_CRC_KEY.encode() + b"\xce"
+
+
+def seal_record(rec: Mapping[str, Any]) -> bytes:
+    """Pack a metadata record as msgpack with its checksum as the last entry (FORMAT.md 4.3).
+
+    The last map entry is ``"meta_crc32"``: a msgpack uint32 (``0xce`` + 4 bytes big-endian)
+    holding the zlib CRC-32 of every byte of the packed record before those 4 bytes.
+    """
+    body = {k: v for k, v in rec.items() if k != META_CRC_KEY}
+    body[META_CRC_KEY] = 0xFFFFFFFF  # always packed as 0xce + 4 bytes
+    raw = bytearray(msgpack.packb(body, use_bin_type=True))
+    if not raw.endswith(_SEAL + b"\xff\xff\xff\xff"):  # pragma: no cover - msgpack keeps dict order
+        raise RuntimeError("msgpack did not pack the metadata checksum last")
+    raw[-4:] = crc32(bytes(raw[:-4])).to_bytes(4, "big")
+    return bytes(raw)
+
+
+def check_record_seal(raw: bytes, where: str) -> bool:
+    """Whether ``raw`` is a sealed record (raise MetadataChecksumError if its checksum fails)."""
+    if len(raw) < len(_SEAL) + 5 or raw[-4 - len(_SEAL) : -4] != _SEAL:
+        return False
+    want = int.from_bytes(raw[-4:], "big")
+    got = crc32(memoryview(raw)[:-4])  # no copy of a record that may be tens of MB
+    if got != want:
+        raise MetadataChecksumError(
+            f"{where}: the metadata record fails its checksum (recorded {want:08x}, computed {got:08x}); "
+            "keys, labels or other metadata were changed or damaged: restore the file from a copy"
+        )
+    return True
+
+
+def _check_plain(rec: Any, where: str) -> None:
+    """Refuse msgpack timestamps (an extension type) and nesting deeper than METADATA_MAX_DEPTH."""
+    stack = [(rec, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if isinstance(obj, msgpack.Timestamp):
+            raise FormatError(f"{where}: metadata holds a msgpack timestamp (extension type -1); carraystore metadata never does")
+        if isinstance(obj, (dict, list)):
+            if depth > METADATA_MAX_DEPTH:
+                raise FormatError(
+                    f"{where}: metadata nests deeper than {METADATA_MAX_DEPTH} levels; the file is damaged or hostile"
+                )
+            stack.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+
+
 
 
 @dataclass(frozen=True)
@@ -521,7 +731,8 @@ class StoreMeta:
         return rec
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb(self.to_record(), use_bin_type=True)
+        """The record as sealed msgpack bytes: what a writer stores in vlmeta (FORMAT.md 4.3)."""
+        return seal_record(self.to_record())
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "store") -> StoreMeta:
@@ -529,21 +740,33 @@ class StoreMeta:
         return cls.from_record(cls.unpack_record(raw, where), where)
 
     @staticmethod
-    def unpack_record(raw: bytes, where: str = "store") -> Any:
+    def unpack_record(raw: bytes, where: str = "store", require_crc: bool = False) -> Any:
         """The plain msgpack record in ``raw`` (extension types refused), not yet validated.
 
+        When ``raw`` ends with the metadata checksum (FORMAT.md 4.3) it must match, and the
+        entry is removed from the record; ``require_crc`` makes its absence an error too.
         ``from_bytes`` in two steps, so that a caller can drop ``raw`` before ``from_record``.
         """
+        sealed = check_record_seal(raw, where)
+        if require_crc and not sealed:
+            raise MetadataChecksumError(
+                f"{where}: the metadata record has lost its checksum (the file says it carries one); "
+                "the file is damaged: restore it from a copy"
+            )
 
         def refuse_ext(code: int, data: bytes) -> Any:
             raise FormatError(f"{where}: metadata holds a msgpack extension type {code}; carraystore metadata never does")
 
         try:
-            return msgpack.unpackb(raw, raw=False, ext_hook=refuse_ext, strict_map_key=True)
+            rec = msgpack.unpackb(raw, raw=False, ext_hook=refuse_ext, strict_map_key=True, timestamp=0)
         except FormatError:
             raise
         except Exception as exc:
             raise FormatError(f"{where}: metadata is not valid msgpack ({exc}); the file may be damaged") from exc
+        _check_plain(rec, where)
+        if sealed and isinstance(rec, dict):
+            rec.pop(META_CRC_KEY, None)
+        return rec
 
     @classmethod
     def from_record(cls, rec: Any, where: str = "store") -> StoreMeta:
@@ -573,6 +796,8 @@ class StoreMeta:
             codec = Codec.from_config(rec["codec"])
             labels = np.frombuffer(rec["labels"], dtype="<i8") if rec.get("labels") is not None else None
             keys = StringTable.from_record(rec["keys"], nimages, "keys") if rec.get("keys") is not None else None
+            if keys is not None:
+                _check_key_bytes(keys._blob, keys._offsets, "keys")
             crc = np.frombuffer(rec["crc32"], dtype="<u4")
             class_names = tuple(rec["class_names"]) if rec.get("class_names") is not None else None
             meta = cls(
@@ -616,6 +841,13 @@ class StoreMeta:
                 raise FormatError(f"{where}: dtype {self.dtype!r} is not one of {DTYPES} (image layout)")
             if len(self.image_shape) != 3 or self.image_shape[2] not in COLOR_MODES or min(self.image_shape) < 1:
                 raise FormatError(f"{where}: image_shape {self.image_shape} must be (H, W, C) with C in 1, 3, 4")
+            if self.color_mode != COLOR_MODES[self.image_shape[2]]:
+                raise FormatError(
+                    f"{where}: color_mode {self.color_mode!r} does not match C = {self.image_shape[2]} "
+                    f"(FORMAT.md 4.1: {COLOR_MODES[self.image_shape[2]]!r})"
+                )
+        elif self.color_mode:
+            raise FormatError(f"{where}: color_mode {self.color_mode!r} in a store of layout 'array' (must be empty)")
         elif self.image_shape and min(self.image_shape) < 1:
             raise FormatError(f"{where}: item shape {self.image_shape} has an empty dimension")
         if dt.itemsize == 0:
@@ -636,13 +868,22 @@ class StoreMeta:
             raise FormatError(f"{where}: {len(self.labels)} labels for {self.nimages} images")
         if self.keys is not None and len(self.keys) != self.nimages:
             raise FormatError(f"{where}: {len(self.keys)} keys for {self.nimages} images")
-        if self.class_names is not None and self.labels is not None and len(self.labels):
+        if self.class_names is not None:
+            if not all(isinstance(c, str) for c in self.class_names):
+                raise FormatError(f"{where}: class_names must be strings, got {list(self.class_names)[:5]!r}")
+            if len(set(self.class_names)) != len(self.class_names):
+                raise FormatError(f"{where}: class_names repeat a name ({list(self.class_names)[:10]!r}); each class needs its own")
+        if self.labels is not None and len(self.labels):
             lo, hi = int(self.labels.min()), int(self.labels.max())
-            if lo < 0 or hi >= len(self.class_names):
-                raise FormatError(f"{where}: labels span {lo}..{hi} but there are {len(self.class_names)} class names")
+            limit = len(self.class_names) if self.class_names is not None else LABEL_LIMIT
+            if lo < 0 or hi >= limit:
+                names = f"there are {limit} class names" if self.class_names is not None else f"labels must lie in 0..{LABEL_LIMIT - 1}"
+                raise FormatError(f"{where}: labels span {lo}..{hi} but {names} (FORMAT.md 4.4)")
         for name, col in self.columns.items():
             if len(col) != self.nimages:
                 raise FormatError(f"{where}: column {name!r} has {len(col)} rows for {self.nimages} items")
+        _check_plain(self.attrs, where)  # before json.dumps, which recurses
+        _check_plain(self.provenance, where)
         try:
             json.dumps(self.attrs)  # attrs must stay JSON
             json.dumps(self.provenance)
@@ -685,13 +926,54 @@ def default_chunk_images(image_nbytes: int, block_images: int = 1, layout: str =
     return max(block_images, n - n % block_images)
 
 
-def chunk_crc_ok(data: bytes, want: int, chunk_nbytes: int) -> bool:
-    """Whether a chunk as read matches its recorded CRC32 (FORMAT.md, "Checksums").
+def zero_chunk(codec: Codec, blocksize: int, nbytes: int, dont_split: bool | None = None) -> bytes:
+    """The canonical 32-byte Blosc2 chunk of ``nbytes`` zero bytes for a resolved codec (FORMAT.md 5.2).
 
-    A chunk of one repeated value (e.g. all-black images) is a blosc2 "special" chunk: the
-    frame keeps no bytes for it and a reader gets a synthesised 32-byte header, so there is
-    nothing to checksum; such a chunk is accepted when its header is special and its size
-    is the chunk's.
+    This is the chunk ``blosc2_compress`` produces for an all-zero chunk (a header whose
+    byte 31 says "all zeros" and no data) and the chunk whose CRC-32 the metadata records
+    for a chunk the frame stores as special zeros. ``dont_split`` defaults to the split
+    mode's (``never``: set, otherwise clear).
+    """
+    if codec.typesize is None:
+        raise InvalidInputError("zero_chunk needs a resolved codec (call resolve() first)")
+    if dont_split is None:
+        dont_split = codec.splitmode == "never"
+    head = bytearray(32)
+    head[0] = 5  # Blosc2 chunk format version
+    head[1] = 1  # codec format version
+    head[2] = 0x05 | (0x08 if "delta" in codec.filters else 0) | (0x10 if dont_split else 0) | (_CODEC_FORMAT[codec.codec] << 5)
+    head[3] = codec.typesize
+    head[4:8] = int(nbytes).to_bytes(4, "little")
+    head[8:12] = int(blocksize).to_bytes(4, "little")
+    head[12:16] = (32).to_bytes(4, "little")
+    for slot, (f, m) in enumerate(zip(codec.filters, codec.filters_meta)):
+        head[16 + slot] = FILTERS[f]
+        head[24 + slot] = m
+    head[22] = CODECS[codec.codec]
+    head[31] = 0x10  # special value 1: all zeros
+    return bytes(head)
+
+
+def chunk_crc(data: bytes | memoryview, codec: Codec, blocksize: int) -> int:
+    """The CRC-32 a writer records for the compressed chunk ``data`` it produced (FORMAT.md 5.2).
+
+    The CRC of ``data`` itself; for an all-zero special chunk, that of the canonical
+    :func:`zero_chunk` (the frame keeps no bytes of it, so a reader rebuilds it).
+    """
+    if len(data) == 32:
+        header = parse_chunk_header(data)
+        if header.special and (bytes(data[31:32])[0] >> 4) & 0x07 == 1:
+            return crc32(zero_chunk(codec, blocksize, header.nbytes, header.dont_split))
+    return crc32(data)
+
+
+def chunk_crc_ok(data: bytes | memoryview, want: int, codec: Codec, blocksize: int, chunk_nbytes: int) -> bool:
+    """Whether chunk bytes as read match their recorded CRC-32 (FORMAT.md 5.2).
+
+    A chunk the frame stores as special zeros has no bytes: the reader gets a 32-byte
+    stand-in, and the record must hold the CRC of the canonical :func:`zero_chunk` of a
+    full chunk. Any other special value (NaNs, uninitialised) is never written by a store
+    and fails the check.
     """
     if crc32(data) == want:
         return True
@@ -701,7 +983,11 @@ def chunk_crc_ok(data: bytes, want: int, chunk_nbytes: int) -> bool:
         header = parse_chunk_header(data)
     except FormatError:
         return False
-    return header.special and header.nbytes == chunk_nbytes
+    if not header.special or (bytes(data[31:32])[0] >> 4) & 0x07 != 1 or header.nbytes != chunk_nbytes:
+        return False
+    # auto/forward_compat split modes leave the split bit to blosc2's choice: accept either
+    splits = (codec.splitmode == "never",) if codec.splitmode in ("never", "always") else (False, True)
+    return any(crc32(zero_chunk(codec, blocksize, chunk_nbytes, s)) == want for s in splits)
 
 
 def as_records(a: np.ndarray) -> np.ndarray:

@@ -20,7 +20,8 @@ import blosc2
 import msgpack
 import numpy as np
 
-from carraystore.errors import CorruptStoreError, NotAStoreError
+from carraystore.errors import CorruptStoreError, MetadataTooLargeError, NotAStoreError
+from carraystore.format import check_chunk_layout
 
 __all__ = ["ByteSource", "Frame", "read_frame", "HEAD_READ_BYTES", "special_chunk_header"]
 
@@ -103,17 +104,30 @@ class Frame:
             raise CorruptStoreError(f"{self.location}: the b2nd metalayer cannot be read ({exc}); the file is damaged") from exc
         return out  # type: ignore[return-value]
 
-    def vlmeta(self, name: str) -> bytes | None:
-        """The decompressed variable-length metadata ``name``, or None when absent."""
+    def vlmeta(self, name: str, max_nbytes: int | None = None) -> bytes | None:
+        """The decompressed variable-length metadata ``name``, or None when absent.
+
+        The chunk's sizes and block offsets are checked before libblosc2 sees it (a damaged
+        one could crash the process); ``max_nbytes`` refuses one that would decompress to
+        more (MetadataTooLargeError), before any memory is taken for it.
+        """
         content = self.vlmeta_raw.get(name)
         if content is None:
             return None
+        what = f"{self.location}: the {name!r} metadata"
+        header = check_chunk_layout(content, what, 2**31 - 1)
+        if max_nbytes is not None and header.nbytes > max_nbytes:
+            raise MetadataTooLargeError(
+                f"{what} would decompress to {header.nbytes} bytes, more than the {max_nbytes} a store of this size "
+                "may hold (FORMAT.md, Limits); the file is damaged or hostile"
+            )
         try:
-            if len(content) < 32 or blosc2.get_cbuffer_sizes(content)[1] != len(content):
-                raise ValueError("its blosc2 chunk header does not match its size")
-            return bytes(blosc2.decompress(content))
+            out = bytes(blosc2.decompress(content))
         except Exception as exc:
-            raise CorruptStoreError(f"{self.location}: the {name!r} metadata cannot be decompressed ({exc}); the file is damaged") from exc
+            raise CorruptStoreError(f"{what} cannot be decompressed ({exc}); the file is damaged") from exc
+        if len(out) != header.nbytes:
+            raise CorruptStoreError(f"{what} decompressed to {len(out)} bytes, its header says {header.nbytes}; the file is damaged")
+        return out
 
 
 def _damaged(location: str, what: str) -> CorruptStoreError:
@@ -169,6 +183,9 @@ def read_frame(source: ByteSource) -> Frame:
         raise _damaged(loc, f"the frame header cannot be parsed ({exc})") from exc
     if hcbytes != cbytes:
         raise _damaged(loc, "the frame header's two compressed sizes disagree")
+    if not (0 <= nbytes < 2**63 and 0 < typesize < 2**31 and 0 <= blocksize < 2**31 and 0 <= chunksize < 2**31):
+        raise _damaged(loc, f"frame header fields out of range (nbytes {nbytes}, typesize {typesize}, "
+                            f"blocksize {blocksize}, chunksize {chunksize})")
     # everything after the data chunks: the offsets index, then the trailer
     tail_start = header_len + cbytes
     tail = source.read(tail_start, size - tail_start)
@@ -223,6 +240,7 @@ def _parse_offsets(index_bytes: bytes, nbytes: int, chunksize: int, cbytes: int,
         osize = blosc2.get_cbuffer_sizes(index_bytes[:32])[1]
         if osize > len(index_bytes):
             raise ValueError(f"it claims {osize} bytes, {len(index_bytes)} are there")
+        check_chunk_layout(index_bytes[:osize], "the offsets index", 8 * nchunks + 8 * 1024)
         offsets = np.frombuffer(blosc2.decompress(index_bytes[:osize]), dtype="<i8").astype(np.int64)
     except Exception as exc:
         raise _damaged(loc, f"the chunk offsets index cannot be read ({exc})") from exc
@@ -250,3 +268,50 @@ def special_chunk_header(special: int, nbytes: int, blocksize: int, typesize: in
     head[12:16] = (32).to_bytes(4, "little")
     head[31] = (special & 0x7) << 4
     return bytes(head)
+
+
+# -- writing in place (appends) ------------------------------------------------------------
+#: Byte positions of the big-endian 64-bit header fields an append rewrites (each follows
+#: its msgpack type byte): the frame length, the uncompressed and the compressed sizes.
+FRAME_LEN_AT = 16
+NBYTES_AT = 30
+CBYTES_AT = 39
+
+
+def shape0_position(head: bytes, nitems: int, location: str) -> int:
+    """Where the first dimension of the ``b2nd`` metalayer's shape (big-endian int64) lies in
+    the header ``head``; checked to hold ``nitems``."""
+    try:
+        header = _unpack_first(head)
+        index = {k.decode() if isinstance(k, bytes) else str(k): int(v) for k, v in header[13][1].items()}
+        c = index["b2nd"]
+        # bin32 (0xc6, 4-byte length), then fixarray(7), version, ndim, fixarray(ndim), int64 (0xd3)
+        ndim = head[c + 7]
+        ok = head[c] == 0xC6 and head[c + 5] == 0x97 and head[c + 6] < 0x80 and head[c + 8] == 0x90 | ndim and head[c + 9] == 0xD3
+        pos = c + 10
+        if not ok or int.from_bytes(head[pos : pos + 8], "big", signed=True) != nitems:
+            raise ValueError("the b2nd metalayer is not laid out as this carraystore writes it")
+    except Exception as exc:
+        raise _damaged(location, f"cannot update the frame header in place ({exc})") from exc
+    return pos
+
+
+def raw_offsets(frame: Frame) -> np.ndarray:
+    """The offsets index entries as stored: data-relative offsets, special chunks flagged."""
+    special = frame.chunk_special.astype(np.uint64)
+    flagged = (np.uint64(_SPECIAL_BIT) | (special << np.uint64(56))).view(np.int64)
+    return np.where(frame.chunk_special > 0, flagged, frame.chunk_offsets - frame.header_len).astype("<i8")
+
+
+def encode_offsets(raw: np.ndarray) -> bytes:
+    """An offsets index chunk for ``raw`` (int64 little-endian entries), as blosc2 writes one."""
+    return bytes(
+        blosc2.compress2(
+            np.ascontiguousarray(raw, dtype="<i8"),
+            typesize=8,
+            codec=blosc2.Codec.BLOSCLZ,
+            clevel=5,
+            splitmode=blosc2.SplitMode.NEVER_SPLIT,
+            nthreads=1,
+        )
+    )

@@ -176,17 +176,18 @@ class StoreDataset(keras.utils.PyDataset):
     def on_epoch_end(self) -> None:
         """Keras calls this after each epoch: free the cache and move to the next epoch.
 
-        Only an epoch opened by ``on_epoch_begin`` moves on: Keras also calls
-        ``on_epoch_end`` once when ``fit``/``evaluate`` start, and that must not skip an
-        epoch. (The jax backend's first ``fit`` opens one epoch to build the model on a
+        Only an epoch opened by ``on_epoch_begin`` moves on (and frees its cache): Keras
+        also calls ``on_epoch_end`` once when ``fit``/``evaluate``/``predict`` start, and
+        that must neither skip an epoch nor throw away windows its workers decoded. (The jax backend's first ``fit`` opens one epoch to build the model on a
         batch; that uses up one epoch number.) Outside Keras, call ``set_epoch`` (or
         ``on_epoch_begin``/``on_epoch_end``).
         """
-        self.close()
         with self._lock:
-            if self._used:
-                self.epoch += 1
-                self._used = False
+            if not self._used:
+                return  # the same epoch goes on: batches already decoded stay valid
+            self.epoch += 1
+            self._used = False
+        self.close()
 
     def close(self) -> None:
         """Free the decoded windows and end the decoder threads (they restart on demand)."""

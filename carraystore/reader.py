@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from carraystore.forksafe import in_forked_child
 from carraystore.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    META_CRC_KEY,
     META_KEY,
     Codec,
     StoreMeta,
@@ -43,12 +45,14 @@ from carraystore.format import (
     check_codec_against_header,
     chunk_crc_ok,
     crc32,
+    metadata_limit,
     parse_chunk_header,
 )
 from carraystore.frame import Frame, read_frame, special_chunk_header
+from carraystore.journal import JournalSource, journal_path, load_journal, rollback_if_abandoned
 from carraystore.sources import ByteSource, LocalFileSource
 
-__all__ = ["Store", "ChunkProblem", "open_store", "open_source", "is_url"]
+__all__ = ["Store", "ChunkProblem", "open_store", "open_source", "is_url", "open_unguarded"]
 
 # Decompression in threads only runs in parallel when blosc2 releases the GIL.
 blosc2.set_releasegil(True)
@@ -337,7 +341,7 @@ class Store:
 
     def check_chunk_bytes(self, i: int, data: bytes) -> None:
         """Raise ChecksumError unless ``data`` (chunk ``i`` as read) matches its recorded CRC32."""
-        if not chunk_crc_ok(data, int(self.meta.crc32[i]), self.chunk_nbytes):
+        if not chunk_crc_ok(data, int(self.meta.crc32[i]), self.codec, self.meta.blocksize, self.chunk_nbytes):
             offset, length = self.chunk_byte_range(i)
             raise ChecksumError(
                 f"{self.location}: chunk {i} (bytes {offset}-{offset + length}) fails its CRC32 check; "
@@ -430,7 +434,7 @@ class Store:
                     problems.append(ChunkProblem(i, f"cannot be read: {exc.__cause__ or exc}"))
                     continue
                 want = int(self.meta.crc32[i])
-                if not chunk_crc_ok(data, want, self.chunk_nbytes):
+                if not chunk_crc_ok(data, want, self.codec, self.meta.blocksize, self.chunk_nbytes):
                     problems.append(ChunkProblem(i, f"CRC32 mismatch: recorded {want:08x}, file has {crc32(data):08x}"))
                     continue
                 try:
@@ -487,7 +491,10 @@ def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> N
             f"{', '.join(map(str, meta.image_shape))}); the file was damaged or written by another tool"
         )
     problems = []
-    dt_text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False, strict_map_key=False)[6]
+    try:
+        dt_text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False, strict_map_key=False)[6]
+    except Exception as exc:
+        raise CorruptStoreError(f"{location}: the b2nd metalayer's dtype cannot be read ({exc}); the file is damaged") from exc
     try:
         file_dtype = np.dtype(ast.literal_eval(dt_text)) if str(dt_text)[:1] in "{[" else np.dtype(dt_text)
     except Exception:
@@ -511,6 +518,13 @@ def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> N
         problems.append(f"clevel {frame.clevel} in the file header, {meta.codec.clevel} recorded")
     if frame.nchunks != meta.nchunks:
         raise CorruptStoreError(f"{location}: file holds {frame.nchunks} chunks, metadata says {meta.nchunks}; the file is damaged")
+    odd = np.flatnonzero((frame.chunk_special != 0) & (frame.chunk_special != 1))
+    if odd.size:  # only all-zero chunks are ever special in a complete store (FORMAT.md 5.2)
+        i = int(odd[0])
+        raise CorruptStoreError(
+            f"{location}: the offsets index marks chunk {i} as special value {int(frame.chunk_special[i])} "
+            "(NaNs, a repeated value or uninitialised), which a complete store never holds; the file is damaged"
+        )
     if problems:
         raise CodecMismatchError(f"{location}: " + "; ".join(problems))
 
@@ -537,10 +551,11 @@ def _read_meta(frame: Frame, location: str) -> StoreMeta:
             f"{location}: format version {fixed_version} is newer than this carraystore reads ({FORMAT_VERSION}); "
             "upgrade carraystore (pip install -U carraystore)"
         )
-    raw = frame.vlmeta(META_KEY)
+    shape, _, _ = frame.b2nd()
+    raw = frame.vlmeta(META_KEY, metadata_limit(shape[0] if shape else 0))
     if raw is None:
         raise FormatError(f"{location}: the {META_KEY!r} variable-length metadata is missing")
-    rec = StoreMeta.unpack_record(raw, location)
+    rec = StoreMeta.unpack_record(raw, location, require_crc=fixed_rec.get(META_CRC_KEY) is True)
     del raw  # the packed bytes go before the record is checked: lower peak memory on open
     meta = StoreMeta.from_record(rec, location)
     if meta.format_version != fixed_version:
@@ -565,6 +580,67 @@ def open_store(
     """
     open_kwargs = {k: v for k, v in (("cache_dir", cache_dir), ("cache_size", cache_size)) if v is not None}
     source = open_source(location, storage_options, **open_kwargs)  # type: ignore[arg-type]
+    if isinstance(source, LocalFileSource):
+        return _open_local(source, storage_options, open_kwargs)
+    return _open(source, storage_options, open_kwargs)
+
+
+def _file_state(real: Path) -> tuple[Any, ...]:
+    """What changes when a writer touches a store: the file's and its journal's identity, size, time."""
+    out: list[Any] = []
+    for p in (real, journal_path(real)):
+        try:
+            st = os.stat(p)
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _open_local(source: LocalFileSource, storage_options: Any, open_kwargs: dict[str, Any]) -> Store:
+    """Open a local store without ever seeing an append half-way (docs/appends.md).
+
+    A hot journal: roll it back when its writer is gone and we may write, else read the
+    store as it was before that append (JournalSource). No journal: read, and retry when
+    the file or its journal changed meanwhile (an append began or ended while we read).
+    """
+    path = source.path
+    source.close()  # opened again below, after the file's state is taken: its size must not be older
+    real = Path(os.path.realpath(path))  # the journal sits beside the real file
+    error: BaseException | None = None
+    for attempt in range(200):
+        if attempt:
+            time.sleep(min(0.05, 0.001 * attempt))
+        before = _file_state(real)
+        if before[1] is not None and rollback_if_abandoned(real):
+            continue
+        journal = load_journal(real)
+        if journal is not None:  # a writer at work, or we may not roll back: the store before it
+            return _open(JournalSource(path, journal), storage_options, open_kwargs)
+        source = LocalFileSource(path)
+        store: Store | None = None
+        try:
+            store = _open(source, storage_options, open_kwargs, close_on_error=False)
+        except CarrayStoreError as exc:
+            error = exc
+        if _file_state(real) == before:
+            if store is not None:
+                return store
+            source.close()
+            assert error is not None
+            raise error
+        source.close()  # an append began or ended while we read: read again
+    if error is None:
+        error = CorruptStoreError(f"{path}: the store kept changing while it was opened (200 tries); try again")
+    raise error
+
+
+def open_unguarded(path: str | os.PathLike[str]) -> Store:
+    """The local store file as it is now, journal or not: for the writer that holds its lock."""
+    return _open(LocalFileSource(path), None, {})
+
+
+def _open(source: ByteSource, storage_options: Any, open_kwargs: dict[str, Any], close_on_error: bool = True) -> Store:
     try:
         frame = read_frame(source)
         meta = _read_meta(frame, source.location)
@@ -577,5 +653,6 @@ def open_store(
             check_codec_against_header(meta.codec, meta.blocksize, parse_chunk_header(first), f"{source.location}, chunk 0")
         return store
     except BaseException:
-        source.close()
+        if close_on_error:
+            source.close()
         raise

@@ -2,23 +2,32 @@
 
 carraystore compresses every chunk itself with the pinned codec (``blosc2.compress2``)
 and puts it in place with ``update_chunk``, so the chunk headers carry exactly the
-recorded parameters, whatever blosc2's defaults are. Until ``close()`` a store lives in
-a temporary file beside its path (``.NAME.b2nd.partial-PID-RANDOM``); ``close()``
+recorded parameters, whatever blosc2's defaults are. Until ``close()`` a new store lives
+in a temporary file beside its path (``.NAME.b2nd.partial-PID-RANDOM``); ``close()``
 fsyncs it and renames it into place, so a store is never seen half-written.
 :func:`temp_path`, :func:`remove_stale_temps` and :func:`publish` are the same steps
 for other writers (migrations).
+
+Appending to a store that holds images writes in place (:class:`_InPlaceAppend`): new
+chunks after the old ones, then a new offsets index, trailer and header, guarded by a
+rollback journal (:mod:`carraystore.journal`). Every writer holds the store's writer
+lock (:mod:`carraystore.lock`) from ``create``/``append`` to ``close``/``abort``.
+docs/appends.md describes both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import json
 import math
 import os
 import re
 import secrets
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -26,29 +35,69 @@ import blosc2
 import numpy as np
 
 from carraystore._version import __version__
-from carraystore.errors import CorruptStoreError, InvalidInputError, StoreExistsError
+from carraystore.errors import (
+    CarrayStoreError,
+    CorruptStoreError,
+    InvalidInputError,
+    NoSpaceError,
+    StoreExistsError,
+    WriteError,
+)
 from carraystore.format import (
     COLOR_MODES,
     DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
+    LABEL_LIMIT,
     LAYOUTS,
+    META_CRC_KEY,
     META_KEY,
     Codec,
     StoreMeta,
     StringTable,
     as_records,
     check_codec_against_header,
+    chunk_crc,
     chunk_crc_ok,
     crc32,
     default_chunk_images,
     dtype_to_record,
+    metadata_limit,
     parse_chunk_header,
     validate_key,
 )
-from carraystore.reader import open_store
+from carraystore.frame import (
+    CBYTES_AT,
+    FRAME_LEN_AT,
+    NBYTES_AT,
+    Frame,
+    encode_offsets,
+    raw_offsets,
+    read_frame,
+    shape0_position,
+    special_chunk_header,
+)
+from carraystore.journal import Journal, remove_journal, rollback, write_journal
+from carraystore.lock import WriterLock
+from carraystore.reader import open_store, open_unguarded
+from carraystore.sources import LocalFileSource
 
-__all__ = ["StoreWriter", "create", "append", "compress_chunk", "temp_path", "remove_stale_temps", "publish", "fsync_path"]
+__all__ = [
+    "StoreWriter",
+    "create",
+    "append",
+    "compress_chunk",
+    "temp_path",
+    "remove_stale_temps",
+    "publish",
+    "fsync_path",
+    "write_error",
+    "named_write_errors",
+    "check_class_names",
+    "update_metadata",
+    "recover_metadata_update",
+    "metadata_journal_path",
+]
 
 # ``.NAME.partial-PID-RANDOM`` (stores) and ``.NAME.migrating-PID-RANDOM.b2nd`` (migrations)
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?:partial|migrating)-(?P<pid>\d+)-[0-9a-f]+(?:\.b2nd)?$")
@@ -61,19 +110,18 @@ def temp_path(path: Path, kind: str = "partial") -> Path:
 
 
 def remove_stale_temps(path: Path) -> None:
-    """Remove temporary files that writers killed mid-write left next to ``path``."""
+    """Remove temporary files that writers killed mid-write left next to ``path``.
+
+    Call it holding ``path``'s writer lock (:class:`~carraystore.lock.WriterLock`): every
+    writer of ``path`` holds that lock while its temporary file lives, so while we hold
+    it every such file is dead, whatever host or process made it.
+    """
     with contextlib.suppress(OSError):
         for p in path.parent.iterdir():
             m = _TEMP.match(p.name)
-            if not m or m.group("name") != path.name:
-                continue
-            try:
-                os.kill(int(m.group("pid")), 0)
-            except ProcessLookupError:
+            if m and m.group("name") == path.name:
                 with contextlib.suppress(OSError):
                     p.unlink()
-            except PermissionError:
-                pass
 
 
 def fsync_path(path: Path, directory: bool = False) -> None:
@@ -98,6 +146,58 @@ def publish(tmp: Path, path: Path) -> None:
     fsync_path(path.parent, directory=True)
 
 
+#: A write that fails while its folder has less free space than this (plus what it wrote) failed for lack of space.
+_SPACE_MARGIN = 1 << 20
+
+
+def write_error(exc: BaseException, target: Path, what: str, need: int = 0) -> WriteError:
+    """The named error for a failed write of ``what`` into ``target``.
+
+    blosc2 reports a failed write as a bare ``RuntimeError`` (no errno), so "no space left"
+    is also recognised from the folder's free space: less than ``need`` bytes plus 1 MiB.
+    """
+    folder = target.parent
+    free: int | None = None
+    with contextlib.suppress(OSError):
+        st = os.statvfs(folder)
+        free = st.f_bavail * st.f_frsize
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) or (code is None and free is not None and free < need + _SPACE_MARGIN):
+        left = f" ({free} bytes free)" if free is not None else ""
+        error: WriteError = NoSpaceError(
+            f"no space left on {folder}{left} while writing {what} to {target}; "
+            "free some space or write elsewhere (the unfinished file is removed)"
+        )
+    else:
+        error = WriteError(f"could not write {what} to {target} ({exc}); check the folder's permissions, quota and file size limit")
+    error.errno = code or (errno.ENOSPC if isinstance(error, NoSpaceError) else errno.EIO)
+    return error
+
+
+@contextlib.contextmanager
+def named_write_errors(target: Path, what: str, need: int = 0) -> Iterator[None]:
+    """Turn a failed write inside the block (``OSError``, blosc2's ``RuntimeError``) into :func:`write_error`."""
+    try:
+        yield
+    except CarrayStoreError:
+        raise
+    except (RuntimeError, OSError) as exc:
+        raise write_error(exc, target, what, need) from exc
+
+
+def check_class_names(names: Sequence[str] | None, where: str) -> tuple[str, ...] | None:
+    """``names`` as a tuple of strings; refuses a name listed twice (two labels would mean one class)."""
+    if names is None:
+        return None
+    out = tuple(str(c) for c in names)
+    seen: set[str] = set()
+    for c in out:
+        if c in seen:
+            raise InvalidInputError(f"{where}: class name {c!r} is listed twice in {list(out)}; class names must be unique")
+        seen.add(c)
+    return out
+
+
 def _frame_cparams(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
     """Frame-level cparams: what plain blosc2 would use if someone wrote into the array."""
     cp: dict[str, Any] = {
@@ -116,7 +216,132 @@ def _frame_cparams(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
 
 
 def _write_meta(array: Any, meta: StoreMeta) -> None:
-    array.schunk.vlmeta[META_KEY] = meta.to_record()
+    """Store the sealed metadata record (FORMAT.md 4.3) as the vlmeta entry ``carraystore``."""
+    raw = meta.to_bytes()
+    limit = metadata_limit(meta.nimages)
+    if len(raw) > limit:
+        raise InvalidInputError(
+            f"the metadata of {meta.nimages} items takes {len(raw)} bytes, more than the {limit} a store may hold "
+            "(FORMAT.md, Limits): keep large per-item data in the images or a separate file, not in attrs or columns"
+        )
+    array.schunk.vlmeta.set_vlmeta(META_KEY, raw, typesize=1)
+
+
+#: Special chunks (zeros, NaNs, uninitialised) that a frame keeps as an offsets-index flag.
+_STORED_AS_FLAG = (1, 2, 4)
+
+
+class _InPlaceAppend:
+    """Appends chunks to an existing store file in place, guarded by a rollback journal.
+
+    Data chunks are only ever written after the existing ones (a rewritten partial last
+    chunk too: its old bytes stay where they are, unreferenced), so a reader that opened
+    the store before keeps reading the old chunks. The journal saves the header and the
+    old offsets index and trailer (everything up to the old length this append overwrites)
+    before the first write; :meth:`commit` writes the new offsets index, the trailer (through
+    blosc2's vlmeta) and the header's sizes, fsyncs, checks the result and removes the journal.
+    """
+
+    def __init__(self, path: Path, frame: Frame, nitems: int) -> None:
+        self.path = path
+        try:
+            self._fd: int | None = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except PermissionError as exc:
+            raise InvalidInputError(f"{path}: cannot append, the store is not writable ({exc})") from exc
+        self._old_len = frame.frame_len
+        self._h = frame.header_len
+        self._head = bytearray(os.pread(self._fd, self._h, 0))
+        self._shape0_at = shape0_position(bytes(self._head), nitems, str(path))
+        tail_at = self._h + frame.cbytes
+        tail = os.pread(self._fd, self._old_len - tail_at, tail_at)
+        trailer_len = int.from_bytes(tail[-22:-18], "big")
+        self._journal = Journal(self._old_len, ((0, bytes(self._head)), (tail_at, tail)))
+        self._trailer = tail[len(tail) - trailer_len :]
+        self._offsets = list(raw_offsets(frame))
+        self._chunk_nbytes = frame.chunksize
+        self._end = tail_at  # where the next data chunk goes
+        self._journaled = False
+        self._frame = frame
+
+    def read_chunk(self, i: int) -> bytes:
+        f = self._frame
+        offset, length = int(f.chunk_offsets[i]), int(f.chunk_lengths[i])
+        if offset < 0:
+            return special_chunk_header(int(f.chunk_special[i]), f.chunksize, f.blocksize, f.typesize)
+        assert self._fd is not None
+        data = os.pread(self._fd, length, offset)
+        return data[: int.from_bytes(data[12:16], "little")] if len(data) >= 16 else data
+
+    def _begin(self) -> None:
+        if not self._journaled:
+            write_journal(self.path, self._journal)  # durable before the store's first change
+            self._journaled = True
+
+    def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self._fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def put_chunk(self, i: int, data: bytes) -> None:
+        """Write chunk ``i`` (new, or the partial last one again) after all data so far."""
+        self._begin()
+        special = (data[31] >> 4) & 0x7 if len(data) >= 32 else 0
+        if special in _STORED_AS_FLAG:  # as blosc2 does: a flag in the offsets index, no bytes
+            entry = int(np.array([(1 << 63) | (special << 56)], dtype=np.uint64).view(np.int64)[0])
+        else:
+            self._pwrite(data, self._end)
+            entry = self._end - self._h
+            self._end += len(data)
+        if i < len(self._offsets):
+            self._offsets[i] = entry
+        elif i == len(self._offsets):
+            self._offsets.append(entry)
+        else:
+            raise InvalidInputError(f"{self.path}: chunk {i} written before chunk {len(self._offsets)}")
+
+    def commit(self, meta: StoreMeta) -> None:
+        """Write the offsets index, trailer and header; fsync; check; remove the journal."""
+        self._begin()
+        index = encode_offsets(np.asarray(self._offsets, dtype="<i8"))
+        self._pwrite(index, self._end)
+        new_len = self._end + len(index) + len(self._trailer)
+        self._pwrite(self._trailer, self._end + len(index))  # the old trailer, replaced below
+        head = self._head
+        head[FRAME_LEN_AT : FRAME_LEN_AT + 8] = new_len.to_bytes(8, "big")
+        head[NBYTES_AT : NBYTES_AT + 8] = (len(self._offsets) * self._chunk_nbytes).to_bytes(8, "big", signed=True)
+        head[CBYTES_AT : CBYTES_AT + 8] = (self._end - self._h).to_bytes(8, "big", signed=True)
+        head[self._shape0_at : self._shape0_at + 8] = meta.nimages.to_bytes(8, "big", signed=True)
+        self._pwrite(bytes(head), 0)
+        assert self._fd is not None
+        os.ftruncate(self._fd, new_len)
+        array = blosc2.open(str(self.path), mode="a")  # never pass cparams here
+        _write_meta(array, meta)  # blosc2 rewrites the trailer (and the header's frame length)
+        del array
+        frame_len = int.from_bytes(os.pread(self._fd, 8, FRAME_LEN_AT), "big")
+        if os.fstat(self._fd).st_size > frame_len:  # a shorter trailer than the one copied
+            os.ftruncate(self._fd, frame_len)
+        os.fsync(self._fd)
+        check = open_unguarded(self.path)  # the journal goes only once the new store reads back whole
+        try:
+            if check.meta.nimages != meta.nimages or check.nchunks != len(self._offsets):
+                raise CorruptStoreError(f"{self.path}: the appended store reads back wrong; the append was undone")
+        finally:
+            check.close()
+        remove_journal(self.path)
+        self.close()
+
+    def abort(self) -> None:
+        """Undo everything written (the store is again exactly as it was)."""
+        self.close()
+        if self._journaled:
+            rollback(self.path)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class StoreWriter:
@@ -127,10 +352,22 @@ class StoreWriter:
     the temporary file is removed and ``path`` is untouched.
     """
 
-    def __init__(self, path: Path, tmp: Path, array: Any, meta: StoreMeta, nthreads: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        tmp: Path,
+        array: Any,
+        meta: StoreMeta,
+        nthreads: int,
+        *,
+        lock: WriterLock | None = None,
+        inplace: _InPlaceAppend | None = None,
+    ) -> None:
         self.path = path
         self._tmp = tmp
         self._array = array
+        self._lock = lock
+        self._inplace = inplace
         self._meta = meta
         self._nthreads = nthreads
         self._closed = False
@@ -151,8 +388,9 @@ class StoreWriter:
         self._fill = meta.nimages - self._chunk_start
         self._stored = meta.nimages  # images the array already holds
         if self._fill:
-            data = array.schunk.get_chunk(self._chunk_start // k)
-            if not chunk_crc_ok(data, self._crc[self._chunk_start // k], k * meta.image_nbytes):
+            ic = self._chunk_start // k
+            data = inplace.read_chunk(ic) if inplace is not None else array.schunk.get_chunk(ic)
+            if not chunk_crc_ok(data, self._crc[ic], meta.codec, meta.blocksize, k * meta.image_nbytes):
                 raise CorruptStoreError(f"{path}: last chunk fails its CRC32 check; not appending to a damaged store")
             blosc2.decompress2(data, dst=self._buf)
             self._buf[self._fill :].view(np.uint8)[...] = 0
@@ -250,7 +488,7 @@ class StoreWriter:
         if not 0 < int(nitems) <= k:
             raise InvalidInputError(f"{where}: a compressed chunk holds 1..{k} items, not {nitems}")
         data = bytes(data)
-        if not chunk_crc_ok(data, int(crc), k * meta.image_nbytes):
+        if not chunk_crc_ok(data, int(crc), meta.codec, meta.blocksize, k * meta.image_nbytes):
             raise CorruptStoreError(f"{where}: the compressed chunk does not match its CRC32 {int(crc):08x}; it was damaged in transit")
         header = parse_chunk_header(data)
         check_codec_against_header(meta.codec, meta.blocksize, header, where)
@@ -274,8 +512,10 @@ class StoreWriter:
         if n < k:
             self._fill = n
             return
-        self._store_chunk(self._chunk_start // k, data, self._chunk_start + k)
-        self._crc.append(int(crc))
+        ic = self._chunk_start // k
+        with named_write_errors(self._tmp if self._inplace is None else self.path, f"chunk {ic}", len(data)):
+            self._store_chunk(ic, data, self._chunk_start + k)
+        self._crc.append(chunk_crc(data, meta.codec, meta.blocksize))
         self._chunk_start += k
 
     def close(self) -> None:
@@ -283,7 +523,7 @@ class StoreWriter:
         if self._closed:
             return
         try:
-            if self._fill:
+            if self._fill and self.nimages != self._stored:  # an append of nothing rewrites no chunk
                 self._flush_chunk()
             labels = np.concatenate(self._labels).astype("<i8") if self._labels else None
             if labels is None and self._has_labels:
@@ -301,21 +541,39 @@ class StoreWriter:
                 blosc2_version=blosc2.__version__,
             )
             meta.validate(str(self.path))
-            _write_meta(self._array, meta)
+            with named_write_errors(self._tmp if self._inplace is None else self.path, "the metadata"):
+                if self._inplace is not None:
+                    self._inplace.commit(meta)
+                    self._inplace = None
+                else:
+                    _write_meta(self._array, meta)
+                    self._array = None
+                    publish(self._tmp, self.path)
             self._meta = meta
-            self._array = None
-            publish(self._tmp, self.path)
         except BaseException:
             self.abort()
             raise
         self._closed = True
+        self._release()
 
     def abort(self) -> None:
         """Throw away everything written; ``path`` is left as it was."""
         self._closed = True
         self._array = None
-        with contextlib.suppress(FileNotFoundError):
-            self._tmp.unlink()
+        try:
+            if self._inplace is not None:
+                inplace, self._inplace = self._inplace, None
+                inplace.abort()
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    self._tmp.unlink()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -358,8 +616,11 @@ class StoreWriter:
             raise InvalidInputError(
                 f"{self.path}: labels span {lab.min()}..{lab.max()} but there are {len(names)} class names"
             )
-        if n and lab.min() < 0:
-            raise InvalidInputError(f"{self.path}: labels must be >= 0, got {lab.min()}")
+        if n and (lab.min() < 0 or lab.max() >= LABEL_LIMIT):
+            raise InvalidInputError(
+                f"{self.path}: labels must lie in 0..{LABEL_LIMIT - 1}, got {lab.min()}..{lab.max()} "
+                "(a store has no 'missing' label: leave unlabelled items out, or give them a class of their own)"
+            )
         return lab
 
     def _check_columns(self, columns: dict[str, np.ndarray] | None, n: int) -> dict[str, np.ndarray]:
@@ -403,18 +664,9 @@ class StoreWriter:
         if self._fill < k:
             self._buf[self._fill :].view(np.uint8)[...] = 0  # deterministic padding
         data = blosc2.compress2(self._buf, **self._cparams)
-        total = self._chunk_start + self._fill
-        if self._stored == 0:
-            # blosc2 < 4.1 cannot grow an array from length 0 (3.x miscounts its chunks,
-            # 4.0 crashes), so the first chunk re-creates the still empty file at length total.
-            self._array = None
-            self._array = _new_array(self._tmp, self._meta, total)
-            self._stored = total
-        elif total != self._stored:
-            self._array.resize((total, *self._meta.image_shape))
-            self._stored = total
-        self._array.schunk.update_chunk(ic, data)
-        c = crc32(data)
+        with named_write_errors(self._tmp if self._inplace is None else self.path, f"chunk {ic}", len(data)):
+            self._store_chunk(ic, data, self._chunk_start + self._fill)
+        c = chunk_crc(data, self._meta.codec, self._meta.blocksize)
         if ic < len(self._crc):
             self._crc[ic] = c
         else:
@@ -426,19 +678,23 @@ class StoreWriter:
     def _store_chunk(self, ic: int, data: bytes, total: int) -> None:
         """Put the compressed chunk ``ic`` into the file, the array then holding ``total`` items.
 
-        (The steps of ``_flush_chunk``, for ``append_compressed_chunk``; the appends branch
-        has a method of this name that ``_flush_chunk`` also uses: keep that one.)
+        The one place chunks reach the file: in place after the old data for an append,
+        through blosc2 into the temporary file otherwise.
         """
-        if self._stored == 0:
-            # blosc2 < 4.1 cannot grow an array from length 0 (3.x miscounts its chunks,
-            # 4.0 crashes), so the first chunk re-creates the still empty file at length total.
-            self._array = None
-            self._array = _new_array(self._tmp, self._meta, total)
+        if self._inplace is not None:
+            self._inplace.put_chunk(ic, data)
             self._stored = total
-        elif total != self._stored:
-            self._array.resize((total, *self._meta.image_shape))
-            self._stored = total
-        self._array.schunk.update_chunk(ic, data)
+        else:
+            if self._stored == 0:
+                # blosc2 < 4.1 cannot grow an array from length 0 (3.x miscounts its chunks,
+                # 4.0 crashes), so the first chunk re-creates the still empty file at length total.
+                self._array = None
+                self._array = _new_array(self._tmp, self._meta, total)
+                self._stored = total
+            elif total != self._stored:
+                self._array.resize((total, *self._meta.image_shape))
+                self._stored = total
+            self._array.schunk.update_chunk(ic, data)
 
 
 def create(
@@ -455,6 +711,7 @@ def create(
     provenance: dict[str, Any] | None = None,
     nthreads: int | None = None,
     layout: str | None = None,
+    lock_timeout: float | None = 0.0,
 ) -> StoreWriter:
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
@@ -470,17 +727,47 @@ def create(
         raise InvalidInputError(f"{p}: a store's file name must end in .b2nd")
     if nthreads is None:
         nthreads = max(1, min(8, os.cpu_count() or 1))
-    remove_stale_temps(p)
-    if mode == "a":
-        return _open_for_append(p, image_shape, dtype, nthreads, codec)
-    if mode != "w":
+    if mode not in ("w", "a"):
         raise InvalidInputError(f"mode must be 'w' or 'a', got {mode!r}")
-    if p.exists() and not overwrite:
-        raise StoreExistsError(f"{p} already exists; pass overwrite=True (CLI: --overwrite) to replace it, or mode='a' to append")
     if not p.parent.is_dir():
         raise InvalidInputError(f"{p}: folder {p.parent} does not exist")
+    # One writer at a time: held until the writer's close() or abort(). The lock and the
+    # journal sit beside the real file, so two paths (links) to one store share them.
+    real = Path(os.path.realpath(p))
+    lock = WriterLock(real, purpose="append" if mode == "a" else "create", timeout=lock_timeout)
+    lock.acquire()
+    try:
+        rollback(real)  # an append that died half-way is undone first (nothing happens without a journal)
+        remove_stale_temps(p)  # dead: we hold the lock every writer of p holds
+        if mode == "a":
+            return _open_for_append(real, image_shape, dtype, nthreads, codec, lock)
+        return _create_new(p, image_shape, dtype, codec, chunk_images, class_names, attrs, overwrite, provenance, nthreads, layout, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _create_new(
+    p: Path,
+    image_shape: Sequence[int] | None,
+    dtype: Any,
+    codec: Codec | str | None,
+    chunk_images: int | None,
+    class_names: Sequence[str] | None,
+    attrs: dict[str, Any] | None,
+    overwrite: bool,
+    provenance: dict[str, Any] | None,
+    nthreads: int,
+    layout: str | None,
+    lock: WriterLock,
+) -> StoreWriter:
+    if p.exists() and not overwrite:
+        raise StoreExistsError(f"{p} already exists; pass overwrite=True (CLI: --overwrite) to replace it, or mode='a' to append")
     if image_shape is None:
         raise InvalidInputError("create(): image_shape (H, W, C) is required for a new store")
+    if chunk_images is not None and (isinstance(chunk_images, bool) or int(chunk_images) != chunk_images or chunk_images < 1):
+        raise InvalidInputError(f"{p}: chunk_images must be a positive integer (images per chunk), got {chunk_images!r}")
+    class_names = check_class_names(class_names, str(p))
     shape = tuple(int(x) for x in image_shape)
     dt = np.dtype(dtype)
     dtype_to_record(dt)  # refuses object dtypes with a clear message
@@ -544,12 +831,13 @@ def create(
     meta.validate(str(p))
     tmp = temp_path(p)
     try:
-        array = _new_array(tmp, meta, 0)
+        with named_write_errors(tmp, "a new store"):
+            array = _new_array(tmp, meta, 0)
     except Exception:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    return StoreWriter(p, tmp, array, meta, nthreads)
+    return StoreWriter(p, tmp, array, meta, nthreads, lock=lock)
 
 
 def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
@@ -562,7 +850,7 @@ def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
         blocks=(meta.codec.block_images, *shape),
         urlpath=str(tmp),
         mode="w",
-        meta={META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}},
+        meta={META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, META_CRC_KEY: True}},
         cparams=_frame_cparams(meta.codec, meta.np_dtype),
     )
     _write_meta(array, meta)
@@ -570,10 +858,11 @@ def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
 
 
 def _open_for_append(
-    p: Path, image_shape: Sequence[int] | None, dtype: Any, nthreads: int, codec: Codec | str | None = None
+    p: Path, image_shape: Sequence[int] | None, dtype: Any, nthreads: int, codec: Codec | str | None, lock: WriterLock
 ) -> StoreWriter:
     existing = open_store(p)  # validates format, codec and header
     meta = existing.meta
+    frame = existing._frame
     existing.close()
     if codec is not None:
         asked = Codec.preset(codec) if isinstance(codec, str) else codec
@@ -595,28 +884,213 @@ def _open_for_append(
             raise InvalidInputError(f"{p}: appending images of shape {shape} to a store of image_shape {meta.image_shape}")
         if dtype is not None and np.dtype(dtype) != meta.np_dtype:
             raise InvalidInputError(f"{p}: appending {np.dtype(dtype)} images to a store of {meta.dtype}")
+    if meta.nimages:
+        # In place: new chunks after the old ones, guarded by the rollback journal.
+        inplace = _InPlaceAppend(p, frame, meta.nimages)
+        try:
+            return StoreWriter(p, p, None, meta, nthreads, lock=lock, inplace=inplace)
+        except BaseException:
+            inplace.close()
+            raise
+    # An empty store (a header and metadata, no chunk) is rewritten whole: work on a copy.
     tmp = temp_path(p)
     try:
-        # Work on a copy so that a crash mid-append never touches the images already stored.
         shutil.copyfile(p, tmp)
         array = blosc2.open(str(tmp), mode="a")  # never pass cparams here
-        return StoreWriter(p, tmp, array, meta, nthreads)
+        return StoreWriter(p, tmp, array, meta, nthreads, lock=lock)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
 
 
-def append(path: str | os.PathLike[str], nthreads: int | None = None) -> StoreWriter:
-    """Open an existing store to append images; same as ``create(path, mode="a")``."""
-    return create(path, mode="a", dtype=None, nthreads=nthreads)  # type: ignore[arg-type]
+def append(path: str | os.PathLike[str], nthreads: int | None = None, lock_timeout: float | None = 0.0) -> StoreWriter:
+    """Open an existing store to append images; same as ``create(path, mode="a")``.
+
+    Appending costs what it adds (the store is extended in place; docs/appends.md).
+    ``lock_timeout``: seconds to wait while another writer holds the store (None: for
+    ever); after that :class:`~carraystore.errors.StoreLockedError` names the holder.
+    """
+    return create(path, mode="a", dtype=None, nthreads=nthreads, lock_timeout=lock_timeout)  # type: ignore[arg-type]
+
+
+
+# -- metadata updates in place ---------------------------------------------------------------
+
+_JOURNAL_MAGIC = b"carraystore-metadata-journal 1\n"
+
+
+def metadata_journal_path(path: str | os.PathLike[str]) -> Path:
+    """Where :func:`update_metadata` keeps the bytes it may overwrite until the update is done."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.meta-journal")
+
+
+def recover_metadata_update(path: str | os.PathLike[str]) -> bool:
+    """Roll back a metadata update that was interrupted (a journal beside ``path``); True if one was.
+
+    The journal holds the frame header, everything after the data chunks (offsets index and
+    trailer) and the file size from before the update; writing them back and truncating
+    restores the store exactly as it was. The data chunks are never part of it: an update
+    does not touch them.
+    """
+    p = Path(path)
+    journal = metadata_journal_path(p)
+    if not journal.exists():
+        return False
+    blob = journal.read_bytes()
+    if not blob.startswith(_JOURNAL_MAGIC):
+        raise CorruptStoreError(f"{journal}: not a carraystore metadata journal; move it away and check {p}")
+    head_end = blob.index(b"\n", len(_JOURNAL_MAGIC))
+    info = json.loads(blob[len(_JOURNAL_MAGIC) : head_end])
+    payload = blob[head_end + 1 :]
+    if len(payload) != info["header_len"] + info["tail_len"] or crc32(payload) != info["crc32"]:
+        raise CorruptStoreError(f"{journal}: the journal is damaged; {p} may need to be restored from a copy")
+    with open(p, "r+b") as f:
+        f.seek(0)
+        f.write(payload[: info["header_len"]])
+        f.seek(info["tail_offset"])
+        f.write(payload[info["header_len"] :])
+        f.truncate(info["size"])
+        f.flush()
+        os.fsync(f.fileno())
+    journal.unlink()
+    fsync_path(p.parent, directory=True)
+    return True
+
+
+def update_metadata(
+    path: str | os.PathLike[str],
+    class_names: Sequence[str] | None = None,
+    attrs: dict[str, Any] | None = None,
+    remove_attrs: Sequence[str] = (),
+) -> StoreMeta:
+    """Set a store's class names and/or attrs in place; the pixels are neither read nor rewritten.
+
+    ``attrs`` are merged into the existing ones (``remove_attrs`` deletes keys). Blosc2 keeps
+    the metadata in the frame's trailer, after the data chunks; an update rewrites the
+    header's size fields, the offsets index and the trailer, never a data chunk. Crash
+    safety: those regions and the old file size are first written to a journal beside the
+    store (fsynced); a crash mid-update leaves the journal, and the next update (or
+    ``carraystore meta STORE``) rolls the store back from it. Returns the new metadata.
+    """
+    p = Path(path)
+    with _exclusive(p):
+        recover_metadata_update(p)
+        _remove_dead_journal_temps(p)
+        store = open_store(p)
+        meta = store.meta
+        store.close()
+        new = _updated_meta(p, meta, class_names, attrs, remove_attrs)
+        _rewrite_metadata(p, new)
+    return new
+
+
+def _remove_dead_journal_temps(p: Path) -> None:
+    """Remove half-written journals (``.NAME.meta-journal.PID``) of processes that are gone."""
+    prefix = metadata_journal_path(p).name + "."
+    for q in p.parent.glob(glob_escape(prefix) + "*"):
+        pid = q.name[len(prefix) :]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                q.unlink()
+        except PermissionError:
+            pass
+
+
+@contextlib.contextmanager
+def _exclusive(p: Path) -> Any:
+    """An exclusive advisory lock (flock) on the store file while its metadata changes."""
+    import fcntl
+
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such store")
+    with open(p, "rb") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            raise InvalidInputError(f"{p}: another process is changing this store's metadata; try again when it is done") from exc
+        yield
+
+
+def _updated_meta(
+    p: Path, meta: StoreMeta, class_names: Sequence[str] | None, attrs: dict[str, Any] | None, remove_attrs: Sequence[str]
+) -> StoreMeta:
+    new_attrs = dict(meta.attrs)
+    if attrs:
+        try:
+            json.dumps(attrs)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{p}: attrs must be JSON values ({exc})") from exc
+        new_attrs.update(attrs)
+    for key in remove_attrs:
+        if key not in new_attrs:
+            raise InvalidInputError(f"{p}: no attr {key!r} to remove; the attrs are {sorted(new_attrs)}")
+        del new_attrs[key]
+    names = meta.class_names
+    if class_names is not None:
+        names = tuple(str(c) for c in class_names)
+        if len(set(names)) != len(names) or not all(names):
+            raise InvalidInputError(f"{p}: class names must be distinct and non-empty, got {list(names)}")
+        if meta.labels is None:
+            raise InvalidInputError(f"{p}: the store has no labels; class names name label values, so there is nothing to name")
+        top = int(meta.labels.max()) if len(meta.labels) else -1
+        if top >= len(names):
+            raise InvalidInputError(
+                f"{p}: labels go up to {top}, so {top + 1} class names are needed; {len(names)} given ({', '.join(names)})"
+            )
+    new = dataclasses.replace(meta, class_names=names, attrs=new_attrs)
+    new.validate(str(p))
+    return new
+
+
+def _rewrite_metadata(p: Path, new: StoreMeta) -> None:
+    """Journal the header and the tail, let blosc2 rewrite the trailer in place, check, drop the journal."""
+    source = LocalFileSource(p)
+    try:
+        frame = read_frame(source)
+        size = source.size()
+        tail_offset = frame.header_len + frame.cbytes
+        header = source.read(0, frame.header_len)
+        tail = source.read(tail_offset, size - tail_offset)
+    finally:
+        source.close()
+    payload = header + tail
+    info = {"size": size, "header_len": len(header), "tail_offset": tail_offset, "tail_len": len(tail), "crc32": crc32(payload)}
+    journal = metadata_journal_path(p)
+    tmp = journal.with_name(journal.name + f".{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(_JOURNAL_MAGIC + json.dumps(info).encode() + b"\n" + payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, journal)
+    fsync_path(p.parent, directory=True)
+    try:
+        array = blosc2.open(str(p), mode="a")  # never pass cparams here
+        _write_meta(array, new)
+        del array
+        fsync_path(p)
+        check = open_store(p)
+        ok = check.meta.class_names == new.class_names and check.meta.attrs == new.attrs
+        check.close()
+        if not ok:
+            raise CorruptStoreError(f"{p}: the metadata did not read back as written")
+    except BaseException:
+        recover_metadata_update(p)
+        raise
+    journal.unlink()
+    fsync_path(p.parent, directory=True)
 
 
 # -- chunks compressed elsewhere (carraystore.dask: workers compress, one writer places) --------
 
 
 def compress_chunk(meta: StoreMeta, items: np.ndarray) -> tuple[bytes, int]:
-    """Compress up to ``meta.chunk_images`` items as one store chunk: (bytes, CRC32).
+    """Compress up to ``meta.chunk_images`` items as one store chunk: (bytes, its recorded CRC-32).
 
     The bytes are exactly what :class:`StoreWriter` writes for the same items (zero padding
     after the last item, the pinned codec); any process can run this and hand the result
@@ -634,4 +1108,4 @@ def compress_chunk(meta: StoreMeta, items: np.ndarray) -> tuple[bytes, int]:
         buf = np.zeros((k, *meta.image_shape), dtype=meta.np_dtype)
         as_records(buf[: len(items)])[...] = as_records(items)
     data = blosc2.compress2(buf, **meta.codec.cparams(meta.blocksize, 1))
-    return data, crc32(data)
+    return data, chunk_crc(data, meta.codec, meta.blocksize)

@@ -19,11 +19,14 @@ import numpy as np
 from carraystore.errors import MigrationError
 from carraystore.format import COLOR_MODES, DTYPES, Codec
 
-__all__ = ["Block", "Source", "MIGRATION_BLOCK_BYTES", "disk_size", "labels_from_array", "store_layout"]
+__all__ = ["Block", "Source", "MIGRATION_BLOCK_BYTES", "CLASS_NAME_DATASETS", "disk_size", "labels_from_array", "store_layout"]
 
 #: Rows per block read from a source aim at about this many uncompressed bytes (a few
 #: store chunks at most; not the store's chunk size, see format.TARGET_CHUNK_BYTES).
 MIGRATION_BLOCK_BYTES = 8 * 1024 * 1024
+
+#: Names (an HDF5 dataset's last path part, an npz member; lower case) read as class names.
+CLASS_NAME_DATASETS = ("class_names", "classes", "label_names", "labelnames", "target_names")
 
 
 @dataclass

@@ -24,6 +24,8 @@ import numpy as np
 
 from carraystore.errors import InvalidInputError, MigrationError, StoreExistsError
 from carraystore.format import Codec
+from carraystore.journal import rollback
+from carraystore.lock import WriterLock
 from carraystore.reader import open_store
 from carraystore.writer import create, publish, remove_stale_temps, temp_path
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
@@ -122,6 +124,7 @@ def open_source(
     labels: str | os.PathLike[str] | None = None,
     dataset: str | None = None,
     allow_pickle: bool = False,
+    no_labels: bool = False,
 ) -> Source:
     """Detect what ``src`` is and open it as a Source (see ``migrate`` for the arguments)."""
     from carraystore.migrations import bcolz as bz
@@ -167,7 +170,7 @@ def open_source(
     if head == _HDF5_MAGIC:
         from carraystore.migrations.hdf5 import Hdf5Source
 
-        return Hdf5Source(p, dataset=dataset or _name(images), labels=_name(labels))
+        return Hdf5Source(p, dataset=dataset or _name(images), labels=_name(labels), no_labels=no_labels)
     from carraystore.migrations.versions import open_old_store, store_format_version
 
     if store_format_version(p) is not None:
@@ -207,6 +210,9 @@ def migrate(
     overwrite: bool = False,
     progress: bool = True,
     chunk_images: int | None = None,
+    class_names: Sequence[str] | None = None,
+    no_labels: bool = False,
+    lock_timeout: float | None = 0.0,
 ) -> MigrationReport:
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path).
 
@@ -218,7 +224,13 @@ def migrate(
     object-dtype bcolz arrays be unpickled (this runs code from the file: only for files
     you trust). ``verify`` re-reads the store and compares it bit for bit with the source
     before the store is renamed into place. ``codec`` / ``preset`` pick the store's codec
-    (default: the ``balanced`` preset). Returns a MigrationReport.
+    (default: the ``balanced`` preset). ``class_names`` names the label values (label 0
+    first); without it, an HDF5 dataset or npz member named ``class_names``, ``classes``
+    or ``label_names`` gives them. In an HDF5 file the labels are inferred when exactly one
+    dataset fits (integers, one per row); ``no_labels=True`` migrates without labels.
+    ``lock_timeout``: seconds to wait while another writer holds ``out`` (None: for ever;
+    then StoreLockedError names the holder).
+    Returns a MigrationReport.
     """
     t0 = time.perf_counter()
     for given in (src, images if src is None else None, labels if src is None else None):
@@ -229,14 +241,45 @@ def migrate(
         raise InvalidInputError(f"{out_p}: the output store's name must end in .b2nd")
     if not out_p.parent.is_dir():
         raise InvalidInputError(f"{out_p}: folder {out_p.parent} does not exist")
+    lock = WriterLock(Path(os.path.realpath(out_p)), purpose="migrate", timeout=lock_timeout)
+    lock.acquire()
+    try:
+        return _migrate_locked(src, out_p, images, labels, dataset, allow_pickle, verify, codec, preset, overwrite,
+                               progress, chunk_images, class_names, no_labels, t0)
+    finally:
+        lock.release()
+
+
+def _migrate_locked(
+    src: str | os.PathLike[str] | None,
+    out_p: Path,
+    images: str | os.PathLike[str] | None,
+    labels: str | os.PathLike[str] | None,
+    dataset: str | None,
+    allow_pickle: bool,
+    verify: bool,
+    codec: Codec | str | None,
+    preset: str | None,
+    overwrite: bool,
+    progress: bool,
+    chunk_images: int | None,
+    class_names: Sequence[str] | None,
+    no_labels: bool,
+    t0: float,
+) -> MigrationReport:
     if out_p.exists() and not overwrite:
         raise StoreExistsError(f"{out_p} already exists; pass --overwrite (overwrite=True) to replace it")
     for s in (src, images if src is None else None, labels if src is None else None):
         if s is not None and Path(s).exists() and out_p.exists() and out_p.resolve() == Path(s).resolve():
             raise InvalidInputError(f"{out_p}: the output would replace the source; write to a new file")
     chosen = _resolve_codec(codec, preset)
-    source = open_source(src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle)
-    remove_stale_temps(out_p)
+    if no_labels and labels is not None:
+        raise InvalidInputError("give either labels or no_labels (--no-labels), not both")
+    source = open_source(src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle, no_labels=no_labels)
+    if class_names is not None:
+        _set_class_names(source, class_names)
+    rollback(Path(os.path.realpath(out_p)))  # an append to out_p that died half-way is undone before anything else
+    remove_stale_temps(out_p)  # dead: we hold the lock every writer of out_p holds
     tmp = temp_path(out_p, "migrating")
     try:
         store_codec = _write(source, tmp, chosen if chosen is not None else source.default_codec, progress, chunk_images)
@@ -269,6 +312,25 @@ def migrate(
         warnings=list(source.warnings),
         notes=list(source.notes),
     )
+
+
+def _set_class_names(source: Source, class_names: Sequence[str]) -> None:
+    """Give the source's labels the names the user passed (checked: distinct, enough for the labels)."""
+    names = tuple(str(c) for c in class_names)
+    where = f"{source.path}: --class-names {','.join(names)}"
+    if not source.has_labels:
+        source.close()
+        raise InvalidInputError(f"{where}: the source has no labels to name; give the labels too (--labels NAME)")
+    if len(set(names)) != len(names) or not all(names):
+        source.close()
+        raise InvalidInputError(f"{where}: class names must be distinct and non-empty")
+    labels = getattr(source, "_labels", None)
+    if labels is not None and len(labels) and int(np.max(labels)) >= len(names):
+        source.close()
+        raise InvalidInputError(f"{where}: the labels go up to {int(np.max(labels))}, so {int(np.max(labels)) + 1} names are needed")
+    if source.class_names is not None and source.class_names != names:
+        source.notes.append(f"class names {list(source.class_names)[:10]} from the source replaced by --class-names")
+    source.class_names = names
 
 
 def _bar(total: int, desc: str, enabled: bool) -> Any:

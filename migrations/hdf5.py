@@ -14,9 +14,12 @@ from typing import Any
 import numpy as np
 
 from carraystore.errors import MigrationError, MissingDependencyError
-from carraystore.migrations.base import MIGRATION_BLOCK_BYTES, Block, Source, labels_from_array
+from carraystore.migrations.base import CLASS_NAME_DATASETS, MIGRATION_BLOCK_BYTES, Block, Source, labels_from_array
 
-__all__ = ["Hdf5Source", "jsonable"]
+__all__ = ["Hdf5Source", "jsonable", "LABEL_NAMES", "CLASS_NAME_DATASETS"]
+
+#: Dataset names (last path part, lower case) preferred as labels when several could be.
+LABEL_NAMES = frozenset({"labels", "label", "y", "targets", "target", "class", "classes_idx"})
 
 
 def _h5py() -> Any:
@@ -56,12 +59,17 @@ def jsonable(value: Any) -> tuple[Any, bool]:
     return repr(value), False
 
 
+def _is_text(h5py: Any, d: Any) -> bool:
+    """Whether an HDF5 dataset holds strings (fixed-length bytes or variable-length text)."""
+    return d.dtype.kind in "SU" or h5py.check_string_dtype(d.dtype) is not None
+
+
 class Hdf5Source(Source):
     """One HDF5 dataset (rows along the first axis) with optional labels from another dataset."""
 
     kind = "HDF5 dataset"
 
-    def __init__(self, path: Path, *, dataset: str | None = None, labels: str | None = None) -> None:
+    def __init__(self, path: Path, *, dataset: str | None = None, labels: str | None = None, no_labels: bool = False) -> None:
         super().__init__()
         h5py = _h5py()
         self.path = path
@@ -75,13 +83,17 @@ class Hdf5Source(Source):
         if not found:
             raise MigrationError(f"{path}: holds no datasets")
         if dataset is None:
-            candidates = [n for n in found if n != labels and f[n].ndim >= 1]
+            candidates = [n for n in found if n != labels and f[n].ndim >= 1 and not _is_text(h5py, f[n])]
             big = [n for n in candidates if f[n].ndim >= 3]
+            two = [n for n in candidates if f[n].ndim >= 2]
             if len(candidates) == 1:
                 dataset = candidates[0]
             elif len(big) == 1:
                 dataset = big[0]
                 self.notes.append(f"dataset inferred: {dataset!r} (the only one with 3+ dimensions)")
+            elif not big and len(two) == 1:
+                dataset = two[0]
+                self.notes.append(f"dataset inferred: {dataset!r} (the only one with 2+ dimensions)")
             else:
                 raise MigrationError(f"{path}: holds datasets {found[:20]}; choose one with --dataset NAME (and --labels NAME)")
         for name in (dataset, labels):
@@ -99,6 +111,8 @@ class Hdf5Source(Source):
         self.dtype = np.dtype(d.dtype)
         self.nrows, self.item_shape = int(d.shape[0]), tuple(int(x) for x in d.shape[1:])
         self._labels = None
+        if labels is None and not no_labels:
+            labels = self._infer_labels(found, dataset)
         if labels is not None:
             lab = f[labels]
             if lab.shape[:1] != (self.nrows,):
@@ -106,6 +120,16 @@ class Hdf5Source(Source):
             self._labels, self.class_names, how = labels_from_array(lab[...], f"{path}, dataset {labels!r}")
             self.has_labels = True
             self.notes.append(f"labels from {labels!r}: {how}")
+            if self.class_names is None:
+                self.class_names = self._class_names_dataset(found, labels)
+                top = int(self._labels.max()) if len(self._labels) else -1
+                if self.class_names is not None and top >= len(self.class_names):
+                    raise MigrationError(
+                        f"{path}: labels {labels!r} go up to {top} but the class names dataset holds {len(self.class_names)} "
+                        "names; give the right ones with --class-names A,B,C"
+                    )
+        #: bytes of the migrated datasets in the file (the images and the labels), not the whole file
+        self._cbytes = int(d.id.get_storage_size()) + (int(f[labels].id.get_storage_size()) if labels is not None else 0)
         attrs: dict[str, Any] = {}
         inexact = []
         for k, v in d.attrs.items():
@@ -126,6 +150,44 @@ class Hdf5Source(Source):
             comp += " shuffle"
         self.codec = f"hdf5 {comp}" + (f" chunks {list(d.chunks)}" if d.chunks else " contiguous")
         self.provenance = {"hdf5": {"dataset": dataset, "labels": labels, "chunks": list(d.chunks) if d.chunks else None}}
+
+    @property
+    def cbytes(self) -> int:
+        """Bytes the migrated datasets (images and labels) take in the file."""
+        return self._cbytes
+
+    def _infer_labels(self, found: list[str], dataset: str) -> str | None:
+        """The labels dataset beside ``dataset`` when exactly one fits (1-D integers, one per row); else stop."""
+        f = self._file
+        fits = [
+            n for n in found
+            if n != dataset and f[n].shape in ((self.nrows,), (self.nrows, 1)) and f[n].dtype.kind in "iub"
+        ]
+        if not fits:
+            return None
+        if len(fits) > 1:
+            named = [n for n in fits if n.rsplit("/", 1)[-1].lower() in LABEL_NAMES]
+            if len(named) != 1:
+                raise MigrationError(
+                    f"{self.path}: several datasets could be the labels of {dataset!r} (integers, one per row): {fits}; "
+                    "choose one with --labels NAME, or pass --no-labels to migrate without labels"
+                )
+            fits = named
+        self.notes.append(f"labels inferred: {fits[0]!r} (integers, one per row of {dataset!r}; --no-labels leaves them out)")
+        return fits[0]
+
+    def _class_names_dataset(self, found: list[str], labels: str) -> tuple[str, ...] | None:
+        """Class names from a dataset named class_names / classes / label_names (beside the labels first)."""
+        h5py = _h5py()
+        f = self._file
+        group = labels.rsplit("/", 1)[0] if "/" in labels else ""
+        names = [n for n in found if n.rsplit("/", 1)[-1].lower() in CLASS_NAME_DATASETS and _is_text(h5py, f[n]) and f[n].ndim == 1]
+        if not names:
+            return None
+        names.sort(key=lambda n: (n.rsplit("/", 1)[0] if "/" in n else "") != group)
+        values = tuple(str(v) for v in f[names[0]].asstr()[...].tolist())
+        self.notes.append(f"class names from dataset {names[0]!r}: {list(values)[:10]}{' ...' if len(values) > 10 else ''}")
+        return values
 
     @property
     def block_rows(self) -> int:

@@ -19,7 +19,7 @@ from typing import IO
 import numpy as np
 
 from carraystore.errors import MigrationError
-from carraystore.migrations.base import Block, Source, labels_from_array
+from carraystore.migrations.base import CLASS_NAME_DATASETS, Block, Source, labels_from_array
 
 __all__ = ["NpzSource", "relative_keys", "read_npy_header"]
 
@@ -188,10 +188,11 @@ class NpzSource(Source):
             self._labels, self.class_names, how = labels_from_array(lab, f"{self.path}, array {labels!r}")
             self.has_labels = True
             self.notes.append(f"labels from {labels!r}: {how}")
+        names_member = self._class_names_member(names, images, labels)
         self._columns: list[str] = []
         skipped = []
         for n in names:
-            if n in (images, labels):
+            if n in (images, labels, names_member):
                 continue
             with self._zip.open(self._members[n]) as f:
                 s, _, _ = read_npy_header(f, f"{self.path}, member {n!r}")
@@ -204,6 +205,32 @@ class NpzSource(Source):
         if skipped:
             self.warnings.append(f"arrays not migrated (not one row per item): {skipped}")
         self.provenance = {"npz": {"mode": "arrays", "images": images, "labels": labels}}
+
+    def _class_names_member(self, names: list[str], images: str, labels: str | None) -> str | None:
+        """Take class names from a member named class_names / classes / label_names (strings), if any."""
+        for n in names:
+            if n in (images, labels) or n.lower() not in CLASS_NAME_DATASETS:
+                continue
+            with self._zip.open(self._members[n]) as f:
+                shape, _, dtype = read_npy_header(f, f"{self.path}, member {n!r}")
+            if len(shape) != 1 or dtype.kind not in "US":
+                continue
+            if self._labels is None:
+                self.notes.append(f"member {n!r} looks like class names, but there are no labels (--labels NAME) to name")
+                return n
+            values = self._load(n)
+            text = tuple(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values.tolist())
+            top = int(self._labels.max()) if len(self._labels) else -1
+            if top >= len(text):
+                raise MigrationError(
+                    f"{self.path}: labels go up to {top} but member {n!r} holds {len(text)} class names; "
+                    "give the right ones with --class-names A,B,C"
+                )
+            if self.class_names is None:
+                self.class_names = text
+                self.notes.append(f"class names from member {n!r}: {list(text)[:10]}{' ...' if len(text) > 10 else ''}")
+            return n
+        return None
 
     def _load(self, name: str) -> np.ndarray:
         where = f"{self.path}, member {name!r}"

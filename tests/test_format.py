@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,7 @@ from carraystore.format import (
     dtype_from_record,
     dtype_to_record,
     parse_chunk_header,
+    seal_record,
     validate_key,
 )
 
@@ -148,10 +150,11 @@ def test_parse_chunk_header_reads_what_blosc2_wrote(photo_patches: Callable[...,
 
 def test_validate_key() -> None:
     assert validate_key("cat/001.jpg") == "cat/001.jpg"
-    assert validate_key("cat\\001.jpg") == "cat/001.jpg"
+    # a backslash is part of a name on POSIX, a separator on Windows
+    assert validate_key("cat\\001.jpg") == ("cat/001.jpg" if os.sep == "\\" else "cat\\001.jpg")
     assert validate_key("id-123") == "id-123"
     assert validate_key("a/..b/c..") == "a/..b/c.."  # dots inside names are fine
-    for bad in ["/abs.jpg", "C:\\x.jpg", "d:/x", "~user/x", "..", "a/../../b", "", "a\nb", "a\x00b"]:
+    for bad in ["/abs.jpg", "C:\\x.jpg", "d:/x", "~user/x", "..", "a/../../b", "", "a\nb", "a\x00b", "..\\x", "a\\..\\..\\b", "\\\\server\\share", "bad\udcff.jpg"]:
         with pytest.raises(InvalidInputError, match="key"):
             validate_key(bad)
 
@@ -237,7 +240,8 @@ def _rewrite(path: Path, out: Path, mutate: Callable[[dict[str, Any]], Any]) -> 
     rec = _raw_record(out)
     mutate(rec)
     array = blosc2.open(str(out), mode="a")
-    array.schunk.vlmeta.set_vlmeta(META_KEY, msgpack.packb(rec, use_bin_type=True), typesize=1)
+    # re-sealed (FORMAT.md 4.3), so that the checks behind the checksum are what is tested
+    array.schunk.vlmeta.set_vlmeta(META_KEY, seal_record(rec), typesize=1)
     del array
     return out
 
@@ -256,7 +260,7 @@ def test_every_codec_parameter_is_recorded(store_path: Path) -> None:
     assert rec["blocksize"] == store.codec.block_images * 16 * 16 * 3
     array = blosc2.open(str(store_path), mode="r")  # and the file's own geometry agrees
     assert tuple(array.chunks) == (16, 16, 16, 3) and tuple(array.blocks) == tuple(rec["blocks"])
-    assert array.schunk.meta[META_KEY] == {"format": "carraystore", "format_version": FORMAT_VERSION}
+    assert array.schunk.meta[META_KEY] == {"format": "carraystore", "format_version": FORMAT_VERSION, "meta_crc32": True}
     for i in range(store.nchunks):
         h = parse_chunk_header(store.read_chunk_bytes(i))
         assert (h.typesize, h.blocksize, h.filters, h.filters_meta) == (3, rec["blocksize"], ("shuffle", "bytedelta"), (0, 3))
@@ -348,7 +352,8 @@ def test_an_edited_record_is_refused_with_a_clear_error(
 
 
 def test_metadata_bytes_are_plain_msgpack_only() -> None:
-    meta = StoreMeta(image_shape=(2, 2, 3), dtype="|u1", codec=Codec(block_images=2).resolve(np.dtype("u1"), (2, 2, 3)), chunk_images=4)
+    meta = StoreMeta(image_shape=(2, 2, 3), dtype="|u1", codec=Codec(block_images=2).resolve(np.dtype("u1"), (2, 2, 3)), chunk_images=4,
+                     color_mode="rgb")
     again = StoreMeta.from_bytes(meta.to_bytes(), "x")
     assert again.to_record() == meta.to_record()
     rec = meta.to_record()

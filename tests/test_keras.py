@@ -103,8 +103,12 @@ def test_keras_workers_give_no_duplicated_and_no_missing_samples(splits: dict[st
     assert seen == expected, "Keras hands the batches back in the dataset's order"
     decoded = ds.decode_counts.get(0, 0)
     print(f"\nworkers={workers} multiprocessing={multiprocessing}: {decoded} chunk decodes in this process for {store.nchunks} chunks")
-    if not multiprocessing:  # threads share the cache: every chunk decoded once
-        assert decoded == store.nchunks
+    if not multiprocessing:
+        # Threads share the cache: every chunk is decoded once, except that Keras first
+        # peeks at batches 0 and 1 for the tensor spec and asks for them again later, by
+        # which time their window may have been served and evicted (decoded once more).
+        first_window = len(ds.plan().window_chunks[0])
+        assert store.nchunks <= decoded <= store.nchunks + first_window
     ds.close()
     gc.collect()
     assert keras_threads() == []

@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
         help="measure codecs and loaders on your own data",
         description="Measure blosc2 codecs (and recommend a preset) or compare loaders on your own images.",
     )
-    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT")
+    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT", help="codecs or loaders")
     bsub.required = True
 
     c = bsub.add_parser(
@@ -60,15 +60,16 @@ def register(sub: Any) -> None:
     )
     lo.add_argument("dir", nargs="?", help="folder of images in class sub-folders")
     lo.add_argument("--limit", type=int, default=None, help="use a seeded random subset of this many images")
-    lo.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image (default: all must agree)")
-    lo.add_argument("--batch-size", type=int, default=32)
+    lo.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image, as ingest --image-size (default: all must agree)")
+    lo.add_argument("--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb", help="channels every loader delivers, as ingest --color-mode (default rgb)")
+    lo.add_argument("--batch-size", type=int, default=32, help="images per batch (default 32)")
     lo.add_argument("--epochs", type=int, default=3, help="timed epochs per regime; the median counts (default 3)")
     lo.add_argument("--no-cold", action="store_true", help="skip the cold-cache epochs")
     lo.add_argument("--peers", help="comma-separated loaders to run (default: all installed); see --list")
     lo.add_argument("--list", action="store_true", help="list the loaders and whether each can run here, then exit")
     lo.add_argument("--work", help="folder for the converted copies (kept; default: a temporary folder, removed)")
     lo.add_argument("--out", help="write loaders.md, loaders.json and loaders.png into this folder")
-    lo.add_argument("--seed", type=int, default=0)
+    lo.add_argument("--seed", type=int, default=0, help="seed of the subset and the shuffles (default 0)")
     lo.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per loader (default 1800)")
     lo.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     lo.set_defaults(func=_cmd_loaders)
@@ -136,6 +137,7 @@ def _cmd_loaders(args: argparse.Namespace) -> int:
             work,
             limit=args.limit,
             image_size=tuple(args.image_size) if args.image_size else None,
+            color_mode=args.color_mode,
             batch_size=args.batch_size,
             epochs=args.epochs,
             cold=not args.no_cold,

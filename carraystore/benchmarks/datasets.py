@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from carraystore.errors import ImageDecodeError, InvalidInputError
+from carraystore.errors import InvalidInputError
+from carraystore.ingest import IMAGE_EXTENSIONS, DecodeOptions, decode_image, image_files
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -28,8 +29,6 @@ __all__ = [
     "path_size",
 ]
 
-#: File name endings treated as images when scanning a folder.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 _DONE = ".complete"
 
 
@@ -103,9 +102,7 @@ def list_image_folder(root: str | os.PathLike[str], limit: int | None = None, se
     rootp = Path(root)
     if not rootp.is_dir():
         raise InvalidInputError(f"{rootp}: not a folder of images")
-    files = sorted(
-        p for p in rootp.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() and not p.name.startswith(".")
-    )
+    files = image_files(rootp)
     if not files:
         raise InvalidInputError(f"{rootp}: no image files ({', '.join(IMAGE_EXTENSIONS)}) found under it")
     tops = [p.relative_to(rootp).parts[0] if len(p.relative_to(rootp).parts) > 1 else "." for p in files]
@@ -119,36 +116,25 @@ def list_image_folder(root: str | os.PathLike[str], limit: int | None = None, se
     return folder
 
 
-def _decode_one(path: Path, size: tuple[int, int] | None) -> np.ndarray:
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            if size is not None and im.size != (size[1], size[0]):
-                im = im.resize((size[1], size[0]), Image.BILINEAR)
-            return np.asarray(im)
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise ImageDecodeError(f"{path}: cannot decode this image ({exc}); remove it or fix it") from exc
-
-
 def decode_images(
-    files: Sequence[Path], size: tuple[int, int] | None = None, workers: int | None = None
+    files: Sequence[Path], size: tuple[int, int] | None = None, workers: int | None = None, color_mode: str = "rgb"
 ) -> np.ndarray:
-    """Decode ``files`` to an (n, H, W, 3) uint8 array with Pillow (threads).
+    """Decode ``files`` to an (n, H, W, C) uint8 array as ``carraystore ingest`` does (Pillow, threads).
 
     With ``size=None`` every image must have the first image's size; otherwise the error
     names the first that differs and says to pass a size (CLI: ``--image-size H W``).
+    ``color_mode`` is ``grayscale``, ``rgb`` or ``rgba`` (C = 1, 3, 4).
     """
     if not files:
         raise InvalidInputError("no images to decode")
-    first = _decode_one(files[0], size)
+    opts = DecodeOptions(color_mode=color_mode, image_size=tuple(size) if size is not None else None)  # type: ignore[arg-type]
+    first = decode_image(files[0], opts)
     h, w = first.shape[:2]
-    out = np.empty((len(files), h, w, 3), dtype=np.uint8)
+    out = np.empty((len(files), *first.shape), dtype=np.uint8)
     out[0] = first
 
     def work(i: int) -> None:
-        img = _decode_one(files[i], size)
+        img = decode_image(files[i], opts)
         if img.shape != first.shape:
             raise InvalidInputError(
                 f"{files[i]}: image is {img.shape[1]}x{img.shape[0]} but {files[0]} is {w}x{h}; "

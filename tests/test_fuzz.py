@@ -1,0 +1,214 @@
+"""Hostile files: seeded mutations of a small store's header, chunks, offsets index and trailer.
+
+Every mutated file is opened, described (``info``) and verified in a child process that runs
+many cases (so a crash or a hang is caught, and the suite stays quick). Each case must end
+in one of two ways: a CarrayStoreError subclass, or exactly the original metadata (keys,
+labels, class names, attrs, ...) with pixel damage, if any, reported by ``verify`` (a store
+that verifies clean must read back the original pixels). Zero crashes, zero hangs, zero
+silently wrong keys or labels (issue 11, point 4).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import carraystore
+from carraystore.frame import read_frame
+from carraystore.sources import LocalFileSource
+
+SEED = 20261123
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "carraystore-0.1.0"
+CASES_PER_REGION = {"header": 70, "chunks": 70, "index": 50, "trailer": 60, "vlmeta": 110}
+CHILD_TIMEOUT_S = 60
+
+# Opens, describes and verifies every file named on stdin; one JSON line per case.
+CHILD = r"""
+import hashlib, json, sys, traceback
+import numpy as np
+import carraystore
+from carraystore.commands import store_info
+
+def digest(store):
+    m = store.meta
+    return {
+        "nimages": m.nimages, "shape": list(store.shape), "dtype": str(store.dtype),
+        "labels": None if m.labels is None else m.labels.tolist(),
+        "keys": None if m.keys is None else list(m.keys),
+        "class_names": None if m.class_names is None else list(m.class_names),
+        "attrs": m.attrs, "provenance": m.provenance, "skipped": [dict(s) for s in m.skipped],
+        "codec": m.codec.to_config(), "crc32": [int(c) for c in m.crc32], "color_mode": m.color_mode,
+    }
+
+for line in sys.stdin:
+    path = line.strip()
+    if not path:
+        continue
+    print(json.dumps({"start": path}), flush=True)
+    out = {"path": path}
+    try:
+        store = carraystore.open(path)
+        out["meta"] = digest(store)
+        json.dumps(store_info(store))
+        problems = store.verify()
+        out["problems"] = [str(p) for p in problems]
+        if not problems:
+            out["pixels"] = hashlib.sha256(store[:].tobytes()).hexdigest()
+        store.close()
+    except carraystore.CarrayStoreError as exc:
+        out["error"] = type(exc).__name__
+    except Exception as exc:
+        out["unexpected"] = f"{type(exc).__name__}: {exc} at " + " <- ".join(
+            f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_tb(exc.__traceback__)[-3:]))
+    print(json.dumps(out), flush=True)
+"""
+
+
+def _make_store(path: Path) -> None:
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (18, 8, 8, 3), dtype=np.uint8)
+    images[4:8] = 0  # chunk 1 is all zeros: the frame stores it as a special chunk
+    with carraystore.create(path, (8, 8, 3), chunk_images=4, class_names=["cat", "dog", "eel"],
+                            attrs={"split": "train", "nested": {"a": [1, 2, 3]}}, provenance={"source": "fuzz"}) as w:
+        w.append(images, labels=np.arange(18) % 3, keys=[f"d/{i:02d}.png" for i in range(18)])
+
+
+def _regions(path: Path) -> dict[str, tuple[int, int]]:
+    data = path.read_bytes()
+    frame = read_frame(LocalFileSource(path))
+    vl = frame.vlmeta_raw["carraystore"]
+    vl_at = data.rfind(vl)
+    tail = frame.header_len + frame.cbytes
+    trailer_len = int.from_bytes(data[-22:-18], "big")
+    return {
+        "header": (0, frame.header_len),
+        "chunks": (frame.header_len, tail),
+        "index": (tail, len(data) - trailer_len),
+        "trailer": (len(data) - trailer_len, len(data)),
+        "vlmeta": (vl_at, vl_at + len(vl)),
+    }
+
+
+def _mutate(data: bytes, lo: int, hi: int, rng: np.random.Generator) -> bytes:
+    b = bytearray(data)
+    kind = rng.integers(0, 4)
+    pos = int(rng.integers(lo, hi))
+    if kind == 0:  # one flipped bit
+        b[pos] ^= 1 << int(rng.integers(0, 8))
+    elif kind == 1:  # one byte set to a random value
+        b[pos] = int(rng.integers(0, 256))
+    elif kind == 2:  # a few bytes of garbage
+        n = int(rng.integers(2, 9))
+        b[pos : pos + n] = rng.integers(0, 256, min(n, len(b) - pos), dtype=np.uint8).tobytes()
+    else:  # an "interesting" integer written over a size or offset field
+        value = int(rng.choice([0, 1, 0x7F, 0x80, 0xFF, 0x7FFFFFFF, 0xFFFFFFFF]))
+        width = int(rng.choice([1, 2, 4]))
+        b[pos : pos + width] = (value & ((1 << (8 * width)) - 1)).to_bytes(width, "little")[: len(b) - pos]
+    return bytes(b)
+
+
+def _run_cases(paths: list[Path]) -> tuple[dict[str, dict[str, Any]], list[str], list[str]]:
+    """Results by path, paths that crashed the child, paths that hung it."""
+    results: dict[str, dict[str, Any]] = {}
+    crashed: list[str] = []
+    hung: list[str] = []
+    todo = [str(p) for p in paths]
+    while todo:
+        try:
+            proc = subprocess.run([sys.executable, "-c", CHILD], input="\n".join(todo) + "\n", capture_output=True,
+                                  text=True, timeout=CHILD_TIMEOUT_S, check=False)
+            stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            stderr, rc = "", None
+        started = None
+        for line in stdout.splitlines():
+            rec = json.loads(line)
+            if "start" in rec:
+                started = rec["start"]
+            else:
+                results[rec["path"]] = rec
+                started = None
+        if rc == 0 and started is None:
+            break
+        if started is None:
+            raise AssertionError(f"fuzz child failed outside any case (rc {rc}): {stderr[-2000:]}")
+        (hung if rc is None else crashed).append(started)
+        todo = todo[todo.index(started) + 1 :]
+    return results, crashed, hung
+
+
+def test_mutated_stores_never_crash_hang_or_lie(tmp_path: Path) -> None:
+    original = tmp_path / "orig.b2nd"
+    _make_store(original)
+    data = original.read_bytes()
+    regions = _regions(original)
+    assert regions["vlmeta"][0] > regions["trailer"][0]
+    store = carraystore.open(original)
+    assert store._frame.chunk_special.tolist()[1] == 1  # the special chunk is part of what gets fuzzed
+    assert store.verify() == []
+    rng = np.random.default_rng(SEED)
+    paths = []
+    for region, count in CASES_PER_REGION.items():
+        lo, hi = regions[region]
+        for i in range(count):
+            p = tmp_path / f"{region}-{i:03d}.b2nd"
+            p.write_bytes(_mutate(data, lo, hi, rng))
+            paths.append(p)
+    # every single-bit flip of the first 48 bytes (header and block-offset table) of the
+    # metadata chunk and of the offsets index: the fields libblosc2 trusts
+    for region in ("vlmeta", "index"):
+        lo = regions[region][0]
+        for bit in range(48 * 8):
+            b = bytearray(data)
+            b[lo + bit // 8] ^= 1 << (bit % 8)
+            p = tmp_path / f"{region}-bit{bit:03d}.b2nd"
+            p.write_bytes(bytes(b))
+            paths.append(p)
+    for i, cut in enumerate((1, 23, 64, len(data) // 2, len(data) - 1)):  # truncations
+        p = tmp_path / f"trunc-{i}.b2nd"
+        p.write_bytes(data[:cut])
+        paths.append(p)
+    results, crashed, hung = _run_cases([original, *paths])
+    assert not crashed, f"the process crashed on {crashed}"
+    assert not hung, f"the process hung on {hung}"
+    want = results[str(original)]
+    assert "meta" in want and want["problems"] == [], want
+    unexpected = {p: r["unexpected"] for p, r in results.items() if "unexpected" in r}
+    assert not unexpected, f"errors that are not CarrayStoreError: {unexpected}"
+    lied = [p for p, r in results.items() if "meta" in r and r["meta"] != want["meta"]]
+    assert not lied, f"opened with different metadata (keys/labels/...): {lied}"
+    bad_pixels = [p for p, r in results.items() if "pixels" in r and r["pixels"] != want["pixels"]]
+    assert not bad_pixels, f"verified clean but read different pixels: {bad_pixels}"
+    assert len(results) == 1 + len(paths)
+    refused = sum("error" in r for r in results.values())
+    damaged = sum(bool(r.get("problems")) for r in results.values())
+    assert refused > 100 and damaged > 10, (refused, damaged)  # the mutations really hit something
+
+
+@pytest.mark.parametrize("name", ["array_records", "black_frames"])
+def test_mutated_golden_stores_never_crash_or_hang(tmp_path: Path, name: str) -> None:
+    """0.1.0 stores carry no metadata checksum, so only "no crash, no hang, only named errors"
+    can hold for them; a structured dtype and a special chunk widen what the parser meets."""
+    original = tmp_path / "orig.b2nd"
+    original.write_bytes((GOLDEN / f"{name}.b2nd").read_bytes())
+    data = original.read_bytes()
+    regions = _regions(original)
+    rng = np.random.default_rng(SEED + len(name))
+    paths = []
+    for region, (lo, hi) in regions.items():
+        for i in range(40):
+            p = tmp_path / f"{region}-{i:03d}.b2nd"
+            p.write_bytes(_mutate(data, lo, hi, rng))
+            paths.append(p)
+    results, crashed, hung = _run_cases(paths)
+    assert not crashed and not hung, (crashed, hung)
+    unexpected = {p: r["unexpected"] for p, r in results.items() if "unexpected" in r}
+    assert not unexpected, f"errors that are not CarrayStoreError: {unexpected}"
+    assert len(results) == len(paths)
