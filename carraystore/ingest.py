@@ -338,6 +338,8 @@ def decode_image(path: str | os.PathLike[str], opts: DecodeOptions = DecodeOptio
         raise ImageDecodeError(f"{path}: file not found") from exc
     except Exception as exc:  # PIL raises many types for bad data
         reason = str(exc) or type(exc).__name__
+        if isinstance(exc, Image.UnidentifiedImageError):  # its text names the file object, whose fd number varies
+            reason = "not an image format Pillow can identify"
         if os.path.exists(path) and os.path.getsize(path) == 0:
             reason = "empty file"
         raise ImageDecodeError(f"{path}: cannot decode ({reason})") from exc

@@ -285,7 +285,9 @@ def _both(folder: Path, tmp_path: Path, client: object, **kw: object) -> tuple[c
 def test_distributed_ingest_is_byte_for_byte_the_local_ingest(
     tmp_path: Path, client: object, messy_folder: Path, image_size: tuple[int, int] | None, chunk_images: int
 ) -> None:
-    a, b, ra, rb = _both(messy_folder, tmp_path, client, image_size=image_size, on_error="skip", chunk_images=chunk_images, seed=4)
+    a, b, ra, rb = _both(
+        messy_folder, tmp_path, client, image_size=image_size, on_error="skip", max_skipped=3, chunk_images=chunk_images, seed=4
+    )
     assert a.meta.blocksize < a.chunk_nbytes or chunk_images == 8
     assert (tmp_path / "local.b2nd").read_bytes() == (tmp_path / "dist.b2nd").read_bytes()
     # and what that means, spelled out
@@ -302,7 +304,7 @@ def test_the_local_ingest_is_reproducible_byte_for_byte(tmp_path: Path, messy_fo
     # what makes "the same store as the local ingest" well defined: chunks of several blocks,
     # several decoding processes, and still the same file twice
     for name in ("one", "two"):
-        cs.from_directory(messy_folder, tmp_path / f"{name}.b2nd", workers=2, on_error="skip", chunk_images=64)
+        cs.from_directory(messy_folder, tmp_path / f"{name}.b2nd", workers=2, on_error="skip", max_skipped=3, chunk_images=64)
     assert cs.open(tmp_path / "one.b2nd").meta.blocksize < cs.open(tmp_path / "one.b2nd").chunk_nbytes
     assert (tmp_path / "one.b2nd").read_bytes() == (tmp_path / "two.b2nd").read_bytes()
 
@@ -329,6 +331,66 @@ def test_distributed_ingest_fails_on_the_same_file_as_the_local_one(
         assert not (tmp_path / "f.b2nd").exists()
     assert errors[0] == errors[1] and "on_error='skip'" in errors[0]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("image_size", [(32, 32), None])
+def test_distributed_ingest_stops_at_max_skipped_like_the_local_one(
+    tmp_path: Path, client: object, messy_folder: Path, image_size: tuple[int, int] | None
+) -> None:
+    errors = []
+    for kw in ({"workers": 1}, {"client": client}):
+        with pytest.raises(IngestError, match="nothing was written") as info:
+            cs.from_directory(messy_folder, tmp_path / "f.b2nd", image_size=image_size, on_error="skip", chunk_images=8, seed=4, **kw)
+        errors.append(str(info.value))
+        assert list(tmp_path.iterdir()) == []
+    assert errors[0] == errors[1]
+    # without image_size one of the skipped files differs in size: the error points to resizing
+    assert ("--image-size H W" in errors[0]) == (image_size is None)
+
+
+def test_distributed_ingest_with_validation_split(tmp_path: Path, client: object) -> None:
+    src = make_photo_folder(tmp_path / "src", n=60, size=(24, 24), classes=("astronaut", "coffee"), seed=3)
+    kw = dict(validation_split=0.25, subset="both", chunk_images=8, seed=7)
+    local = cs.from_directory(src, tmp_path / "local", workers=1, **kw)
+    dist = cs.from_directory(src, tmp_path / "dist", client=client, **kw)
+    assert set(local) == set(dist) == {"training", "validation"}  # type: ignore[arg-type]
+    assert dist["validation"].nimages == 15 and dist["training"].nimages == 45  # type: ignore[index]
+    for part in ("training", "validation"):
+        assert (tmp_path / "local" / f"{part}.b2nd").read_bytes() == (tmp_path / "dist" / f"{part}.b2nd").read_bytes()
+    one = cs.from_directory(src, tmp_path / "val.b2nd", client=client, validation_split=0.25, subset="validation", chunk_images=8, seed=7)
+    assert one.path.read_bytes() == (tmp_path / "local" / "validation.b2nd").read_bytes()  # type: ignore[union-attr]
+
+
+def test_distributed_ingest_of_16_bit_files_with_odd_names(tmp_path: Path, client: object) -> None:
+    # uint16 kept exactly; the first file in path order is bad and its name holds a control
+    # character: the cluster path skips it before planning and names it as the local one does
+    src = tmp_path / "scans"
+    (src / "a").mkdir(parents=True)
+    gray = np.random.default_rng(2).integers(0, 65536, (20, 12, 16), dtype=np.uint16)
+    for i, g in enumerate(gray):
+        Image.fromarray(g).save(src / "a" / f"{i:02d}.png")
+    (src / "a" / "\x01bad.png").write_bytes(b"")
+    kw = dict(dtype="uint16", color_mode="grayscale", keep_order=True, on_error="skip", max_skipped=1, chunk_images=8)
+    a, b, ra, rb = _both(src, tmp_path, client, **kw)
+    assert (tmp_path / "local.b2nd").read_bytes() == (tmp_path / "dist.b2nd").read_bytes()
+    assert b.dtype == np.uint16
+    np.testing.assert_array_equal(b[:][..., 0], gray)
+    assert ra.skipped == rb.skipped == [("a/\\x01bad.png", "cannot decode (empty file)")]  # type: ignore[attr-defined]
+
+
+def test_distributed_ingest_refuses_split_folders_and_locked_stores(tmp_path: Path, client: object) -> None:
+    from carraystore.errors import StoreLockedError
+
+    src = make_photo_folder(tmp_path / "src", n=12, size=(16, 16), classes=("astronaut",), seed=3, splits={"train": 0.5, "validation": 0.5})
+    with pytest.raises(IngestError, match="look like dataset splits"):
+        cs.from_directory(src, tmp_path / "o.b2nd", client=client)
+    holder = cs.create(tmp_path / "o.b2nd", (16, 16, 3))  # another writer at work on the target
+    try:
+        with pytest.raises(StoreLockedError, match="being written by create"):
+            cs.from_directory(src / "train", tmp_path / "o.b2nd", image_size=(16, 16), client=client)
+    finally:
+        holder.abort()
+    assert not (tmp_path / "o.b2nd").exists()
 
 
 def test_distributed_ingest_needs_the_folder_on_the_workers(
@@ -408,7 +470,7 @@ def test_cli_ingest_with_dask_scheduler(tmp_path: Path, cluster: tuple[object, o
     from carraystore.cli import main
 
     cl, _ = cluster
-    common = ["--image-size", "24", "24", "--on-error", "skip", "--chunk-images", "8", "-q"]
+    common = ["--image-size", "24", "24", "--on-error", "skip", "--max-skipped", "3", "--chunk-images", "8", "-q"]
     assert main(["ingest", str(messy_folder), str(tmp_path / "l.b2nd"), "--workers", "1", *common]) == 0
     assert main(["ingest", str(messy_folder), str(tmp_path / "d.b2nd"), "--dask-scheduler", cl.scheduler_address, *common]) == 0  # type: ignore[attr-defined]
     assert (tmp_path / "l.b2nd").read_bytes() == (tmp_path / "d.b2nd").read_bytes()
