@@ -190,6 +190,7 @@ def from_dask(
     chunk_images: int | None = None,
     overwrite: bool = False,
     window: int | None = None,
+    lock_timeout: float | None = 0.0,
 ) -> Store:
     """Write a dask array (N, *item_shape) into a new store at ``path_or_url``; return it opened.
 
@@ -202,7 +203,9 @@ def from_dask(
     ``dask.distributed`` client that is the cluster; otherwise dask's current scheduler
     computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask,
     one integer per item) and ``keys`` (strings) are optional. Writing to a URL is not
-    supported yet. Atomic: the store appears only when complete.
+    supported yet. Atomic: the store appears only when complete. ``lock_timeout``: seconds to
+    wait while another writer holds ``path`` (None: for ever), then
+    :class:`~carraystore.errors.StoreLockedError`.
     """
     if is_url(path_or_url):
         raise InvalidInputError(
@@ -235,6 +238,7 @@ def from_dask(
         attrs=attrs,
         overwrite=overwrite,
         provenance=provenance,
+        lock_timeout=lock_timeout,
         nthreads=1,  # the short last chunk is compressed here: one thread, the same bytes as compress_chunk
     ) as writer:
         meta = writer.meta

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 import carraystore as cs
-from carraystore.errors import CodecMismatchError, CorruptStoreError, IngestError, InvalidInputError
+from carraystore.errors import CodecMismatchError, CorruptStoreError, IngestError, InvalidInputError, StoreLockedError
 from carraystore.sample_data import make_photo_folder
 from carraystore.writer import compress_chunk
 
@@ -145,6 +145,26 @@ def test_append_compressed_chunk_writes_the_bytes_append_writes(tmp_path: Path, 
     np.testing.assert_array_equal(s[:], images)
 
 
+def test_append_compressed_chunk_in_place_and_a_zero_chunk(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+    # an append extends the store in place (docs/appends.md); a chunk of zeros is a 32-byte
+    # special chunk whose recorded CRC is the canonical zero chunk's (FORMAT.md 5.2)
+    images = photo_patches(20, (16, 16), seed=4)
+    with cs.create(tmp_path / "a.b2nd", (16, 16, 3), chunk_images=8) as w:
+        w.append(images[:8])
+    inode = (tmp_path / "a.b2nd").stat().st_ino
+    zeros = np.zeros((8, 16, 16, 3), np.uint8)
+    with cs.append(tmp_path / "a.b2nd") as w:
+        data, crc = compress_chunk(w.meta, zeros)
+        assert len(data) == 32
+        w.append_compressed_chunk(data, 8, crc)
+        data, crc = compress_chunk(w.meta, images[8:12])
+        w.append_compressed_chunk(data, 4, crc)
+    assert (tmp_path / "a.b2nd").stat().st_ino == inode
+    s = cs.open(tmp_path / "a.b2nd")
+    assert s.verify() == []
+    np.testing.assert_array_equal(s[:], np.concatenate([images[:8], zeros, images[8:12]]))
+
+
 def test_append_compressed_chunk_refuses_bad_input(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
     images = photo_patches(40, (16, 16), seed=6)
     with cs.create(tmp_path / "other.b2nd", (16, 16, 3), codec="fast", chunk_images=32) as other:
@@ -236,6 +256,12 @@ def test_from_dask_checks_its_arguments(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="unknown"):
         cdask.from_dask(x[x[:, 0, 0, 0] > 0], tmp_path / "a.b2nd")
     assert list(tmp_path.iterdir()) == []
+    holder = cs.create(tmp_path / "a.b2nd", (4, 4, 3))  # another writer at work on the target
+    try:
+        with pytest.raises(StoreLockedError, match=r"being written by create.*waited 0\.2 s"):
+            cdask.from_dask(x, tmp_path / "a.b2nd", lock_timeout=0.2)
+    finally:
+        holder.abort()
 
 
 def test_in_order_keeps_order_and_a_bounded_window(client: object) -> None:
@@ -379,8 +405,6 @@ def test_distributed_ingest_of_16_bit_files_with_odd_names(tmp_path: Path, clien
 
 
 def test_distributed_ingest_refuses_split_folders_and_locked_stores(tmp_path: Path, client: object) -> None:
-    from carraystore.errors import StoreLockedError
-
     src = make_photo_folder(tmp_path / "src", n=12, size=(16, 16), classes=("astronaut",), seed=3, splits={"train": 0.5, "validation": 0.5})
     with pytest.raises(IngestError, match="look like dataset splits"):
         cs.from_directory(src, tmp_path / "o.b2nd", client=client)
