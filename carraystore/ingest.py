@@ -387,6 +387,7 @@ class _BadFiles:
     def __init__(self, root: Path, total: int, on_error: str, max_skipped: float | int, allowed: int, skipped: list[tuple[str, str]]):
         self.root, self.total, self.on_error = root, total, on_error
         self.max_skipped, self.allowed, self.skipped = max_skipped, allowed, skipped
+        self.named = len(skipped)  # skipped for their names before decoding: not among the ``total``
 
     def add(self, pos: int, rel: str, err: str, first_shape: tuple[int, ...] | None, first_rel: str) -> None:
         """File ``rel`` (position ``pos`` of ``total`` in the write order) cannot be used because of ``err``."""
@@ -423,10 +424,10 @@ class _BadFiles:
             f"{self.total}); nothing was written. First: {skipped[0][0]}: {skipped[0][1]}. To go on, {todo}"
         )
 
-    def none_decoded(self, nrels: int) -> IngestError:
+    def none_decoded(self) -> IngestError:
         """The error when not one of the files decodes (and skipping them all was allowed)."""
         first = self.skipped[0]
-        return IngestError(f"{self.root}: none of the {nrels + len(self.skipped)} image files could be decoded; first failure: {first[0]}: {first[1]}")
+        return IngestError(f"{self.root}: none of the {self.total + self.named} image files could be decoded; first failure: {first[0]}: {first[1]}")
 
 
 def _exit_with_parent(main_pid: int) -> None:
@@ -711,7 +712,7 @@ def _ingest_one(
             if len(batch_imgs) >= 64:
                 flush()
         if writer is None:
-            raise bad.none_decoded(len(rels))
+            raise bad.none_decoded()
         flush()
         for rel, reason in skipped:
             writer.add_skipped(rel, reason)
@@ -1005,7 +1006,7 @@ def _ingest_on_cluster(
                 break
             bad.add(begin, rel, err or "not decoded", None, "")
         else:
-            raise bad.none_decoded(len(rels))
+            raise bad.none_decoded()
     writer: StoreWriter = create(
         output,
         shape,

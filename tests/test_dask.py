@@ -374,6 +374,20 @@ def test_distributed_ingest_stops_at_max_skipped_like_the_local_one(
     assert ("--image-size H W" in errors[0]) == (image_size is None)
 
 
+def test_distributed_ingest_of_files_none_of_which_decode(tmp_path: Path, client: object) -> None:
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for name in ("x.jpg", "y.png", "new\nline.png"):  # the last one is skipped for its name, before decoding
+        (src / name).write_bytes(b"not an image")
+    errors = []
+    for kw in ({"workers": 1}, {"client": client}):
+        with pytest.raises(IngestError, match="none of the 3 image files could be decoded") as info:
+            cs.from_directory(src.parent, tmp_path / "o.b2nd", on_error="skip", max_skipped=5, **kw)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    assert not (tmp_path / "o.b2nd").exists()
+
+
 def test_distributed_ingest_with_validation_split(tmp_path: Path, client: object) -> None:
     src = make_photo_folder(tmp_path / "src", n=60, size=(24, 24), classes=("astronaut", "coffee"), seed=3)
     kw = dict(validation_split=0.25, subset="both", chunk_images=8, seed=7)
