@@ -11,6 +11,17 @@ from carraystore.reader import ChunkProblem, Store  # noqa: E402
 from carraystore.reader import open_store as open  # noqa: E402,A001
 from carraystore.writer import StoreWriter, append, create, update_metadata  # noqa: E402
 from carraystore import loader as _loader  # noqa: E402,F401  (gives Store.batches its implementation)
+from carraystore import reader as _reader  # noqa: E402
+
+
+def _store_to_dask(store: Store):  # type: ignore[no-untyped-def]
+    """``Store.to_dask``: imports the dask adapter (and dask) only when called."""
+    from carraystore.dask import to_dask
+
+    return to_dask(store)
+
+
+_reader.TO_DASK = _store_to_dask
 
 
 def from_directory(*args, **kwargs):  # type: ignore[no-untyped-def]

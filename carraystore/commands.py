@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from carraystore.errors import CarrayStoreError, InvalidInputError, NotAStoreError
+from carraystore.errors import CarrayStoreError, InvalidInputError, MissingDependencyError, NotAStoreError
 from carraystore.format import PRESETS, Codec
 
 __all__ = ["register", "store_info", "make_contact_sheet", "export_images", "add_write_arguments", "storage_options_arg"]
@@ -181,6 +181,9 @@ def add_write_arguments(p: argparse.ArgumentParser) -> None:
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from carraystore.ingest import from_directory
 
+    if getattr(args, "dask_scheduler", None) and getattr(args, "client", None) is None:
+        return _cmd_ingest_on_cluster(args)
+
     labels: Any = "inferred" if args.labels == "inferred" else None
     result = from_directory(
         args.src,
@@ -209,11 +212,30 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         lock_timeout=args.wait,
         storage_options=args.storage_options,
         tmp_dir=args.tmp_dir,
+        client=getattr(args, "client", None),
     )
     results = result if isinstance(result, dict) else {"": result}
     for r in results.values():
         print(r.summary())
     return 0
+
+
+def _cmd_ingest_on_cluster(args: argparse.Namespace) -> int:
+    """``ingest --dask-scheduler ADDRESS``: the same ingest, decoded on a dask.distributed cluster."""
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise MissingDependencyError("--dask-scheduler needs dask.distributed: pip install 'carraystore[dask]'") from exc
+    try:
+        client = Client(args.dask_scheduler, timeout=30)
+    except (OSError, TimeoutError) as exc:
+        raise InvalidInputError(
+            f"cannot reach the dask scheduler at {args.dask_scheduler} ({exc}); start one (`dask scheduler`) "
+            "or check the address (e.g. tcp://10.0.0.5:8786)"
+        ) from exc
+    with client:
+        args.client = client
+        return _cmd_ingest(args)
 
 
 def _max_skipped(text: str) -> float | int:
@@ -647,6 +669,9 @@ def register(sub: Any) -> None:
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="while another writer holds the output store, wait up to SECONDS (default: fail at once)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dask-scheduler", metavar="ADDRESS", help=(
+        "decode on a dask.distributed cluster (e.g. tcp://10.0.0.5:8786); SRC must be at the same path on every "
+        "worker; the store is the same as a local ingest's (docs/dask.md)"))
     add_codec_arguments(p)
     add_write_arguments(p)
     p.set_defaults(func=_cmd_ingest)

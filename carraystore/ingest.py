@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import os
+import secrets
 import stat
 import sys
 import time
@@ -26,10 +27,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from carraystore.errors import ImageDecodeError, IngestError, InvalidInputError
+from carraystore.errors import CarrayStoreError, ImageDecodeError, IngestError, InvalidInputError
 from carraystore.format import Codec, validate_key
 from carraystore.reader import is_url
-from carraystore.writer import StoreWriter, check_class_names, create
+from carraystore.writer import StoreWriter, check_class_names, compress_chunk, create
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -339,6 +340,8 @@ def decode_image(path: str | os.PathLike[str], opts: DecodeOptions = DecodeOptio
         raise ImageDecodeError(f"{path}: file not found") from exc
     except Exception as exc:  # PIL raises many types for bad data
         reason = str(exc) or type(exc).__name__
+        if isinstance(exc, Image.UnidentifiedImageError):  # its text names the file object, whose fd number varies
+            reason = "not an image format Pillow can identify"
         if os.path.exists(path) and os.path.getsize(path) == 0:
             reason = "empty file"
         raise ImageDecodeError(f"{path}: cannot decode ({reason})") from exc
@@ -360,6 +363,73 @@ def _decode_task(root: str, rels: list[str], opts: DecodeOptions) -> list[tuple[
             prefix = f"{os.path.join(root, rel)}: "
             out.append((None, msg[len(prefix):] if msg.startswith(prefix) else msg))
     return out
+
+
+_SIZE_MISMATCH = "but earlier images are"
+
+
+def _shape_error(arr: np.ndarray | None, first_shape: tuple[int, ...] | None, first_rel: str) -> str | None:
+    """Why a decoded image cannot join the store (its shape differs from the first one), or None."""
+    if arr is None or first_shape is None or arr.shape == first_shape:
+        return None
+    return (
+        f"decoded to {arr.shape[0]}x{arr.shape[1]}x{arr.shape[2]} {_SIZE_MISMATCH} "
+        f"{'x'.join(map(str, first_shape))} (e.g. {first_rel}); pass image_size (CLI: --image-size H W) to resize"
+    )
+
+
+class _BadFiles:
+    """The files an ingest cannot use, handled alike by the local and the cluster ingest.
+
+    With ``on_error='fail'`` the first one stops the ingest; with ``'skip'`` they are listed
+    (``skipped``: printable name, reason) until more than ``max_skipped`` allows, and then
+    the ingest stops, writing nothing.
+    """
+
+    def __init__(self, root: Path, total: int, on_error: str, max_skipped: float | int, allowed: int, skipped: list[tuple[str, str]]):
+        self.root, self.total, self.on_error = root, total, on_error
+        self.max_skipped, self.allowed, self.skipped = max_skipped, allowed, skipped
+        self.named = len(skipped)  # skipped for their names before decoding: not among the ``total``
+
+    def add(self, pos: int, rel: str, err: str, first_shape: tuple[int, ...] | None, first_rel: str) -> None:
+        """File ``rel`` (position ``pos`` of ``total`` in the write order) cannot be used because of ``err``."""
+        root = self.root
+        if self.on_error == "fail" and _SIZE_MISMATCH in err:
+            # never suggest skipping here: in a folder of mixed sizes it would drop most images
+            raise IngestError(
+                f"{root / rel}: {err} them all to one size (e.g. --image-size "
+                f"{first_shape[0] if first_shape else 256} {first_shape[1] if first_shape else 256})"
+            )
+        if self.on_error == "fail":
+            raise IngestError(
+                f"{root / rel}: {err}. Fix or remove the file, or pass on_error='skip' (CLI: --on-error skip) "
+                "to skip bad files (they are listed in the output and in the store's metadata)"
+            )
+        skipped = self.skipped
+        skipped.append((shown_name(rel), err))
+        if len(skipped) <= self.allowed:
+            return
+        n_size = sum(_SIZE_MISMATCH in r for _, r in skipped)
+        if n_size:  # raising the limit would only drop more of them: point to resizing
+            todo = (
+                f"{n_size} of them differ in size from the first image ({first_rel}): pass image_size "
+                f"(CLI: --image-size H W) to resize every image instead of skipping them"
+            )
+        else:
+            todo = (
+                "fix or remove the files, or, if losing them is fine, raise the limit "
+                "(max_skipped=0.05 or a count; CLI: --max-skipped 5% or --max-skipped 20)"
+            )
+        raise IngestError(
+            f"{root}: {len(skipped)} of the first {pos + 1} of {self.total} image files could not be used, more "
+            f"than max_skipped (CLI: --max-skipped) allows ({_describe_limit(self.max_skipped)} = {self.allowed} of "
+            f"{self.total}); nothing was written. First: {skipped[0][0]}: {skipped[0][1]}. To go on, {todo}"
+        )
+
+    def none_decoded(self) -> IngestError:
+        """The error when not one of the files decodes (and skipping them all was allowed)."""
+        first = self.skipped[0]
+        return IngestError(f"{self.root}: none of the {self.total + self.named} image files could be decoded; first failure: {first[0]}: {first[1]}")
 
 
 def _exit_with_parent(main_pid: int) -> None:
@@ -558,11 +628,14 @@ def _ingest_one(
     overwrite: bool,
     progress: bool,
     lock_timeout: float | None,
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
     attrs: dict[str, Any] | None,
     provenance: dict[str, Any],
     max_skipped: float | int = DEFAULT_MAX_SKIPPED,
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
+    client: Any = None,
 ) -> IngestResult:
     if not rels:
         raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
@@ -573,11 +646,17 @@ def _ingest_one(
     rels = [rels[i] for i in order]
     if labels is not None:
         labels = labels[order]
+    bad = _BadFiles(root, len(rels), on_error, max_skipped, allowed, skipped)
+    if client is not None:
+        return _ingest_on_cluster(
+            client, root, output, rels, labels, class_names, ignored, opts, bad, t0=t0, codec=codec,
+            chunk_images=chunk_images, overwrite=overwrite, progress=progress, lock_timeout=lock_timeout,
+            attrs=attrs, provenance=provenance, storage_options=storage_options, tmp_dir=tmp_dir,
+        )
     _, channels = _MODES[opts.color_mode]
     writer: StoreWriter | None = None
     first_shape: tuple[int, ...] | None = None
     first_rel = ""
-    size_mismatch = "but earlier images are"
     batch_imgs: list[np.ndarray] = []
     batch_labels: list[int] = []
     batch_keys: list[str] = []
@@ -596,6 +675,7 @@ def _ingest_one(
             lock_timeout=lock_timeout,
             storage_options=storage_options,
             tmp_dir=tmp_dir,
+            nthreads=1,  # with more threads blosc2 orders a chunk's blocks as they finish: bytes would vary
         )
 
     def flush() -> None:
@@ -622,41 +702,9 @@ def _ingest_one(
         for pos, (rel, arr, err) in enumerate(_decoded(root, rels, opts, workers)):
             if bar is not None:
                 bar.update(1)
-            if err is None and arr is not None and first_shape is not None and arr.shape != first_shape:
-                err = (
-                    f"decoded to {arr.shape[0]}x{arr.shape[1]}x{arr.shape[2]} {size_mismatch} "
-                    f"{'x'.join(map(str, first_shape))} (e.g. {first_rel}); pass image_size (CLI: --image-size H W) to resize"
-                )
+            err = err or _shape_error(arr, first_shape, first_rel)
             if err is not None:
-                if on_error == "fail" and size_mismatch in err:
-                    # never suggest skipping here: in a folder of mixed sizes it would drop most images
-                    raise IngestError(
-                        f"{root / rel}: {err} them all to one size (e.g. --image-size "
-                        f"{first_shape[0] if first_shape else 256} {first_shape[1] if first_shape else 256})"
-                    )
-                if on_error == "fail":
-                    raise IngestError(
-                        f"{root / rel}: {err}. Fix or remove the file, or pass on_error='skip' (CLI: --on-error skip) "
-                        "to skip bad files (they are listed in the output and in the store's metadata)"
-                    )
-                skipped.append((shown_name(rel), err))
-                if len(skipped) > allowed:
-                    n_size = sum(size_mismatch in r for _, r in skipped)
-                    if n_size:  # raising the limit would only drop more of them: point to resizing
-                        todo = (
-                            f"{n_size} of them differ in size from the first image ({first_rel}): pass image_size "
-                            f"(CLI: --image-size H W) to resize every image instead of skipping them"
-                        )
-                    else:
-                        todo = (
-                            "fix or remove the files, or, if losing them is fine, raise the limit "
-                            "(max_skipped=0.05 or a count; CLI: --max-skipped 5% or --max-skipped 20)"
-                        )
-                    raise IngestError(
-                        f"{root}: {len(skipped)} of the first {pos + 1} of {len(rels)} image files could not be used, more "
-                        f"than max_skipped (CLI: --max-skipped) allows ({_describe_limit(max_skipped)} = {allowed} of "
-                        f"{len(rels)}); nothing was written. First: {skipped[0][0]}: {skipped[0][1]}. To go on, {todo}"
-                    )
+                bad.add(pos, rel, err, first_shape, first_rel)
                 continue
             assert arr is not None
             if writer is None:
@@ -672,7 +720,7 @@ def _ingest_one(
             if len(batch_imgs) >= 64:
                 flush()
         if writer is None:
-            raise IngestError(f"{root}: none of the {len(rels) + len(skipped)} image files could be decoded; first failure: {skipped[0][0]}: {skipped[0][1]}")
+            raise bad.none_decoded()
         flush()
         for rel, reason in skipped:
             writer.add_skipped(rel, reason)
@@ -729,6 +777,7 @@ def from_directory(
     lock_timeout: float | None = 0.0,
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
+    client: Any = None,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -763,6 +812,10 @@ def from_directory(
     ``output`` may be a URL (``s3://bucket/train.b2nd``; with ``split_dirs`` a prefix
     ``s3://bucket/data`` that receives ``<split>.b2nd`` objects): each store is written in a
     staging folder under ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete.
+    ``client`` (a ``dask.distributed.Client``) decodes on its cluster instead of local
+    processes (``workers`` is then unused); the store is byte for byte the one a local
+    ingest writes (docs/dask.md). The workers read the files at the same path, so
+    ``directory`` must be on a file system they all see.
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
@@ -786,6 +839,7 @@ def from_directory(
         lock_timeout=lock_timeout,
         storage_options=storage_options,
         tmp_dir=tmp_dir,
+        client=client,
     )
 
     def provenance(src_name: str) -> dict[str, Any]:
@@ -893,3 +947,175 @@ def from_directory(
             src, split_output(split), rels, labs, names, ignored, opts, provenance=provenance(f"{root.name}/{split}"), **common  # type: ignore[arg-type]
         )
     return results
+
+
+# -- on a dask.distributed cluster -------------------------------------------------------------
+
+
+def _chunk_task(
+    root: str, rels: list[str], opts: DecodeOptions, shape: tuple[int, ...], first_rel: str, meta: Any
+) -> tuple[bytes, int, int, list[tuple[int, str]]]:
+    """On a cluster worker: decode the files of one planned chunk exactly as a local ingest
+    does (``_decode_task``, ``_shape_error``) and compress the good ones as one store chunk.
+
+    Returns (compressed chunk, number of good images, CRC32, [(index in ``rels``, reason)]).
+    """
+    good: list[np.ndarray] = []
+    errors: list[tuple[int, str]] = []
+    for j, (arr, err) in enumerate(_decode_task(root, rels, opts)):
+        err = err or _shape_error(arr, shape, first_rel)
+        if err is None and arr is not None:
+            good.append(arr)
+        else:
+            errors.append((j, err or "not decoded"))
+    items = np.stack(good) if good else np.zeros((0, *shape), dtype=meta.np_dtype)
+    data, crc = compress_chunk(meta, items)
+    return data, len(good), crc, errors
+
+
+def _ingest_on_cluster(
+    client: Any,
+    root: Path,
+    output: Path | str,
+    rels: list[str],
+    labels: np.ndarray | None,
+    class_names: tuple[str, ...] | None,
+    ignored: list[str],
+    opts: DecodeOptions,
+    bad: _BadFiles,
+    *,
+    t0: float,
+    codec: Codec | str | None,
+    chunk_images: int | None,
+    overwrite: bool,
+    progress: bool,
+    lock_timeout: float | None,
+    attrs: dict[str, Any] | None,
+    provenance: dict[str, Any],
+) -> IngestResult:
+    """``_ingest_one`` with the decoding on a dask.distributed cluster (same order, same bytes).
+
+    This process plans: the item shape (``image_size``, or the first file that decodes, as
+    locally; the files before it are bad ones, handled here), then the files of each chunk.
+    Workers decode, resize and compress whole chunks (``_chunk_task``); this process places
+    them in order (``carraystore.dask.in_order``, a bounded window) with the keys and labels
+    it already knows, and treats bad files as the local ingest does (``_BadFiles``: the same
+    ``on_error``, ``max_skipped`` and messages). A chunk with bad files comes back short: the
+    plan then gives the next task fewer files so that later chunks line up again, and chunks
+    already under way are decompressed and appended here (same bytes).
+    """
+    import blosc2
+
+    from carraystore.dask import in_order
+
+    sees = client.run(os.path.isdir, str(root))
+    blind = sorted(w for w, ok in sees.items() if not ok)
+    if blind:
+        raise IngestError(
+            f"{root}: worker(s) {', '.join(blind)} cannot see this folder; a distributed ingest reads the files "
+            "on the workers, so the folder must be at the same path on every worker (a shared file system)"
+        )
+    _, channels = _MODES[opts.color_mode]
+    first_rel = ""
+    begin = 0  # the files before the first one that decodes are bad: handled here, not sent out
+    if opts.image_size is not None:
+        shape: tuple[int, ...] = (*opts.image_size, channels)
+    else:  # the first image that decodes fixes the shape, as in the local ingest
+        for begin, rel in enumerate(rels):
+            arr, err = _decode_task(str(root), [rel], opts)[0]
+            if err is None and arr is not None:
+                shape, first_rel = arr.shape, rel
+                break
+            bad.add(begin, rel, err or "not decoded", None, "")
+        else:
+            raise bad.none_decoded()
+    writer: StoreWriter = create(
+        output,
+        shape,
+        dtype=opts.dtype,
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        attrs=attrs,
+        overwrite=overwrite,
+        provenance=provenance,
+        lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
+        nthreads=1,  # as the local ingest: the same bytes
+    )
+    meta = writer.meta
+    k = meta.chunk_images
+    window = max(4, 2 * sum(client.nthreads().values()))
+    groups: list[tuple[int, int]] = []  # the planned (start, stop) file range of every task, in order
+    bad_seen = [begin]  # bad files among the groups already placed (and before them)
+    tag = f"carraystore-ingest-{secrets.token_hex(4)}"
+
+    def plan() -> Any:
+        pos = begin
+        while pos < len(rels):
+            # images before `pos` if every file in flight decodes; fill up to the next chunk boundary
+            size = k - (pos - bad_seen[0]) % k
+            start, pos = pos, min(pos + size, len(rels))
+            groups.append((start, pos))
+            yield lambda a=start, b=pos: client.submit(
+                _chunk_task, str(root), rels[a:b], opts, shape, first_rel, meta, key=f"{tag}-{a}-{b}"
+            )
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(rels), initial=begin, desc=f"ingest {output.name}", unit="img", file=sys.stderr, dynamic_ncols=True)
+    results = in_order(client, plan(), window)
+    try:
+        for g in range(len(rels)):  # at most one task per file; the plan ends the loop
+            try:
+                data, ngood, crc, errors = next(results)
+            except StopIteration:
+                break
+            except CarrayStoreError:
+                raise
+            except Exception as exc:  # the cluster gave up on a task (e.g. it killed several workers)
+                start, stop = groups[g]
+                raise IngestError(
+                    f"{root}: the cluster could not decode the chunk of files {rels[start]} .. {rels[stop - 1]} "
+                    f"({type(exc).__name__}: {exc}); ingest those files locally to find the one at fault"
+                ) from exc
+            start, stop = groups[g]
+            for j, err in errors:
+                bad.add(start + j, rels[start + j], err, shape, first_rel)
+            bad_seen[0] += len(errors)
+            failed = {j for j, _ in errors}
+            idx = [i for i in range(start, stop) if i - start not in failed]
+            lab = labels[idx] if labels is not None else None
+            keys = [rels[i] for i in idx]
+            if ngood and writer.nimages % k == 0:
+                writer.append_compressed_chunk(data, ngood, crc, labels=lab, keys=keys)
+            elif ngood:  # a chunk planned before an earlier bad file shifted the boundaries
+                items = np.frombuffer(blosc2.decompress2(data), dtype=meta.np_dtype).reshape(k, *shape)[:ngood]
+                writer.append(items, labels=lab, keys=keys)
+            if bar is not None:
+                bar.update(stop - start)
+        for rel, reason in bad.skipped:
+            writer.add_skipped(rel, reason)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        results.close()  # cancels the tasks still under way, now rather than at garbage collection
+        if bar is not None:
+            bar.close()
+    n = writer.nimages
+    return IngestResult(
+        path=output,
+        nimages=n,
+        image_shape=shape,
+        class_names=class_names,
+        skipped=bad.skipped,
+        ignored=ignored,
+        seconds=time.perf_counter() - t0,
+        nbytes=n * int(np.prod(shape)) * np.dtype(opts.dtype).itemsize,
+        cbytes=writer.file_size or 0,
+    )

@@ -111,6 +111,10 @@ class ChunkProblem:
 #: import always does: ``Store.batches`` delegates to it without importing upward.
 BATCHES: Callable[..., Any] | None = None
 
+#: Set by the package facade (``carraystore/__init__.py``): ``Store.to_dask`` delegates to
+#: :func:`carraystore.dask.to_dask` (an adapter, imported only when called).
+TO_DASK: Callable[..., Any] | None = None
+
 
 class Store:
     """A read-only carraystore store. Get one with ``carraystore.open(path_or_url)``."""
@@ -459,6 +463,12 @@ class Store:
         if BATCHES is None:  # pragma: no cover - `import carraystore` always sets it
             raise RuntimeError("Store.batches needs carraystore.loader: import carraystore first")
         return BATCHES(self, batch_size, **kwargs)
+
+    def to_dask(self) -> Any:
+        """This store as a lazy ``dask.array.Array``, one dask chunk per store chunk; see ``carraystore.dask.to_dask``."""
+        if TO_DASK is None:  # pragma: no cover - `import carraystore` always sets it
+            raise RuntimeError("Store.to_dask needs carraystore.dask: import carraystore first")
+        return TO_DASK(self)
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

@@ -58,12 +58,14 @@ from carraystore.format import (
     StoreMeta,
     StringTable,
     as_records,
+    check_codec_against_header,
     chunk_crc,
     chunk_crc_ok,
     crc32,
     default_chunk_images,
     dtype_to_record,
     metadata_limit,
+    parse_chunk_header,
     validate_key,
 )
 from carraystore.frame import (
@@ -87,6 +89,7 @@ __all__ = [
     "StoreWriter",
     "create",
     "append",
+    "compress_chunk",
     "temp_path",
     "remove_stale_temps",
     "publish",
@@ -469,6 +472,61 @@ class StoreWriter:
     def add_skipped(self, path: str, reason: str) -> None:
         """Record an input that was skipped (kept in the metadata; nothing is dropped silently)."""
         self._skipped.append({"path": path, "reason": reason})
+
+    # -- chunks compressed elsewhere (carraystore.dask) ------------------------------------
+    def append_compressed_chunk(
+        self,
+        data: bytes,
+        nitems: int,
+        crc: int,
+        labels: Sequence[int] | np.ndarray | None = None,
+        keys: Sequence[str] | None = None,
+    ) -> None:
+        """Append one chunk compressed elsewhere by :func:`compress_chunk` (``nitems`` items).
+
+        The writer must stand at a chunk boundary. A full chunk goes into the file as it is; a
+        shorter one is decompressed into the pending buffer (so that it can still be appended
+        to, and is written at ``close()``, as ``append`` would). ``crc`` is checked against
+        ``data``, and the chunk's header against the store's codec.
+        """
+        self._check_open()
+        meta = self._meta
+        k = meta.chunk_images
+        where = f"{self.path}, chunk {self.nimages // k}"
+        if self._fill:
+            raise InvalidInputError(f"{where}: {self._fill} items are pending; a compressed chunk must start at a chunk boundary")
+        if not 0 < int(nitems) <= k:
+            raise InvalidInputError(f"{where}: a compressed chunk holds 1..{k} items, not {nitems}")
+        data = bytes(data)
+        if not chunk_crc_ok(data, int(crc), meta.codec, meta.blocksize, k * meta.image_nbytes):
+            raise CorruptStoreError(f"{where}: the compressed chunk does not match its CRC32 {int(crc):08x}; it was damaged in transit")
+        header = parse_chunk_header(data)
+        check_codec_against_header(meta.codec, meta.blocksize, header, where)
+        if header.nbytes != k * meta.image_nbytes:
+            raise InvalidInputError(f"{where}: the compressed chunk holds {header.nbytes} bytes, a chunk is {k * meta.image_nbytes}")
+        n = int(nitems)
+        lab = self._check_labels(labels, n)
+        keytab = self._check_keys(keys, n)
+        self._check_columns(None, n)
+        if self._has_labels is None:
+            self._has_labels = lab is not None
+        if self._has_keys is None:
+            self._has_keys = keytab is not None
+        if n < k:  # the last chunk so far: kept pending, exactly like a short append
+            blosc2.decompress2(data, dst=self._buf)
+            self._buf[n:].view(np.uint8)[...] = 0
+        if lab is not None:
+            self._labels.append(lab)
+        if keytab is not None:
+            self._keys.append(keytab)
+        if n < k:
+            self._fill = n
+            return
+        ic = self._chunk_start // k
+        with named_write_errors(self._tmp if self._inplace is None else self.path, f"chunk {ic}", len(data)):
+            self._store_chunk(ic, data, self._chunk_start + k)
+        self._crc.append(chunk_crc(data, meta.codec, meta.blocksize))
+        self._chunk_start += k
 
     def close(self) -> None:
         """Finish: write the last chunk and the metadata, fsync, rename into place."""
@@ -1083,3 +1141,28 @@ def _rewrite_metadata(p: Path, new: StoreMeta) -> None:
         raise
     journal.unlink()
     fsync_path(p.parent, directory=True)
+
+
+# -- chunks compressed elsewhere (carraystore.dask: workers compress, one writer places) --------
+
+
+def compress_chunk(meta: StoreMeta, items: np.ndarray) -> tuple[bytes, int]:
+    """Compress up to ``meta.chunk_images`` items as one store chunk: (bytes, its recorded CRC-32).
+
+    The bytes are exactly what :class:`StoreWriter` writes for the same items (zero padding
+    after the last item, the pinned codec); any process can run this and hand the result
+    to :meth:`StoreWriter.append_compressed_chunk`.
+    """
+    k = meta.chunk_images
+    items = np.asarray(items)
+    if items.shape[1:] != meta.image_shape or items.dtype != meta.np_dtype or len(items) > k:
+        raise InvalidInputError(
+            f"compress_chunk: {items.dtype}{items.shape} is not up to {k} items of {meta.np_dtype}{meta.image_shape}"
+        )
+    if len(items) == k and items.flags.c_contiguous:
+        buf = items
+    else:
+        buf = np.zeros((k, *meta.image_shape), dtype=meta.np_dtype)
+        as_records(buf[: len(items)])[...] = as_records(items)
+    data = blosc2.compress2(buf, **meta.codec.cparams(meta.blocksize, 1))
+    return data, chunk_crc(data, meta.codec, meta.blocksize)

@@ -1,0 +1,285 @@
+"""Stores as dask arrays and dask arrays as stores (an adapter; see docs/dask.md).
+
+- :func:`to_dask`: a lazy ``dask.array.Array`` over a store, chunked like the store along
+  axis 0: one task per store chunk reads and decompresses that chunk wherever it runs (a
+  store pickles as its location and options, never as data).
+- :func:`from_dask`: writes a dask array into a store. Every chunk is compressed where it
+  is computed (on the workers); only compressed bytes and their CRC32 travel to the one
+  writer, which places them in order through a bounded window, so its memory stays a few
+  chunks whatever the array's size.
+- :func:`in_order`: that bounded, ordered window over ``dask.distributed`` futures, also
+  used by the distributed ingest (``carraystore.ingest``).
+
+Needs the ``dask`` extra: ``pip install 'carraystore[dask]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from carraystore.errors import InvalidInputError, MissingDependencyError
+from carraystore.format import Codec, StoreMeta
+from carraystore.reader import Store, is_url, open_store
+from carraystore.writer import compress_chunk, create
+
+try:
+    import dask
+    import dask.array as da
+    from dask.base import tokenize
+except ImportError as exc:  # pragma: no cover - the dask extra is not installed
+    raise MissingDependencyError("carraystore.dask needs dask: pip install 'carraystore[dask]'") from exc
+
+__all__ = ["to_dask", "labels", "from_dask", "in_order"]
+
+
+# -- stores as dask arrays -------------------------------------------------------------------
+
+
+def _as_store(store_or_url: Store | str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Store:
+    """An open store whose location means the same in every process (absolute for a local file)."""
+    if isinstance(store_or_url, Store):
+        if storage_options:
+            raise InvalidInputError("storage_options apply when a path or URL is given, not an open Store")
+        if isinstance(store_or_url.path, Path) and not store_or_url.path.is_absolute():
+            return open_store(store_or_url.path.absolute())
+        return store_or_url
+    if not is_url(store_or_url):
+        path = str(store_or_url)
+        return open_store(Path(path[len("file://") :] if path.startswith("file://") else path).absolute(), storage_options)
+    return open_store(store_or_url, storage_options)
+
+
+class _ChunkReader:
+    """What ``da.from_array`` slices: a store chunk's slice reads exactly that chunk.
+
+    Other slices (dask fuses later indexing into the read) read only the chunks they need.
+    Pickles as the store does: its location and options.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.shape = store.shape
+        self.dtype = store.dtype
+        self.ndim = len(self.shape)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        if any(k is Ellipsis or k is None for k in key):
+            return self.store.take(np.arange(len(self.store)))[key]
+        first, rest = (key[0], key[1:]) if key else (slice(None), ())
+        if isinstance(first, slice):
+            start, stop, step = first.indices(len(self.store))
+            k = self.store.chunk_images
+            if step == 1 and stop > start and start % k == 0 and stop == min(start + k, len(self.store)):
+                block = self.store.read_chunk(start // k)
+            else:
+                block = self.store.take(np.arange(start, stop, step))
+            return block[(slice(None), *rest)] if rest else block
+        block = self.store[first]
+        return block[rest] if rest else block
+
+
+def to_dask(store_or_url: Store | str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> da.Array:
+    """A lazy dask array of a store's items, one dask chunk per store chunk.
+
+    ``store_or_url`` is an open :class:`~carraystore.Store`, a path or a URL (with
+    ``storage_options`` for URLs). Works with any dask scheduler, including a
+    ``dask.distributed`` cluster of worker processes: each task reopens the store by
+    location and reads and decompresses its chunk there.
+    """
+    store = _as_store(store_or_url, storage_options)
+    n, k = len(store), store.chunk_images
+    axis0 = tuple(min(k, n - s) for s in range(0, n, k)) or (0,)
+    chunks = (axis0, *((d,) for d in store.item_shape))
+    crcs = np.asarray(store.meta.crc32).tobytes()
+    name = "carraystore-" + tokenize(str(store.location), store.storage_options, store.shape, str(store.dtype), crcs)
+    meta = np.empty((0,) * len(store.shape), dtype=store.dtype)
+    return da.from_array(_ChunkReader(store), chunks=chunks, name=name, meta=meta, lock=False, inline_array=False)
+
+
+def labels(store_or_url: Store | str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> np.ndarray:
+    """The store's labels as a **numpy** int64 array (one per item, in memory).
+
+    Labels live in the store's metadata, so they are small and already read; a numpy array
+    also indexes a dask array directly (``x[labels(s) == 3]``). Raises InvalidInputError
+    for an unlabelled store.
+    """
+    store = _as_store(store_or_url, storage_options)
+    if store.labels is None:
+        raise InvalidInputError(f"{store.location}: the store has no labels")
+    return np.array(store.labels, dtype=np.int64)
+
+
+# -- the ordered window ---------------------------------------------------------------------
+
+
+def default_client() -> Any | None:
+    """The current ``dask.distributed`` client, or None (no client, or distributed not installed)."""
+    try:
+        from distributed import default_client as _default_client
+    except ImportError:  # pragma: no cover - distributed is part of the dask extra
+        return None
+    try:
+        return _default_client()
+    except ValueError:
+        return None
+
+
+def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> Iterator[Any]:
+    """Results of futures in submission order, with at most ``window`` futures alive at a time.
+
+    ``submits`` yields callables that each submit work to ``client`` and return its future
+    (or a list of futures, e.g. ``client.compute`` of several tasks sharing inputs). It is
+    pulled lazily, whenever fewer than ``window`` futures are alive, so that it can plan the
+    next task from the results yielded so far. Results are fetched one at a time, in order:
+    those that finish early wait on the workers, so this process holds one result at a time.
+    Each future is released once its result is taken; a worker lost midway is handled by
+    the scheduler (its tasks run again elsewhere). On an error the remaining work is cancelled.
+    """
+    window = max(1, int(window))
+    it = iter(submits)
+    alive: deque[Any] = deque()
+
+    def fill() -> None:
+        while len(alive) < window:
+            make = next(it, None)
+            if make is None:
+                return
+            got = make()
+            alive.extend(got if isinstance(got, list) else [got])
+
+    try:
+        fill()
+        while alive:
+            fut = alive.popleft()
+            value = fut.result()
+            fut.release()
+            yield value
+            fill()  # after the consumer has seen the value: it may steer the next submission
+    finally:
+        if alive:
+            client.cancel(list(alive))
+
+
+# -- dask arrays as stores -------------------------------------------------------------------
+
+
+def _compress_block(block: np.ndarray, meta: StoreMeta) -> tuple[bytes, int, int]:
+    """On a worker: one store chunk of items -> (compressed bytes, item count, CRC32)."""
+    data, crc = compress_chunk(meta, np.ascontiguousarray(block))
+    return data, len(block), crc
+
+
+def from_dask(
+    x: Any,
+    path_or_url: str | os.PathLike[str],
+    labels: Sequence[int] | np.ndarray | Any | None = None,
+    keys: Sequence[str] | None = None,
+    class_names: Sequence[str] | None = None,
+    codec: Codec | str | None = None,
+    attrs: dict[str, Any] | None = None,
+    *,
+    chunk_images: int | None = None,
+    overwrite: bool = False,
+    window: int | None = None,
+    lock_timeout: float | None = 0.0,
+) -> Store:
+    """Write a dask array (N, *item_shape) into a new store at ``path_or_url``; return it opened.
+
+    Any shape and dtype a store takes: images (N, H, W, C) uint8, or other items (model
+    outputs, features: ``layout="array"``). The array is rechunked along axis 0 to the
+    store's chunk size (``chunk_images``, default about 4 MiB per chunk) and whole along the
+    other axes. Each chunk is compressed where it is computed; the writer (this process)
+    receives only compressed chunks and their CRCs, in order, one at a time; at most
+    ``window`` chunks are under way (default: 8 per cluster thread, at least 32). With a
+    ``dask.distributed`` client that is the cluster; otherwise dask's current scheduler
+    computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask,
+    one integer per item) and ``keys`` (strings) are optional. Writing to a URL is not
+    supported yet. Atomic: the store appears only when complete. ``lock_timeout``: seconds to
+    wait while another writer holds ``path`` (None: for ever), then
+    :class:`~carraystore.errors.StoreLockedError`.
+    """
+    if is_url(path_or_url):
+        raise InvalidInputError(
+            f"{path_or_url}: from_dask writes local files only; write to a local path and upload the file"
+        )
+    x = x if isinstance(x, da.Array) else da.asarray(x)
+    if x.ndim < 1:
+        raise InvalidInputError(f"from_dask needs an array of items (N, ...), got a {x.ndim}-d array")
+    if any(np.isnan(c) for c in x.chunks[0]):
+        raise InvalidInputError("the array's chunk sizes along axis 0 are unknown; call x.compute_chunk_sizes() first")
+    n = int(x.shape[0])
+    lab = None
+    if labels is not None:
+        lab = np.asarray(labels.compute() if isinstance(labels, da.Array) else labels)
+        if lab.shape != (n,):
+            raise InvalidInputError(f"{path_or_url}: {lab.shape} labels for {n} items; give one integer label per item")
+    keylist = None
+    if keys is not None:
+        keylist = [str(k) for k in keys]
+        if len(keylist) != n:
+            raise InvalidInputError(f"{path_or_url}: {len(keylist)} keys for {n} items; give one key per item")
+    provenance = {"source_kind": "dask_array", "source": f"dask array {x.dtype}{tuple(x.shape)}"}
+    with create(
+        path_or_url,
+        x.shape[1:],
+        dtype=x.dtype,
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        attrs=attrs,
+        overwrite=overwrite,
+        provenance=provenance,
+        lock_timeout=lock_timeout,
+        nthreads=1,  # the short last chunk is compressed here: one thread, the same bytes as compress_chunk
+    ) as writer:
+        meta = writer.meta
+        k = meta.chunk_images
+        if n:
+            want = {0: k, **{i: -1 for i in range(1, x.ndim)}}
+            if x.chunks[0][:-1] != (k,) * (len(x.chunks[0]) - 1) or x.chunks[0][-1] > k or any(len(c) > 1 for c in x.chunks[1:]):
+                x = x.rechunk(want)
+            blocks = x.to_delayed(optimize_graph=True).reshape(-1)
+            # meta rides in the function: dask.delayed would walk the dataclass for every task
+            compress = dask.delayed(functools.partial(_compress_block, meta=meta), pure=True)
+            tasks = [compress(b) for b in blocks]
+            with contextlib.closing(_compute_in_order(tasks, window)) as results:  # cancels what is left on an error
+                for i, (data, count, crc) in enumerate(results):
+                    sl = slice(i * k, i * k + count)
+                    writer.append_compressed_chunk(
+                        data,
+                        count,
+                        crc,
+                        labels=lab[sl] if lab is not None else None,
+                        keys=keylist[sl] if keylist is not None else None,
+                    )
+        elif lab is not None or keylist is not None:
+            writer.append(np.empty((0, *meta.image_shape), dtype=meta.np_dtype), labels=lab, keys=keylist)
+    return open_store(Path(path_or_url))
+
+
+def _compute_in_order(tasks: list[Any], window: int | None) -> Iterator[Any]:
+    """Compute delayed tasks, yielding results in order.
+
+    Tasks go to the scheduler in batches (one graph each, so that chunks sharing an input
+    block, as after a rechunk, compute it once), at most two batches at a time. With a
+    distributed client the results wait on the workers and this process fetches one at a
+    time; with another scheduler a batch's results (compressed chunks) are held here.
+    """
+    client = default_client()
+    nthreads = sum(client.nthreads().values()) if client is not None else (os.cpu_count() or 1)
+    batch = max(1, window // 2) if window else max(16, 4 * nthreads)
+    batches = [tasks[i : i + batch] for i in range(0, len(tasks), batch)]
+    if client is not None:
+        yield from in_order(client, ((lambda b=b: client.compute(b)) for b in batches), 2 * batch)
+        return
+    for b in batches:
+        yield from dask.compute(*b)
