@@ -628,8 +628,6 @@ def _ingest_one(
     overwrite: bool,
     progress: bool,
     lock_timeout: float | None,
-    storage_options: dict[str, Any] | None = None,
-    tmp_dir: str | os.PathLike[str] | None = None,
     attrs: dict[str, Any] | None,
     provenance: dict[str, Any],
     max_skipped: float | int = DEFAULT_MAX_SKIPPED,
@@ -992,6 +990,8 @@ def _ingest_on_cluster(
     lock_timeout: float | None,
     attrs: dict[str, Any] | None,
     provenance: dict[str, Any],
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> IngestResult:
     """``_ingest_one`` with the decoding on a dask.distributed cluster (same order, same bytes).
 
