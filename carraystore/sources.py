@@ -31,6 +31,7 @@ class LocalFileSource:
         self.location = str(self.path)
         self._fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self._size = os.fstat(self._fd).st_size
+        self._map_len = self._size  # bytes the memory map covers (a JournalSource may cover fewer)
         self._map: mmap.mmap | None = None
         self._map_lock = threading.Lock()
 
@@ -47,7 +48,7 @@ class LocalFileSource:
                 if self._map is None:
                     if self._fd is None:
                         raise ValueError(f"{self.location}: the file was closed")
-                    self._map = mmap.mmap(self._fd, self._size, access=mmap.ACCESS_READ) if self._size else None
+                    self._map = mmap.mmap(self._fd, self._map_len, access=mmap.ACCESS_READ) if self._map_len else None
                 m = self._map
         if m is None:
             return memoryview(b"")
