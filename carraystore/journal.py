@@ -195,7 +195,6 @@ class JournalSource(LocalFileSource):
         if self._size < journal.old_len and not self._covered(self._size, journal.old_len):
             self.close()
             raise CorruptStoreError(f"{path}: shorter ({self._size} bytes) than its journal's old length {journal.old_len}")
-        self._map_len = min(self._size, journal.old_len)
         self._size = journal.old_len
         self.location = str(self.path)
 
@@ -229,7 +228,7 @@ class JournalSource(LocalFileSource):
         return bytes(out)
 
     def view(self, offset: int, length: int) -> memoryview:
-        if self._overlay(offset, length) or offset + length > self._map_len:
+        if self._overlay(offset, length):
             return memoryview(self.read(offset, length))
         return super().view(offset, length)
 
