@@ -560,3 +560,21 @@ def test_opening_during_a_meta_update_loop_never_sees_damage(tmp_path: Path) -> 
         assert len(s) == n and s.verify() == [] and np.array_equal(s[:], _images(0, n))
     assert not (tmp_path / ".s.b2nd.journal").exists()
     assert path.read_bytes()[start:stop] == pixels  # the first chunks' bytes, never rewritten
+
+
+def test_a_meta_update_of_an_empty_store_is_in_place_and_locked(tmp_path: Path) -> None:
+    from carraystore.lock import WriterLock
+    from carraystore.writer import update_metadata
+
+    path = tmp_path / "s.b2nd"
+    with carraystore.create(path, SHAPE, chunk_images=CHUNK, attrs={"a": 1}):
+        pass
+    inode = path.stat().st_ino
+    with WriterLock(path, purpose="ingest"):  # any writer excludes it, and it waits with a timeout
+        with pytest.raises(StoreLockedError, match=r"being written by ingest .* \(waited 0.2 s\)"):
+            update_metadata(path, attrs={"b": 2}, lock_timeout=0.2)
+    assert update_metadata(path, attrs={"b": 2}, remove_attrs=["a"]).attrs == {"b": 2}
+    assert path.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == ["s.b2nd"]
+    _append(path, 0, 5)  # and it appends as before
+    with carraystore.open(path) as s:
+        assert s.attrs == {"b": 2} and len(s) == 5 and s.verify() == []
