@@ -27,6 +27,17 @@ def migrate(*args, **kwargs):  # type: ignore[no-untyped-def]
     return _migrate(*args, **kwargs)
 
 
+def copy(src, dst, *, storage_options=None, dst_storage_options=None, overwrite=False, verify=True, progress=False):  # type: ignore[no-untyped-def]
+    """Copy a store between two locations (paths or URLs), streamed and verified chunk by chunk.
+
+    See ``carraystore.transfer.copy_store``; returns a CopyResult.
+    """
+    from carraystore.transfer import copy_store
+
+    return copy_store(src, dst, storage_options=storage_options, dst_storage_options=dst_storage_options,
+                      overwrite=overwrite, verify=verify, progress=progress)
+
+
 __all__ = [
     "__version__",
     "FORMAT_VERSION",
@@ -41,5 +52,6 @@ __all__ = [
     "open",
     "from_directory",
     "migrate",
+    "copy",
     *_errors_all,
 ]

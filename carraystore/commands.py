@@ -1,4 +1,4 @@
-"""CLI sub-commands for the store itself: ingest, info, meta, verify, preview, export."""
+"""CLI sub-commands for the store itself: ingest, info, meta, verify, preview, export, copy."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import numpy as np
 from carraystore.errors import CarrayStoreError, InvalidInputError, NotAStoreError
 from carraystore.format import PRESETS, Codec
 
-__all__ = ["register", "store_info", "make_contact_sheet", "export_images"]
+__all__ = ["register", "store_info", "make_contact_sheet", "export_images", "add_write_arguments", "storage_options_arg"]
 
 
 def _codec_from_args(args: argparse.Namespace) -> Codec | None:
@@ -149,6 +149,25 @@ def open_for_cli(path: str | os.PathLike[str]) -> Any:
         raise
 
 
+def storage_options_arg(text: str) -> dict[str, Any]:
+    """Parse ``--storage-options`` (a JSON object)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError('must be a JSON object, e.g. \'{"endpoint_url": "http://127.0.0.1:8333"}\'')
+    return value
+
+
+def add_write_arguments(p: argparse.ArgumentParser) -> None:
+    """--storage-options / --tmp-dir for commands that write a store that may be a URL."""
+    p.add_argument("--storage-options", type=storage_options_arg, metavar="JSON",
+                   help="options for an s3:// or gs:// output, as pandas/zarr take them (the AWS_* environment works too)")
+    p.add_argument("--tmp-dir", metavar="DIR",
+                   help="where a store bound for a URL is staged before its upload (default: $TMPDIR)")
+
+
 # -- ingest ----------------------------------------------------------------------------------
 
 
@@ -181,6 +200,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         validation_split=args.validation_split,
         subset=args.subset,
         lock_timeout=args.wait,
+        storage_options=args.storage_options,
+        tmp_dir=args.tmp_dir,
     )
     results = result if isinstance(result, dict) else {"": result}
     for r in results.values():
@@ -556,6 +577,25 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- copy ------------------------------------------------------------------------------------
+
+
+def _cmd_copy(args: argparse.Namespace) -> int:
+    from carraystore.transfer import copy_store
+
+    result = copy_store(
+        args.src,
+        args.dst,
+        storage_options=args.storage_options,
+        dst_storage_options=args.dst_storage_options,
+        overwrite=args.overwrite,
+        verify=args.verify,
+        progress=not args.quiet and sys.stderr.isatty(),
+    )
+    print(result.summary())
+    return 0
+
+
 # -- registration ------------------------------------------------------------------------------
 
 
@@ -566,7 +606,7 @@ def register(sub: Any) -> None:
         "With --split-dirs, every sub-folder of SRC (train/, validation/, test/) becomes OUT/<split>.b2nd; "
         "with --validation-split F --subset both, OUT/training.b2nd and OUT/validation.b2nd hold Keras' split."))
     p.add_argument("src", help="folder of images")
-    p.add_argument("out", help="output store (.b2nd), or a folder with --split-dirs or --subset both")
+    p.add_argument("out", help="output store (.b2nd path or s3:// / gs:// URL), or a folder or URL prefix with --split-dirs or --subset both")
     p.add_argument("--labels", choices=["inferred", "none"], default="inferred", help="labels from class sub-folders, or none")
     p.add_argument("--class-names", nargs="+", metavar="NAME", help="class folders to use, in label order")
     p.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image (default: keep size; all must agree)")
@@ -599,6 +639,7 @@ def register(sub: Any) -> None:
                    help="while another writer holds the output store, wait up to SECONDS (default: fail at once)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_codec_arguments(p)
+    add_write_arguments(p)
     p.set_defaults(func=_cmd_ingest)
 
     p = sub.add_parser("info", help="describe a store", description=(
@@ -651,6 +692,19 @@ def register(sub: Any) -> None:
     p.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95)")
     p.add_argument("--overwrite", action="store_true", help="replace files that already exist")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("copy", help="copy a store between local paths, s3:// / gs:// and http(s):// (verified)", description=(
+        "Copy the store SRC to DST (each a path or URL; http(s) only as SRC), streamed with a bounded amount of memory. "
+        "Every chunk's CRC32 is checked as it is read, the copy appears at DST only when complete, and it is then "
+        "re-read and compared with SRC (metadata and every chunk)."))
+    p.add_argument("src", help="source store: path or URL")
+    p.add_argument("dst", help="destination store: path, s3://bucket/key.b2nd or gs://...")
+    p.add_argument("--storage-options", type=storage_options_arg, metavar="JSON", help="options for SRC (and DST when both are URLs)")
+    p.add_argument("--dst-storage-options", type=storage_options_arg, metavar="JSON", help="options for DST when they differ from SRC's")
+    p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip re-reading the published copy")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_copy)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -36,10 +36,20 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from carraystore import blocks
-from carraystore.errors import CarrayStoreError, InvalidInputError, LoaderError
+from carraystore.errors import CarrayStoreError, ChecksumError, ClipError, InvalidInputError, LoaderChecksumError, LoaderError, RemoteReadError
 from carraystore.forksafe import FORK_GATE, at_fork_in_child
 from carraystore.reader import Store, open_store
-from carraystore.sampling import EpochPlan, Shuffle, _check_shuffle, clip_starts, group_runs, num_batches, plan_epoch, shard_length
+from carraystore.sampling import (
+    EpochPlan,
+    Shuffle,
+    _check_shuffle,
+    clip_offsets,
+    clip_starts,
+    group_runs,
+    num_batches,
+    plan_epoch,
+    shard_length,
+)
 
 __all__ = [
     "LoaderOptions",
@@ -59,7 +69,8 @@ DEFAULT_WINDOW = 16
 Batch = Tuple[np.ndarray, Optional[np.ndarray]]
 Transform = Callable[[np.ndarray, Optional[np.ndarray]], Tuple[Any, Any]]
 
-_LABEL_MODES = ("int", "categorical", None)
+_LABEL_MODES = ("int", "categorical", "binary", None)
+_CLIP_STARTS = ("random", "fixed")
 
 
 def default_threads() -> int:
@@ -97,12 +108,17 @@ class LoaderOptions:
       cover every sample (``drop_remainder=False`` pads a shard by wrapping around,
       ``True`` drops the few samples over and also the last short batch).
     - ``transform(x, y) -> (x, y)``: a per-batch numpy function, run in a loader thread.
-    - ``label_mode``: ``"int"`` (int64 labels), ``"categorical"`` (float32 one-hot) or None.
-      Unlabelled stores give ``y = None``.
+    - ``label_mode``: ``"int"`` (int64 labels), ``"categorical"`` (float32 one-hot),
+      ``"binary"`` (float32 0/1, stores of two classes) or None (x only), as in
+      ``keras.utils.image_dataset_from_directory``. Unlabelled stores give ``y = None``.
     - ``sequence_length=L``: x is (B, L, *item) clips of consecutive samples that never
       cross a group (the key's parent folder, or ``groups``, one value per sample);
       clips step by ``sequence_stride`` (default L); y is the first frame's label.
-    - ``verify``: check every chunk's CRC32 before decoding it (always on for remote stores).
+      ``clip_starts="random"`` (default) shifts each group's clips by a random offset
+      every epoch (a pure function of seed and epoch; the number of clips never
+      changes); ``"fixed"`` starts them at the group's first frame every epoch.
+    - ``verify``: check every chunk's CRC32 before decoding it (default True; always on
+      for remote stores). ``verify=False`` skips the check on local stores.
     - ``prefetch``: decoded chunks held beyond the current window (default ``window``).
     - ``num_threads``: decoder threads (default: the cpu count, 2 to 8), each
       decompressing whole chunks with one blosc2 thread.
@@ -122,7 +138,8 @@ class LoaderOptions:
     sequence_length: int | None = None
     sequence_stride: int | None = None
     groups: Sequence[Any] | np.ndarray | None = None
-    verify: bool = False
+    clip_starts: str = "random"
+    verify: bool = True
     prefetch: int | None = None
     num_threads: int | None = None
     queue_size: int = 2
@@ -140,7 +157,7 @@ class LoaderOptions:
             raise InvalidInputError(f"rank {self.rank} must be below world_size {self.world_size}")
         s(self, "drop_remainder", bool(self.drop_remainder))
         if self.label_mode not in _LABEL_MODES:
-            raise InvalidInputError(f"label_mode must be 'int', 'categorical' or None, got {self.label_mode!r}")
+            raise InvalidInputError(f"label_mode must be 'int', 'categorical', 'binary' or None, got {self.label_mode!r}")
         if self.transform is not None and not callable(self.transform):
             raise InvalidInputError("transform must be a function (x, y) -> (x, y)")
         if self.sequence_length is not None:
@@ -149,6 +166,8 @@ class LoaderOptions:
                 s(self, "sequence_stride", _int_arg("sequence_stride", self.sequence_stride, 1))
         elif self.groups is not None or self.sequence_stride is not None:
             raise InvalidInputError("groups= and sequence_stride= only apply with sequence_length=")
+        if self.clip_starts not in _CLIP_STARTS:
+            raise InvalidInputError(f"clip_starts must be 'random' or 'fixed', got {self.clip_starts!r}")
         s(self, "verify", bool(self.verify))
         s(self, "prefetch", self.window if self.prefetch is None else _int_arg("prefetch", self.prefetch, 0))
         s(self, "num_threads", default_threads() if self.num_threads is None else _int_arg("num_threads", self.num_threads, 1))
@@ -178,8 +197,9 @@ class LoaderSpec:
     batch_size: int
     options: LoaderOptions
     num_classes: int
-    items: np.ndarray | None  # clip starts for sequences, None for every sample
+    items: np.ndarray | None  # clip starts for sequences (fixed starts), None for every sample
     span: int
+    runs: np.ndarray | None = None  # sequences: boundaries of the groups' runs
 
     # -- the options, by name ---------------------------------------------------------------
     shuffle = property(lambda self: self.options.shuffle)
@@ -216,9 +236,23 @@ class LoaderSpec:
         return (n, *item) if self.span == 1 else (n, self.span, *item)
 
     def y_shape(self, n: int | None) -> tuple[int | None, ...]:
-        return (n, self.num_classes) if self.label_mode == "categorical" else (n,)
+        if self.label_mode == "categorical":
+            return (n, self.num_classes)
+        return (n, 1) if self.label_mode == "binary" else (n,)
+
+    @property
+    def y_dtype(self) -> np.dtype:
+        return np.dtype(np.int64 if self.label_mode == "int" else np.float32)
 
     # -- per epoch --------------------------------------------------------------------------
+    def items_for(self, epoch: int) -> np.ndarray | None:
+        """The epoch's items: clip starts shifted by the epoch's offsets, or every sample (None)."""
+        if self.items is None or self.runs is None or self.options.clip_starts == "fixed":
+            return self.items
+        o = self.options
+        offsets = clip_offsets(self.runs, self.span, o.sequence_stride, seed=o.seed, epoch=epoch)
+        return clip_starts(self.runs, self.span, o.sequence_stride, offsets=offsets)
+
     def plan(self, epoch: int) -> EpochPlan:
         return plan_epoch(
             len(self.store),
@@ -230,7 +264,7 @@ class LoaderSpec:
             rank=self.rank,
             world_size=self.world_size,
             drop_remainder=self.drop_remainder,
-            items=self.items,
+            items=self.items_for(epoch),
             span=self.span,
         )
 
@@ -247,6 +281,8 @@ class LoaderSpec:
             if y.size and int(y.max()) >= self.num_classes:
                 raise LoaderError(f"{self.store.location}: label {int(y.max())} is outside the {self.num_classes} classes")
             return np.eye(self.num_classes, dtype=np.float32)[y]
+        if self.label_mode == "binary":
+            return y.astype(np.float32).reshape(-1, 1)
         return y
 
     def finish(self, x: np.ndarray, y: np.ndarray | None, batch: int, epoch: int, plan: EpochPlan) -> tuple[Any, Any]:
@@ -281,10 +317,7 @@ class LoaderSpec:
                     store.check_chunk_bytes(chunk, data)
             return np.frombuffer(data, dtype=np.uint8)
         except Exception as exc:
-            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) else ""
-            err = LoaderError(f"{store.location}: loading chunk {chunk} failed: {type(exc).__name__}: {exc}{hint}")
-            err.chunk = chunk  # type: ignore[attr-defined]
-            raise err from exc
+            raise _chunk_error(store, chunk, exc) from exc
 
     def decode_chunk(self, chunk: int, out: np.ndarray) -> None:
         """Read, check and decompress one chunk into ``out``; errors become LoaderError naming it."""
@@ -299,10 +332,16 @@ class LoaderSpec:
                 # chunks came 1.8x faster this way on 2 cores)
                 store.decompress_chunk(chunk, data, out, nthreads=1)
         except Exception as exc:
-            hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) else ""
-            err = LoaderError(f"{store.location}: loading chunk {chunk} failed: {type(exc).__name__}: {exc}{hint}")
-            err.chunk = chunk  # type: ignore[attr-defined]
-            raise err from exc
+            raise _chunk_error(store, chunk, exc) from exc
+
+
+def _chunk_error(store: Store, chunk: int, exc: BaseException) -> LoaderError:
+    """A LoaderError naming the chunk (a LoaderChecksumError for a CRC32 mismatch)."""
+    hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) and not isinstance(exc, RemoteReadError) else ""
+    cls = LoaderChecksumError if isinstance(exc, ChecksumError) else LoaderError
+    err = cls(f"{store.location}: loading chunk {chunk} failed: {type(exc).__name__}: {exc}{hint}")
+    err.chunk = chunk  # type: ignore[attr-defined]
+    return err
 
 
 def _open(store_or_path: Any) -> Store:
@@ -328,7 +367,13 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
         ncls = int(np.max(labels)) + 1
     else:
         ncls = 0
-    items = None
+    if options.label_mode == "binary" and labels is not None and ncls > 2:
+        names = f" ({', '.join(store.class_names)})" if store.class_names else ""
+        raise InvalidInputError(
+            f"{store.location}: label_mode='binary' needs at most 2 classes, the store has {ncls}{names}; "
+            "use label_mode='int' or 'categorical'"
+        )
+    items = runs = None
     span = 1
     if options.sequence_length is not None:
         span = options.sequence_length
@@ -339,8 +384,22 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
             groups = [posixpath.dirname(k) for k in keys] if keys is not None else np.zeros(n, dtype=np.int8)
         elif len(groups) != n:
             raise InvalidInputError(f"{store.location}: groups has {len(groups)} entries for {n} samples; give one per sample")
-        items = clip_starts(group_runs(groups), span, options.sequence_stride)
-    return LoaderSpec(store=store, batch_size=batch_size, options=options, num_classes=ncls, items=items, span=span)
+        if store.provenance.get("shuffled"):
+            raise ClipError(
+                f"{store.location} was written in a shuffled order (its provenance says shuffled=True), so neighbouring "
+                "samples are not consecutive frames and sequence_length= cannot make clips; write the store again "
+                "with `carraystore ingest --keep-order` (or from_directory(..., keep_order=True))"
+            )
+        runs = group_runs(groups)
+        items = clip_starts(runs, span, options.sequence_stride)
+        if n and not len(items):
+            longest = int(np.diff(runs).max())
+            raise ClipError(
+                f"{store.location}: no group holds {span} consecutive samples (the longest run of one group is "
+                f"{longest}), so sequence_length={span} makes no clip; lower sequence_length, pass groups=, "
+                "or write the frames in order with `carraystore ingest --keep-order`"
+            )
+    return LoaderSpec(store=store, batch_size=batch_size, options=options, num_classes=ncls, items=items, span=span, runs=runs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -466,12 +525,16 @@ def direct_possible(store: Store) -> bool:
     """Whether batches can be decompressed image by image, straight into their slots.
 
     That needs blocks of one item (the ``fast`` preset on images over 64 KiB, or
-    ``Codec(block_images=1)``) and c-blosc2's getitem (see :mod:`carraystore.blocks`).
+    ``Codec(block_images=1)``), no bytedelta filter, and c-blosc2's getitem (see
+    :mod:`carraystore.blocks`).
     Each item is then decompressed once, into the batch: no decoded chunk in memory.
     """
     codec = store.codec
     return (
         codec.block_images == 1
+        # libblosc2's getitem fails on bytedelta chunks (error -18, the filter pipeline): the
+        # default preset on images over 64 KiB, e.g. 224x224 RGB, decodes whole chunks instead
+        and "bytedelta" not in codec.filters
         and codec.typesize is not None
         and store.meta.image_nbytes % codec.typesize == 0
         and blocks.available()
@@ -655,8 +718,17 @@ class EpochDecoder:
         return win
 
     def _announce(self, w: int) -> None:
-        """Tell the byte source which chunks come next (up to a window beyond ``w``)."""
-        last = min(self.plan.nwindows - 1, w + 1)
+        """Tell the byte source which chunks come next: up to a window beyond ``w``; for a
+        remote source two windows and at least its ``max_inflight`` chunks beyond it, so that
+        many ranged GETs are in flight (the source bounds the bytes it fetches ahead)."""
+        want = int(getattr(self.spec.store.source, "max_inflight", 0) or 0)
+        # a remote source gets two windows ahead: the next one is often fetched before it is
+        # decoded, and the link must not idle meanwhile
+        last = min(self.plan.nwindows - 1, w + (2 if want else 1))
+        n = sum(len(self.plan.window_chunks[v]) for v in range(w + 1, last + 1))
+        while n < want and last + 1 < self.plan.nwindows:
+            last += 1
+            n += len(self.plan.window_chunks[last])
         if last <= self._announced and w <= self._announced:
             return
         first = max(w, self._announced + 1)

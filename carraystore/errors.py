@@ -22,7 +22,11 @@ __all__ = [
     "LoaderError",
     "WriteError",
     "NoSpaceError",
+    "ClipError",
+    "LoaderChecksumError",
     "StoreLockedError",
+    "RemoteReadError",
+    "UploadError",
 ]
 
 
@@ -100,5 +104,35 @@ class WriteError(CarrayStoreError, OSError):
 
 class NoSpaceError(WriteError):
     """The file system ran out of space while a store or an exported file was written."""
+
+
 class StoreLockedError(CarrayStoreError):
     """Another writer (append, ingest, migrate, create) holds the store's writer lock."""
+class RemoteReadError(CarrayStoreError, OSError):
+    """Bytes of a remote store (object storage, HTTP) could not be read, after retries.
+
+    The message names the URL and the byte range (and the chunk where known); ``url``,
+    ``offset``, ``length`` and ``attempts`` say the same as attributes.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None, length: int | None = None, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.url = url
+        self.offset = offset
+        self.length = length
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UploadError(CarrayStoreError):
+    """Writing a store to object storage failed; nothing was published at the URL."""
+
+
+class ClipError(InvalidInputError):
+    """``sequence_length=`` cannot make clips from this store (shuffled, or groups too short)."""
+
+
+class LoaderChecksumError(LoaderError, ChecksumError):
+    """A loader read a chunk that fails its CRC32 check (``err.chunk`` names it)."""

@@ -29,6 +29,11 @@ from carraystore.errors import (
     UnknownCodecError,
 )
 
+try:  # the same CRC32 as zlib's, ~8x faster (ISA-L); zlib where no isal wheel exists
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - isal is a dependency
+    _crc32 = zlib.crc32
+
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -906,8 +911,12 @@ def _columns_from_record(rec: Any, n: int, where: str) -> dict[str, np.ndarray]:
 
 
 def crc32(data: bytes) -> int:
-    """CRC32 of a compressed chunk, as recorded in the metadata."""
-    return zlib.crc32(data) & 0xFFFFFFFF
+    """CRC32 of a compressed chunk, as recorded in the metadata (zlib's CRC32).
+
+    Computed with ISA-L (``isal``) when installed, about 8x zlib's speed on the same
+    polynomial, so that checking every chunk a loader reads costs little.
+    """
+    return _crc32(data) & 0xFFFFFFFF
 
 
 # -- chunk sizes and checks (shared by the reader and the writer) ------------------------

@@ -44,8 +44,11 @@ class ByteSource(Protocol):
     def size(self) -> int:
         """Total size in bytes."""
 
-    def read(self, offset: int, length: int) -> bytes:
-        """Exactly ``length`` bytes at ``offset`` (thread-safe); raise when they cannot be had."""
+    def read(self, offset: int, length: int) -> bytes | memoryview:
+        """Exactly ``length`` bytes at ``offset`` (thread-safe); raise when they cannot be had.
+
+        ``bytes`` or a read-only ``memoryview`` (a remote source hands out views of the
+        buffers its responses arrived in, without a copy)."""
 
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """The bytes of every (offset, length) range, in the order given, fetched concurrently."""

@@ -28,6 +28,7 @@ from PIL import Image
 
 from carraystore.errors import ImageDecodeError, IngestError, InvalidInputError
 from carraystore.format import Codec, validate_key
+from carraystore.reader import is_url
 from carraystore.writer import StoreWriter, check_class_names, create
 
 __all__ = [
@@ -93,7 +94,8 @@ class DecodeOptions:
 class IngestResult:
     """What an ingest did: output path, counts, class names, skipped files, speed."""
 
-    path: Path
+    #: the store's path, or its URL
+    path: Path | str
     nimages: int
     image_shape: tuple[int, ...]
     class_names: tuple[str, ...] | None
@@ -540,7 +542,7 @@ def _drop_bad_names(
 
 def _ingest_one(
     root: Path,
-    output: Path,
+    output: Path | str,
     rels: list[str],
     labels: np.ndarray | None,
     class_names: tuple[str, ...] | None,
@@ -559,6 +561,8 @@ def _ingest_one(
     attrs: dict[str, Any] | None,
     provenance: dict[str, Any],
     max_skipped: float | int = DEFAULT_MAX_SKIPPED,
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> IngestResult:
     if not rels:
         raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
@@ -590,6 +594,8 @@ def _ingest_one(
             overwrite=overwrite,
             provenance=provenance,
             lock_timeout=lock_timeout,
+            storage_options=storage_options,
+            tmp_dir=tmp_dir,
         )
 
     def flush() -> None:
@@ -611,7 +617,7 @@ def _ingest_one(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(rels), desc=f"ingest {output.name}", unit="img", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=len(rels), desc=f"ingest {str(output).rsplit('/', 1)[-1]}", unit="img", file=sys.stderr, dynamic_ncols=True)
     try:
         for pos, (rel, arr, err) in enumerate(_decoded(root, rels, opts, workers)):
             if bar is not None:
@@ -689,7 +695,7 @@ def _ingest_one(
         ignored=ignored,
         seconds=time.perf_counter() - t0,
         nbytes=n * int(np.prod(shape)) * np.dtype(opts.dtype).itemsize,
-        cbytes=output.stat().st_size,
+        cbytes=writer.file_size or 0,
     )
 
 
@@ -721,6 +727,8 @@ def from_directory(
     validation_split: float | None = None,
     subset: str | None = None,
     lock_timeout: float | None = 0.0,
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -751,6 +759,10 @@ def from_directory(
     call, ``output/training.b2nd`` and ``output/validation.b2nd``, and returns a dict.
     ``lock_timeout``: seconds to wait while another writer holds the output store (None:
     for ever); then :class:`~carraystore.errors.StoreLockedError` names the holder.
+
+    ``output`` may be a URL (``s3://bucket/train.b2nd``; with ``split_dirs`` a prefix
+    ``s3://bucket/data`` that receives ``<split>.b2nd`` objects): each store is written in a
+    staging folder under ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete.
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
@@ -772,6 +784,8 @@ def from_directory(
         attrs=attrs,
         max_skipped=max_skipped,
         lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
     )
 
     def provenance(src_name: str) -> dict[str, Any]:
@@ -790,6 +804,7 @@ def from_directory(
             "seed": seed if shuffle else None,
         }
 
+    remote = is_url(output)
     if (validation_split is None) != (subset is None):
         raise InvalidInputError(
             "validation_split and subset go together (as in Keras): e.g. validation_split=0.2, subset='both' "
@@ -800,7 +815,7 @@ def from_directory(
     if subset is not None and split_dirs:
         raise InvalidInputError("split_dirs already gives one store per split folder; leave out validation_split and subset")
     if not split_dirs:
-        out = Path(output)
+        out = str(output) if remote else Path(output)
         _allowed_skips(max_skipped, 1)  # a bad value fails before any work
         if root.is_dir() and not allow_split_names and labels in ("inferred", None) and class_names is None:
             splits = split_like_folders(root)
@@ -820,16 +835,17 @@ def from_directory(
         parts = dict(zip(("training", "validation"), validation_split_indices(len(rels), validation_split, shuffle, seed)))  # type: ignore[arg-type]
         wanted = ("training", "validation") if subset == "both" else (subset,)
         if subset == "both":
-            if out.suffix == ".b2nd":
+            if str(out).rstrip("/").endswith(".b2nd"):
                 raise InvalidInputError(f"{out}: with subset='both' the output is a folder that receives training.b2nd and validation.b2nd")
-            out.mkdir(parents=True, exist_ok=True)
+            if not remote:
+                Path(out).mkdir(parents=True, exist_ok=True)
         results: dict[str, IngestResult] = {}
         for part in wanted:
             idx = parts[part]
             prov = provenance(root.name) | {"validation_split": validation_split, "subset": part, "split_seed": seed if shuffle else None}
             results[part] = _ingest_one(
                 root,
-                out / f"{part}.b2nd" if subset == "both" else out,
+                (f"{str(out).rstrip('/')}/{part}.b2nd" if remote else Path(out) / f"{part}.b2nd") if subset == "both" else out,
                 [rels[i] for i in idx],
                 labs[idx] if labs is not None else None,
                 names,
@@ -847,10 +863,14 @@ def from_directory(
         raise IngestError(f"{root}: --split-dirs expects split sub-folders such as train/ and validation/")
     if labels not in ("inferred", None):
         raise InvalidInputError("with split_dirs, labels must be 'inferred' or None")
-    out_dir = Path(output)
-    if out_dir.suffix == ".b2nd":
-        raise InvalidInputError(f"{out_dir}: with split_dirs the output is a folder that receives <split>.b2nd files")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if str(output).rstrip("/").endswith(".b2nd"):
+        raise InvalidInputError(f"{output}: with split_dirs the output is a folder that receives <split>.b2nd files")
+    if not remote:
+        Path(output).mkdir(parents=True, exist_ok=True)
+
+    def split_output(split: str) -> Path | str:
+        return f"{str(output).rstrip('/')}/{split}.b2nd" if remote else Path(output) / f"{split}.b2nd"
+
     names_all: tuple[str, ...] | None = None
     if labels == "inferred":
         if class_names is not None:
@@ -870,6 +890,6 @@ def from_directory(
         else:
             rels, labs, names, ignored = list_images(src, None, None, follow_links)
         results[split] = _ingest_one(
-            src, out_dir / f"{split}.b2nd", rels, labs, names, ignored, opts, provenance=provenance(f"{root.name}/{split}"), **common  # type: ignore[arg-type]
+            src, split_output(split), rels, labs, names, ignored, opts, provenance=provenance(f"{root.name}/{split}"), **common  # type: ignore[arg-type]
         )
     return results

@@ -15,14 +15,21 @@ next epoch: a new order. Outside Keras, use ``set_epoch``.
 which makes every batch decode its window again unless the whole epoch fits in the
 cache; StoreDataset warns when it sees that. It already shuffles: pass ``shuffle=False``.
 
+Resuming in the middle of an epoch: :class:`TrainingPosition` records (epoch, next
+batch) after every batch; ``StoreDataset(..., epoch=e, start_batch=b)`` then serves the
+rest of epoch ``e`` first (``len()`` is the batches left) and whole epochs after it, and
+``model.fit(ds, initial_epoch=e, ...)`` keeps Keras's epoch count in step (docs/loading.md).
+
 Only ``keras`` is imported here, never ``tensorflow``, so another Keras backend works.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import weakref
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -32,8 +39,9 @@ from carraystore.errors import InvalidInputError
 from carraystore.forksafe import at_fork_in_child
 from carraystore.reader import open_store
 from carraystore.sampling import EpochPlan
+from carraystore.writer import publish, temp_path
 
-__all__ = ["StoreDataset", "KERAS_THREAD_PREFIX"]
+__all__ = ["StoreDataset", "TrainingPosition", "KERAS_THREAD_PREFIX"]
 
 #: Name prefix of the decoder threads a StoreDataset starts.
 KERAS_THREAD_PREFIX = "carraystore-keras"
@@ -54,14 +62,23 @@ at_fork_in_child(_after_fork_in_child)
 class StoreDataset(keras.utils.PyDataset):
     """A store as a Keras ``PyDataset`` of (x, y) batches (x alone for unlabelled stores).
 
-    Arguments as for :func:`carraystore.loader.batches` (``shuffle``, ``seed``, ``epoch``,
+    Arguments: every :class:`carraystore.engine.LoaderOptions` field, as for
+    :func:`carraystore.loader.batches` (``shuffle``, ``seed``, ``epoch``, ``start_batch``,
     ``window``, ``rank``, ``world_size``, ``drop_remainder``, ``transform``,
-    ``label_mode``, ``sequence_length``, ...), plus ``cache_windows`` (decoded windows
-    kept per process) and Keras's ``workers``, ``use_multiprocessing``,
-    ``max_queue_size``. With ``use_multiprocessing=True`` every worker process decodes
-    the windows it needs itself (up to ``workers`` times the decoding work); threads
-    share one cache, and decompression runs without the GIL, so threads are the better
-    choice.
+    ``label_mode``, ``sequence_length``, ``verify``, ``prefetch``, ``num_threads``,
+    ``queue_size``), plus ``cache_windows`` (decoded windows kept per process) and Keras's
+    ``workers``, ``use_multiprocessing``, ``max_queue_size``.
+
+    - ``start_batch=b`` resumes the first epoch served (``epoch``) at batch ``b``: that
+      epoch is ``num_batches - b`` long, the epochs after it whole.
+    - ``prefetch``: decoded chunks kept beyond the current window; the cache holds
+      ``max(cache_windows * window chunks, window chunks + prefetch)`` chunks.
+    - ``queue_size`` (batches waiting for the consumer) is Keras's ``max_queue_size``
+      here, when that is not given.
+
+    With ``use_multiprocessing=True`` every worker process decodes the windows it needs
+    itself (up to ``workers`` times the decoding work); threads share one cache, and
+    decompression runs without the GIL, so threads are the better choice.
     """
 
     def __init__(
@@ -73,12 +90,25 @@ class StoreDataset(keras.utils.PyDataset):
         cache_windows: int = 3,
         workers: int = 1,
         use_multiprocessing: bool = False,
-        max_queue_size: int = 10,
+        max_queue_size: int | None = None,
         **kwargs: Any,
     ) -> None:
+        spec = make_spec(store_or_path, batch_size, options, **kwargs)
+        if max_queue_size is None:
+            max_queue_size = spec.options.queue_size if "queue_size" in kwargs else 10
         super().__init__(workers=workers, use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
-        self._spec = make_spec(store_or_path, batch_size, options, **kwargs)
+        self._spec = spec
         self.epoch = self._spec.options.epoch
+        nb = self._spec.num_batches
+        #: (epoch, first batch) while the first epoch is being resumed, else None
+        self._resume: tuple[int, int] | None = None
+        sb = self._spec.options.start_batch
+        if sb > nb:
+            raise InvalidInputError(f"start_batch {sb} is past the epoch's {nb} batches")
+        if sb:
+            self._resume = (self.epoch, sb)
+        #: the length of the resumed epoch once it is over (TrainingPosition catches a fit going on with it)
+        self._resumed_len: int | None = None
         self.cache_windows = int(cache_windows)
         if self.cache_windows < 1:
             raise InvalidInputError(f"cache_windows must be >= 1, got {cache_windows}")
@@ -126,8 +156,14 @@ class StoreDataset(keras.utils.PyDataset):
         c.close()
         self._decoded[c.epoch] = self._decoded.get(c.epoch, 0) + c.chunks_decoded
 
+    @property
+    def first_batch(self) -> int:
+        """The epoch's batch that ``self[0]`` serves: ``start_batch`` while resuming, else 0."""
+        r = self._resume
+        return r[1] if r is not None and r[0] == self.epoch else 0
+
     def __len__(self) -> int:
-        return self._spec.num_batches
+        return self._spec.num_batches - self.first_batch
 
     # -- batches ---------------------------------------------------------------------------------
     def _get_cache(self) -> EpochDecoder:
@@ -142,7 +178,8 @@ class StoreDataset(keras.utils.PyDataset):
             if c is None or c.epoch != self.epoch:
                 if c is not None:
                     self._retire(c)
-                nslots = self.cache_windows * self._spec.plan(self.epoch).max_window_chunks
+                mwc = self._spec.plan(self.epoch).max_window_chunks
+                nslots = max(self.cache_windows * mwc, mwc + int(self._spec.options.prefetch or 0))
                 c = self._cache = EpochDecoder(self._spec, self.epoch, nslots, self.num_threads, KERAS_THREAD_PREFIX)
             return c
 
@@ -154,7 +191,7 @@ class StoreDataset(keras.utils.PyDataset):
         if not 0 <= i < n:
             raise IndexError(f"batch {index} out of range for an epoch of {n} batches")
         c = self._get_cache()
-        x, y = c.batch(i)
+        x, y = c.batch(i + self.first_batch)
         if c.out_of_order and not self._warned:
             self._warned = True
             warn_out_of_order(c, "StoreDataset")
@@ -168,6 +205,8 @@ class StoreDataset(keras.utils.PyDataset):
         with self._lock:
             self.epoch = int(epoch)
             self._used = False
+            self._resume = None
+            self._resumed_len = None
 
     def on_epoch_begin(self) -> None:
         """Keras calls this before each epoch; the epoch in use is ``self.epoch``."""
@@ -185,8 +224,13 @@ class StoreDataset(keras.utils.PyDataset):
         with self._lock:
             if not self._used:
                 return  # the same epoch goes on: batches already decoded stay valid
+            if self._resume is not None and self._resume[0] == self.epoch:
+                self._resumed_len = self._spec.num_batches - self._resume[1]
+            else:
+                self._resumed_len = None
             self.epoch += 1
             self._used = False
+            self._resume = None
         self.close()
 
     def close(self) -> None:
@@ -223,3 +267,81 @@ class StoreDataset(keras.utils.PyDataset):
             f"<carraystore.keras.StoreDataset {str(s.store.path)!r} batch_size={s.batch_size} "
             f"shuffle={s.shuffle!r} epoch={self.epoch} batches={len(self)}>"
         )
+
+
+class TrainingPosition(keras.callbacks.Callback):
+    """Records where a ``model.fit`` over a :class:`StoreDataset` is: (epoch, next batch).
+
+    After every training batch ``position`` is the dataset's epoch and the index of the
+    next batch of that epoch (counting from the epoch's start, resumed or not); after the
+    last batch of an epoch it is (epoch + 1, 0). With ``path``, the position is also
+    written there as JSON (``{"epoch": e, "batch": b}``, atomically) every ``every``
+    batches and at each epoch's end, so it survives a crash. To resume::
+
+        pos = TrainingPosition.load("pos.json")            # or callback.position
+        ds = StoreDataset("train.b2nd", 32, epoch=pos[0], start_batch=pos[1])
+        model.fit(ds, initial_epoch=pos[0], epochs=10, shuffle=False,
+                  callbacks=[TrainingPosition(ds, "pos.json")])
+
+    The dataset's ``epoch`` follows Keras's epoch index when it starts at the same number
+    (``StoreDataset(epoch=e)`` with ``fit(initial_epoch=e)``; both start at 0 by default).
+    A fit that would go on past a resumed epoch (Keras would run the next epochs at the
+    resumed epoch's length, losing batches) stops with an error saying what to do.
+    """
+
+    def __init__(self, dataset: StoreDataset, path: str | os.PathLike[str] | None = None, every: int = 1) -> None:
+        super().__init__()
+        if not isinstance(dataset, StoreDataset):
+            raise InvalidInputError(f"TrainingPosition follows a StoreDataset, got {type(dataset).__name__}")
+        self.dataset = dataset
+        self.path = None if path is None else Path(path)
+        self.every = int(every)
+        if self.every < 1:
+            raise InvalidInputError(f"every must be >= 1, got {every}")
+        self.position: tuple[int, int] = (dataset.epoch, dataset.first_batch)
+        self._first = dataset.first_batch
+        self._epoch = dataset.epoch
+        self._count = 0
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        ds = self.dataset
+        steps = (self.params or {}).get("steps")
+        if ds._resumed_len is not None and steps == ds._resumed_len and steps < len(ds):
+            # one fit keeps its first epoch's step count: this whole epoch would lose its first batches
+            raise InvalidInputError(
+                f"{ds.store.location}: this fit would run epoch {ds.epoch} for {steps} of its {len(ds)} batches, the "
+                "length of the resumed epoch before it (Keras keeps one step count per fit). Fit the resumed epoch on "
+                "its own (initial_epoch=e, epochs=e + 1), then fit the whole epochs (docs/loading.md, Resuming)"
+            )
+        self._epoch = ds.epoch
+        self._first = ds.first_batch
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.position = (self._epoch, self._first + int(batch) + 1)
+        self._count += 1
+        if self.path is not None and self._count % self.every == 0:
+            self.save()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.position = (self._epoch + 1, 0)
+        if self.path is not None:
+            self.save()
+
+    def save(self) -> None:
+        """Write the position to ``path``: a temporary file, fsynced and renamed over it."""
+        assert self.path is not None
+        tmp = temp_path(self.path)
+        try:
+            tmp.write_text(json.dumps({"epoch": self.position[0], "batch": self.position[1]}))
+            publish(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def load(path: str | os.PathLike[str]) -> tuple[int, int]:
+        """(epoch, batch) from a file ``save`` wrote; (0, 0) when there is none yet."""
+        p = Path(path)
+        if not p.exists():
+            return (0, 0)
+        rec = json.loads(p.read_text())
+        return int(rec["epoch"]), int(rec["batch"])

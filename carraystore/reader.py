@@ -31,6 +31,7 @@ from carraystore.errors import (
     FormatVersionError,
     InvalidInputError,
     NotAStoreError,
+    RemoteReadError,
 )
 from carraystore.forksafe import in_forked_child
 from carraystore.format import (
@@ -68,7 +69,7 @@ def open_source(
     storage_options: Mapping[str, Any] | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
-    cache_size: int | None = None,
+    cache_size: int | str | None = None,
 ) -> ByteSource:
     """The byte source for a path or URL (``s3://``, ``gs://``, ``http(s)://``, ``file://``)."""
     if isinstance(location, str) and location.startswith("file://"):
@@ -282,6 +283,8 @@ class Store:
                 data: bytes | memoryview = self._source.view(offset, length)
             else:
                 data = self._source.read(offset, length)
+        except RemoteReadError as exc:
+            raise RemoteReadError(f"{exc} (chunk {i})", url=exc.url, offset=exc.offset, length=exc.length, attempts=exc.attempts) from exc
         except CarrayStoreError:
             raise
         except Exception as exc:
@@ -344,8 +347,12 @@ class Store:
                 "the file is damaged (or changed while read): run `carraystore verify` on it"
             )
 
-    def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = False) -> np.ndarray:
-        """The images of chunk ``i`` as an array (a view of ``out`` when given)."""
+    def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = True) -> np.ndarray:
+        """The images of chunk ``i`` as an array (a view of ``out`` when given).
+
+        ``verify`` (default True) checks the chunk's CRC32 first: a damaged chunk raises
+        ChecksumError naming it instead of handing out wrong pixels.
+        """
         i = self._check_chunk_index(i)
         data = self.chunk_buffer(i)
         if verify and not self.check_reads:
@@ -354,6 +361,8 @@ class Store:
 
     def iter_chunks(self) -> Iterator[np.ndarray]:
         """Every chunk in file order (a fresh array each)."""
+        if not isinstance(self._source, LocalFileSource):
+            self.prefetch_chunks(range(self.nchunks))
         for i in range(self.nchunks):
             yield self.read_chunk(i)
 
@@ -422,6 +431,8 @@ class Store:
 
             rng = tqdm(rng, desc=f"verify {Path(str(self.location)).name}", unit="chunk")
         check_reads, self.check_reads = self.check_reads, False  # mismatches are reported below
+        if not isinstance(self._source, LocalFileSource):
+            self.prefetch_chunks(range(self.nchunks))  # a remote source fetches ahead (bounded), many at once
         try:
             for i in rng:
                 try:
@@ -561,12 +572,13 @@ def open_store(
     storage_options: Mapping[str, Any] | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
-    cache_size: int | None = None,
+    cache_size: int | str | None = None,
 ) -> Store:
     """Open a store for reading, from a path or a URL; checks the format and the pinned codec.
 
     ``storage_options`` (URLs only) are the fsspec-style options pandas, zarr and dask take;
-    ``cache_dir``/``cache_size`` keep fetched chunks of a remote store on local disk.
+    ``cache_dir``/``cache_size`` keep fetched chunks of a remote store on local disk
+    (``cache_size`` in bytes or as ``"200GB"``; see carraystore.cache and docs/remote.md).
     """
     open_kwargs = {k: v for k, v in (("cache_dir", cache_dir), ("cache_size", cache_size)) if v is not None}
     source = open_source(location, storage_options, **open_kwargs)  # type: ignore[arg-type]

@@ -41,6 +41,7 @@ __all__ = [
     "num_batches",
     "group_runs",
     "clip_starts",
+    "clip_offsets",
     "batch_label_diversity",
     "pairs_kept_together",
 ]
@@ -134,7 +135,7 @@ def _rng(*words: int) -> np.random.Generator:
 
 
 # stream tags, so that the streams for different purposes never coincide
-_TAG_CHUNKS, _TAG_WINDOW, _TAG_GLOBAL = 0x43484E4B, 0x57494E44, 0x474C4F42
+_TAG_CHUNKS, _TAG_WINDOW, _TAG_GLOBAL, _TAG_CLIPS = 0x43484E4B, 0x57494E44, 0x474C4F42, 0x434C4950
 
 
 def plan_epoch(
@@ -273,19 +274,53 @@ def group_runs(groups: Sequence[Any] | np.ndarray) -> np.ndarray:
     return np.concatenate([[0], change, [n]]).astype(np.int64)
 
 
-def clip_starts(boundaries: np.ndarray, length: int, stride: int | None = None) -> np.ndarray:
+def clip_starts(boundaries: np.ndarray, length: int, stride: int | None = None, offsets: np.ndarray | None = None) -> np.ndarray:
     """First sample of every clip of ``length`` consecutive samples inside one run.
 
     ``boundaries`` as from :func:`group_runs`; clips step by ``stride`` (default ``length``:
     clips do not overlap) and a run's tail shorter than ``length`` makes no clip.
+    ``offsets`` (one per run, as from :func:`clip_offsets`) shifts each run's clips
+    forward; an offset never above the run's slack keeps the number of clips the same.
     """
     length = _nonneg("sequence_length", length)
     stride = length if stride is None else _nonneg("sequence_stride", stride)
     if length < 1 or stride < 1:
         raise InvalidInputError("sequence_length and sequence_stride must be >= 1")
     b = np.asarray(boundaries, dtype=np.int64)
-    out = [np.arange(a, e - length + 1, stride, dtype=np.int64) for a, e in zip(b[:-1], b[1:]) if e - a >= length]
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    first, lens = b[:-1], np.diff(b)
+    count = np.where(lens >= length, (lens - length) // stride + 1, 0)
+    if offsets is not None:
+        offsets = np.asarray(offsets, dtype=np.int64)
+        slack = np.where(count > 0, lens - length - (count - 1) * stride, 0)
+        if offsets.shape != first.shape or np.any(offsets < 0) or np.any(offsets > slack):
+            raise InvalidInputError("offsets must give one value per run, between 0 and the run's slack")
+        first = first + offsets
+    total = int(count.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    run_of = np.repeat(np.arange(len(count)), count)
+    k = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    return first[run_of] + k * stride
+
+
+def clip_offsets(boundaries: np.ndarray, length: int, stride: int | None = None, *, seed: int = 0, epoch: int = 0) -> np.ndarray:
+    """A random start offset per run for one epoch: a pure function of (seed, epoch, runs).
+
+    Run ``g`` of ``n_g`` frames holds ``c_g = (n_g - length) // stride + 1`` clips at fixed
+    starts, which leave ``slack_g = n_g - length - (c_g - 1) * stride`` frames unused at its
+    end (less than ``stride``). Its offset is uniform in ``[0, slack_g]``, so the clips of
+    an epoch still number ``c_g`` per run, stay inside the run, and every rank and worker
+    computes the same starts.
+    """
+    length = _nonneg("sequence_length", length)
+    stride = length if stride is None else _nonneg("sequence_stride", stride)
+    seed, epoch = _nonneg("seed", seed), _nonneg("epoch", epoch)
+    b = np.asarray(boundaries, dtype=np.int64)
+    lens = np.diff(b)
+    count = np.where(lens >= length, (lens - length) // max(1, stride) + 1, 0)
+    slack = np.where(count > 0, lens - length - (count - 1) * stride, 0)
+    u = _rng(seed, epoch, _TAG_CLIPS).random(len(lens))
+    return np.minimum((u * (slack + 1)).astype(np.int64), slack)
 
 
 # -- shuffle quality ------------------------------------------------------------------------

@@ -8,12 +8,13 @@ Each full pass over the dataset is one epoch of :func:`carraystore.loader.batche
 first pass uses ``epoch``, the next ``epoch + 1``, and so on (``model.fit`` and
 ``ds.repeat()`` both start a new pass), so every pass has a new order. For
 ``tf.distribute``, use :func:`distribute` (or ``strategy.distribute_datasets_from_function``
-with ``rank=ctx.input_pipeline_id, world_size=ctx.num_input_pipelines``).
+with ``to_dataset(..., input_context=ctx)``).
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError("carraystore.tf needs TensorFlow: pip install 'carraystore[tf]'") from exc
 
-__all__ = ["to_dataset", "distribute", "element_spec_for"]
+__all__ = ["to_dataset", "distribute", "steps_per_epoch", "element_spec_for"]
 
 
 def _tensor_spec(shape: tuple[Any, ...], dtype: np.dtype, what: str) -> Any:
@@ -58,24 +59,37 @@ def element_spec_for(spec: LoaderSpec) -> Any:
     xs = _tensor_spec((b, *spec.x_shape(1)[1:]), spec.store.dtype, str(spec.store.path))
     if not spec.labelled:
         return xs
-    ydt = np.float32 if spec.label_mode == "categorical" else np.int64
-    return xs, tf.TensorSpec(shape=spec.y_shape(b), dtype=tf.as_dtype(ydt))
+    return xs, tf.TensorSpec(shape=spec.y_shape(b), dtype=tf.as_dtype(spec.y_dtype))
 
 
 class _Passes:
-    """Hands out (epoch, start_batch) for each pass over the dataset."""
+    """Hands out the epoch of each pass over the dataset (a resumed dataset has one pass)."""
 
-    def __init__(self, epoch: int, start_batch: int) -> None:
+    def __init__(self, epoch: int, start_batch: int, location: str) -> None:
         self._lock = threading.Lock()
         self._next = 0
         self._epoch = epoch
         self._start = start_batch
+        self._location = location
 
     def take(self) -> tuple[int, int]:
         with self._lock:
             k = self._next
             self._next += 1
-        return self._epoch + k, self._start if k == 0 else 0
+        if self._start and k:
+            raise InvalidInputError(
+                f"{self._location}: this dataset resumes epoch {self._epoch} at batch {self._start}, so it holds the "
+                f"rest of that epoch only (its cardinality); go on with to_dataset(..., epoch={self._epoch + 1}) "
+                f"(with Keras: fit it with initial_epoch={self._epoch}, epochs={self._epoch + 1}, then fit a whole dataset)"
+            )
+        return self._epoch + k, self._start
+
+
+def _replicas_per_pipeline(ctx: Any) -> int:
+    n, p = int(ctx.num_replicas_in_sync), int(ctx.num_input_pipelines)
+    if n % p:
+        raise InvalidInputError(f"{n} replicas do not split evenly over {p} input pipelines")
+    return n // p
 
 
 def to_dataset(
@@ -84,6 +98,7 @@ def to_dataset(
     options: LoaderOptions | None = None,
     *,
     output_signature: Any = None,
+    input_context: Any = None,
     **kwargs: Any,
 ) -> Any:
     """A ``tf.data.Dataset`` of (x, y) batches (x alone for unlabelled stores).
@@ -91,49 +106,114 @@ def to_dataset(
     ``kwargs`` are :func:`carraystore.loader.batches` arguments (``shuffle``, ``seed``,
     ``window``, ``rank``, ``world_size``, ``drop_remainder``, ``transform``,
     ``label_mode``, ``sequence_length``, ...). The batch dimension is ``None``, or
-    ``batch_size`` with ``drop_remainder=True``. ``start_batch`` applies to the first
-    pass only (resuming). ``prefetch`` is in chunks, as for ``batches``; batches are
-    also prefetched with ``tf.data.AUTOTUNE``. ``output_signature`` overrides the
-    element spec worked out from the store (and the transform, run once on zeros).
+    ``batch_size`` with ``drop_remainder=True``. Each pass over the dataset is the next
+    epoch. ``start_batch=b`` makes a dataset of the rest of epoch ``epoch`` only (its
+    cardinality is the batches left; a second pass is an error saying what to do).
+    ``prefetch`` is in chunks, as for ``batches``; batches are also prefetched with
+    ``tf.data.AUTOTUNE``. ``output_signature`` overrides the element spec worked out from
+    the store (and the transform, run once on zeros).
+
+    ``input_context`` (the ``tf.distribute.InputContext`` that
+    ``strategy.distribute_datasets_from_function`` passes) makes the dataset one input
+    pipeline's share, with ``batch_size`` per replica: every replica the pipeline feeds
+    reads a shard of its own (``rank``/``world_size`` come from the context), all shards
+    have the same number of batches, and ``drop_remainder`` defaults to True (every
+    replica's batches full: a short last batch on one replica would stop ``fit``). A
+    pipeline that feeds R > 1 replicas (the default ``PER_WORKER`` input mode) yields R
+    batches per step, which Keras counts as R steps: use :func:`distribute` (one pipeline
+    per replica), or ``.repeat()`` the dataset and give ``fit`` ``steps_per_epoch``.
     """
-    spec = make_spec(store_or_path, batch_size, options, **kwargs)
+    replicas = 1
+    if input_context is not None:
+        if "rank" in kwargs or "world_size" in kwargs:
+            raise InvalidInputError("give input_context= or rank=/world_size=, not both: the context says which shard is this one")
+        replicas = _replicas_per_pipeline(input_context)
+        world = int(input_context.num_replicas_in_sync)
+        first_rank = int(input_context.input_pipeline_id) * replicas
+        if options is None:
+            kwargs.setdefault("drop_remainder", True)
+        specs = [make_spec(store_or_path, batch_size, options, rank=first_rank + j, world_size=world, **kwargs) for j in range(replicas)]
+        if replicas > 1:
+            warnings.warn(
+                f"carraystore.tf.to_dataset: this input pipeline feeds {replicas} replicas, so each step takes {replicas} "
+                f"of its batches and Keras would count {replicas}x the steps of an epoch; use carraystore.tf.distribute "
+                "(one input pipeline per replica), or .repeat() the dataset and give fit steps_per_epoch",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    else:
+        specs = [make_spec(store_or_path, batch_size, options, **kwargs)]
+    spec = specs[0]
     epoch, start_batch = spec.options.epoch, spec.options.start_batch
     nb = spec.num_batches
+    if input_context is not None and nb == 0:
+        raise InvalidInputError(
+            f"{spec.store.location}: each of the {world} replicas gets {spec.shard_length} samples, fewer than one "
+            f"batch of {batch_size}, so an epoch has no step; lower the global batch size or pass drop_remainder=False"
+        )
     if not 0 <= int(start_batch) <= nb:
         raise InvalidInputError(f"start_batch {start_batch} is outside the epoch's {nb} batches")
     sig = output_signature if output_signature is not None else element_spec_for(spec)
     single = not isinstance(sig, tuple)
-    passes = _Passes(int(epoch), int(start_batch))
+    passes = _Passes(int(epoch), int(start_batch), str(spec.store.location))
 
     def generate() -> Any:
         e, sb = passes.take()
-        it = iterate(spec, epoch=e, start_batch=sb)
+        its = [iterate(sp, epoch=e, start_batch=sb) for sp in specs]
         try:
-            for x, y in it:
-                yield x if single else (x, y)
+            # one batch of each of this pipeline's replicas in turn (they all have nb batches)
+            for group in zip(*its):
+                for x, y in group:
+                    yield x if single else (x, y)
         finally:
-            it.close()
+            for it in its:
+                it.close()
 
     ds = tf.data.Dataset.from_generator(generate, output_signature=sig)
-    if start_batch == 0:
-        ds = ds.apply(tf.data.experimental.assert_cardinality(nb))
+    ds = ds.apply(tf.data.experimental.assert_cardinality((nb - int(start_batch)) * replicas))
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
 def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwargs: Any) -> Any:
-    """``strategy.distribute_datasets_from_function`` over :func:`to_dataset`.
+    """A store as a ``tf.distribute.DistributedDataset`` for ``strategy``, ready for ``model.fit``.
 
-    Each input pipeline reads its own shard (``rank=ctx.input_pipeline_id``,
-    ``world_size=ctx.num_input_pipelines``) in per-replica batches.
+    ``strategy.distribute_datasets_from_function`` over :func:`to_dataset` with one input
+    pipeline per replica where the strategy allows it (``MirroredStrategy``: the
+    ``PER_REPLICA`` input mode), so that every replica reads its own shard in batches of
+    ``global_batch_size / num_replicas``, the remainder is dropped per replica
+    (``drop_remainder=True`` unless given), and the dataset's cardinality is the number of
+    steps of an epoch: Keras shows and runs the right ``steps_per_epoch``. Strategies
+    without per-replica input (``MultiWorkerMirroredStrategy``, ``TPUStrategy``) get one
+    pipeline per worker that still gives every replica its own shard, but Keras counts
+    each of its batches as a step (it warns): there, build the datasets yourself with
+    ``to_dataset(..., input_context=ctx).repeat()`` (each pass is the next epoch) and give
+    ``fit`` ``steps_per_epoch=steps_per_epoch(store, global_batch_size)``.
     """
 
     def fn(ctx: Any) -> Any:
-        return to_dataset(
-            store_or_path,
-            ctx.get_per_replica_batch_size(global_batch_size),
-            rank=ctx.input_pipeline_id,
-            world_size=ctx.num_input_pipelines,
-            **kwargs,
-        )
+        return to_dataset(store_or_path, ctx.get_per_replica_batch_size(global_batch_size), input_context=ctx, **kwargs)
 
+    if strategy.num_replicas_in_sync > 1:
+        per_replica = tf.distribute.InputOptions(
+            experimental_fetch_to_device=False,
+            experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+        )
+        # MirroredStrategy keeps the per-replica input workers of this call as its default for
+        # every later call (TF 2.21, mirrored_strategy._input_workers_with_options): restore them,
+        # so that the strategy's other datasets keep the input mode they would have had
+        ext = strategy.extended
+        saved = getattr(ext, "_input_workers_devices", None)
+        try:
+            return strategy.distribute_datasets_from_function(fn, options=per_replica)
+        except NotImplementedError:  # strategies without per-replica input: one pipeline per worker
+            pass
+        finally:
+            if saved is not None:
+                ext._input_workers_devices = saved
     return strategy.distribute_datasets_from_function(fn)
+
+
+def steps_per_epoch(store_or_path: Any, global_batch_size: int, **kwargs: Any) -> int:
+    """Steps of one epoch of :func:`distribute` (or of ``to_dataset`` with the same arguments)."""
+    kwargs.setdefault("drop_remainder", True)
+    return make_spec(store_or_path, global_batch_size, **kwargs).num_batches

@@ -2,9 +2,11 @@
 
 carraystore compresses every chunk itself with the pinned codec (``blosc2.compress2``)
 and puts it in place with ``update_chunk``, so the chunk headers carry exactly the
-recorded parameters, whatever blosc2's defaults are. Until ``close()`` a new store lives
-in a temporary file beside its path (``.NAME.b2nd.partial-PID-RANDOM``); ``close()``
-fsyncs it and renames it into place, so a store is never seen half-written.
+recorded parameters, whatever blosc2's defaults are. Until ``close()`` a store lives in
+a temporary file beside its path (``.NAME.b2nd.partial-PID-RANDOM``); ``close()``
+fsyncs it and renames it into place, so a store is never seen half-written. A store
+bound for a URL (``s3://...``) is written the same way in a local staging folder and
+then uploaded atomically (:mod:`carraystore.upload`).
 :func:`temp_path`, :func:`remove_stale_temps` and :func:`publish` are the same steps
 for other writers (migrations).
 
@@ -27,7 +29,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +77,8 @@ from carraystore.frame import (
 )
 from carraystore.journal import Journal, remove_journal, rollback, write_journal
 from carraystore.lock import WriterLock
-from carraystore.reader import open_store, open_unguarded
+from carraystore.reader import is_url, open_store, open_unguarded
+from carraystore.upload import RemoteTarget
 
 __all__ = [
     "StoreWriter",
@@ -347,8 +350,8 @@ class StoreWriter:
     """Writes a store; returned by ``carraystore.create``. Use as a context manager.
 
     Until ``close()`` the data lives in a temporary file beside ``path``; ``close()``
-    renames it into place atomically. On an exception inside ``with``, or ``abort()``,
-    the temporary file is removed and ``path`` is untouched.
+    renames it into place atomically (and, for a URL, uploads it). On an exception inside
+    ``with``, or ``abort()``, the temporary file is removed and ``path`` is untouched.
     """
 
     def __init__(
@@ -362,7 +365,14 @@ class StoreWriter:
         lock: WriterLock | None = None,
         inplace: _InPlaceWrite | None = None,
     ) -> None:
-        self.path = path
+        #: the store's path, or its URL when it is uploaded at close
+        self.path: Any = path
+        #: the local file that close() publishes (a staging file for a URL)
+        self._dest = path
+        #: set by ``create`` for a URL: the upload that ``close()`` makes
+        self._target: RemoteTarget | None = None
+        #: size in bytes of the published store (set by ``close()``)
+        self.file_size: int | None = None
         self._tmp = tmp
         self._array = array
         self._lock = lock
@@ -485,15 +495,19 @@ class StoreWriter:
                 blosc2_version=blosc2.__version__,
             )
             meta.validate(str(self.path))
-            with named_write_errors(self._tmp if self._inplace is None else self.path, "the metadata"):
+            with named_write_errors(self._tmp if self._inplace is None else self._dest, "the metadata"):
                 if self._inplace is not None:
                     self._inplace.commit(meta)
                     self._inplace = None
                 else:
                     _write_meta(self._array, meta)
                     self._array = None
-                    publish(self._tmp, self.path)
+                    publish(self._tmp, self._dest)
             self._meta = meta
+            self.file_size = self._dest.stat().st_size
+            if self._target is not None:
+                self._target.upload(self._dest)
+                self._target.cleanup()
         except BaseException:
             self.abort()
             raise
@@ -511,6 +525,8 @@ class StoreWriter:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     self._tmp.unlink()
+            if self._target is not None:
+                self._target.cleanup()
         finally:
             self._release()
 
@@ -608,7 +624,7 @@ class StoreWriter:
         if self._fill < k:
             self._buf[self._fill :].view(np.uint8)[...] = 0  # deterministic padding
         data = blosc2.compress2(self._buf, **self._cparams)
-        with named_write_errors(self._tmp if self._inplace is None else self.path, f"chunk {ic}", len(data)):
+        with named_write_errors(self._tmp if self._inplace is None else self._dest, f"chunk {ic}", len(data)):
             self._store_chunk(ic, data, self._chunk_start + self._fill)
         c = chunk_crc(data, self._meta.codec, self._meta.blocksize)
         if ic < len(self._crc):
@@ -656,6 +672,8 @@ def create(
     nthreads: int | None = None,
     layout: str | None = None,
     lock_timeout: float | None = 0.0,
+    storage_options: Mapping[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> StoreWriter:
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
@@ -665,7 +683,20 @@ def create(
     ``image_shape`` is the shape of one item: (H, W, C) for images (C = 1, 3 or 4; an
     (H, W) shape gets C = 1), or any shape with ``layout="array"`` (``()`` for scalars).
     ``layout=None`` picks "NHWC" for (H, W, C) pixel data and "array" otherwise.
+
+    ``path`` may be a URL (``s3://bucket/train.b2nd``, ``gs://...``; ``storage_options``
+    as for ``carraystore.open``): the store is written in a staging folder under
+    ``tmp_dir`` (default ``TMPDIR``) and uploaded at ``close()``; it appears at the URL
+    only when complete. Appending to a URL downloads the store, appends, uploads it again.
     """
+    if is_url(path):
+        return _create_remote(str(path), storage_options, tmp_dir, mode=mode, overwrite=overwrite, image_shape=image_shape,
+                              dtype=dtype, codec=codec, chunk_images=chunk_images, class_names=class_names, attrs=attrs,
+                              provenance=provenance, nthreads=nthreads, layout=layout)
+    if storage_options:
+        raise InvalidInputError(f"{path}: storage_options apply to URLs only, not to local paths")
+    if isinstance(path, str) and path.startswith("file://"):
+        path = path[len("file://") :]
     p = Path(path)
     if p.suffix != ".b2nd":
         raise InvalidInputError(f"{p}: a store's file name must end in .b2nd")
@@ -784,6 +815,24 @@ def _create_new(
     return StoreWriter(p, tmp, array, meta, nthreads, lock=lock)
 
 
+def _create_remote(
+    url: str, storage_options: Mapping[str, Any] | None, tmp_dir: Any, *, mode: str, overwrite: bool, **kwargs: Any
+) -> StoreWriter:
+    """``create`` for a URL: the local writer on a staging file, uploaded at close."""
+    if mode not in ("w", "a"):
+        raise InvalidInputError(f"mode must be 'w' or 'a', got {mode!r}")
+    target = RemoteTarget(url, storage_options, overwrite=overwrite, tmp_dir=tmp_dir, must_exist=mode == "a")
+    try:
+        if mode == "a":
+            target.download()
+        writer = create(target.local_path, mode=mode, overwrite=True, **kwargs)
+    except BaseException:
+        target.cleanup()
+        raise
+    writer.path, writer._target = url, target  # close() uploads; error messages name the URL
+    return writer
+
+
 def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
     """A fresh store file at ``tmp`` holding ``nimages`` unwritten items and ``meta``."""
     shape = meta.image_shape
@@ -848,14 +897,22 @@ def _open_for_append(
         raise
 
 
-def append(path: str | os.PathLike[str], nthreads: int | None = None, lock_timeout: float | None = 0.0) -> StoreWriter:
-    """Open an existing store to append images; same as ``create(path, mode="a")``.
+def append(
+    path: str | os.PathLike[str],
+    nthreads: int | None = None,
+    lock_timeout: float | None = 0.0,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
+) -> StoreWriter:
+    """Open an existing store (a path or URL) to append images; same as ``create(path, mode="a")``.
 
     Appending costs what it adds (the store is extended in place; docs/appends.md).
     ``lock_timeout``: seconds to wait while another writer holds the store (None: for
     ever); after that :class:`~carraystore.errors.StoreLockedError` names the holder.
     """
-    return create(path, mode="a", dtype=None, nthreads=nthreads, lock_timeout=lock_timeout)  # type: ignore[arg-type]
+    return create(path, mode="a", dtype=None, nthreads=nthreads, lock_timeout=lock_timeout,  # type: ignore[arg-type]
+                  storage_options=storage_options, tmp_dir=tmp_dir)
 
 
 

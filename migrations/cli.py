@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from carraystore.commands import add_write_arguments
 from carraystore.errors import InvalidInputError
 
 __all__ = ["register", "run"]
@@ -18,6 +19,7 @@ examples:
   carraystore migrate cache.npz out.b2nd                       # np.savez cache {path: image}
   carraystore migrate data.h5 out.b2nd --dataset images --labels labels
   carraystore migrate old.b2nd new.b2nd                        # a store of an older format version
+  carraystore migrate train_data.bc s3://bucket/train.b2nd     # staged locally, verified, then uploaded
 """
 
 
@@ -36,7 +38,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", nargs="?", metavar="SRC", help="the source (leave out with --images X.bc --labels Y.bc)")
-    p.add_argument("out", metavar="OUT.b2nd", help="the store to write")
+    p.add_argument("out", metavar="OUT.b2nd", help="the store to write: a path, or a URL such as s3://bucket/train.b2nd")
     p.add_argument("--images", metavar="NAME", help="ctable column / HDF5 dataset / npz member with the images; or, without SRC, a bcolz carray folder")
     p.add_argument("--labels", metavar="NAME", help="column / dataset / member with the labels (HDF5: inferred when exactly one "
                    "integer dataset has one value per row); or, without SRC, a bcolz carray folder of labels")
@@ -52,6 +54,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="while another writer holds OUT.b2nd, wait up to SECONDS (default: fail at once)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_write_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -77,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
             class_names=[c.strip() for c in args.class_names.split(",")] if args.class_names else None,
             no_labels=args.no_labels,
             lock_timeout=args.wait,
+            storage_options=args.storage_options,
+            tmp_dir=args.tmp_dir,
         )
     except MigrationVerifyError as exc:
         print(f"carraystore migrate: verification failed: {exc}", file=sys.stderr)

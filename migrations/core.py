@@ -6,7 +6,9 @@ plus ``blocks()``, a generator of row blocks read from disk a few chunks at a ti
 pipeline writes the blocks into a hidden temporary store beside the output, then reads
 the store back chunk by chunk and compares it with a second pass over the source, bit for
 bit, and only then renames the store into place. On any failure nothing is left at the
-output path, and the source is only ever opened for reading.
+output path, and the source is only ever opened for reading. An output URL
+(``s3://bucket/x.b2nd``) is staged the same way in a local folder and uploaded at the end
+(:mod:`carraystore.upload`): the object appears only when complete and verified.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from carraystore.errors import InvalidInputError, MigrationError, StoreExistsErr
 from carraystore.format import Codec
 from carraystore.journal import rollback
 from carraystore.lock import WriterLock
-from carraystore.reader import open_store
+from carraystore.reader import is_url, open_store
+from carraystore.upload import RemoteTarget
 from carraystore.writer import create, publish, remove_stale_temps, temp_path
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
 
@@ -213,6 +216,8 @@ def migrate(
     class_names: Sequence[str] | None = None,
     no_labels: bool = False,
     lock_timeout: float | None = 0.0,
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> MigrationReport:
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path).
 
@@ -230,12 +235,28 @@ def migrate(
     dataset fits (integers, one per row); ``no_labels=True`` migrates without labels.
     ``lock_timeout``: seconds to wait while another writer holds ``out`` (None: for ever;
     then StoreLockedError names the holder).
-    Returns a MigrationReport.
+    ``out`` may be a URL (``s3://bucket/x.b2nd``, with ``storage_options``): the store is
+    built and verified in a staging folder under ``tmp_dir`` (default ``TMPDIR``), then
+    uploaded. Returns a MigrationReport.
     """
     t0 = time.perf_counter()
     for given in (src, images if src is None else None, labels if src is None else None):
         if given is not None and not Path(given).exists():
             raise MigrationError(f"{given}: no such file or folder")
+    if is_url(out):
+        target = RemoteTarget(str(out), storage_options, overwrite=overwrite, tmp_dir=tmp_dir)
+        try:
+            report = migrate(src, target.local_path, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle,
+                             verify=verify, codec=codec, preset=preset, progress=progress, chunk_images=chunk_images,
+                             class_names=class_names, no_labels=no_labels)
+            target.upload()
+        finally:
+            target.cleanup()
+        report.output = str(out)
+        report.seconds = time.perf_counter() - t0
+        return report
+    if storage_options:
+        raise InvalidInputError(f"{out}: storage_options apply to URLs only, not to local paths")
     out_p = Path(out)
     if out_p.suffix != ".b2nd":
         raise InvalidInputError(f"{out_p}: the output store's name must end in .b2nd")

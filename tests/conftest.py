@@ -84,3 +84,7 @@ def photo_patches() -> Callable[..., np.ndarray]:
     fast enough for 10,000 images; the same arguments give the same array.
     """
     return _photo_patches
+
+
+# Real servers on loopback for the remote tests (SeaweedFS's S3 gateway, a plain HTTP Range server).
+from remote_servers import http_server, seaweedfs  # noqa: E402,F401

@@ -112,7 +112,7 @@ LAYERS: list[set[str]] = [
     {"carraystore.format"},
     {"carraystore.frame", "carraystore.blocks"},
     {"carraystore.sources", "carraystore.remote", "carraystore.cache", "carraystore.journal"},
-    {"carraystore.reader", "carraystore.writer", "carraystore.store"},
+    {"carraystore.reader", "carraystore.writer", "carraystore.upload", "carraystore.store"},
     {"carraystore.sampling"},
     {"carraystore.engine"},
 ]

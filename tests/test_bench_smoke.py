@@ -69,3 +69,12 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
             assert r["status"] in ("ok", "skipped"), r
             assert r["reason"] if r["status"] == "skipped" else r["n_images"] == 64
         assert (results / "loaders.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if path.name == "bench_remote.py":
+        data = json.loads((results / "remote.json").read_text())
+        assert [(link["rtt_ms"], link["mbit"]) for link in data["links"]] == [(0, None), (20, 400)]
+        for link in data["links"]:  # every contender delivered every image, through the proxy
+            for name, r in link["rows"].items():
+                assert r["status"] == "ok", (name, r)
+                assert all(e["images"] == data["images"] for e in r["epochs"]), (name, r["epochs"])
+                assert r["requests_per_epoch"] >= 1 and r["mb_per_epoch"] > 0, (name, r)
+        assert "| carraystore |" in (results / "remote.md").read_text()

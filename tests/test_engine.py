@@ -86,3 +86,17 @@ def test_a_damaged_chunk_is_reported_in_direct_mode(direct_store: Path, tmp_path
     with pytest.raises(LoaderError, match="chunk 12"):
         for _ in carraystore.open(bad).batches(16, verify=True, shuffle=False):
             pass
+
+
+def test_bytedelta_stores_of_large_images_decode_whole_chunks(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+    """The default preset on images over 64 KiB (blocks of one image, bytedelta): libblosc2's
+    getitem fails on bytedelta chunks, so the engine must not pick direct mode for them."""
+    images = photo_patches(24, size=(160, 160), seed=3)
+    path = tmp_path / "big.b2nd"
+    with carraystore.create(path, (160, 160, 3), codec="balanced", chunk_images=8) as w:
+        w.append(images, labels=np.arange(24) % 3)
+    store = carraystore.open(path)
+    assert store.codec.block_images == 1 and "bytedelta" in store.codec.filters
+    assert not engine.direct_possible(store)
+    got = np.concatenate([x for x, _ in store.batches(5, shuffle=False)])
+    assert np.array_equal(got, images)

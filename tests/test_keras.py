@@ -202,3 +202,102 @@ def test_numpy_backend_never_imports_tensorflow(splits: dict[str, Path]) -> None
     assert proc.returncode == 0, proc.stderr[-3000:]
     n = len(carraystore.open(splits["train"]))
     assert f"ROWS {n} TF False" in proc.stdout, proc.stdout
+
+
+def test_the_loader_arguments_work_here_too(splits: dict[str, Path]) -> None:
+    """start_batch, prefetch, queue_size, verify, label_mode: the argument set of batches."""
+    store = carraystore.open(splits["train"])
+    full = list(store.batches(20, seed=4, epoch=2, window=2))
+    ds = StoreDataset(store, 20, seed=4, epoch=2, window=2, start_batch=3, prefetch=1, queue_size=5, verify=True)
+    assert ds.max_queue_size == 5 and ds.first_batch == 3
+    assert len(ds) == len(full) - 3
+    ds.on_epoch_begin()
+    got = [ds[i] for i in range(len(ds))]
+    assert all(np.array_equal(x, fx) and np.array_equal(y, fy) for (x, y), (fx, fy) in zip(got, full[3:]))
+    ds.on_epoch_end()  # the next epoch is whole again
+    assert ds.epoch == 3 and ds.first_batch == 0 and len(ds) == len(full)
+    x0, y0 = ds[0]
+    assert np.array_equal(x0, next(iter(store.batches(20, seed=4, epoch=3, window=2)))[0])
+    ds.close()
+    cat = StoreDataset(store, 20, label_mode="categorical")
+    assert cat[0][1].shape == (20, len(CLASSES)) and cat[0][1].dtype == np.float32
+    cat.close()
+    assert not isinstance(StoreDataset(store, 20, label_mode=None)[0], tuple)
+    with pytest.raises(carraystore.InvalidInputError, match="start_batch"):
+        StoreDataset(store, 20, start_batch=len(full) + 1)
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_fit_interrupted_mid_epoch_resumes_with_exactly_one_epoch_of_samples(splits: dict[str, Path], tmp_path: Path) -> None:
+    """Real Keras fit, interrupted after 6 batches of epoch 1, resumed from TrainingPosition's file."""
+    from carraystore.keras import TrainingPosition
+
+    store = carraystore.open(splits["train"])
+    table = index_of(store)
+    seen: dict[int, list[int]] = {}
+    now = {"epoch": 0}
+
+    class Record(keras.layers.Layer):
+        """Notes which samples the model is trained on (eager mode: the batch is concrete)."""
+
+        def call(self, x):  # type: ignore[no-untyped-def]
+            if not isinstance(x, keras.KerasTensor):
+                arr = keras.ops.convert_to_numpy(x).astype(np.uint8)
+                seen.setdefault(now["epoch"], []).extend(table[img.tobytes()] for img in arr)
+            return x
+
+    class Epochs(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):  # type: ignore[no-untyped-def]
+            now["epoch"] = epoch
+
+    class CrashAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+            if now["epoch"] == 1 and batch == 5:
+                raise _Crash("the machine went away")
+
+    model = keras.Sequential(
+        [keras.Input((64, 64, 3)), Record(), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(len(CLASSES))]
+    )
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), run_eagerly=True)
+    where = tmp_path / "position.json"
+    ds = StoreDataset(store, 16, seed=9, window=2)
+    nb = len(ds)
+    with pytest.raises(_Crash):
+        model.fit(ds, epochs=3, shuffle=False, verbose=0, callbacks=[Epochs(), TrainingPosition(ds, where), CrashAt()])
+    ds.close()
+    assert sorted(seen[0]) == list(range(len(store)))
+    assert len(seen[1]) == 6 * 16
+    assert TrainingPosition.load(where) == (1, 6)
+
+    # resume: the rest of epoch 1 first, then whole epochs
+    epoch, batch = TrainingPosition.load(where)
+    ds = StoreDataset(store, 16, seed=9, window=2, epoch=epoch, start_batch=batch)
+    assert len(ds) == nb - 6
+    position = TrainingPosition(ds, where)
+    model.fit(ds, initial_epoch=epoch, epochs=epoch + 1, shuffle=False, verbose=0, callbacks=[Epochs(), position])
+    ds.close()
+    assert sorted(seen[1]) == list(range(len(store))), "epoch 1 across the interruption: every sample exactly once"
+    want = [table[img.tobytes()] for x, _ in store.batches(16, seed=9, window=2, epoch=1) for img in x]
+    assert seen[1] == want, "in the order of an uninterrupted epoch 1"
+    assert position.position == (2, 0) and TrainingPosition.load(where) == (2, 0)
+    gc.collect()
+    assert keras_threads() == []
+
+
+def test_one_fit_going_on_past_a_resumed_epoch_stops_with_what_to_do(splits: dict[str, Path]) -> None:
+    """Keras keeps the first epoch's step count for the whole fit: the epoch after a resumed
+    one would silently lose start_batch batches. TrainingPosition stops it, saying what to do."""
+    from carraystore.keras import TrainingPosition
+
+    ds = StoreDataset(splits["train"], 32, start_batch=3)
+    assert len(ds) == ds.spec.num_batches - 3
+    model = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(len(CLASSES))])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    position = TrainingPosition(ds)
+    with pytest.raises(carraystore.InvalidInputError, match=r"resumed epoch.*initial_epoch=e, epochs=e \+ 1"):
+        model.fit(ds, epochs=3, shuffle=False, verbose=0, callbacks=[position])
+    assert position.position == (1, 0), "the resumed epoch itself finished"
+    ds.close()

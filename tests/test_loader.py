@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.errors import InvalidInputError, LoaderError
+from carraystore.errors import ChecksumError, ClipError, InvalidInputError, LoaderChecksumError, LoaderError
 from carraystore.loader import THREAD_NAME_PREFIX, batches
 from carraystore.sample_data import PHOTOS, make_photo_folder, make_video_folder
 from carraystore.sampling import batch_label_diversity, pairs_kept_together
@@ -293,6 +293,23 @@ def test_label_modes_and_unlabelled_stores(photo_store: Path, tmp_path: Path) ->
     assert [len(x) for x, _ in got] == [16, 16, 16, 2] and all(y is None for _, y in got)
 
 
+def test_binary_label_mode_as_keras_gives_it(photo_store: Path, tmp_path: Path) -> None:
+    store = carraystore.open(photo_store)
+    two = tmp_path / "two.b2nd"
+    keep = np.flatnonzero(store.labels < 2)
+    with carraystore.create(two, store.image_shape, class_names=list(store.class_names[:2]), chunk_images=8) as w:
+        w.append(store[keep], labels=store.labels[keep])
+    ints = list(batches(two, 16, epoch=2))
+    bins = list(batches(two, 16, epoch=2, label_mode="binary"))
+    assert len(bins) == len(ints) == -(-len(keep) // 16)
+    for (x0, y0), (x1, y1) in zip(ints, bins):
+        # image_dataset_from_directory's "binary": float32 0/1 of shape (B, 1)
+        assert np.array_equal(x0, x1) and y1.dtype == np.float32 and y1.shape == (len(x0), 1)
+        assert np.array_equal(y1[:, 0], y0.astype(np.float32))
+    with pytest.raises(InvalidInputError, match=r"binary.*has 4 .*categorical"):
+        batches(photo_store, 16, label_mode="binary")
+
+
 def test_any_item_shape_and_dtype(tmp_path: Path) -> None:
     out = tmp_path / "vectors.b2nd"
     data = np.arange(101 * 5, dtype=np.float32).reshape(101, 5)
@@ -326,8 +343,65 @@ def test_sequences_of_video_frames_never_cross_a_clip(tmp_path: Path) -> None:
     assert len(clips) == 16 and len(set(clips)) == 16
     # an explicit groups array works the same way
     groups = [k.rsplit("/", 1)[0] for k in keys]
-    firsts = [c[0] for x, _ in batches(res.path, 4, sequence_length=L, groups=groups, shuffle=False) for c in [[table[f.tobytes()] for f in clip] for clip in x]]
+    firsts = [c[0] for x, _ in batches(res.path, 4, sequence_length=L, groups=groups, shuffle=False, epoch=1) for c in [[table[f.tobytes()] for f in clip] for clip in x]]
     assert firsts == sorted(clips)
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """4 clips of 23 real-photo frames: one store written in order, one shuffled (the default)."""
+    root = tmp_path_factory.mktemp("video")
+    folder = make_video_folder(root / "video", clips=4, frames=23, size=(16, 16))
+    ordered = carraystore.from_directory(folder, root / "ordered.b2nd", keep_order=True, chunk_images=10, workers=1).path
+    shuffled = carraystore.from_directory(folder, root / "shuffled.b2nd", chunk_images=10, workers=1).path
+    return {"ordered": ordered, "shuffled": shuffled}
+
+
+def clip_firsts(path: Path, table: dict[bytes, int], **kwargs) -> list[int]:
+    return [table[clip[0].tobytes()] for x, _ in batches(path, 3, sequence_length=5, **kwargs) for clip in x]
+
+
+def test_clips_on_a_shuffled_store_are_an_error_naming_keep_order(video: dict[str, Path]) -> None:
+    assert carraystore.open(video["shuffled"]).provenance["shuffled"] is True
+    with pytest.raises(ClipError, match="--keep-order"):
+        batches(video["shuffled"], 4, sequence_length=5)
+    # groups all shorter than the clip: an error too, never an empty epoch
+    with pytest.raises(ClipError, match="longest run of one group is 23.*--keep-order"):
+        batches(video["ordered"], 4, sequence_length=24)
+    pytest.importorskip("keras")
+    from carraystore.keras import StoreDataset
+
+    with pytest.raises(ClipError, match="--keep-order"):
+        StoreDataset(video["shuffled"], 4, sequence_length=5)
+
+
+def test_clip_starts_move_every_epoch_and_stay_exact(video: dict[str, Path]) -> None:
+    store = carraystore.open(video["ordered"])
+    table = index_of(store)
+    groups = [k.rsplit("/", 1)[0] for k in store.keys]
+    run_first = {g: groups.index(g) for g in groups}
+    per_epoch = []
+    for epoch in range(6):
+        firsts = sorted(clip_firsts(video["ordered"], table, epoch=epoch, seed=2))
+        # 4 groups of 23 frames, clips of 5: always 4 clips per group, inside the group, 5 apart
+        assert len(firsts) == 16
+        for g in set(groups):
+            mine = [f for f in firsts if groups[f] == g]
+            assert len(mine) == 4 and all(groups[f + 4] == g for f in mine)
+            assert np.all(np.diff(mine) == 5) and 0 <= mine[0] - run_first[g] <= 3
+        per_epoch.append(firsts)
+        # a pure function of (seed, epoch): the same again, in the same order
+        assert clip_firsts(video["ordered"], table, epoch=epoch, seed=2) == clip_firsts(video["ordered"], table, epoch=epoch, seed=2)
+    assert len({tuple(f) for f in per_epoch}) > 1, "the starts move from epoch to epoch"
+    # resuming mid-epoch and sharding stay exact
+    full = clip_firsts(video["ordered"], table, epoch=3, seed=2)
+    assert clip_firsts(video["ordered"], table, epoch=3, seed=2, start_batch=2) == full[6:]
+    shards = [clip_firsts(video["ordered"], table, epoch=3, seed=2, rank=r, world_size=2) for r in range(2)]
+    assert sorted(shards[0] + shards[1]) == sorted(full) and not set(shards[0]) & set(shards[1])
+    # clip_starts="fixed": every group's clips start at its first frame, every epoch
+    for epoch in range(3):
+        fixed = sorted(clip_firsts(video["ordered"], table, epoch=epoch, clip_starts="fixed"))
+        assert fixed == sorted(run_first[g] + 5 * k for g in set(groups) for k in range(4))
 
 
 def test_memory_pool_is_window_plus_prefetch_chunks(photo_store: Path) -> None:

@@ -142,3 +142,23 @@ def test_shuffle_quality_metrics() -> None:
     rng = np.random.default_rng(0)
     kept = [pairs_kept_together(rng.permutation(20000), rng.permutation(20000), 32) for _ in range(3)]
     assert abs(np.mean(kept) - 31 / 19999) < 0.5 * 31 / 19999
+
+
+def test_clip_offsets_keep_the_clip_count_and_stay_in_their_runs() -> None:
+    from carraystore.sampling import clip_offsets, clip_starts
+
+    runs = np.array([0, 23, 46, 50, 69, 100])  # runs of 23, 23, 4, 19, 31 frames
+    fixed = clip_starts(runs, 5, 3)
+    seen = set()
+    for epoch in range(20):
+        off = clip_offsets(runs, 5, 3, seed=1, epoch=epoch)
+        assert np.array_equal(off, clip_offsets(runs, 5, 3, seed=1, epoch=epoch))  # a pure function
+        starts = clip_starts(runs, 5, 3, offsets=off)
+        assert len(starts) == len(fixed)
+        run = np.searchsorted(runs, starts, side="right") - 1
+        assert np.all(starts + 5 <= runs[run + 1]), "a clip never leaves its run"
+        seen.add(tuple(off))
+    assert len(seen) > 5
+    assert clip_offsets(runs, 5, 3, seed=1, epoch=0)[2] == 0  # a run shorter than a clip has no clip to move
+    with pytest.raises(InvalidInputError, match="slack"):
+        clip_starts(runs, 5, 3, offsets=np.array([3, 0, 0, 0, 0]))  # 23 frames, stride 3: slack 0

@@ -1,4 +1,4 @@
-"""``carraystore bench codecs PATH`` and ``carraystore bench loaders DIR``."""
+"""``carraystore bench codecs PATH`` and ``carraystore bench loaders DIR`` (or ``loaders URL``)."""
 
 from __future__ import annotations
 
@@ -55,10 +55,12 @@ def register(sub: Any) -> None:
         description=(
             "Convert DIR's images into every format whose library is installed (npy files, npz, HDF5, zarr, "
             "bcolz, TFRecord, carraystore presets), then time one epoch after another of each loader in a fresh "
-            "process, warm and cold page cache. Needs free disk space of several times the decoded images."
+            "process, warm and cold page cache. Needs free disk space of several times the decoded images. "
+            "Given a store instead (a .b2nd path or a URL such as s3://bucket/train.b2nd), times carraystore's "
+            "epochs from it: images/s, time to the first batch, requests and MB per epoch, peak RSS."
         ),
     )
-    lo.add_argument("dir", nargs="?", help="folder of images in class sub-folders")
+    lo.add_argument("dir", nargs="?", help="folder of images in class sub-folders, or a store (.b2nd path or URL)")
     lo.add_argument("--limit", type=int, default=None, help="use a seeded random subset of this many images")
     lo.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image, as ingest --image-size (default: all must agree)")
     lo.add_argument("--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb", help="channels every loader delivers, as ingest --color-mode (default rgb)")
@@ -72,6 +74,11 @@ def register(sub: Any) -> None:
     lo.add_argument("--seed", type=int, default=0, help="seed of the subset and the shuffles (default 0)")
     lo.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per loader (default 1800)")
     lo.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    from carraystore.commands import storage_options_arg
+
+    lo.add_argument("--storage-options", type=storage_options_arg, metavar="JSON", help="options for a store URL (endpoint, credentials, knobs)")
+    lo.add_argument("--cache-dir", help="a store URL's local chunk cache folder (default: none)")
+    lo.add_argument("--cache-size", type=int, help="bytes the chunk cache may hold")
     lo.set_defaults(func=_cmd_loaders)
 
 
@@ -112,6 +119,35 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_epochs(args: argparse.Namespace) -> int:
+    """``bench loaders STORE``: carraystore's own epochs from a path or URL."""
+    from carraystore.benchmarks.remote import store_epochs
+
+    if args.epochs < 1:
+        raise InvalidInputError(f"--epochs must be at least 1, got {args.epochs}")
+    say = _say(args.quiet)
+    rows = store_epochs(
+        args.dir, args.storage_options, batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
+        cache_dir=args.cache_dir, cache_size=args.cache_size,
+        report=lambda d: say(f"epoch {d['epoch']}: {d['images_per_s']:,.0f} images/s") if d["phase"] == "end" else None,
+    )
+    remote = "requests" in rows[0]
+    print(f"# carraystore epochs from {args.dir} (batches of {args.batch_size}, block shuffle; opened in {rows[0]['open_s']:.3f} s)\n")
+    print("| epoch | images/s | first batch (s) |" + (" requests | MB |" if remote else "") + " peak RSS (MB) |")
+    print("| ---: | ---: | ---: |" + (" ---: | ---: |" if remote else "") + " ---: |")
+    for r in rows:
+        extra = f" {r['requests']} | {r['mb']:.1f} |" if remote else ""
+        print(f"| {r['epoch']} | {r['images_per_s']:,.0f} | {r['first_batch_s']:.3f} |{extra} {r['peak_rss_mb']:.0f} |")
+    if args.out:
+        import json
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "store_epochs.json").write_text(json.dumps({"store": args.dir, "batch_size": args.batch_size, "epochs": rows}, indent=2) + "\n")
+        print(f"wrote {out / 'store_epochs.json'}")
+    return 0
+
+
 def _cmd_loaders(args: argparse.Namespace) -> int:
     from carraystore.benchmarks import loaders as L
 
@@ -123,6 +159,10 @@ def _cmd_loaders(args: argparse.Namespace) -> int:
         return 0
     if not args.dir:
         raise InvalidInputError("give DIR, a folder of images in class sub-folders (or --list to see the loaders)")
+    from carraystore.reader import is_url
+
+    if is_url(args.dir) or args.dir.endswith(".b2nd"):
+        return _store_epochs(args)
     peers = [s.strip() for s in args.peers.split(",") if s.strip()] if args.peers else None
     if peers:
         unknown = [p for p in peers if p not in L.PEER_BY_NAME]

@@ -1,0 +1,250 @@
+"""Remote epochs: carraystore over a URL, and the peers a user would pick for remote data.
+
+Used by ``carraystore bench loaders URL`` (:func:`store_epochs`) and by
+``bench/bench_remote.py`` (:func:`run_contender` in a fresh process per contender, behind
+a :class:`~carraystore.benchmarks.netproxy.NetProxy`). The peers, all reading the same
+images from the same S3 server through the same link:
+
+- ``jpeg_get``: one GET per JPEG with a thread pool, decoded with Pillow (today's habit);
+- ``webdataset``: WebDataset tar shards of JPEGs streamed over HTTP (its ``curl`` pipe),
+  shard order shuffled, a 1,000-sample shuffle buffer, decoded to uint8;
+- ``zarr``: a zarr v3 array (blosc lz4, one chunk = the store's chunk of images) through
+  zarr's ``ObjectStore`` on obstore, chunks in a random order read by a thread pool.
+
+MosaicML Streaming and LitData are not run: both need PyTorch, which this project does
+not install (docs/remote.md).
+
+A contender prints one JSON line per epoch (``{"epoch": e, "phase": "start"|"end", ...}``)
+so the parent can read the proxy's request and byte counters at the epoch's boundaries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["store_epochs", "run_contender", "peak_rss_mb", "CONTENDERS", "SKIPPED_PEERS"]
+
+CONTENDERS = ("carraystore", "carraystore_fast", "carraystore_local", "jpeg_get", "webdataset", "zarr")
+#: Peers of the issue that do not run here, and why.
+SKIPPED_PEERS = {
+    "mosaicml-streaming": "needs PyTorch (torch is a hard dependency of `streaming`), which carraystore does not install",
+    "litdata": "needs PyTorch (torch is a hard dependency of `litdata`), which carraystore does not install",
+}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MB (VmHWM on Linux)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 if sys.platform != "darwin" else kb / 1024 / 1024
+
+
+def _timed(batches: Iterator[Any]) -> dict[str, float]:
+    """images/s of an epoch, its first batch's wait, and the rate after the first batch."""
+    t0 = time.perf_counter()
+    first = None
+    n = n_first = 0
+    for x in batches:
+        if first is None:
+            first = time.perf_counter() - t0
+            n_first = len(x)
+        n += len(x)
+    dt = time.perf_counter() - t0
+    first = first or 0.0
+    steady = (n - n_first) / (dt - first) if dt > first and n > n_first else float("nan")
+    return {"images": n, "seconds": dt, "images_per_s": n / dt if dt > 0 else float("nan"), "first_batch_s": first,
+            "after_first_images_per_s": steady}
+
+
+def store_epochs(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    batch_size: int = 64,
+    epochs: int = 2,
+    seed: int = 0,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | None = None,
+    report: Any = None,
+) -> list[dict[str, Any]]:
+    """Time ``epochs`` block-shuffled epochs of ``store.batches`` from a path or URL.
+
+    Per epoch: images/s, time to the first batch, and for a URL the requests and MB the
+    source fetched (its own counters; retries included). ``report(dict)`` is called at
+    each epoch's start and end.
+    """
+    from carraystore.reader import open_store
+
+    kwargs: dict[str, Any] = {}
+    if cache_dir is not None:
+        kwargs.update(cache_dir=cache_dir, cache_size=cache_size)
+    t0 = time.perf_counter()
+    store = open_store(location, storage_options, **kwargs)
+    open_s = time.perf_counter() - t0
+    out = []
+    try:
+        stats = getattr(store.source, "stats", None)
+        inner = getattr(store.source, "source", None)  # a cache in front of the remote source
+        if stats is None and inner is not None:
+            stats = getattr(inner, "stats", None)
+        for e in range(epochs):
+            r0 = (stats.requests, stats.bytes) if stats is not None else (0, 0)
+            if report:
+                report({"epoch": e, "phase": "start"})
+            row: dict[str, Any] = {"epoch": e, "open_s": open_s, **_timed(x for x, _ in store.batches(batch_size, seed=seed, epoch=e))}
+            if stats is not None:
+                row["requests"] = stats.requests - r0[0]
+                row["mb"] = (stats.bytes - r0[1]) / 1e6
+            row["peak_rss_mb"] = peak_rss_mb()
+            if report:
+                report({**row, "phase": "end"})
+            out.append(row)
+        return out
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------------------------------
+# peers
+# ---------------------------------------------------------------------------------------
+
+
+def _s3(endpoint: str, bucket: str) -> Any:
+    from obstore.store import S3Store
+
+    return S3Store(bucket, endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True})
+
+
+def _decode_jpeg(data: bytes) -> np.ndarray:
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+def _jpeg_get_epoch(spec: dict[str, Any], e: int, pool: Any, store: Any) -> Iterator[np.ndarray]:
+    import obstore
+
+    keys = spec["keys"]
+    bs = spec["batch_size"]
+    perm = np.random.default_rng([spec["seed"], e]).permutation(len(keys))
+
+    def load(i: int) -> np.ndarray:
+        return _decode_jpeg(bytes(obstore.get(store, keys[i]).bytes()))
+
+    window = spec.get("threads", 32) * 2
+    pending: list[Any] = []
+    batch: list[np.ndarray] = []
+    order = iter(perm)
+    for i in order:
+        pending.append(pool.submit(load, int(i)))
+        if len(pending) >= window:
+            break
+    while pending:
+        batch.append(pending.pop(0).result())
+        nxt = next(order, None)
+        if nxt is not None:
+            pending.append(pool.submit(load, int(nxt)))
+        if len(batch) == bs:
+            yield np.stack(batch)
+            batch = []
+    if batch:
+        yield np.stack(batch)
+
+
+def _webdataset_epoch(spec: dict[str, Any], e: int) -> Iterator[np.ndarray]:
+    import webdataset as wds
+
+    ds = (
+        wds.WebDataset(spec["shard_urls"], shardshuffle=len(spec["shard_urls"]), seed=spec["seed"] + e, empty_check=False)
+        .shuffle(1000)
+        .decode("rgb8")
+        .to_tuple("jpg", "cls")
+        .batched(spec["batch_size"], partial=True)
+    )
+    for x, _y in ds:
+        yield np.asarray(x)
+
+
+def _zarr_epoch(spec: dict[str, Any], e: int, pool: Any, arr: Any) -> Iterator[np.ndarray]:
+    k = arr.chunks[0]
+    n = arr.shape[0]
+    nchunks = -(-n // k)
+    rng = np.random.default_rng([spec["seed"], e])
+    order = rng.permutation(nchunks)
+    bs = spec["batch_size"]
+    carry = np.empty((0, *arr.shape[1:]), dtype=arr.dtype)
+    for chunk in pool.map(lambda c: arr[c * k : min(n, (c + 1) * k)], order):
+        chunk = chunk[rng.permutation(len(chunk))]
+        carry = np.concatenate([carry, chunk]) if len(carry) else chunk
+        while len(carry) >= bs:
+            yield carry[:bs]
+            carry = carry[bs:]
+    if len(carry):
+        yield carry
+
+
+def run_contender(spec: dict[str, Any], emit: Any = None) -> list[dict[str, Any]]:
+    """Run one contender's epochs as ``spec`` says; ``emit(dict)`` at epoch boundaries."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    emit = emit or (lambda d: None)
+    kind = spec["kind"]
+    epochs = spec["epochs"]
+    if kind in ("carraystore", "carraystore_fast", "carraystore_local"):
+        if kind == "carraystore_local":  # the local warm rate: one untimed epoch fills the page cache
+            store_epochs(spec["location"], None, batch_size=spec["batch_size"], epochs=1, seed=spec["seed"] + 1000)
+        return store_epochs(spec["location"], spec.get("storage_options"), batch_size=spec["batch_size"], epochs=epochs,
+                            seed=spec["seed"], report=emit)
+    rows = []
+    with ThreadPoolExecutor(spec.get("threads", 32)) as pool:
+        if kind == "jpeg_get":
+            store = _s3(spec["endpoint"], spec["bucket"])
+            epoch = lambda e: _jpeg_get_epoch(spec, e, pool, store)  # noqa: E731
+        elif kind == "webdataset":
+            epoch = lambda e: _webdataset_epoch(spec, e)  # noqa: E731
+        elif kind == "zarr":
+            import zarr
+            from zarr.storage import ObjectStore
+
+            zs = ObjectStore(_s3(spec["endpoint"], spec["bucket"]), read_only=True)
+            arr = zarr.open_array(store=zs, path=spec["zarr_path"], mode="r")
+            epoch = lambda e: _zarr_epoch(spec, e, pool, arr)  # noqa: E731
+        else:
+            raise ValueError(f"unknown contender {kind!r}")
+        for e in range(epochs):
+            emit({"epoch": e, "phase": "start"})
+            row = {"epoch": e, **_timed(epoch(e)), "peak_rss_mb": peak_rss_mb()}
+            emit({**row, "phase": "end"})
+            rows.append(row)
+    return rows
+
+
+def _child_main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+
+    def emit(d: dict[str, Any]) -> None:
+        print("EPOCH " + json.dumps(d), flush=True)
+
+    rows = run_contender(spec, emit)
+    print("RESULT " + json.dumps(rows), flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - a child process of bench/bench_remote.py
+    sys.exit(_child_main(sys.argv[1:]))

