@@ -938,6 +938,11 @@ def update_metadata(
     writer or reader, and readers meanwhile read the old store (docs/appends.md).
     Returns the new metadata.
     """
+    if is_url(path):
+        raise InvalidInputError(
+            f"{path}: metadata is changed in place on local stores only; copy the store here (carraystore copy), "
+            "change it, and copy it back"
+        )
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such store")

@@ -578,3 +578,6 @@ def test_a_meta_update_of_an_empty_store_is_in_place_and_locked(tmp_path: Path) 
     _append(path, 0, 5)  # and it appends as before
     with carraystore.open(path) as s:
         assert s.attrs == {"b": 2} and len(s) == 5 and s.verify() == []
+    # remote stores are read-only here: named, not "no such store"
+    with pytest.raises(carraystore.errors.InvalidInputError, match="local stores only"):
+        update_metadata("s3://bucket/s.b2nd", attrs={"b": 3})
