@@ -302,7 +302,7 @@ class _InPlaceWrite:
             raise InvalidInputError(f"{self.path}: chunk {i} written before chunk {len(self._offsets)}")
 
     def commit(self, meta: StoreMeta) -> None:
-        """Write the offsets index, trailer and header; fsync; check; remove the journal."""
+        """Write the offsets index and header sizes (if chunks were added), the trailer; fsync; check; drop the journal."""
         self._begin()
         assert self._fd is not None
         if self._grown:
@@ -326,8 +326,8 @@ class _InPlaceWrite:
         os.fsync(self._fd)
         check = open_unguarded(self.path)  # the journal goes only once the new store reads back whole
         try:
-            got = check.meta
-            if (got.nimages, check.nchunks, got.class_names, got.attrs) != (meta.nimages, len(self._offsets), meta.class_names, meta.attrs):
+            got = (check.meta.nimages, check.nchunks, check.meta.class_names, check.meta.attrs)
+            if got != (meta.nimages, len(self._offsets), meta.class_names, meta.attrs):
                 raise CorruptStoreError(f"{self.path}: the changed store reads back wrong; the change was undone")
         finally:
             check.close()
