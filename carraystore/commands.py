@@ -146,13 +146,6 @@ def open_for_cli(path: str | os.PathLike[str]) -> Any:
         what = describe_non_store(path)
         if what is not None:
             raise NotAStoreError(what) from exc
-        from carraystore.writer import metadata_journal_path
-
-        journal = metadata_journal_path(path)
-        if journal.exists():
-            raise type(exc)(
-                f"{exc}. An interrupted metadata update left {journal}: run `carraystore meta {path}` to roll it back"
-            ) from exc
         raise
 
 
@@ -359,17 +352,15 @@ def _parse_attr(text: str) -> tuple[str, Any]:
 
 
 def _cmd_meta(args: argparse.Namespace) -> int:
-    from carraystore.writer import metadata_journal_path, recover_metadata_update, update_metadata
+    from carraystore.writer import update_metadata
 
     path = Path(args.store)
-    if metadata_journal_path(path).exists() and recover_metadata_update(path):
-        print(f"rolled back an interrupted metadata update of {path} (from {metadata_journal_path(path).name})", file=sys.stderr)
     names = None
     if args.class_names is not None:
         names = [c.strip() for c in args.class_names.split(",")]
     attrs = dict(_parse_attr(a) for a in args.attr)
     if names is not None or attrs or args.remove_attr:
-        update_metadata(path, class_names=names, attrs=attrs or None, remove_attrs=args.remove_attr)
+        update_metadata(path, class_names=names, attrs=attrs or None, remove_attrs=args.remove_attr, lock_timeout=args.wait)
     with open_for_cli(path) as store:
         info = store_info(store)
     shown = {k: info[k] for k in ("class_names", "attrs", "provenance", "labelled", "label_counts", "nimages") if k in info}
@@ -686,12 +677,15 @@ def register(sub: Any) -> None:
     p = sub.add_parser("meta", help="show or set a store's class names and attrs (in place, pixels untouched)", description=(
         "Print STORE's class names, label counts, attrs and provenance; with --class-names / --attr / --remove-attr, "
         "change them first. The change is written in place into the store's metadata (the image chunks are neither "
-        "read nor rewritten), journaled so that a crash leaves the old metadata."))
+        "read nor rewritten), journaled like an append (a crash leaves the old metadata) and under the store's "
+        "writer lock (--wait to wait for another writer)."))
     p.add_argument("store", metavar="STORE", help="the .b2nd store")
     p.add_argument("--class-names", metavar="A,B,C", help="comma-separated class names, in label order (label 0 first)")
     p.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
                    help="set an attr (repeatable); VALUE is read as JSON when it parses (3, true, [1,2]), else as text")
     p.add_argument("--remove-attr", action="append", default=[], metavar="KEY", help="delete an attr (repeatable)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="while another writer holds the store, wait up to SECONDS (default: fail at once)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_meta)
 

@@ -1,13 +1,14 @@
-"""The rollback journal of an in-place append (layer 3); docs/appends.md is its spec.
+"""The rollback journal of an in-place write (layer 3); docs/appends.md is its spec.
 
-An append writes into the store file itself: new data chunks go after the existing ones
-(over the old offsets index and trailer), then a new offsets index, the trailer, and the
-header's sizes. Before its first write it saves, in ``.NAME.b2nd.journal``, every byte
-it will overwrite (the header, and the old offsets index and trailer) and the old file
-length, fsyncs the journal and the folder; after its last write (and an fsync of the
-store) it removes the journal. A journal that is present and complete ("hot") means an
-append died half-way: :func:`rollback` puts the saved bytes back and truncates the file
-to its old length, which is the store as it was before that append, byte for byte.
+An append, or a metadata update (``carraystore meta``), writes into the store file
+itself: new data chunks (an append) go after the existing ones, over the old offsets
+index and trailer, then the offsets index, the trailer, and the header's sizes. Before
+its first write it saves, in ``.NAME.b2nd.journal``, every byte it will overwrite (the
+header, and everything after the data chunks) and the old file length, fsyncs the
+journal and the folder; after its last write (and an fsync of the store) it removes the
+journal. A journal that is present and complete ("hot") means a write died half-way:
+:func:`rollback` puts the saved bytes back and truncates the file to its old length,
+which is the store as it was before that write, byte for byte.
 
 Journal file: ``b"CSJRNL01"``, old length (u64 LE), region count (u32 LE), then per
 region offset (u64 LE), length (u64 LE) and the bytes; last a CRC32 (u32 LE) of all that
@@ -47,7 +48,7 @@ def journal_path(path: Path) -> Path:
 
 @dataclass(frozen=True)
 class Journal:
-    """What an append saved before it wrote: the old file length and the bytes it overwrites."""
+    """What a write saved before it began: the old file length and the bytes it overwrites."""
 
     old_len: int
     regions: tuple[tuple[int, bytes], ...]
@@ -125,14 +126,14 @@ def load_journal(path: Path) -> Journal | None:
 
 
 def remove_journal(path: Path) -> None:
-    """Remove the journal (the append it guarded is now complete, or undone) durably."""
+    """Remove the journal (the write it guarded is now complete, or undone) durably."""
     with contextlib.suppress(FileNotFoundError):
         journal_path(path).unlink()
         _fsync_dir(path.parent)
 
 
 def rollback(path: Path) -> bool:
-    """Undo a half-done append from its journal. Call with the writer lock held.
+    """Undo a half-done write (append or metadata update) from its journal. Call with the writer lock held.
 
     Returns True when something was restored; an incomplete journal is only removed.
     """
@@ -144,7 +145,8 @@ def rollback(path: Path) -> bool:
         fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise CorruptStoreError(
-            f"{path}: an append was interrupted and its journal {journal_path(path).name} must be rolled back, "
+            f"{path}: a write (append or metadata update) was interrupted and its journal {journal_path(path).name} "
+            "must be rolled back, "
             f"but the store cannot be opened for writing ({exc}); open it once with write permission"
         ) from exc
     try:
@@ -171,7 +173,7 @@ def rollback_if_abandoned(path: Path) -> bool:
     """
     if not journal_path(path).exists() or not os.access(path, os.W_OK):
         return False
-    lock = WriterLock(path, purpose="rollback of an interrupted append")
+    lock = WriterLock(path, purpose="rollback of an interrupted write")
     if not lock.acquire(blocking=False):
         return False
     try:
@@ -182,17 +184,26 @@ def rollback_if_abandoned(path: Path) -> bool:
 
 
 class JournalSource(LocalFileSource):
-    """The store as it was before the append that ``journal`` guards: the file's bytes with
-    the journal's saved regions laid over them, cut at the old length."""
+    """The store as it was before the write that ``journal`` guards: the file's bytes with
+    the journal's saved regions laid over them, cut at the old length. The file may be
+    shorter than that (a metadata update that shrank the trailer): the bytes past its end
+    all come from the journal."""
 
     def __init__(self, path: str | os.PathLike[str], journal: Journal) -> None:
         super().__init__(path)
-        if self._size < journal.old_len:
+        self._regions: Sequence[tuple[int, bytes]] = journal.regions
+        if self._size < journal.old_len and not self._covered(self._size, journal.old_len):
             self.close()
             raise CorruptStoreError(f"{path}: shorter ({self._size} bytes) than its journal's old length {journal.old_len}")
         self._size = journal.old_len
-        self._regions: Sequence[tuple[int, bytes]] = journal.regions
         self.location = str(self.path)
+
+    def _covered(self, start: int, stop: int) -> bool:
+        """Whether the saved regions cover every byte of [start, stop)."""
+        for o, d in sorted(self._regions):
+            if o <= start < o + len(d):
+                start = o + len(d)
+        return start >= stop
 
     def _overlay(self, offset: int, length: int) -> list[tuple[int, bytes]]:
         return [(o, d) for o, d in self._regions if o < offset + length and offset < o + len(d)]
@@ -222,4 +233,4 @@ class JournalSource(LocalFileSource):
         return super().view(offset, length)
 
     def __repr__(self) -> str:
-        return f"<JournalSource {self.location!r} (the store before an unfinished append)>"
+        return f"<JournalSource {self.location!r} (the store before an unfinished write)>"

@@ -47,10 +47,12 @@ class LocalFileSource:
                 if self._map is None:
                     if self._fd is None:
                         raise ValueError(f"{self.location}: the file was closed")
-                    self._map = mmap.mmap(self._fd, self._size, access=mmap.ACCESS_READ) if self._size else None
+                    # the file may be shorter by now (a metadata update shrank its trailer): map what is there
+                    n = min(self._size, os.fstat(self._fd).st_size)
+                    self._map = mmap.mmap(self._fd, n, access=mmap.ACCESS_READ) if n else None
                 m = self._map
-        if m is None:
-            return memoryview(b"")
+        if m is None or offset + length > len(m):
+            return memoryview(self.read(offset, length))  # beyond the map: read (or name the truncation)
         return memoryview(m)[offset : offset + length]
 
     def size(self) -> int:

@@ -10,10 +10,11 @@ then uploaded atomically (:mod:`carraystore.upload`).
 :func:`temp_path`, :func:`remove_stale_temps` and :func:`publish` are the same steps
 for other writers (migrations).
 
-Appending to a store that holds images writes in place (:class:`_InPlaceAppend`): new
+Appending to a store that holds images writes in place (:class:`_InPlaceWrite`): new
 chunks after the old ones, then a new offsets index, trailer and header, guarded by a
-rollback journal (:mod:`carraystore.journal`). Every writer holds the store's writer
-lock (:mod:`carraystore.lock`) from ``create``/``append`` to ``close``/``abort``.
+rollback journal (:mod:`carraystore.journal`); :func:`update_metadata` is the same write
+with no chunk added. Every writer holds the store's writer lock (:mod:`carraystore.lock`)
+from ``create``/``append`` to ``close``/``abort``, ``update_metadata`` for its whole run.
 docs/appends.md describes both.
 """
 
@@ -29,7 +30,6 @@ import re
 import secrets
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
-from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,6 @@ from carraystore.format import (
     check_codec_against_header,
     chunk_crc,
     chunk_crc_ok,
-    crc32,
     default_chunk_images,
     dtype_to_record,
     metadata_limit,
@@ -75,14 +74,12 @@ from carraystore.frame import (
     Frame,
     encode_offsets,
     raw_offsets,
-    read_frame,
     shape0_position,
     special_chunk_header,
 )
 from carraystore.journal import Journal, remove_journal, rollback, write_journal
 from carraystore.lock import WriterLock
 from carraystore.reader import is_url, open_store, open_unguarded
-from carraystore.sources import LocalFileSource
 from carraystore.upload import RemoteTarget
 
 __all__ = [
@@ -98,8 +95,6 @@ __all__ = [
     "named_write_errors",
     "check_class_names",
     "update_metadata",
-    "recover_metadata_update",
-    "metadata_journal_path",
 ]
 
 # ``.NAME.partial-PID-RANDOM`` (stores) and ``.NAME.migrating-PID-RANDOM.b2nd`` (migrations)
@@ -234,15 +229,18 @@ def _write_meta(array: Any, meta: StoreMeta) -> None:
 _STORED_AS_FLAG = (1, 2, 4)
 
 
-class _InPlaceAppend:
-    """Appends chunks to an existing store file in place, guarded by a rollback journal.
+class _InPlaceWrite:
+    """Changes an existing store file in place, guarded by a rollback journal: appends
+    chunks (``put_chunk``) and/or rewrites the metadata (``commit``).
 
     Data chunks are only ever written after the existing ones (a rewritten partial last
     chunk too: its old bytes stay where they are, unreferenced), so a reader that opened
     the store before keeps reading the old chunks. The journal saves the header and the
-    old offsets index and trailer (everything up to the old length this append overwrites)
-    before the first write; :meth:`commit` writes the new offsets index, the trailer (through
-    blosc2's vlmeta) and the header's sizes, fsyncs, checks the result and removes the journal.
+    old offsets index and trailer (everything up to the old length this write overwrites)
+    before the first write; :meth:`commit` writes the new offsets index (when chunks were
+    added), the trailer (through blosc2's vlmeta) and the header's sizes, fsyncs, checks
+    the result and removes the journal. A metadata update (:func:`update_metadata`) is a
+    commit with no chunk added.
     """
 
     def __init__(self, path: Path, frame: Frame, nitems: int) -> None:
@@ -250,7 +248,7 @@ class _InPlaceAppend:
         try:
             self._fd: int | None = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         except PermissionError as exc:
-            raise InvalidInputError(f"{path}: cannot append, the store is not writable ({exc})") from exc
+            raise InvalidInputError(f"{path}: the store is not writable ({exc}); it cannot be changed in place") from exc
         self._old_len = frame.frame_len
         self._h = frame.header_len
         self._head = bytearray(os.pread(self._fd, self._h, 0))
@@ -264,6 +262,7 @@ class _InPlaceAppend:
         self._chunk_nbytes = frame.chunksize
         self._end = tail_at  # where the next data chunk goes
         self._journaled = False
+        self._grown = False  # chunks were written: the offsets index and the header's sizes change
         self._frame = frame
 
     def read_chunk(self, i: int) -> bytes:
@@ -290,6 +289,7 @@ class _InPlaceAppend:
     def put_chunk(self, i: int, data: bytes) -> None:
         """Write chunk ``i`` (new, or the partial last one again) after all data so far."""
         self._begin()
+        self._grown = True
         special = (data[31] >> 4) & 0x7 if len(data) >= 32 else 0
         if special in _STORED_AS_FLAG:  # as blosc2 does: a flag in the offsets index, no bytes
             entry = int(np.array([(1 << 63) | (special << 56)], dtype=np.uint64).view(np.int64)[0])
@@ -305,31 +305,33 @@ class _InPlaceAppend:
             raise InvalidInputError(f"{self.path}: chunk {i} written before chunk {len(self._offsets)}")
 
     def commit(self, meta: StoreMeta) -> None:
-        """Write the offsets index, trailer and header; fsync; check; remove the journal."""
+        """Write the offsets index and header sizes (if chunks were added), the trailer; fsync; check; drop the journal."""
         self._begin()
-        index = encode_offsets(np.asarray(self._offsets, dtype="<i8"))
-        self._pwrite(index, self._end)
-        new_len = self._end + len(index) + len(self._trailer)
-        self._pwrite(self._trailer, self._end + len(index))  # the old trailer, replaced below
-        head = self._head
-        head[FRAME_LEN_AT : FRAME_LEN_AT + 8] = new_len.to_bytes(8, "big")
-        head[NBYTES_AT : NBYTES_AT + 8] = (len(self._offsets) * self._chunk_nbytes).to_bytes(8, "big", signed=True)
-        head[CBYTES_AT : CBYTES_AT + 8] = (self._end - self._h).to_bytes(8, "big", signed=True)
-        head[self._shape0_at : self._shape0_at + 8] = meta.nimages.to_bytes(8, "big", signed=True)
-        self._pwrite(bytes(head), 0)
         assert self._fd is not None
-        os.ftruncate(self._fd, new_len)
+        if self._grown:
+            index = encode_offsets(np.asarray(self._offsets, dtype="<i8"))
+            self._pwrite(index, self._end)
+            new_len = self._end + len(index) + len(self._trailer)
+            self._pwrite(self._trailer, self._end + len(index))  # the old trailer, replaced below
+            head = self._head
+            head[FRAME_LEN_AT : FRAME_LEN_AT + 8] = new_len.to_bytes(8, "big")
+            head[NBYTES_AT : NBYTES_AT + 8] = (len(self._offsets) * self._chunk_nbytes).to_bytes(8, "big", signed=True)
+            head[CBYTES_AT : CBYTES_AT + 8] = (self._end - self._h).to_bytes(8, "big", signed=True)
+            head[self._shape0_at : self._shape0_at + 8] = meta.nimages.to_bytes(8, "big", signed=True)
+            self._pwrite(bytes(head), 0)
+            os.ftruncate(self._fd, new_len)
         array = blosc2.open(str(self.path), mode="a")  # never pass cparams here
         _write_meta(array, meta)  # blosc2 rewrites the trailer (and the header's frame length)
         del array
         frame_len = int.from_bytes(os.pread(self._fd, 8, FRAME_LEN_AT), "big")
-        if os.fstat(self._fd).st_size > frame_len:  # a shorter trailer than the one copied
+        if os.fstat(self._fd).st_size > frame_len:  # a shorter trailer than the one before
             os.ftruncate(self._fd, frame_len)
         os.fsync(self._fd)
         check = open_unguarded(self.path)  # the journal goes only once the new store reads back whole
         try:
-            if check.meta.nimages != meta.nimages or check.nchunks != len(self._offsets):
-                raise CorruptStoreError(f"{self.path}: the appended store reads back wrong; the append was undone")
+            got = (check.meta.nimages, check.nchunks, check.meta.class_names, check.meta.attrs)
+            if got != (meta.nimages, len(self._offsets), meta.class_names, meta.attrs):
+                raise CorruptStoreError(f"{self.path}: the changed store reads back wrong; the change was undone")
         finally:
             check.close()
         remove_journal(self.path)
@@ -364,7 +366,7 @@ class StoreWriter:
         nthreads: int,
         *,
         lock: WriterLock | None = None,
-        inplace: _InPlaceAppend | None = None,
+        inplace: _InPlaceWrite | None = None,
     ) -> None:
         #: the store's path, or its URL when it is uploaded at close
         self.path: Any = path
@@ -935,7 +937,7 @@ def _open_for_append(
             raise InvalidInputError(f"{p}: appending {np.dtype(dtype)} images to a store of {meta.dtype}")
     if meta.nimages:
         # In place: new chunks after the old ones, guarded by the rollback journal.
-        inplace = _InPlaceAppend(p, frame, meta.nimages)
+        inplace = _InPlaceWrite(p, frame, meta.nimages)
         try:
             return StoreWriter(p, p, None, meta, nthreads, lock=lock, inplace=inplace)
         except BaseException:
@@ -974,104 +976,50 @@ def append(
 
 # -- metadata updates in place ---------------------------------------------------------------
 
-_JOURNAL_MAGIC = b"carraystore-metadata-journal 1\n"
-
-
-def metadata_journal_path(path: str | os.PathLike[str]) -> Path:
-    """Where :func:`update_metadata` keeps the bytes it may overwrite until the update is done."""
-    p = Path(path)
-    return p.with_name(f".{p.name}.meta-journal")
-
-
-def recover_metadata_update(path: str | os.PathLike[str]) -> bool:
-    """Roll back a metadata update that was interrupted (a journal beside ``path``); True if one was.
-
-    The journal holds the frame header, everything after the data chunks (offsets index and
-    trailer) and the file size from before the update; writing them back and truncating
-    restores the store exactly as it was. The data chunks are never part of it: an update
-    does not touch them.
-    """
-    p = Path(path)
-    journal = metadata_journal_path(p)
-    if not journal.exists():
-        return False
-    blob = journal.read_bytes()
-    if not blob.startswith(_JOURNAL_MAGIC):
-        raise CorruptStoreError(f"{journal}: not a carraystore metadata journal; move it away and check {p}")
-    head_end = blob.index(b"\n", len(_JOURNAL_MAGIC))
-    info = json.loads(blob[len(_JOURNAL_MAGIC) : head_end])
-    payload = blob[head_end + 1 :]
-    if len(payload) != info["header_len"] + info["tail_len"] or crc32(payload) != info["crc32"]:
-        raise CorruptStoreError(f"{journal}: the journal is damaged; {p} may need to be restored from a copy")
-    with open(p, "r+b") as f:
-        f.seek(0)
-        f.write(payload[: info["header_len"]])
-        f.seek(info["tail_offset"])
-        f.write(payload[info["header_len"] :])
-        f.truncate(info["size"])
-        f.flush()
-        os.fsync(f.fileno())
-    journal.unlink()
-    fsync_path(p.parent, directory=True)
-    return True
-
 
 def update_metadata(
     path: str | os.PathLike[str],
     class_names: Sequence[str] | None = None,
     attrs: dict[str, Any] | None = None,
     remove_attrs: Sequence[str] = (),
+    *,
+    lock_timeout: float | None = 0.0,
 ) -> StoreMeta:
     """Set a store's class names and/or attrs in place; the pixels are neither read nor rewritten.
 
     ``attrs`` are merged into the existing ones (``remove_attrs`` deletes keys). Blosc2 keeps
-    the metadata in the frame's trailer, after the data chunks; an update rewrites the
-    header's size fields, the offsets index and the trailer, never a data chunk. Crash
-    safety: those regions and the old file size are first written to a journal beside the
-    store (fsynced); a crash mid-update leaves the journal, and the next update (or
-    ``carraystore meta STORE``) rolls the store back from it. Returns the new metadata.
+    the metadata in the frame's trailer, after the data chunks: an update rewrites the
+    header and the trailer, never a data chunk. It is a writer like an append: it holds the
+    store's writer lock (``lock_timeout``: seconds to wait for another writer, None for
+    ever; then :class:`~carraystore.errors.StoreLockedError` names the holder) and writes
+    under the same rollback journal, so a crash mid-update is rolled back by the next
+    writer or reader, and readers meanwhile read the old store (docs/appends.md).
+    Returns the new metadata.
     """
+    if is_url(path):
+        raise InvalidInputError(
+            f"{path}: metadata is changed in place on local stores only; copy the store here (carraystore copy), "
+            "change it, and copy it back"
+        )
     p = Path(path)
-    with _exclusive(p):
-        recover_metadata_update(p)
-        _remove_dead_journal_temps(p)
-        store = open_store(p)
-        meta = store.meta
-        store.close()
-        new = _updated_meta(p, meta, class_names, attrs, remove_attrs)
-        _rewrite_metadata(p, new)
-    return new
-
-
-def _remove_dead_journal_temps(p: Path) -> None:
-    """Remove half-written journals (``.NAME.meta-journal.PID``) of processes that are gone."""
-    prefix = metadata_journal_path(p).name + "."
-    for q in p.parent.glob(glob_escape(prefix) + "*"):
-        pid = q.name[len(prefix) :]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            with contextlib.suppress(OSError):
-                q.unlink()
-        except PermissionError:
-            pass
-
-
-@contextlib.contextmanager
-def _exclusive(p: Path) -> Any:
-    """An exclusive advisory lock (flock) on the store file while its metadata changes."""
-    import fcntl
-
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such store")
-    with open(p, "rb") as lock:
+    real = Path(os.path.realpath(p))  # the lock and the journal sit beside the real file
+    with WriterLock(real, purpose="meta", timeout=lock_timeout):
+        rollback(real)  # a write that died half-way is undone first
+        remove_stale_temps(p)
+        store = open_unguarded(real)
+        meta, frame = store.meta, store._frame
+        store.close()
+        new = _updated_meta(p, meta, class_names, attrs, remove_attrs)
+        inplace = _InPlaceWrite(real, frame, meta.nimages)
         try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            raise InvalidInputError(f"{p}: another process is changing this store's metadata; try again when it is done") from exc
-        yield
+            with named_write_errors(real, "the metadata"):
+                inplace.commit(new)
+        except BaseException:
+            inplace.abort()
+            raise
+    return new
 
 
 def _updated_meta(
@@ -1103,44 +1051,6 @@ def _updated_meta(
     new = dataclasses.replace(meta, class_names=names, attrs=new_attrs)
     new.validate(str(p))
     return new
-
-
-def _rewrite_metadata(p: Path, new: StoreMeta) -> None:
-    """Journal the header and the tail, let blosc2 rewrite the trailer in place, check, drop the journal."""
-    source = LocalFileSource(p)
-    try:
-        frame = read_frame(source)
-        size = source.size()
-        tail_offset = frame.header_len + frame.cbytes
-        header = source.read(0, frame.header_len)
-        tail = source.read(tail_offset, size - tail_offset)
-    finally:
-        source.close()
-    payload = header + tail
-    info = {"size": size, "header_len": len(header), "tail_offset": tail_offset, "tail_len": len(tail), "crc32": crc32(payload)}
-    journal = metadata_journal_path(p)
-    tmp = journal.with_name(journal.name + f".{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(_JOURNAL_MAGIC + json.dumps(info).encode() + b"\n" + payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, journal)
-    fsync_path(p.parent, directory=True)
-    try:
-        array = blosc2.open(str(p), mode="a")  # never pass cparams here
-        _write_meta(array, new)
-        del array
-        fsync_path(p)
-        check = open_store(p)
-        ok = check.meta.class_names == new.class_names and check.meta.attrs == new.attrs
-        check.close()
-        if not ok:
-            raise CorruptStoreError(f"{p}: the metadata did not read back as written")
-    except BaseException:
-        recover_metadata_update(p)
-        raise
-    journal.unlink()
-    fsync_path(p.parent, directory=True)
 
 
 # -- chunks compressed elsewhere (carraystore.dask: workers compress, one writer places) --------

@@ -391,3 +391,193 @@ def test_a_killed_migrations_temp_files_go_with_the_next_migrate(tmp_path: Path)
     with carraystore.open(out) as s:
         assert np.array_equal(s[:], _images(0, 10))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.npz", "out.b2nd"]
+
+
+# -- metadata updates (carraystore meta) are writers like appends ------------------------------
+
+HOLD_APPEND = """
+import sys, numpy as np, carraystore
+w = carraystore.append(sys.argv[1])
+w.append(np.full((3, 16, 16, 3), 7, np.uint8), labels=[1, 2, 3], keys=["h/0", "h/1", "h/2"])
+print("go", flush=True)
+sys.stdin.readline()  # holds the lock until the parent says so
+w.close()
+"""
+
+HOLD_META = """
+import json, sys, carraystore.writer as w
+real = w._write_meta
+def paused(array, meta):
+    real(array, meta)  # the new trailer is written; the journal and the lock are still there
+    print("go", flush=True)
+    sys.stdin.readline()
+w._write_meta = paused
+w.update_metadata(sys.argv[1], **json.loads(sys.argv[2]))
+"""
+BLOB = np.random.default_rng(5).bytes(20000).hex()
+GROW = json.dumps({"class_names": ["a", "b", "c", "d", "e"], "attrs": {"blob": BLOB}})
+
+
+def _child(script: str, path: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", script, str(path), *args], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"go", proc.stderr.read() if proc.stderr else ""
+    return proc
+
+
+def _let_go(proc: subprocess.Popen[bytes]) -> None:
+    _, err = proc.communicate(b"\n", timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+
+
+def test_a_meta_update_and_an_append_exclude_each_other(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from carraystore.cli import main
+    from carraystore.writer import update_metadata
+
+    path = tmp_path / "s.b2nd"
+    _store(path, 6)
+    start, stop = _data_region(path)
+    pixels = path.read_bytes()[start:stop]
+    # another process appends: a metadata update is refused, naming it, and changes nothing
+    proc = _child(HOLD_APPEND, path)
+    try:
+        with pytest.raises(StoreLockedError, match=rf"being written by append in process {proc.pid} on host"):
+            update_metadata(path, attrs={"epochs": 3})
+        assert main(["meta", str(path), "--attr", "epochs=3"]) == 2
+        err = capsys.readouterr().err
+        assert f"append in process {proc.pid}" in err and "--wait" in err
+        # with --wait it runs once the append is done
+        threading.Timer(0.5, proc.stdin.write, [b"\n"]).start()  # type: ignore[union-attr]
+        threading.Timer(0.6, proc.stdin.flush).start()  # type: ignore[union-attr]
+        t0 = time.monotonic()
+        assert main(["meta", str(path), "--attr", "epochs=3", "--wait", "30", "--json"]) == 0
+        assert time.monotonic() - t0 >= 0.4
+        assert json.loads(capsys.readouterr().out)["attrs"] == {"epochs": 3}
+    finally:
+        _let_go(proc)
+    with carraystore.open(path) as s:  # neither write was lost
+        assert len(s) == 9 and s.attrs == {"epochs": 3} and s.verify() == []
+        assert list(s.keys)[6:] == ["h/0", "h/1", "h/2"]
+    assert path.read_bytes()[start:stop] == pixels
+    # another process updates the metadata: an append is refused, naming it; readers read the old store
+    before = path.read_bytes()
+    proc = _child(HOLD_META, path, GROW)
+    try:
+        assert (tmp_path / ".s.b2nd.journal").exists()  # the one rollback journal, as an append's
+        with pytest.raises(StoreLockedError, match=rf"being written by meta in process {proc.pid} on host"):
+            _append(path, 9, 2)
+        with pytest.raises(StoreLockedError, match=rf"meta in process {proc.pid}"):
+            update_metadata(path, attrs={"epochs": 4})
+        with carraystore.open(path) as during:  # the store before the update, through the journal
+            assert during.attrs == {"epochs": 3} and during.class_names is None
+            assert len(during) == 9 and during.verify() == [] and np.array_equal(during[:6], _images(0, 6))
+    finally:
+        _let_go(proc)
+    assert not (tmp_path / ".s.b2nd.journal").exists() and not (tmp_path / ".s.b2nd.lock").exists()
+    assert path.read_bytes() != before
+    _append(path, 9, 2)
+    with carraystore.open(path) as s:
+        assert len(s) == 11 and s.class_names == ("a", "b", "c", "d", "e") and s.attrs["blob"] == BLOB
+        assert s.verify() == [] and np.array_equal(s[9:], _images(9, 2))
+    assert path.read_bytes()[start:stop] == pixels  # the old chunks' bytes, never rewritten
+
+
+def test_a_meta_update_killed_mid_write_is_rolled_back_by_a_reader(tmp_path: Path) -> None:
+    path = tmp_path / "s.b2nd"
+    _store(path, 6)
+    old = path.read_bytes()
+    proc = _child(HOLD_META, path, GROW)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (tmp_path / ".s.b2nd.journal").exists() and path.read_bytes() != old
+    with carraystore.open(path) as s:  # the writer is gone: the reader rolls its write back first
+        assert s.attrs == {} and s.class_names is None and len(s) == 6 and s.verify() == []
+    assert path.read_bytes() == old and not (tmp_path / ".s.b2nd.journal").exists()
+
+
+def test_a_reader_during_a_shrinking_meta_update_reads_the_old_store(tmp_path: Path) -> None:
+    from carraystore.writer import update_metadata
+
+    path = tmp_path / "s.b2nd"
+    _store(path, 6)
+    update_metadata(path, attrs={"blob": BLOB, "epochs": 3})
+    old_size = path.stat().st_size
+    proc = _child(HOLD_META, path, json.dumps({"remove_attrs": ["blob"]}))
+    try:
+        assert path.stat().st_size < old_size - 10_000  # the trailer shrank; the journal holds the old one
+        with carraystore.open(path) as during:  # the bytes past the file's end come from the journal
+            assert during.attrs == {"blob": BLOB, "epochs": 3} and during.verify() == []
+            assert np.array_equal(during[:], _images(0, 6))
+    finally:
+        _let_go(proc)
+    with carraystore.open(path) as s:
+        assert s.attrs == {"epochs": 3} and s.verify() == [] and np.array_equal(s[:], _images(0, 6))
+
+
+META_LOOP = """
+import sys, numpy as np, carraystore.writer as w
+path = sys.argv[1]
+print("go", flush=True)
+i = 0
+while True:
+    blob = np.random.default_rng(i).bytes(4000 * (i % 4)).hex()  # the trailer grows and shrinks
+    w.update_metadata(path, class_names=[f"c{i}-{j}" for j in range(5)], attrs={"round": i, "blob": blob}, lock_timeout=None)
+    i += 1
+"""
+
+
+def test_opening_during_a_meta_update_loop_never_sees_damage(tmp_path: Path) -> None:
+    path = tmp_path / "s.b2nd"
+    _store(path, 9)
+    start, stop = _data_region(path)
+    pixels = path.read_bytes()[start:stop]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", META_LOOP, str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"go"
+        rounds: set[int] = set()
+        n = 9
+        t_end = time.monotonic() + 3.0
+        opens = 0
+        while time.monotonic() < t_end:
+            with carraystore.open(path) as s:  # never a false "damaged", never a mix of two updates
+                r = s.attrs.get("round")
+                if r is not None:
+                    assert s.attrs["blob"] == np.random.default_rng(r).bytes(4000 * (r % 4)).hex()
+                    assert s.class_names == tuple(f"c{r}-{j}" for j in range(5))
+                    rounds.add(r)
+                assert len(s) == n and np.array_equal(s[n - 2 :], _images(n - 2, 2)) and s.keys[n - 1] == f"d/{n - 1}.png"
+            opens += 1
+            if opens % 10 == 0:  # appends take turns with the updates
+                _append(path, n, 3, lock_timeout=30)
+                n += 3
+        assert len(rounds) >= 3 and n > 9, (rounds, n)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with carraystore.open(path) as s:  # rolls back an update the kill interrupted
+        assert len(s) == n and s.verify() == [] and np.array_equal(s[:], _images(0, n))
+    assert not (tmp_path / ".s.b2nd.journal").exists()
+    assert path.read_bytes()[start:stop] == pixels  # the first chunks' bytes, never rewritten
+
+
+def test_a_meta_update_of_an_empty_store_is_in_place_and_locked(tmp_path: Path) -> None:
+    from carraystore.lock import WriterLock
+    from carraystore.writer import update_metadata
+
+    path = tmp_path / "s.b2nd"
+    with carraystore.create(path, SHAPE, chunk_images=CHUNK, attrs={"a": 1}):
+        pass
+    inode = path.stat().st_ino
+    with WriterLock(path, purpose="ingest"):  # any writer excludes it, and it waits with a timeout
+        with pytest.raises(StoreLockedError, match=r"being written by ingest .* \(waited 0.2 s\)"):
+            update_metadata(path, attrs={"b": 2}, lock_timeout=0.2)
+    assert update_metadata(path, attrs={"b": 2}, remove_attrs=["a"]).attrs == {"b": 2}
+    assert path.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == ["s.b2nd"]
+    _append(path, 0, 5)  # and it appends as before
+    with carraystore.open(path) as s:
+        assert s.attrs == {"b": 2} and len(s) == 5 and s.verify() == []
+    # remote stores are read-only here: named, not "no such store"
+    with pytest.raises(carraystore.errors.InvalidInputError, match="local stores only"):
+        update_metadata("s3://bucket/s.b2nd", attrs={"b": 3})

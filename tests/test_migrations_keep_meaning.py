@@ -20,7 +20,8 @@ from carraystore.errors import MigrationError
 from carraystore.frame import read_frame
 from carraystore.migrations import migrate
 from carraystore.sources import LocalFileSource
-from carraystore.writer import metadata_journal_path, update_metadata
+from carraystore.journal import journal_path
+from carraystore.writer import update_metadata
 
 h5py = pytest.importorskip("h5py")
 
@@ -155,7 +156,7 @@ def test_meta_sets_class_names_and_attrs_in_place(store_path: Path, arrays, caps
     assert after.st_ino == before.st_ino  # updated in place, not replaced by a copy
     assert _chunk_region(store_path) == (start, chunks)  # the pixels' bytes are untouched
     assert 150_000 < after.st_size - before.st_size < 400_000  # grew by the metadata only
-    assert not metadata_journal_path(store_path).exists()
+    assert not journal_path(store_path).exists()
     store = carraystore.open(store_path)
     assert store.class_names == tuple(NAMES)
     assert store.attrs == {"epochs": 3, "note": "hello world", "blob": big}
@@ -183,40 +184,42 @@ def test_meta_refuses_too_few_class_names(store_path: Path, capsys) -> None:
 
 
 _CRASH = r"""
-import os, sys
+import os, signal, sys
 import carraystore.writer as w
 real = w._write_meta
 def torn(array, meta):
     real(array, meta)
     del array
-    # the new trailer is half on disk when the power goes
+    # the new trailer is half on disk when the process is killed
     size = os.path.getsize(sys.argv[1])
     with open(sys.argv[1], "r+b") as f:
         f.seek(size - 40)
         f.write(os.urandom(40))
         f.truncate(size - 7)
-    os._exit(9)
+    os.kill(os.getpid(), signal.SIGKILL)
 w._write_meta = torn
-w.update_metadata(sys.argv[1], class_names=["a", "b", "c", "d"], attrs={"x": 1})
+w.update_metadata(sys.argv[1], class_names=["a", "b", "c", "d"], attrs={"x": os.urandom(3000).hex()})
 """
 
 
-def test_meta_interrupted_mid_write_rolls_back(store_path: Path, capsys) -> None:
+def test_meta_interrupted_mid_write_is_rolled_back_by_the_next_reader(store_path: Path, capsys) -> None:
     original = store_path.read_bytes()
+    start, chunks = _chunk_region(store_path)
     proc = subprocess.run([sys.executable, "-c", _CRASH, str(store_path)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 9, proc.stderr
-    assert metadata_journal_path(store_path).exists()
+    assert proc.returncode == -9, proc.stderr
+    # the same rollback journal as an append's; the trailer on disk is torn
+    assert journal_path(store_path).exists()
     assert store_path.read_bytes() != original
-    assert main(["info", str(store_path)]) == 2
-    err = capsys.readouterr().err
-    assert "carraystore meta" in err and "meta-journal" in err
-    assert main(["meta", str(store_path)]) == 0
-    assert "rolled back" in capsys.readouterr().err
+    assert store_path.read_bytes()[start : start + len(chunks)] == chunks  # the pixels' bytes were never touched
+    assert main(["info", str(store_path)]) == 0  # a reader rolls it back before it reads
+    capsys.readouterr()
     assert store_path.read_bytes() == original  # exactly as before the interrupted update
-    assert not metadata_journal_path(store_path).exists()
-    # a journal half-written by a process that is gone is cleaned up by the next update
-    dead = metadata_journal_path(store_path).with_name(metadata_journal_path(store_path).name + ".4194999")
-    dead.write_bytes(b"carraystore-metadata-journal 1\n{")
+    assert not journal_path(store_path).exists()
+    with carraystore.open(store_path) as store:
+        assert store.class_names is None and store.attrs == {} and store.verify() == []
+    # an incomplete journal (the update died before its first write to the store) is removed, nothing restored
+    journal_path(store_path).write_bytes(b"CSJRNL01" + b"\0" * 10)
     update_metadata(store_path, class_names=NAMES)
-    assert not dead.exists()
+    assert not journal_path(store_path).exists()
     assert carraystore.open(store_path).class_names == tuple(NAMES)
+    assert _chunk_region(store_path) == (start, chunks)
