@@ -109,6 +109,17 @@ def test_the_documented_snippets_run(
         shutil.copyfile(work / "data" / name, work / name)
     monkeypatch.chdir(work)
     ns = prelude(photo_patches)
+    try:
+        ran = _run_blocks(document, blocks, ns)
+    finally:
+        # iterators and datasets the snippets left open (e.g. an unconsumed ``batches``)
+        for value in list(ns.values()):
+            if type(value).__module__.startswith("carraystore") and callable(getattr(value, "close", None)):
+                value.close()
+    assert ran, f"every python block of {document} is skipped"
+
+
+def _run_blocks(document: str, blocks: list[tuple[int, str, bool]], ns: dict[str, Any]) -> int:
     ran = 0
     for line, code, skipped in blocks:
         if skipped:
@@ -120,4 +131,4 @@ def test_the_documented_snippets_run(
             except Exception as exc:
                 raise AssertionError(f"the python block at {document}:{line} failed: {type(exc).__name__}: {exc}\n{code}") from exc
         ran += 1
-    assert ran, f"every python block of {document} is skipped"
+    return ran
