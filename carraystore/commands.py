@@ -220,7 +220,7 @@ def _cmd_ingest_on_cluster(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise MissingDependencyError("--dask-scheduler needs dask.distributed: pip install 'carraystore[dask]'") from exc
     try:
-        client = Client(args.dask_scheduler, timeout=30)
+        client = Client(args.dask_scheduler, timeout=args.dask_timeout)
     except (OSError, TimeoutError) as exc:
         raise InvalidInputError(
             f"cannot reach the dask scheduler at {args.dask_scheduler} ({exc}); start one (`dask scheduler`) "
@@ -663,6 +663,8 @@ def register(sub: Any) -> None:
     p.add_argument("--dask-scheduler", metavar="ADDRESS", help=(
         "decode on a dask.distributed cluster (e.g. tcp://10.0.0.5:8786); SRC must be at the same path on every "
         "worker; the store is the same as a local ingest's (docs/dask.md)"))
+    p.add_argument("--dask-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long to try reaching the --dask-scheduler before giving up (default 30)")
     add_codec_arguments(p)
     add_write_arguments(p)
     p.set_defaults(func=_cmd_ingest)

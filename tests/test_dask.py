@@ -517,7 +517,8 @@ def test_cli_ingest_with_dask_scheduler(tmp_path: Path, cluster: tuple[object, o
 def test_cli_unreachable_scheduler_is_a_clear_error(tmp_path: Path, messy_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from carraystore.cli import main
 
-    rc = main(["ingest", str(messy_folder), str(tmp_path / "d.b2nd"), "--dask-scheduler", "tcp://127.0.0.1:9", "-q"])
+    rc = main(["ingest", str(messy_folder), str(tmp_path / "d.b2nd"), "--dask-scheduler", "tcp://127.0.0.1:9",
+               "--dask-timeout", "2", "-q"])
     assert rc != 0
     assert "cannot reach the dask scheduler at tcp://127.0.0.1:9" in capsys.readouterr().err
     assert not (tmp_path / "d.b2nd").exists()
