@@ -1063,12 +1063,13 @@ def _ingest_on_cluster(
             )
 
     bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(rels), initial=begin, desc=f"ingest {output.name}", unit="img", file=sys.stderr, dynamic_ncols=True)
     results = in_order(client, plan(), window)
     try:
+        if progress:
+            from tqdm import tqdm
+
+            name = str(output).rsplit("/", 1)[-1]  # a path or a URL
+            bar = tqdm(total=len(rels), initial=begin, desc=f"ingest {name}", unit="img", file=sys.stderr, dynamic_ncols=True)
         for g in range(len(rels)):  # at most one task per file; the plan ends the loop
             try:
                 data, ngood, crc, errors = next(results)

@@ -582,3 +582,40 @@ def test_to_dask_of_a_url_on_worker_processes(tmp_path: Path, client: object, ph
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_to_dask_of_an_s3_url_on_worker_processes(
+    tmp_path: Path, client: object, seaweedfs: object, photo_patches: Callable[..., np.ndarray]
+) -> None:
+    # the workers reopen the store from SeaweedFS by URL and storage_options (spawned processes)
+    images = photo_patches(120, (16, 16), seed=9)
+    labels = np.arange(120) % 3
+    _store_of(tmp_path / "s3.b2nd", images, labels, chunk_images=16)
+    url = seaweedfs.upload("dask-url", "x/s3.b2nd", tmp_path / "s3.b2nd")  # type: ignore[attr-defined]
+    opts = seaweedfs.storage_options  # type: ignore[attr-defined]
+    x = cdask.to_dask(url, storage_options=opts)
+    assert x.chunks[0] == (16,) * 7 + (8,)
+    assert int(client.compute(x.sum(dtype="i8")).result()) == int(images.sum(dtype=np.int64))  # type: ignore[attr-defined]
+    lab = cdask.labels(url, storage_options=opts)
+    np.testing.assert_array_equal(lab, labels)
+    np.testing.assert_array_equal(client.compute(x[lab == 2]).result(), images[labels == 2])  # type: ignore[attr-defined]
+    y = cs.open(url, storage_options=opts).to_dask()
+    np.testing.assert_array_equal(client.compute(y[[119, 0, 64]]).result(), images[[119, 0, 64]])  # type: ignore[attr-defined]
+
+
+def test_cli_distributed_ingest_to_an_s3_url_with_a_progress_bar(
+    tmp_path: Path, cluster: tuple[object, object], messy_folder: Path, seaweedfs: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from carraystore.cli import main
+
+    cl, _ = cluster
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweedfs.endpoint)  # type: ignore[attr-defined]
+    bucket = seaweedfs.make_bucket("dask-url")  # type: ignore[attr-defined]
+    url = f"s3://{bucket}/ingest/{tmp_path.name}.b2nd"
+    common = ["--image-size", "24", "24", "--on-error", "skip", "--max-skipped", "3", "--chunk-images", "8"]  # no -q: the bar is drawn
+    assert main(["ingest", str(messy_folder), str(tmp_path / "l.b2nd"), "--workers", "1", "-q", *common]) == 0
+    assert main(["ingest", str(messy_folder), url, "--dask-scheduler", cl.scheduler_address, *common]) == 0  # type: ignore[attr-defined]
+    with cs.open(url) as remote:
+        assert remote.verify() == []
+        got = remote.source.read(0, remote.source.size())
+    assert bytes(got) == (tmp_path / "l.b2nd").read_bytes()
