@@ -191,6 +191,8 @@ def from_dask(
     overwrite: bool = False,
     window: int | None = None,
     lock_timeout: float | None = 0.0,
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> Store:
     """Write a dask array (N, *item_shape) into a new store at ``path_or_url``; return it opened.
 
@@ -202,15 +204,12 @@ def from_dask(
     ``window`` chunks are under way (default: 8 per cluster thread, at least 32). With a
     ``dask.distributed`` client that is the cluster; otherwise dask's current scheduler
     computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask,
-    one integer per item) and ``keys`` (strings) are optional. Writing to a URL is not
-    supported yet. Atomic: the store appears only when complete. ``lock_timeout``: seconds to
-    wait while another writer holds ``path`` (None: for ever), then
-    :class:`~carraystore.errors.StoreLockedError`.
+    one integer per item) and ``keys`` (strings) are optional. Atomic: the store appears
+    only when complete. ``lock_timeout``: seconds to wait while another writer holds ``path``
+    (None: for ever), then :class:`~carraystore.errors.StoreLockedError`. A URL
+    (``s3://bucket/out.b2nd``, with ``storage_options``) is written in a staging file under
+    ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete, as ``carraystore.create`` does.
     """
-    if is_url(path_or_url):
-        raise InvalidInputError(
-            f"{path_or_url}: from_dask writes local files only; write to a local path and upload the file"
-        )
     x = x if isinstance(x, da.Array) else da.asarray(x)
     if x.ndim < 1:
         raise InvalidInputError(f"from_dask needs an array of items (N, ...), got a {x.ndim}-d array")
@@ -239,6 +238,8 @@ def from_dask(
         overwrite=overwrite,
         provenance=provenance,
         lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
         nthreads=1,  # the short last chunk is compressed here: one thread, the same bytes as compress_chunk
     ) as writer:
         meta = writer.meta
@@ -263,7 +264,7 @@ def from_dask(
                     )
         elif lab is not None or keylist is not None:
             writer.append(np.empty((0, *meta.image_shape), dtype=meta.np_dtype), labels=lab, keys=keylist)
-    return open_store(Path(path_or_url))
+    return open_store(path_or_url, storage_options)
 
 
 def _compute_in_order(tasks: list[Any], window: int | None) -> Iterator[Any]:

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 import carraystore as cs
-from carraystore.errors import CodecMismatchError, CorruptStoreError, IngestError, InvalidInputError, StoreLockedError
+from carraystore.errors import CodecMismatchError, CorruptStoreError, IngestError, InvalidInputError, StoreExistsError, StoreLockedError
 from carraystore.sample_data import make_photo_folder
 from carraystore.writer import compress_chunk
 
@@ -251,8 +251,8 @@ def test_from_dask_checks_its_arguments(tmp_path: Path) -> None:
         cdask.from_dask(x, tmp_path / "a.b2nd", labels=[1, 2, 3])
     with pytest.raises(InvalidInputError, match="2 keys for 10"):
         cdask.from_dask(x, tmp_path / "a.b2nd", keys=["a", "b"])
-    with pytest.raises(InvalidInputError, match="local files only"):
-        cdask.from_dask(x, "s3://bucket/a.b2nd")
+    with pytest.raises(InvalidInputError, match="storage_options apply to URLs only"):
+        cdask.from_dask(x, tmp_path / "a.b2nd", storage_options={"anon": True})
     with pytest.raises(InvalidInputError, match="unknown"):
         cdask.from_dask(x[x[:, 0, 0, 0] > 0], tmp_path / "a.b2nd")
     assert list(tmp_path.iterdir()) == []
@@ -262,6 +262,13 @@ def test_from_dask_checks_its_arguments(tmp_path: Path) -> None:
             cdask.from_dask(x, tmp_path / "a.b2nd", lock_timeout=0.2)
     finally:
         holder.abort()
+
+
+def test_from_dask_to_a_file_url(tmp_path: Path) -> None:
+    x = da.arange(40, chunks=15, dtype="int32")
+    s = cdask.from_dask(x, f"file://{tmp_path}/u.b2nd", chunk_images=8)
+    assert s.path == tmp_path / "u.b2nd"
+    np.testing.assert_array_equal(s[:], np.arange(40, dtype="int32"))
 
 
 def test_in_order_keeps_order_and_a_bounded_window(client: object) -> None:
@@ -619,3 +626,25 @@ def test_cli_distributed_ingest_to_an_s3_url_with_a_progress_bar(
         assert remote.verify() == []
         got = remote.source.read(0, remote.source.size())
     assert bytes(got) == (tmp_path / "l.b2nd").read_bytes()
+
+
+def test_from_dask_to_an_s3_url_on_worker_processes(
+    tmp_path: Path, client: object, seaweedfs: object, photo_patches: Callable[..., np.ndarray]
+) -> None:
+    images = photo_patches(100, (16, 16), seed=4)
+    labels = np.arange(100) % 4
+    bucket = seaweedfs.make_bucket("dask-url")  # type: ignore[attr-defined]
+    url = f"s3://{bucket}/from_dask/{tmp_path.name}.b2nd"
+    opts = seaweedfs.storage_options  # type: ignore[attr-defined]
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with client.as_current():  # type: ignore[attr-defined]
+        s = cdask.from_dask(
+            da.from_array(images, chunks=30), url, labels=labels, chunk_images=16, storage_options=opts, tmp_dir=staging
+        )
+    assert s.location == url and s.verify() == []
+    np.testing.assert_array_equal(s[:], images)
+    np.testing.assert_array_equal(s.labels, labels)
+    assert list(staging.iterdir()) == []  # the staging file is gone once uploaded
+    with pytest.raises(StoreExistsError):  # like every write: no silent replacement
+        cdask.from_dask(da.from_array(images, chunks=30), url, storage_options=opts, tmp_dir=staging)
