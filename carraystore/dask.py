@@ -244,6 +244,11 @@ def from_dask(
     ) as writer:
         meta = writer.meta
         k = meta.chunk_images
+        # every label and key is checked now, not when its chunk arrives after the compute
+        if lab is not None:
+            lab = writer._check_labels(lab, n)
+        if keylist is not None:
+            writer._check_keys(keylist, n)
         if n:
             want = {0: k, **{i: -1 for i in range(1, x.ndim)}}
             if x.chunks[0][:-1] != (k,) * (len(x.chunks[0]) - 1) or x.chunks[0][-1] > k or any(len(c) > 1 for c in x.chunks[1:]):

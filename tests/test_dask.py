@@ -264,6 +264,24 @@ def test_from_dask_checks_its_arguments(tmp_path: Path) -> None:
         holder.abort()
 
 
+def test_from_dask_checks_every_label_and_key_before_computing_a_chunk(tmp_path: Path) -> None:
+    # a bad label or key at the very end is refused before the (maybe hours long) compute starts
+    def never(block: np.ndarray) -> np.ndarray:
+        raise RuntimeError("a chunk was computed")
+
+    x = da.zeros((40, 4, 4, 3), dtype="uint8", chunks=8).map_blocks(never, dtype="uint8")
+    labels = np.zeros(40, dtype=np.int64)
+    labels[-1] = 3
+    with pytest.raises(InvalidInputError, match=r"labels span 0\.\.3 but there are 3 class names"):
+        cdask.from_dask(x, tmp_path / "a.b2nd", labels=labels, class_names=["a", "b", "c"], chunk_images=8)
+    with pytest.raises(InvalidInputError, match="labels must be integers"):
+        cdask.from_dask(x, tmp_path / "a.b2nd", labels=np.r_[np.zeros(39), 0.5], chunk_images=8)
+    keys = [f"k{i}" for i in range(39)] + ["bad\nkey"]
+    with pytest.raises(InvalidInputError, match="key"):
+        cdask.from_dask(x, tmp_path / "a.b2nd", keys=keys, chunk_images=8)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_from_dask_to_a_file_url(tmp_path: Path) -> None:
     x = da.arange(40, chunks=15, dtype="int32")
     s = cdask.from_dask(x, f"file://{tmp_path}/u.b2nd", chunk_images=8)
