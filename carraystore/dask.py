@@ -251,7 +251,7 @@ def from_dask(
             writer._check_keys(keylist, n)
         if n:
             want = {0: k, **{i: -1 for i in range(1, x.ndim)}}
-            if x.chunks[0][:-1] != (k,) * (len(x.chunks[0]) - 1) or x.chunks[0][-1] > k or any(len(c) > 1 for c in x.chunks[1:]):
+            if x.chunks[0][:-1] != (k,) * (len(x.chunks[0]) - 1) or not 0 < x.chunks[0][-1] <= k or any(len(c) > 1 for c in x.chunks[1:]):
                 x = x.rechunk(want)
             blocks = x.to_delayed(optimize_graph=True).reshape(-1)
             # meta rides in the function: dask.delayed would walk the dataclass for every task

@@ -282,6 +282,15 @@ def test_from_dask_checks_every_label_and_key_before_computing_a_chunk(tmp_path:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_from_dask_of_an_array_with_empty_chunks(tmp_path: Path) -> None:
+    # zero-length blocks along axis 0 (as boolean masks leave them), also the last one
+    arr = np.arange(64, dtype="uint8").reshape(32, 2)
+    for i, chunks in enumerate([(16, 16, 0), (16, 0, 16), (0, 16, 16)]):
+        s = cdask.from_dask(da.from_array(arr, chunks=(chunks, (2,))), tmp_path / f"e{i}.b2nd", chunk_images=16)
+        assert s.nchunks == 2
+        np.testing.assert_array_equal(s[:], arr)
+
+
 def test_from_dask_to_a_file_url(tmp_path: Path) -> None:
     x = da.arange(40, chunks=15, dtype="int32")
     s = cdask.from_dask(x, f"file://{tmp_path}/u.b2nd", chunk_images=8)
