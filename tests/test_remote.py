@@ -192,6 +192,25 @@ def test_cli_on_a_url_with_the_aws_environment(s3_url: str, seaweedfs: SeaweedFS
     assert len(list((tmp_path / "out").rglob("*.png"))) == N
 
 
+def test_cli_read_commands_take_storage_options(
+    s3_url: str, seaweedfs: SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # as ingest, copy and bench loaders do: an endpoint given on the command line, no environment
+    from carraystore.cli import main
+
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    opts = ["--storage-options", f'{{"endpoint_url": "{seaweedfs.endpoint}", "anon": true}}']
+    assert main(["info", "--json", s3_url, *opts]) == 0
+    assert '"nimages": 200' in capsys.readouterr().out
+    assert main(["verify", "-q", s3_url, *opts]) == 0
+    assert capsys.readouterr().out.startswith(f"OK {s3_url}: 25 chunks")
+    assert main(["preview", s3_url, str(tmp_path / "sheet.png"), "-n", "4", *opts]) == 0
+    assert (tmp_path / "sheet.png").stat().st_size > 1000
+    assert main(["export", s3_url, str(tmp_path / "out"), *opts]) == 0
+    assert len(list((tmp_path / "out").rglob("*.png"))) == N
+
+
 def test_plain_http_server(http_server: RangeHTTPServer, local_store: Path) -> None:
     shutil.copy(local_store, http_server.root / "train.b2nd")
     url = f"{http_server.url}/train.b2nd"
