@@ -494,6 +494,13 @@ def test_object_replaced_while_open_fails_clearly(seaweedfs: SeaweedFS, local_st
         store.read_chunk(3)
 
 
+def test_an_unusable_cache_dir_is_named(s3_url: str, seaweedfs: SeaweedFS, tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_bytes(b"x")
+    with pytest.raises(InvalidInputError, match=rf"cache_dir {not_a_folder}: .*give a writable folder"):
+        carraystore.open(s3_url, seaweedfs.storage_options, cache_dir=not_a_folder)
+
+
 def test_parse_size() -> None:
     assert parse_size("20GB") == 20 * 10**9 and parse_size("512MiB") == 512 << 20 and parse_size(1000) == 1000
     assert parse_size(None) is None
