@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.errors import InvalidInputError, MissingDependencyError
+from carraystore.errors import CorruptStoreError, InvalidInputError, MissingDependencyError
 from carraystore.format import Codec, StoreMeta
 from carraystore.reader import Store, is_url, open_store
 from carraystore.writer import compress_chunk, create
@@ -61,7 +61,9 @@ class _ChunkReader:
     """What ``da.from_array`` slices: a store chunk's slice reads exactly that chunk.
 
     Other slices (dask fuses later indexing into the read) read only the chunks they need.
-    Pickles as the store does: its location and options.
+    Pickles as the store does: its location and options, plus a fingerprint of its content
+    (shape and chunk CRCs): a worker that reopens a store changed since (replaced,
+    appended to) raises instead of mixing two versions into one result.
     """
 
     def __init__(self, store: Store) -> None:
@@ -69,8 +71,23 @@ class _ChunkReader:
         self.shape = store.shape
         self.dtype = store.dtype
         self.ndim = len(self.shape)
+        self.fingerprint = _fingerprint(store)
+        self._checked = True  # this is the store the fingerprint was taken of
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_checked": False}  # reopened elsewhere: check before the first read
+
+    def _check(self) -> None:
+        if _fingerprint(self.store) != self.fingerprint:
+            raise CorruptStoreError(
+                f"{self.store.location}: the store changed since to_dask was called on it (replaced or appended to); "
+                "call to_dask again to compute on the store as it is now"
+            )
+        self._checked = True
 
     def __getitem__(self, key: Any) -> np.ndarray:
+        if not self._checked:
+            self._check()
         key = key if isinstance(key, tuple) else (key,)
         if any(k is Ellipsis or k is None for k in key):
             return self.store.take(np.arange(len(self.store)))[key]
@@ -85,6 +102,10 @@ class _ChunkReader:
             return block[(slice(None), *rest)] if rest else block
         block = self.store[first]
         return block[rest] if rest else block
+
+
+def _fingerprint(store: Store) -> str:
+    return tokenize(store.shape, str(store.dtype), np.asarray(store.meta.crc32).tobytes())
 
 
 def to_dask(store_or_url: Store | str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> da.Array:

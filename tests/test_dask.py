@@ -106,6 +106,19 @@ def test_the_store_travels_as_its_location_not_its_data(tmp_path: Path, photo_pa
     assert len(pickle.dumps(cdask.to_dask(big))) < len(pickle.dumps(cdask.to_dask(small))) + 200
 
 
+def test_a_store_replaced_after_to_dask_fails_on_the_workers_instead_of_mixing(
+    tmp_path: Path, client: object, photo_patches: Callable[..., np.ndarray]
+) -> None:
+    # the graph describes the store as it was; workers reopen it by path and must not read another
+    path = tmp_path / "r.b2nd"
+    _store_of(path, photo_patches(64, (8, 8), seed=1), chunk_images=16)
+    x = cdask.to_dask(path)
+    _store_of(path, photo_patches(64, (8, 8), seed=2), chunk_images=16, overwrite=True)  # same shape, other pixels
+    with pytest.raises(CorruptStoreError, match=r"changed since to_dask.*call to_dask again"):
+        client.compute(x.sum()).result()  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(client.compute(cdask.to_dask(path)).result(), photo_patches(64, (8, 8), seed=2))  # type: ignore[attr-defined]
+
+
 def test_labels_of_an_unlabelled_store_is_an_error(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
     store = _store_of(tmp_path / "u.b2nd", photo_patches(10, (16, 16)))
     with pytest.raises(InvalidInputError, match="no labels"):
