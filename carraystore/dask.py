@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -61,46 +62,62 @@ class _ChunkReader:
     """What ``da.from_array`` slices: a store chunk's slice reads exactly that chunk.
 
     Other slices (dask fuses later indexing into the read) read only the chunks they need.
-    Pickles as the store does: its location and options, plus a fingerprint of its content
-    (shape and chunk CRCs): a worker that reopens a store changed since (replaced,
-    appended to) raises instead of mixing two versions into one result.
+    Pickles as the store's location and options (never data) plus a fingerprint of its
+    content (shape and chunk CRCs). Unpickling opens nothing (dask.distributed's scheduler
+    unpickles the graph and need not reach the data); the store is opened at the first read,
+    and a store changed since (replaced, appended to) raises there instead of mixing two
+    versions into one result.
     """
 
     def __init__(self, store: Store) -> None:
-        self.store = store
+        self._store: Store | None = store
+        self._reopen: dict[str, Any] = store.__getstate__()  # location, storage_options, open kwargs
+        self._lock = threading.Lock()
         self.shape = store.shape
         self.dtype = store.dtype
         self.ndim = len(self.shape)
         self.fingerprint = _fingerprint(store)
-        self._checked = True  # this is the store the fingerprint was taken of
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_checked": False}  # reopened elsewhere: check before the first read
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_store", "_lock")}
+        return {**state, "_store": None}  # opened again where it is read
 
-    def _check(self) -> None:
-        if _fingerprint(self.store) != self.fingerprint:
-            raise CorruptStoreError(
-                f"{self.store.location}: the store changed since to_dask was called on it (replaced or appended to); "
-                "call to_dask again to compute on the store as it is now"
-            )
-        self._checked = True
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> Store:
+        """The store, opened on first use in this process and checked against the fingerprint."""
+        if self._store is None:
+            with self._lock:
+                if self._store is None:
+                    r = self._reopen
+                    store = open_store(r["location"], r.get("storage_options") or None, **r.get("open_kwargs", {}))
+                    if _fingerprint(store) != self.fingerprint:
+                        store.close()
+                        raise CorruptStoreError(
+                            f"{store.location}: the store changed since to_dask was called on it (replaced or appended "
+                            "to); call to_dask again to compute on the store as it is now"
+                        )
+                    self._store = store
+        return self._store
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        if not self._checked:
-            self._check()
+        store = self.store
         key = key if isinstance(key, tuple) else (key,)
         if any(k is Ellipsis or k is None for k in key):
-            return self.store.take(np.arange(len(self.store)))[key]
+            return store.take(np.arange(len(store)))[key]
         first, rest = (key[0], key[1:]) if key else (slice(None), ())
         if isinstance(first, slice):
-            start, stop, step = first.indices(len(self.store))
-            k = self.store.chunk_images
-            if step == 1 and stop > start and start % k == 0 and stop == min(start + k, len(self.store)):
-                block = self.store.read_chunk(start // k)
+            start, stop, step = first.indices(len(store))
+            k = store.chunk_images
+            if step == 1 and stop > start and start % k == 0 and stop == min(start + k, len(store)):
+                block = store.read_chunk(start // k)
             else:
-                block = self.store.take(np.arange(start, stop, step))
+                block = store.take(np.arange(start, stop, step))
             return block[(slice(None), *rest)] if rest else block
-        block = self.store[first]
+        block = store[first]
         return block[rest] if rest else block
 
 

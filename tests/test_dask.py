@@ -119,6 +119,19 @@ def test_a_store_replaced_after_to_dask_fails_on_the_workers_instead_of_mixing(
     np.testing.assert_array_equal(client.compute(cdask.to_dask(path)).result(), photo_patches(64, (8, 8), seed=2))  # type: ignore[attr-defined]
 
 
+def test_the_graph_opens_the_store_only_where_a_chunk_is_read(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+    # dask.distributed's scheduler unpickles the graph: it must not need the data (a path
+    # only the workers mount, a URL only they can reach); the workers open it at their first read
+    images = photo_patches(40, (8, 8), seed=6)
+    path = tmp_path / "w.b2nd"
+    _store_of(path, images, chunk_images=16)
+    blob = pickle.dumps(cdask._ChunkReader(cs.open(path)))
+    path.rename(tmp_path / "away.b2nd")
+    reader = pickle.loads(blob)  # no store here, like a scheduler without the mount: no error
+    (tmp_path / "away.b2nd").rename(path)
+    np.testing.assert_array_equal(reader[16:32], images[16:32])  # opened at the first read
+
+
 def test_labels_of_an_unlabelled_store_is_an_error(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
     store = _store_of(tmp_path / "u.b2nd", photo_patches(10, (16, 16)))
     with pytest.raises(InvalidInputError, match="no labels"):
