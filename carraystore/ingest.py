@@ -1009,6 +1009,11 @@ def _ingest_on_cluster(
     from carraystore.dask import in_order
 
     sees = client.run(os.path.isdir, str(root))
+    if not sees:  # the tasks would wait for a worker for ever
+        raise IngestError(
+            f"{root}: the dask cluster at {client.scheduler.address} has no workers; start workers "
+            "(`dask worker ADDRESS`) or ingest without --dask-scheduler / client"
+        )
     blind = sorted(w for w, ok in sees.items() if not ok)
     if blind:
         raise IngestError(

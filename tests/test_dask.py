@@ -491,6 +491,17 @@ def test_distributed_ingest_refuses_split_folders_and_locked_stores(tmp_path: Pa
     assert not (tmp_path / "o.b2nd").exists()
 
 
+def test_distributed_ingest_on_a_cluster_without_workers_fails_at_once(tmp_path: Path, messy_folder: Path) -> None:
+    # with no worker the tasks would wait for ever: say so instead of hanging
+    with distributed.LocalCluster(n_workers=0, dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cl:
+        with distributed.Client(cl, set_as_default=False) as empty:
+            t = time.monotonic()
+            with pytest.raises(IngestError, match=r"has no workers.*start workers"):
+                cs.from_directory(messy_folder, tmp_path / "o.b2nd", client=empty, on_error="skip", max_skipped=3)
+            assert time.monotonic() - t < 30
+    assert not (tmp_path / "o.b2nd").exists()
+
+
 def test_distributed_ingest_needs_the_folder_on_the_workers(
     tmp_path: Path, client: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
