@@ -320,6 +320,11 @@ def _compute_in_order(tasks: list[Any], window: int | None) -> Iterator[Any]:
     """
     client = default_client()
     nthreads = sum(client.nthreads().values()) if client is not None else (os.cpu_count() or 1)
+    if not nthreads:  # the tasks would wait for a worker for ever
+        raise InvalidInputError(
+            f"the dask cluster at {client.scheduler.address} has no workers; start workers (`dask worker ADDRESS`) "
+            "or compute without a client"
+        )
     batch = max(1, window // 2) if window else max(16, 4 * nthreads)
     batches = [tasks[i : i + batch] for i in range(0, len(tasks), batch)]
     if client is not None:

@@ -317,6 +317,15 @@ def test_from_dask_of_an_array_with_empty_chunks(tmp_path: Path) -> None:
         np.testing.assert_array_equal(s[:], arr)
 
 
+def test_from_dask_on_a_cluster_without_workers_fails_at_once(tmp_path: Path) -> None:
+    x = da.zeros((40, 4, 4, 3), dtype="uint8", chunks=8)
+    with distributed.LocalCluster(n_workers=0, dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cl:
+        with distributed.Client(cl, set_as_default=False) as empty, empty.as_current():
+            with pytest.raises(InvalidInputError, match=r"has no workers.*start workers"):
+                cdask.from_dask(x, tmp_path / "o.b2nd", chunk_images=8)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_from_dask_to_a_file_url(tmp_path: Path) -> None:
     x = da.arange(40, chunks=15, dtype="int32")
     s = cdask.from_dask(x, f"file://{tmp_path}/u.b2nd", chunk_images=8)
