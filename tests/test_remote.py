@@ -211,6 +211,26 @@ def test_cli_read_commands_take_storage_options(
     assert len(list((tmp_path / "out").rglob("*.png"))) == N
 
 
+def test_a_server_that_ignores_range_is_named_with_what_to_do(local_store: Path, tmp_path: Path) -> None:
+    import functools
+    import http.server
+    import threading
+
+    shutil.copy(local_store, tmp_path / "train.b2nd")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))  # answers 200, whole file
+    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://{LOOPBACK}:{server.server_address[1]}/train.b2nd"
+        with pytest.raises(RemoteReadError, match=r"ignores Range requests.*honours them.*download it whole"):
+            carraystore.open(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 def test_plain_http_server(http_server: RangeHTTPServer, local_store: Path) -> None:
     shutil.copy(local_store, http_server.root / "train.b2nd")
     url = f"{http_server.url}/train.b2nd"
