@@ -220,7 +220,7 @@ def from_dask(
     x: Any,
     path_or_url: str | os.PathLike[str],
     labels: Sequence[int] | np.ndarray | Any | None = None,
-    keys: Sequence[str] | None = None,
+    keys: Sequence[str] | np.ndarray | Any | None = None,
     class_names: Sequence[str] | None = None,
     codec: Codec | str | None = None,
     attrs: dict[str, Any] | None = None,
@@ -242,7 +242,7 @@ def from_dask(
     ``window`` chunks are under way (default: 8 per cluster thread, at least 32). With a
     ``dask.distributed`` client that is the cluster; otherwise dask's current scheduler
     computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask,
-    one integer per item) and ``keys`` (strings) are optional. Atomic: the store appears
+    one integer per item) and ``keys`` (strings; a list, numpy or dask array) are optional. Atomic: the store appears
     only when complete. ``lock_timeout``: seconds to wait while another writer holds ``path``
     (None: for ever), then :class:`~carraystore.errors.StoreLockedError`. A URL
     (``s3://bucket/out.b2nd``, with ``storage_options``) is written in a staging file under
@@ -261,7 +261,7 @@ def from_dask(
             raise InvalidInputError(f"{path_or_url}: {lab.shape} labels for {n} items; give one integer label per item")
     keylist = None
     if keys is not None:
-        keylist = [str(k) for k in keys]
+        keylist = [str(k) for k in (keys.compute() if isinstance(keys, da.Array) else keys)]
         if len(keylist) != n:
             raise InvalidInputError(f"{path_or_url}: {len(keylist)} keys for {n} items; give one key per item")
     provenance = {"source_kind": "dask_array", "source": f"dask array {x.dtype}{tuple(x.shape)}"}

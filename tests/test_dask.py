@@ -326,6 +326,14 @@ def test_from_dask_on_a_cluster_without_workers_fails_at_once(tmp_path: Path) ->
     assert list(tmp_path.iterdir()) == []
 
 
+def test_from_dask_takes_keys_as_a_dask_array_like_labels(tmp_path: Path) -> None:
+    names = np.array([f"img/{i:02d}.jpg" for i in range(20)])
+    s = cdask.from_dask(da.zeros((20, 2), dtype="uint8", chunks=6), tmp_path / "k.b2nd", keys=da.from_array(names, chunks=7),
+                        labels=da.arange(20, chunks=5) % 2, chunk_images=8)
+    assert list(s.keys) == names.tolist()
+    np.testing.assert_array_equal(s.labels, np.arange(20) % 2)
+
+
 def test_from_dask_to_a_file_url(tmp_path: Path) -> None:
     x = da.arange(40, chunks=15, dtype="int32")
     s = cdask.from_dask(x, f"file://{tmp_path}/u.b2nd", chunk_images=8)
