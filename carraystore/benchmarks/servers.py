@@ -162,7 +162,7 @@ def start_seaweedfs(workdir: Path, timeout: float = 60) -> SeaweedFS:
         "-s3",
         f"-s3.port={ports['s3']}",
         "-master.volumeSizeLimitMB=64",
-        "-volume.max=20",
+        "-volume.max=200",  # each bucket takes ~7 volumes (64 MB limit, created sparse); the suite uses many
         "-master.telemetry=false",
         "-s3.port.iceberg=0",  # no Iceberg catalog or Lance namespace: fixed default ports
         "-s3.port.lance=0",
