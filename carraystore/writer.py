@@ -63,6 +63,7 @@ from carraystore.format import (
     chunk_crc_ok,
     default_chunk_images,
     dtype_to_record,
+    json_attrs,
     metadata_limit,
     parse_chunk_header,
     validate_key,
@@ -329,8 +330,8 @@ class _InPlaceWrite:
         os.fsync(self._fd)
         check = open_unguarded(self.path)  # the journal goes only once the new store reads back whole
         try:
-            got = (check.meta.nimages, check.nchunks, check.meta.class_names, check.meta.attrs)
-            if got != (meta.nimages, len(self._offsets), meta.class_names, meta.attrs):
+            got = (check.meta.nimages, check.nchunks, check.meta.class_names, json.dumps(check.meta.attrs))
+            if got != (meta.nimages, len(self._offsets), meta.class_names, json.dumps(meta.attrs)):  # NaN == NaN
                 raise CorruptStoreError(f"{self.path}: the changed store reads back wrong; the change was undone")
         finally:
             check.close()
@@ -857,7 +858,7 @@ def _create_new(
         color_mode=COLOR_MODES[shape[2]] if layout == "NHWC" else "",
         class_names=names,
         provenance=dict(provenance or {}),
-        attrs=dict(attrs or {}),
+        attrs=json_attrs(attrs, str(p)),
         writer_version=__version__,
         blosc2_version=blosc2.__version__,
     )
@@ -1027,11 +1028,7 @@ def _updated_meta(
 ) -> StoreMeta:
     new_attrs = dict(meta.attrs)
     if attrs:
-        try:
-            json.dumps(attrs)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInputError(f"{p}: attrs must be JSON values ({exc})") from exc
-        new_attrs.update(attrs)
+        new_attrs.update(json_attrs(attrs, str(p)))
     for key in remove_attrs:
         if key not in new_attrs:
             raise InvalidInputError(f"{p}: no attr {key!r} to remove; the attrs are {sorted(new_attrs)}")

@@ -223,3 +223,29 @@ def test_meta_interrupted_mid_write_is_rolled_back_by_the_next_reader(store_path
     assert not journal_path(store_path).exists()
     assert carraystore.open(store_path).class_names == tuple(NAMES)
     assert _chunk_region(store_path) == (start, chunks)
+
+
+def test_meta_attrs_are_stored_as_json_reads_them_back(store_path: Path, capsys) -> None:
+    """A tuple is stored (and read back) as a list; values msgpack or JSON cannot hold are named errors."""
+    data = store_path.read_bytes()
+    update_metadata(store_path, attrs={"image_size": (224, 224)})  # raised "reads back wrong" before
+    assert carraystore.open(store_path).attrs == {"image_size": [224, 224]}
+    assert main(["meta", str(store_path), "--attr", "n=NaN", "--attr", "i=-Infinity"]) == 0  # "reads back wrong" before
+    attrs = carraystore.open(store_path).attrs
+    assert np.isnan(attrs["n"]) and attrs["i"] == -np.inf
+    capsys.readouterr()
+    data = store_path.read_bytes()
+    for bad in ["big=123456789012345678901234567890", "small=-9223372036854775809"]:
+        assert main(["meta", str(store_path), "--attr", bad]) == 2  # an OverflowError traceback / a false "reads back wrong"
+        err = capsys.readouterr().err
+        assert f"attrs[{bad.split('=')[0]!r}]" in err and "Traceback" not in err
+        assert store_path.read_bytes() == data
+
+
+def test_create_refuses_attrs_msgpack_cannot_hold(tmp_path: Path) -> None:
+    from carraystore.errors import InvalidInputError
+
+    for attrs in ({"big": 10**30}, {"n": [1, {"deep": -(2**63) - 1}]}, {"o": object()}):
+        with pytest.raises(InvalidInputError, match="attrs"):
+            carraystore.create(tmp_path / "c.b2nd", (4, 4, 3), attrs=attrs)
+        assert list(tmp_path.iterdir()) == [] or all(p.name.endswith(".lock") for p in tmp_path.iterdir())
