@@ -66,6 +66,18 @@ def test_a_flag_typo_gets_the_subcommands_usage_and_a_suggestion(tmp_path: Path,
     assert "did you mean 'info'?" in capsys.readouterr().err
 
 
+def test_extra_words_after_a_one_value_flag_say_what_it_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ingest --class-names a b c` is right, `meta`/`migrate --class-names a b c` is not: say so."""
+    for argv in (["meta", "s.b2nd", "--class-names", "cat", "dog", "bird"],
+                 ["migrate", "d.h5", "o.b2nd", "--class-names", "cat", "dog"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"usage: carraystore {argv[0]}" in err
+        assert "--class-names takes one value (A,B,C)" in err, err
+
+
 def test_info_piped_into_head_exits_quietly(small_store: Path) -> None:
     # enough output to fill the pipe several times over, so the writer meets a closed pipe
     cmd = [sys.executable, "-m", "carraystore.cli", "info", *([str(small_store)] * 400)]
