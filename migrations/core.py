@@ -169,7 +169,7 @@ def open_source(
 
         if dataset is not None:
             raise InvalidInputError(f"{p}: --dataset is for HDF5 files; for an .npz use --images NAME")
-        return NpzSource(p, images=_name(images), labels=_name(labels))
+        return NpzSource(p, images=_name(images), labels=_name(labels), no_labels=no_labels)
     if head == _HDF5_MAGIC:
         from carraystore.migrations.hdf5 import Hdf5Source
 
@@ -231,8 +231,8 @@ def migrate(
     before the store is renamed into place. ``codec`` / ``preset`` pick the store's codec
     (default: the ``balanced`` preset). ``class_names`` names the label values (label 0
     first); without it, an HDF5 dataset or npz member named ``class_names``, ``classes``
-    or ``label_names`` gives them. In an HDF5 file the labels are inferred when exactly one
-    dataset fits (integers, one per row); ``no_labels=True`` migrates without labels.
+    or ``label_names`` gives them. In an HDF5 file or an npz of arrays the labels are inferred
+    when exactly one array fits (integers, one per row); ``no_labels=True`` migrates without labels.
     ``lock_timeout``: seconds to wait while another writer holds ``out`` (None: for ever;
     then StoreLockedError names the holder).
     ``out`` may be a URL (``s3://bucket/x.b2nd``, with ``storage_options``): the store is

@@ -109,6 +109,29 @@ def test_npz_class_names_member(arrays, tmp_path: Path) -> None:
     assert not any("classes" in w for w in report.warnings)
 
 
+def test_npz_images_and_labels_are_inferred_like_hdf5(arrays, tmp_path: Path, capsys) -> None:
+    """An npz of images, labels and class names migrates with its labels (they were refused, or with
+    --images kept as a column only, so training got no labels); ambiguous labels stop and list them."""
+    x, y = arrays
+    npz = tmp_path / "d.npz"
+    np.savez(npz, images=x, labels=y, class_names=np.array(NAMES))
+    assert main(["migrate", str(npz), str(tmp_path / "a.b2nd"), "--quiet"]) == 0
+    assert "labels inferred: 'labels'" in capsys.readouterr().out
+    for argv in ([], ["--images", "images"]):
+        out = tmp_path / f"o{len(argv)}.b2nd"
+        migrate(npz, out, images=argv[1] if argv else None, progress=False)
+        store = carraystore.open(out)
+        np.testing.assert_array_equal(store.labels, y)
+        assert store.class_names == tuple(NAMES) and not store.columns
+    migrate(npz, tmp_path / "n.b2nd", no_labels=True, progress=False)
+    assert carraystore.open(tmp_path / "n.b2nd").labels is None
+    two = tmp_path / "two.npz"
+    np.savez(two, x=x, fold=y % 2, subject=y // 2)
+    with pytest.raises(MigrationError, match=r"several .*'fold'.*'subject'.*--labels NAME.*--no-labels"):
+        migrate(two, tmp_path / "t.b2nd", progress=False)
+    assert not (tmp_path / "t.b2nd").exists()
+
+
 def test_hdf5_before_size_is_the_migrated_datasets(arrays, tmp_path: Path) -> None:
     x, y = arrays
     h5 = tmp_path / "big.h5"
