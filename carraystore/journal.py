@@ -24,6 +24,7 @@ overwritten, so that view is the old store, complete).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import struct
 import zlib
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from carraystore.errors import CorruptStoreError
+from carraystore.errors import CorruptStoreError, WriteError
 from carraystore.lock import WriterLock
 from carraystore.sources import LocalFileSource
 
@@ -99,7 +100,16 @@ def _fsync_dir(folder: Path) -> None:
 def write_journal(path: Path, journal: Journal) -> None:
     """Write the journal of ``path`` and make it durable (file and folder fsynced)."""
     jp = journal_path(path)
-    fd = os.open(jp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:  # never through a link planted at this predictable name: it would overwrite its target
+        fd = os.open(jp, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise WriteError(
+                f"{jp} is a symbolic link; a writer never follows one at its journal's name (it would overwrite "
+                "the file it points to): remove the link, then write again"
+            ) from exc
+        raise
     try:
         view = memoryview(journal.encode())
         while view:

@@ -581,3 +581,35 @@ def test_a_meta_update_of_an_empty_store_is_in_place_and_locked(tmp_path: Path) 
     # remote stores are read-only here: named, not "no such store"
     with pytest.raises(carraystore.errors.InvalidInputError, match="local stores only"):
         update_metadata("s3://bucket/s.b2nd", attrs={"b": 3})
+
+
+def test_a_link_planted_at_the_lock_name_is_never_followed(tmp_path: Path) -> None:
+    """The lock's name is predictable: a symlink planted there (a shared folder) must not make a
+    writer truncate and overwrite the file it points to (it did: the victim held the lock JSON)."""
+    path = tmp_path / "s.b2nd"
+    _store(path, 6)
+    before = path.read_bytes()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / ".s.b2nd.lock").symlink_to(victim)
+    for write in (lambda: _append(path, 6, 5), lambda: carraystore.update_metadata(path, attrs={"a": 1})):
+        with pytest.raises(carraystore.WriteError, match="symbolic link"):
+            write()
+        assert victim.read_text() == "precious\n"
+        assert path.read_bytes() == before
+    (tmp_path / ".s.b2nd.lock").unlink()
+    _append(path, 6, 5)
+    assert len(carraystore.open(path)) == 11
+
+
+def test_a_link_at_the_journal_name_is_never_written_through(tmp_path: Path) -> None:
+    from carraystore.journal import Journal, journal_path, write_journal
+
+    path = tmp_path / "s.b2nd"
+    _store(path, 6)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    journal_path(path).symlink_to(victim)
+    with pytest.raises(carraystore.WriteError, match="symbolic link"):
+        write_journal(path, Journal(path.stat().st_size, ((0, b"x" * 8),)))
+    assert victim.read_text() == "precious\n"
