@@ -663,7 +663,7 @@ def _check_plain(rec: Any, where: str) -> None:
 
 
 def json_attrs(attrs: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
-    """``attrs`` as a store keeps them: JSON values (tuples become lists, as they read back).
+    """``attrs`` as a store keeps them: JSON values (tuples become lists, keys strings, as they read back).
 
     Raises InvalidInputError naming the attr for what JSON or msgpack cannot hold (objects,
     integers outside -2**63 .. 2**64-1). NaN and infinities stay floats, as Python's json
@@ -674,8 +674,8 @@ def json_attrs(attrs: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
     plain: dict[str, Any] = {}
     for key, value in attrs.items():
         try:
-            json.dumps({key: None})  # a key JSON can hold
-            plain[key] = json.loads(json.dumps(value))
+            (name,) = json.loads(json.dumps({key: None}))  # JSON's key: 1 -> "1" (msgpack readers refuse int keys)
+            plain[name] = json.loads(json.dumps(value))
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"{where}: attrs[{key!r}] is not a JSON value ({exc})") from exc
     stack: list[tuple[str, Any]] = list(plain.items())

@@ -265,6 +265,13 @@ def test_meta_attrs_are_stored_as_json_reads_them_back(store_path: Path, capsys)
         assert store_path.read_bytes() == data
 
 
+def test_create_stores_attrs_with_the_keys_json_gives_them(tmp_path: Path) -> None:
+    """An int key was packed as is and the store could not be opened ("the file may be damaged")."""
+    with carraystore.create(tmp_path / "k.b2nd", (4, 4, 3), attrs={1: "x", "n": {2: "y"}}) as w:
+        w.append(np.zeros((2, 4, 4, 3), np.uint8))
+    assert carraystore.open(tmp_path / "k.b2nd").attrs == {"1": "x", "n": {"2": "y"}}
+
+
 def test_create_refuses_attrs_msgpack_cannot_hold(tmp_path: Path) -> None:
     from carraystore.errors import InvalidInputError
 
