@@ -80,7 +80,7 @@ from carraystore.frame import (
 )
 from carraystore.journal import Journal, remove_journal, rollback, write_journal
 from carraystore.lock import WriterLock
-from carraystore.reader import is_url, open_store, open_unguarded
+from carraystore.reader import check_local_store_path, is_url, open_store, open_unguarded
 from carraystore.upload import RemoteTarget
 
 __all__ = [
@@ -1003,8 +1003,7 @@ def update_metadata(
             "change it, and copy it back"
         )
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such store")
+    check_local_store_path(p)  # a missing path, a folder or a FIFO is named as open names it
     real = Path(os.path.realpath(p))  # the lock and the journal sit beside the real file
     with WriterLock(real, purpose="meta", timeout=lock_timeout):
         rollback(real)  # a write that died half-way is undone first

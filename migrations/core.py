@@ -143,6 +143,8 @@ def open_source(
     p = Path(src)
     if not p.exists():
         raise MigrationError(f"{p}: no such file or folder")
+    if not p.is_dir() and not p.is_file():  # reading a FIFO's first bytes would block for ever
+        raise MigrationError(f"{p} is not a regular file (a FIFO or device?); migrate reads files and bcolz folders")
     if p.is_dir():
         from carraystore.migrations import bcolz_sources as bs
 

@@ -326,6 +326,17 @@ def test_fifos_are_never_opened(photos: Path, tmp_path: Path) -> None:
         assert r.returncode in (1, 2) and str(fifo) in r.stdout + r.stderr, (args, r.stderr)
 
 
+def test_a_fifo_given_to_migrate_copy_or_meta_is_refused_not_read(tmp_path: Path) -> None:
+    """`migrate FIFO OUT` blocked for ever reading the FIFO's magic bytes."""
+    fifo = tmp_path / "fifo.npz"
+    os.mkfifo(fifo)
+    for args in (["migrate", str(fifo), str(tmp_path / "m.b2nd")], ["copy", str(fifo), str(tmp_path / "c.b2nd")],
+                 ["meta", str(fifo), "--attr", "a=1"]):
+        r = _cli(*args, timeout=30)
+        assert r.returncode == 2 and f"{fifo} is not a regular file" in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
 # -- a killed ingest ------------------------------------------------------------------------------
 
 
