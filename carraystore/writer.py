@@ -795,6 +795,8 @@ def _create_new(
     layout: str | None,
     lock: WriterLock,
 ) -> StoreWriter:
+    if p.is_dir():
+        raise StoreExistsError(f"{p} is a folder; a store is a file and overwrite replaces only a file: choose another name")
     if p.exists() and not overwrite:
         raise StoreExistsError(f"{p} already exists; pass overwrite=True (CLI: --overwrite) to replace it, or mode='a' to append")
     if image_shape is None:

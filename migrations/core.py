@@ -290,6 +290,8 @@ def _migrate_locked(
     no_labels: bool,
     t0: float,
 ) -> MigrationReport:
+    if out_p.is_dir():
+        raise StoreExistsError(f"{out_p} is a folder; a store is a file and --overwrite replaces only a file: choose another name")
     if out_p.exists() and not overwrite:
         raise StoreExistsError(f"{out_p} already exists; pass --overwrite (overwrite=True) to replace it")
     for s in (src, images if src is None else None, labels if src is None else None):

@@ -337,6 +337,25 @@ def test_a_fifo_given_to_migrate_copy_or_meta_is_refused_not_read(tmp_path: Path
         assert "Traceback" not in r.stderr
 
 
+def test_overwrite_never_replaces_a_folder(photos: Path, tmp_path: Path) -> None:
+    """`migrate ... --overwrite` onto a folder ended in an IsADirectoryError traceback; ingest
+    decoded everything, then blamed "permissions, quota and file size limit"."""
+    import h5py
+
+    h5 = tmp_path / "d.h5"
+    with h5py.File(h5, "w") as f:
+        f["images"] = np.zeros((4, 8, 8, 3), np.uint8)
+    out = tmp_path / "out.b2nd"
+    (out / "keep").mkdir(parents=True)
+    for args in (["migrate", str(h5), str(out), "--overwrite"], ["ingest", str(photos), str(out), "--overwrite", "-q"]):
+        r = _cli(*args, timeout=120)
+        assert r.returncode == 2 and f"{out} is a folder" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert (out / "keep").is_dir()
+    with pytest.raises(carraystore.StoreExistsError, match="is a folder"):
+        carraystore.create(out, (4, 4, 3), overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5", "out.b2nd"]
+
+
 # -- a killed ingest ------------------------------------------------------------------------------
 
 
