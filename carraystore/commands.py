@@ -572,6 +572,10 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
     if len(set(names)) != len(names):
         dup = next(p for p, c in Counter(names).items() if c > 1)
         raise InvalidInputError(f"{store.path}: two items would be written to the same file {dup}")
+    folders = {q for p in names for q in p.parents if q != root_resolved and q.is_relative_to(root_resolved)}
+    clash = next((p for p in names if p in folders), None)
+    if clash is not None:  # keys "a.png" and "a.png/b.png"
+        raise InvalidInputError(f"{store.path}: {clash} would be both an item's file and the folder of another item's file")
     if not overwrite:
         existing = [p for p in names if p.exists()]
         if existing:
@@ -581,7 +585,13 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
         start, _ = store.chunk_range(c)
         for j, img in enumerate(store.read_chunk(c)):
             target = names[start + j]
-            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError) as exc:  # a file already there where a folder goes
+                raise InvalidInputError(
+                    f"{target.parent}: cannot be made a folder for {target.name} ({exc.strerror}): a file is in the way; "
+                    "export into an empty folder"
+                ) from exc
             mode = {1: "L", 3: "RGB", 4: "RGBA"}[img.shape[2]]
             pil = Image.fromarray(img[..., 0] if mode == "L" else img, mode)
             if fmt == "jpeg" and mode == "RGBA":

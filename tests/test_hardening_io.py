@@ -356,6 +356,23 @@ def test_overwrite_never_replaces_a_folder(photos: Path, tmp_path: Path) -> None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5", "out.b2nd"]
 
 
+def test_export_of_a_key_that_is_also_a_folder_is_a_named_error(tmp_path: Path) -> None:
+    """Keys "a.png" and "a.png/b.png": a FileExistsError traceback after writing the first file."""
+    store = tmp_path / "k.b2nd"
+    with carraystore.create(store, (4, 4, 3)) as w:
+        w.append(np.zeros((2, 4, 4, 3), np.uint8), keys=["a.png", "a.png/b.png"])
+    r = _cli("export", str(store), str(tmp_path / "e"), timeout=60)
+    assert r.returncode == 2 and "would be both an item's file and the folder" in r.stderr and "Traceback" not in r.stderr
+    assert list((tmp_path / "e").iterdir()) == []  # refused before writing anything
+    # a file left in the way by something else
+    with carraystore.create(tmp_path / "f.b2nd", (4, 4, 3)) as w:
+        w.append(np.zeros((1, 4, 4, 3), np.uint8), keys=["d/x.png"])
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "d").write_text("a file")
+    r = _cli("export", str(tmp_path / "f.b2nd"), str(tmp_path / "o"), timeout=60)
+    assert r.returncode == 2 and "a file is in the way" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 # -- a killed ingest ------------------------------------------------------------------------------
 
 
