@@ -102,6 +102,12 @@ __all__ = [
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?:partial|migrating)-(?P<pid>\d+)-[0-9a-f]+(?:\.b2nd)?$")
 
 
+def refuse_folder_target(path: Path) -> None:
+    """A store is a file: an output path that is a folder is refused, overwrite or not."""
+    if path.is_dir():
+        raise StoreExistsError(f"{path} is a folder; a store is a file and overwrite replaces only a file: choose another name")
+
+
 def temp_path(path: Path, kind: str = "partial") -> Path:
     """A fresh hidden temporary name beside ``path`` for a writer of this process."""
     suffix = ".b2nd" if kind != "partial" else ""
@@ -795,8 +801,7 @@ def _create_new(
     layout: str | None,
     lock: WriterLock,
 ) -> StoreWriter:
-    if p.is_dir():
-        raise StoreExistsError(f"{p} is a folder; a store is a file and overwrite replaces only a file: choose another name")
+    refuse_folder_target(p)
     if p.exists() and not overwrite:
         raise StoreExistsError(f"{p} already exists; pass overwrite=True (CLI: --overwrite) to replace it, or mode='a' to append")
     if image_shape is None:

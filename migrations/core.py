@@ -30,7 +30,7 @@ from carraystore.journal import rollback
 from carraystore.lock import WriterLock
 from carraystore.reader import is_url, open_store
 from carraystore.upload import RemoteTarget
-from carraystore.writer import create, publish, remove_stale_temps, temp_path
+from carraystore.writer import create, publish, refuse_folder_target, remove_stale_temps, temp_path
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
 
 __all__ = [
@@ -290,8 +290,7 @@ def _migrate_locked(
     no_labels: bool,
     t0: float,
 ) -> MigrationReport:
-    if out_p.is_dir():
-        raise StoreExistsError(f"{out_p} is a folder; a store is a file and --overwrite replaces only a file: choose another name")
+    refuse_folder_target(out_p)
     if out_p.exists() and not overwrite:
         raise StoreExistsError(f"{out_p} already exists; pass --overwrite (overwrite=True) to replace it")
     for s in (src, images if src is None else None, labels if src is None else None):

@@ -338,7 +338,7 @@ def test_a_fifo_given_to_migrate_copy_or_meta_is_refused_not_read(tmp_path: Path
 
 
 def test_overwrite_never_replaces_a_folder(photos: Path, tmp_path: Path) -> None:
-    """`migrate ... --overwrite` onto a folder ended in an IsADirectoryError traceback; ingest
+    """`migrate` / `copy ... --overwrite` onto a folder ended in an IsADirectoryError traceback; ingest
     decoded everything, then blamed "permissions, quota and file size limit"."""
     import h5py
 
@@ -347,13 +347,17 @@ def test_overwrite_never_replaces_a_folder(photos: Path, tmp_path: Path) -> None
         f["images"] = np.zeros((4, 8, 8, 3), np.uint8)
     out = tmp_path / "out.b2nd"
     (out / "keep").mkdir(parents=True)
-    for args in (["migrate", str(h5), str(out), "--overwrite"], ["ingest", str(photos), str(out), "--overwrite", "-q"]):
+    src = tmp_path / "s.b2nd"
+    with carraystore.create(src, (4, 4, 3)) as w:
+        w.append(np.zeros((1, 4, 4, 3), np.uint8))
+    for args in (["migrate", str(h5), str(out), "--overwrite"], ["ingest", str(photos), str(out), "--overwrite", "-q"],
+                 ["copy", str(src), str(out), "--overwrite"]):
         r = _cli(*args, timeout=120)
         assert r.returncode == 2 and f"{out} is a folder" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert (out / "keep").is_dir()
     with pytest.raises(carraystore.StoreExistsError, match="is a folder"):
         carraystore.create(out, (4, 4, 3), overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5", "out.b2nd"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5", "out.b2nd", "s.b2nd"]
 
 
 def test_export_of_a_key_that_is_also_a_folder_is_a_named_error(tmp_path: Path) -> None:
