@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CarrayStoreError as exc:
         print(f"carraystore {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:
+    except OSError as exc:  # a path the OS refused: missing, a file where a folder goes, permissions
         print(f"carraystore {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

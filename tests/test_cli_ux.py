@@ -78,6 +78,16 @@ def test_extra_words_after_a_one_value_flag_say_what_it_takes(tmp_path: Path, ca
         assert "--class-names takes one value (A,B,C)" in err, err
 
 
+def test_a_path_the_os_refuses_is_an_error_line_not_a_traceback(small_store: Path, tmp_path: Path) -> None:
+    """A file where a folder goes (export OUT under a file) ended in a NotADirectoryError traceback."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = subprocess.run([sys.executable, "-m", "carraystore.cli", "export", str(small_store), str(blocker / "sub")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("carraystore export: error:") and "Not a directory" in r.stderr and str(blocker / "sub") in r.stderr
+
+
 def test_info_piped_into_head_exits_quietly(small_store: Path) -> None:
     # enough output to fill the pipe several times over, so the writer meets a closed pipe
     cmd = [sys.executable, "-m", "carraystore.cli", "info", *([str(small_store)] * 400)]
