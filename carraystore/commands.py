@@ -298,12 +298,23 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    """Describe every store given; one that cannot be opened is an error line (exit 2), the rest go on.
+    With --json: one object for one store, a list of objects for several."""
     status = 0
+    documents = []
     for path in args.stores:
-        with open_for_cli(path) as store:
+        try:
+            store = open_for_cli(path)
+        except (CarrayStoreError, OSError) as exc:
+            if len(args.stores) == 1:
+                raise
+            print(f"carraystore info: error: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        with store:
             info = store_info(store)
             if args.json:
-                print(json.dumps(info, indent=2))
+                documents.append(info)
                 continue
             codec = store.codec
             rows = [
@@ -334,6 +345,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 print(f"{k:<12} {v}")
             if len(args.stores) > 1:
                 print()
+    if args.json and documents:
+        print(json.dumps(documents[0] if len(args.stores) == 1 else documents, indent=2))
     return status
 
 
