@@ -39,7 +39,10 @@ from carraystore.sources import LocalFileSource
 __all__ = ["Journal", "journal_path", "load_journal", "write_journal", "rollback", "remove_journal", "JournalSource",
            "rollback_if_abandoned"]
 
-MAGIC = b"CSJRNL01"
+MAGIC = b"CSJRNL02"  # 02 adds the guard; a CSJRNL01 journal (no guard) is still rolled back
+_MAGIC_01 = b"CSJRNL01"
+#: Bytes of the old data region, just before its end, whose CRC ties a journal to its file.
+GUARD_BYTES = 65536
 
 
 def journal_path(path: Path) -> Path:
@@ -53,9 +56,18 @@ class Journal:
 
     old_len: int
     regions: tuple[tuple[int, bytes], ...]
+    #: (offset, length, crc32) of bytes the write never changes (the end of the old data
+    #: chunks): a file whose bytes there differ is not the one this journal was made for
+    guard: tuple[int, int, int] = (0, 0, 0)
+
+    @staticmethod
+    def guard_of(fd: int, data_start: int, data_end: int) -> tuple[int, int, int]:
+        """The guard of a file whose data chunks lie in [data_start, data_end)."""
+        start = max(data_start, data_end - GUARD_BYTES)
+        return start, data_end - start, zlib.crc32(os.pread(fd, data_end - start, start)) & 0xFFFFFFFF
 
     def encode(self) -> bytes:
-        parts = [MAGIC, struct.pack("<QI", self.old_len, len(self.regions))]
+        parts = [MAGIC, struct.pack("<QI", self.old_len, len(self.regions)), struct.pack("<QQI", *self.guard)]
         for offset, data in self.regions:
             parts.append(struct.pack("<QQ", offset, len(data)))
             parts.append(data)
@@ -65,7 +77,7 @@ class Journal:
     @classmethod
     def decode(cls, raw: bytes) -> Journal | None:
         """The journal in ``raw``, or None when it is incomplete or damaged (never completed)."""
-        if len(raw) < len(MAGIC) + 16 or raw[: len(MAGIC)] != MAGIC:
+        if len(raw) < len(MAGIC) + 16 or raw[: len(MAGIC)] not in (MAGIC, _MAGIC_01):
             return None
         body, crc = raw[:-4], struct.unpack("<I", raw[-4:])[0]
         if zlib.crc32(body) & 0xFFFFFFFF != crc:
@@ -73,6 +85,12 @@ class Journal:
         pos = len(MAGIC)
         old_len, n = struct.unpack_from("<QI", body, pos)
         pos += 12
+        guard = (0, 0, 0)
+        if raw[: len(MAGIC)] == MAGIC:
+            if pos + 20 > len(body):
+                return None
+            guard = struct.unpack_from("<QQI", body, pos)
+            pos += 20
         regions = []
         for _ in range(n):
             if pos + 16 > len(body):
@@ -85,7 +103,7 @@ class Journal:
             pos += length
         if pos != len(body):
             return None
-        return cls(old_len, tuple(regions))
+        return cls(old_len, tuple(regions), guard)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -125,14 +143,34 @@ def write_journal(path: Path, journal: Journal) -> None:
 
 
 def load_journal(path: Path) -> Journal | None:
-    """The hot journal of ``path`` (present and complete), or None."""
+    """The hot journal of ``path`` (present and complete), or None.
+
+    Raises CorruptStoreError when the journal's guard bytes differ from the file's: the
+    file was replaced (a copy restored over it) after the write died, and rolling this
+    journal back would write another file's header and trailer into it.
+    """
     try:
         raw = journal_path(path).read_bytes()
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError:
         return None
-    return Journal.decode(raw)
+    journal = Journal.decode(raw)
+    if journal is not None and journal.guard[1]:
+        start, length, crc = journal.guard
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                same = zlib.crc32(f.read(length)) & 0xFFFFFFFF == crc
+        except OSError:
+            same = False
+        if not same:
+            raise CorruptStoreError(
+                f"{path}: its journal {journal_path(path).name} was left by an interrupted write to another file "
+                f"(this one was replaced since, e.g. restored from a copy); rolling it back would damage this file. "
+                f"If {path.name} is the store you want, delete {journal_path(path)}"
+            )
+    return journal
 
 
 def remove_journal(path: Path) -> None:

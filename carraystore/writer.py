@@ -263,7 +263,7 @@ class _InPlaceWrite:
         tail_at = self._h + frame.cbytes
         tail = os.pread(self._fd, self._old_len - tail_at, tail_at)
         trailer_len = int.from_bytes(tail[-22:-18], "big")
-        self._journal = Journal(self._old_len, ((0, bytes(self._head)), (tail_at, tail)))
+        self._journal = Journal(self._old_len, ((0, bytes(self._head)), (tail_at, tail)), Journal.guard_of(self._fd, self._h, tail_at))
         self._trailer = tail[len(tail) - trailer_len :]
         self._offsets = list(raw_offsets(frame))
         self._chunk_nbytes = frame.chunksize
