@@ -10,7 +10,9 @@ journal. A journal that is present and complete ("hot") means a write died half-
 :func:`rollback` puts the saved bytes back and truncates the file to its old length,
 which is the store as it was before that write, byte for byte.
 
-Journal file: ``b"CSJRNL01"``, old length (u64 LE), region count (u32 LE), then per
+Journal file: ``b"CSJRNL02"``, old length (u64 LE), region count (u32 LE), the guard
+(offset u64, length u64, CRC32 u32 of the last old data bytes, which the write never
+changes: a file whose bytes there differ was replaced and is never rolled back), then per
 region offset (u64 LE), length (u64 LE) and the bytes; last a CRC32 (u32 LE) of all that
 precedes it. A journal that is short or fails its CRC was never completed, so the store
 was not touched yet: it is removed, nothing is restored.
