@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 import carraystore
+from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -39,15 +40,6 @@ SMALL_BYTES = 20 * 2**20
 APPEND_N = 32
 TRIALS = 3 if SCALE == "tiny" else 7
 GOAL = 3.0
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("CARRAYSTORE_BENCH_DATA", HERE / "out" / "data"))
-
-
-def results_dir() -> Path:
-    default = HERE / "results" if SCALE == "default" else HERE / "results" / SCALE
-    return Path(os.environ.get("CARRAYSTORE_BENCH_RESULTS", default))
 
 
 def _pool(n: int = 64) -> np.ndarray:
@@ -146,7 +138,7 @@ def test_append_cost(benchmark: Any) -> None:
     lines += ["", f"Big / small: **{ratio:.2f}x** (goal <= {GOAL:g}x: {'met' if ratio <= GOAL else 'NOT met'})."]
     if note:
         lines += ["", f"Note: {note}."]
-    rdir = results_dir()
+    rdir = results_dir(SCALE)
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / "append.json").write_text(json.dumps(summary, indent=2) + "\n")
     (rdir / "append.md").write_text("\n".join(lines) + "\n")

@@ -18,6 +18,7 @@ import carraystore
 from carraystore.benchmarks import codecs as C
 from carraystore.benchmarks.datasets import cached_photo_folder, cached_video_folder, decode_images, list_image_folder
 from carraystore.format import PRESETS, Codec
+from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -32,15 +33,6 @@ SCALES = {
 if SCALE not in SCALES:
     raise ValueError(f"CARRAYSTORE_BENCH_SCALE={SCALE!r}: use one of {sorted(SCALES)}")
 CFG = SCALES[SCALE]
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("CARRAYSTORE_BENCH_DATA", HERE / "out" / "data"))
-
-
-def results_dir() -> Path:
-    default = HERE / "results" if SCALE == "default" else HERE / "results" / SCALE
-    return Path(os.environ.get("CARRAYSTORE_BENCH_RESULTS", default))
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +63,7 @@ def test_codec_suite(benchmark, samples: dict[str, np.ndarray]) -> None:
         "pinned_presets": {k: v.describe() for k, v in PRESETS.items()},
         "default_codec": Codec().describe(),
     }
-    paths = C.write_results(rows, results_dir(), info=info)
+    paths = C.write_results(rows, results_dir(SCALE), info=info)
     assert paths["json"].exists() and paths["md"].exists()
     assert len(rows) == len(grid) * len(samples)
     chosen = C.choose_presets(rows, dataset="photos")

@@ -33,6 +33,7 @@ import pytest
 import carraystore
 from carraystore import engine
 from carraystore.benchmarks.datasets import cached_photo_folder, decode_images, list_image_folder
+from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -42,15 +43,6 @@ SCALES = {
     "large": dict(n=10000, size=(256, 256), batch_size=64, rounds=7),
 }
 CFG = SCALES[SCALE]
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("CARRAYSTORE_BENCH_DATA", HERE / "out" / "data"))
-
-
-def results_dir() -> Path:
-    default = HERE / "results" if SCALE == "default" else HERE / "results" / SCALE
-    return Path(os.environ.get("CARRAYSTORE_BENCH_RESULTS", default))
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +140,7 @@ def test_copies_per_image(benchmark, inputs: dict) -> None:  # type: ignore[no-u
         "fast_over_best_disk_peer": round(best["carraystore_fast"] / best["npy_files"], 3),
         "direct_over_arena": round(best["carraystore_fast"] / best["carraystore_fast_arena"], 3),
     }
-    out = results_dir()
+    out = results_dir(SCALE)
     out.mkdir(parents=True, exist_ok=True)
     (out / "copies.json").write_text(json.dumps(info, indent=2) + "\n")
     lines = [

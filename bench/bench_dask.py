@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -118,15 +119,6 @@ if __name__ == "__main__":
 """
 
 
-def data_dir() -> Path:
-    return Path(os.environ.get("CARRAYSTORE_BENCH_DATA", HERE / "out" / "data"))
-
-
-def results_dir() -> Path:
-    default = HERE / "results" if SCALE == "default" else HERE / "results" / SCALE
-    return Path(os.environ.get("CARRAYSTORE_BENCH_RESULTS", default))
-
-
 def photo_folder(n: int) -> Path:
     """``n`` real-photo JPEGs of 256x256 in 4 classes (cached; a partial write never counts)."""
     from carraystore.sample_data import make_photo_folder
@@ -210,7 +202,7 @@ def test_dask_ingest_and_from_dask(benchmark, tmp_path: Path) -> None:
         },
     }
     benchmark.extra_info.update(summary)
-    rdir = results_dir()
+    rdir = results_dir(SCALE)
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / "dask.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [

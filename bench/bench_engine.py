@@ -36,6 +36,7 @@ import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
 from carraystore.loader import default_threads
 from carraystore.sampling import plan_epoch
+from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -49,15 +50,6 @@ if SCALE not in SCALES:
     raise ValueError(f"CARRAYSTORE_BENCH_SCALE={SCALE!r}: use one of {sorted(SCALES)}")
 CFG = SCALES[SCALE]
 GOAL = 0.9
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("CARRAYSTORE_BENCH_DATA", HERE / "out" / "data"))
-
-
-def results_dir() -> Path:
-    default = HERE / "results" if SCALE == "default" else HERE / "results" / SCALE
-    return Path(os.environ.get("CARRAYSTORE_BENCH_RESULTS", default))
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +223,7 @@ def test_loader_vs_codec_limit(benchmark, store_path: Path) -> None:
         "peak_rss_by_window": rss,
     }
     benchmark.extra_info.update(info)
-    out = results_dir()
+    out = results_dir(SCALE)
     out.mkdir(parents=True, exist_ok=True)
     (out / "loader.json").write_text(json.dumps(info, indent=2) + "\n")
     lines = [

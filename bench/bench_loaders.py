@@ -19,6 +19,7 @@ from pathlib import Path
 
 from carraystore.benchmarks import loaders as L
 from carraystore.benchmarks.datasets import cached_photo_folder
+from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -31,15 +32,6 @@ SCALES = {
 if SCALE not in SCALES:
     raise ValueError(f"CARRAYSTORE_BENCH_SCALE={SCALE!r}: use one of {sorted(SCALES)}")
 CFG = SCALES[SCALE]
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("CARRAYSTORE_BENCH_DATA", HERE / "out" / "data"))
-
-
-def results_dir() -> Path:
-    default = HERE / "results" if SCALE == "default" else HERE / "results" / SCALE
-    return Path(os.environ.get("CARRAYSTORE_BENCH_RESULTS", default))
 
 
 def test_loader_comparison(benchmark) -> None:
@@ -56,7 +48,7 @@ def test_loader_comparison(benchmark) -> None:
     cmp.info["seconds"] = round(time.perf_counter() - t0, 1)
     cmp.info["scale"] = SCALE
     cmp.info["source"] = f"sample_data.make_photo_folder(n={CFG['n']}, size={CFG['size']}, all 8 photos, seed=0)"
-    paths = L.write_results(cmp, results_dir())
+    paths = L.write_results(cmp, results_dir(SCALE))
     print(L.markdown_report(cmp))
     goals = L.check_goals(cmp)
     benchmark.extra_info.update(

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -72,15 +73,6 @@ except (OSError, StopIteration):
 info.update(mode=mode, seconds=seconds, peak_rss_mb=peak / 1e6)
 print(json.dumps(info))
 """
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("CARRAYSTORE_BENCH_DATA", HERE / "out" / "data"))
-
-
-def results_dir() -> Path:
-    default = HERE / "results" if SCALE == "default" else HERE / "results" / SCALE
-    return Path(os.environ.get("CARRAYSTORE_BENCH_RESULTS", default))
 
 
 def legacy_carray(n: int) -> Path:
@@ -153,7 +145,7 @@ def test_migrate_legacy_carray(benchmark, tmp_path: Path) -> None:
         "cpus": os.cpu_count(),
     }
     benchmark.extra_info.update(summary)
-    rdir = results_dir()
+    rdir = results_dir(SCALE)
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / "migrate.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [

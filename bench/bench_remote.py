@@ -37,6 +37,7 @@ from carraystore.benchmarks.datasets import cached_photo_folder, list_image_fold
 from carraystore.benchmarks.netproxy import NetProxy
 from carraystore.benchmarks.servers import start_seaweedfs, stop_process, weed_binary
 from carraystore.benchmarks.remote import SKIPPED_PEERS, peak_rss_mb  # noqa: F401
+from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -59,15 +60,6 @@ CHUNK_BYTES = 1 << 20
 #: ``fast`` (lz4 1, the same codec family as the zarr peer's blosc lz4)
 STORES = {"carraystore": "balanced", "carraystore_fast": "fast"}
 PEERS = (*STORES, "jpeg_get", "webdataset", "zarr")
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("CARRAYSTORE_BENCH_DATA", HERE / "out" / "data"))
-
-
-def results_dir() -> Path:
-    default = HERE / "results" if SCALE == "default" else HERE / "results" / SCALE
-    return Path(os.environ.get("CARRAYSTORE_BENCH_RESULTS", default))
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +252,7 @@ def test_remote_epochs(benchmark, server) -> None:  # type: ignore[no-untyped-de
         "not_run": SKIPPED_PEERS,
     }
     summarise(info)
-    out = results_dir()
+    out = results_dir(SCALE)
     out.mkdir(parents=True, exist_ok=True)
     (out / "remote.json").write_text(json.dumps(info, indent=2) + "\n")
     md = _markdown(info)

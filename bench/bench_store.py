@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from benchpaths import data_dir, results_dir
 
 import carraystore
 
@@ -82,17 +83,8 @@ print(json.dumps({"mode": mode, "seconds": seconds, "n": n, "keys": keys,
 OPEN_MODES = ("carraystore", "blosc2-open", "blosc2-vlmeta")
 
 
-def data_dir() -> Path:
-    return Path(os.environ.get("CARRAYSTORE_BENCH_DATA", HERE / "out" / "data"))
-
-
-def results_dir() -> Path:
-    default = HERE / "results" if SCALE == "default" else HERE / "results" / SCALE
-    return Path(os.environ.get("CARRAYSTORE_BENCH_RESULTS", default))
-
-
 def _write_results(name: str, summary: dict[str, Any], lines: list[str]) -> None:
-    rdir = results_dir()
+    rdir = results_dir(SCALE)
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
     (rdir / f"{name}.md").write_text("\n".join(lines) + "\n")

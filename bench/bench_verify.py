@@ -26,6 +26,7 @@ import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
 from carraystore.format import crc32
 from carraystore.loader import default_threads
+from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -42,15 +43,6 @@ CFG = SCALES[SCALE]
 #: the most the default check may cost (issue 12)
 LIMIT = 0.05
 PRESETS = ("balanced", "fast")
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("CARRAYSTORE_BENCH_DATA", HERE / "out" / "data"))
-
-
-def results_dir() -> Path:
-    default = HERE / "results" if SCALE == "default" else HERE / "results" / SCALE
-    return Path(os.environ.get("CARRAYSTORE_BENCH_RESULTS", default))
 
 
 def store_for(preset: str) -> Path:
@@ -135,7 +127,7 @@ def test_verify_cost(benchmark) -> None:
         "rows": rows,
     }
     benchmark.extra_info.update(info)
-    out = results_dir()
+    out = results_dir(SCALE)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify.json").write_text(json.dumps(info, indent=2) + "\n")
     lines = [

@@ -99,10 +99,16 @@ class CachedSource:
         self.identity = identity
         self._salt = hashlib.blake2b(identity.encode(), digest_size=16).digest()
         self.dir = Path(cache_dir).expanduser() / hashlib.sha256(identity.encode()).hexdigest()[:32]
-        self.dir.mkdir(parents=True, exist_ok=True)
-        marker = self.dir / "SOURCE"
-        if not marker.exists():
-            _atomic_write(self.dir, marker, identity.encode() + b"\n")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            marker = self.dir / "SOURCE"
+            if not marker.exists():
+                _atomic_write(self.dir, marker, identity.encode() + b"\n")
+        except OSError as exc:
+            raise InvalidInputError(
+                f"cache_dir {cache_dir}: cannot hold the chunk cache of {source.location} ({type(exc).__name__}: {exc}); "
+                "give a writable folder on a local disk, or no cache_dir"
+            ) from exc
         self.stats = CacheStats()
         self._lock = threading.Lock()
         self._admit_lock = threading.Lock()

@@ -136,12 +136,12 @@ def _holds_images(folder: Path, limit: int = 200) -> bool:
     return False
 
 
-def open_for_cli(path: str | os.PathLike[str]) -> Any:
+def open_for_cli(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Any:
     """``open_store``, but a file that is something else (an image, HDF5, npz, bcolz) is named as such."""
     from carraystore.reader import open_store
 
     try:
-        return open_store(path)
+        return open_store(path, storage_options)
     except CarrayStoreError as exc:
         what = describe_non_store(path)
         if what is not None:
@@ -158,6 +158,12 @@ def storage_options_arg(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError('must be a JSON object, e.g. \'{"endpoint_url": "http://127.0.0.1:8333"}\'')
     return value
+
+
+def add_read_arguments(p: argparse.ArgumentParser) -> None:
+    """--storage-options for commands that read a store that may be a URL."""
+    p.add_argument("--storage-options", type=storage_options_arg, metavar="JSON",
+                   help="options for an s3://, gs:// or http(s):// store, as pandas/zarr take them (the AWS_* environment works too)")
 
 
 def add_write_arguments(p: argparse.ArgumentParser) -> None:
@@ -220,7 +226,7 @@ def _cmd_ingest_on_cluster(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise MissingDependencyError("--dask-scheduler needs dask.distributed: pip install 'carraystore[dask]'") from exc
     try:
-        client = Client(args.dask_scheduler, timeout=30)
+        client = Client(args.dask_scheduler, timeout=args.dask_timeout)
     except (OSError, TimeoutError) as exc:
         raise InvalidInputError(
             f"cannot reach the dask scheduler at {args.dask_scheduler} ({exc}); start one (`dask scheduler`) "
@@ -304,7 +310,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     documents = []
     for path in args.stores:
         try:
-            store = open_for_cli(path)
+            store = open_for_cli(path, args.storage_options)
         except (CarrayStoreError, OSError) as exc:
             if len(args.stores) == 1:
                 raise
@@ -399,7 +405,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     bad = 0
     for path in args.stores:
         try:
-            store = open_for_cli(path)
+            store = open_for_cli(path, args.storage_options)
         except CarrayStoreError as exc:
             print(f"FAILED {path}: {exc}")
             bad += 1
@@ -531,7 +537,7 @@ def _cmd_preview(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise InvalidInputError(f"{out}: folder {out.parent} does not exist; create it first or write the preview elsewhere")
     _check_preview_output(out, Path(args.store))
-    with open_for_cli(args.store) as store:
+    with open_for_cli(args.store, args.storage_options) as store:
         sheet = make_contact_sheet(
             store, n=args.n, cols=args.cols, seed=None if args.first else args.seed, cell=args.cell, keys=args.keys
         )
@@ -616,7 +622,7 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    with open_for_cli(args.store) as store:
+    with open_for_cli(args.store, args.storage_options) as store:
         n = export_images(store, args.outdir, fmt=args.format, quality=args.quality, overwrite=args.overwrite)
     print(f"wrote {n} images under {args.outdir}")
     return 0
@@ -686,6 +692,8 @@ def register(sub: Any) -> None:
     p.add_argument("--dask-scheduler", metavar="ADDRESS", help=(
         "decode on a dask.distributed cluster (e.g. tcp://10.0.0.5:8786); SRC must be at the same path on every "
         "worker; the store is the same as a local ingest's (docs/dask.md)"))
+    p.add_argument("--dask-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long to try reaching the --dask-scheduler before giving up (default 30)")
     add_codec_arguments(p)
     add_write_arguments(p)
     p.set_defaults(func=_cmd_ingest)
@@ -695,6 +703,7 @@ def register(sub: Any) -> None:
         "keys, skipped files, provenance and attrs."))
     p.add_argument("stores", nargs="+", metavar="STORE", help="one or more .b2nd stores")
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_read_arguments(p)
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("meta", help="show or set a store's class names and attrs (in place, pixels untouched)", description=(
@@ -717,6 +726,7 @@ def register(sub: Any) -> None:
         "Exits 1 and names the damaged chunks when any check fails."))
     p.add_argument("stores", nargs="+", metavar="STORE", help="one or more .b2nd stores")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_read_arguments(p)
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("preview", help="write a PNG contact sheet of images with their labels", description=(
@@ -730,6 +740,7 @@ def register(sub: Any) -> None:
     p.add_argument("--keys", action="store_true", help="print each image's key (its file path) under the tile")
     p.add_argument("--seed", type=int, default=0, help="seed of the random sample")
     p.add_argument("--first", action="store_true", help="the first N images instead of a random sample")
+    add_read_arguments(p)
     p.set_defaults(func=_cmd_preview)
 
     p = sub.add_parser("export", help="write the images back as PNG/JPEG files under a folder", description=(
@@ -739,6 +750,7 @@ def register(sub: Any) -> None:
     p.add_argument("--format", choices=["png", "jpeg"], default="png", help="file format (default png, lossless)")
     p.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95)")
     p.add_argument("--overwrite", action="store_true", help="replace files that already exist")
+    add_read_arguments(p)
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("copy", help="copy a store between local paths, s3:// / gs:// and http(s):// (verified)", description=(

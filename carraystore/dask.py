@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.errors import InvalidInputError, MissingDependencyError
+from carraystore.errors import CorruptStoreError, InvalidInputError, MissingDependencyError
 from carraystore.format import Codec, StoreMeta
 from carraystore.reader import Store, is_url, open_store
 from carraystore.writer import compress_chunk, create
@@ -61,30 +62,67 @@ class _ChunkReader:
     """What ``da.from_array`` slices: a store chunk's slice reads exactly that chunk.
 
     Other slices (dask fuses later indexing into the read) read only the chunks they need.
-    Pickles as the store does: its location and options.
+    Pickles as the store's location and options (never data) plus a fingerprint of its
+    content (shape and chunk CRCs). Unpickling opens nothing (dask.distributed's scheduler
+    unpickles the graph and need not reach the data); the store is opened at the first read,
+    and a store changed since (replaced, appended to) raises there instead of mixing two
+    versions into one result.
     """
 
     def __init__(self, store: Store) -> None:
-        self.store = store
+        self._store: Store | None = store
+        self._reopen: dict[str, Any] = store.__getstate__()  # location, storage_options, open kwargs
+        self._lock = threading.Lock()
         self.shape = store.shape
         self.dtype = store.dtype
         self.ndim = len(self.shape)
+        self.fingerprint = _fingerprint(store)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_store", "_lock")}
+        return {**state, "_store": None}  # opened again where it is read
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> Store:
+        """The store, opened on first use in this process and checked against the fingerprint."""
+        if self._store is None:
+            with self._lock:
+                if self._store is None:
+                    r = self._reopen
+                    store = open_store(r["location"], r.get("storage_options") or None, **r.get("open_kwargs", {}))
+                    if _fingerprint(store) != self.fingerprint:
+                        store.close()
+                        raise CorruptStoreError(
+                            f"{store.location}: the store changed since to_dask was called on it (replaced or appended "
+                            "to); call to_dask again to compute on the store as it is now"
+                        )
+                    self._store = store
+        return self._store
 
     def __getitem__(self, key: Any) -> np.ndarray:
+        store = self.store
         key = key if isinstance(key, tuple) else (key,)
         if any(k is Ellipsis or k is None for k in key):
-            return self.store.take(np.arange(len(self.store)))[key]
+            return store.take(np.arange(len(store)))[key]
         first, rest = (key[0], key[1:]) if key else (slice(None), ())
         if isinstance(first, slice):
-            start, stop, step = first.indices(len(self.store))
-            k = self.store.chunk_images
-            if step == 1 and stop > start and start % k == 0 and stop == min(start + k, len(self.store)):
-                block = self.store.read_chunk(start // k)
+            start, stop, step = first.indices(len(store))
+            k = store.chunk_images
+            if step == 1 and stop > start and start % k == 0 and stop == min(start + k, len(store)):
+                block = store.read_chunk(start // k)
             else:
-                block = self.store.take(np.arange(start, stop, step))
+                block = store.take(np.arange(start, stop, step))
             return block[(slice(None), *rest)] if rest else block
-        block = self.store[first]
+        block = store[first]
         return block[rest] if rest else block
+
+
+def _fingerprint(store: Store) -> str:
+    return tokenize(store.shape, str(store.dtype), np.asarray(store.meta.crc32).tobytes())
 
 
 def to_dask(store_or_url: Store | str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> da.Array:
@@ -182,7 +220,7 @@ def from_dask(
     x: Any,
     path_or_url: str | os.PathLike[str],
     labels: Sequence[int] | np.ndarray | Any | None = None,
-    keys: Sequence[str] | None = None,
+    keys: Sequence[str] | np.ndarray | Any | None = None,
     class_names: Sequence[str] | None = None,
     codec: Codec | str | None = None,
     attrs: dict[str, Any] | None = None,
@@ -191,6 +229,8 @@ def from_dask(
     overwrite: bool = False,
     window: int | None = None,
     lock_timeout: float | None = 0.0,
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> Store:
     """Write a dask array (N, *item_shape) into a new store at ``path_or_url``; return it opened.
 
@@ -202,15 +242,12 @@ def from_dask(
     ``window`` chunks are under way (default: 8 per cluster thread, at least 32). With a
     ``dask.distributed`` client that is the cluster; otherwise dask's current scheduler
     computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask,
-    one integer per item) and ``keys`` (strings) are optional. Writing to a URL is not
-    supported yet. Atomic: the store appears only when complete. ``lock_timeout``: seconds to
-    wait while another writer holds ``path`` (None: for ever), then
-    :class:`~carraystore.errors.StoreLockedError`.
+    one integer per item) and ``keys`` (strings; a list, numpy or dask array) are optional. Atomic: the store appears
+    only when complete. ``lock_timeout``: seconds to wait while another writer holds ``path``
+    (None: for ever), then :class:`~carraystore.errors.StoreLockedError`. A URL
+    (``s3://bucket/out.b2nd``, with ``storage_options``) is written in a staging file under
+    ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete, as ``carraystore.create`` does.
     """
-    if is_url(path_or_url):
-        raise InvalidInputError(
-            f"{path_or_url}: from_dask writes local files only; write to a local path and upload the file"
-        )
     x = x if isinstance(x, da.Array) else da.asarray(x)
     if x.ndim < 1:
         raise InvalidInputError(f"from_dask needs an array of items (N, ...), got a {x.ndim}-d array")
@@ -224,7 +261,7 @@ def from_dask(
             raise InvalidInputError(f"{path_or_url}: {lab.shape} labels for {n} items; give one integer label per item")
     keylist = None
     if keys is not None:
-        keylist = [str(k) for k in keys]
+        keylist = [str(k) for k in (keys.compute() if isinstance(keys, da.Array) else keys)]
         if len(keylist) != n:
             raise InvalidInputError(f"{path_or_url}: {len(keylist)} keys for {n} items; give one key per item")
     provenance = {"source_kind": "dask_array", "source": f"dask array {x.dtype}{tuple(x.shape)}"}
@@ -239,13 +276,20 @@ def from_dask(
         overwrite=overwrite,
         provenance=provenance,
         lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
         nthreads=1,  # the short last chunk is compressed here: one thread, the same bytes as compress_chunk
     ) as writer:
         meta = writer.meta
         k = meta.chunk_images
+        # every label and key is checked now, not when its chunk arrives after the compute
+        if lab is not None:
+            lab = writer._check_labels(lab, n)
+        if keylist is not None:
+            writer._check_keys(keylist, n)
         if n:
             want = {0: k, **{i: -1 for i in range(1, x.ndim)}}
-            if x.chunks[0][:-1] != (k,) * (len(x.chunks[0]) - 1) or x.chunks[0][-1] > k or any(len(c) > 1 for c in x.chunks[1:]):
+            if x.chunks[0][:-1] != (k,) * (len(x.chunks[0]) - 1) or not 0 < x.chunks[0][-1] <= k or any(len(c) > 1 for c in x.chunks[1:]):
                 x = x.rechunk(want)
             blocks = x.to_delayed(optimize_graph=True).reshape(-1)
             # meta rides in the function: dask.delayed would walk the dataclass for every task
@@ -263,7 +307,7 @@ def from_dask(
                     )
         elif lab is not None or keylist is not None:
             writer.append(np.empty((0, *meta.image_shape), dtype=meta.np_dtype), labels=lab, keys=keylist)
-    return open_store(Path(path_or_url))
+    return open_store(path_or_url, storage_options)
 
 
 def _compute_in_order(tasks: list[Any], window: int | None) -> Iterator[Any]:
@@ -276,6 +320,11 @@ def _compute_in_order(tasks: list[Any], window: int | None) -> Iterator[Any]:
     """
     client = default_client()
     nthreads = sum(client.nthreads().values()) if client is not None else (os.cpu_count() or 1)
+    if not nthreads:  # the tasks would wait for a worker for ever
+        raise InvalidInputError(
+            f"the dask cluster at {client.scheduler.address} has no workers; start workers (`dask worker ADDRESS`) "
+            "or compute without a client"
+        )
     batch = max(1, window // 2) if window else max(16, 4 * nthreads)
     batches = [tasks[i : i + batch] for i in range(0, len(tasks), batch)]
     if client is not None:

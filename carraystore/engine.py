@@ -693,7 +693,8 @@ class EpochDecoder:
             if self.closed:
                 raise LoaderClosed
             victim = self._evictable(keep_unserved=not wait)
-            if victim is not None and victim < w and self.windows[victim].unserved:
+            busy = any(e.pins for e in self.windows.values())  # other threads are serving batches
+            if victim is not None and victim < w and self.windows[victim].unserved and busy:
                 # The victim's batches come before w's: give the threads serving them a
                 # moment to finish (its slots then free up) rather than decode it twice.
                 deadline = time.monotonic() + EVICT_PATIENCE_S if deadline is None else deadline

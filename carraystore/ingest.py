@@ -1020,6 +1020,11 @@ def _ingest_on_cluster(
     from carraystore.dask import in_order
 
     sees = client.run(os.path.isdir, str(root))
+    if not sees:  # the tasks would wait for a worker for ever
+        raise IngestError(
+            f"{root}: the dask cluster at {client.scheduler.address} has no workers; start workers "
+            "(`dask worker ADDRESS`) or ingest without --dask-scheduler / client"
+        )
     blind = sorted(w for w, ok in sees.items() if not ok)
     if blind:
         raise IngestError(
@@ -1074,12 +1079,13 @@ def _ingest_on_cluster(
             )
 
     bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(rels), initial=begin, desc=f"ingest {output.name}", unit="img", file=sys.stderr, dynamic_ncols=True)
     results = in_order(client, plan(), window)
     try:
+        if progress:
+            from tqdm import tqdm
+
+            name = str(output).rsplit("/", 1)[-1]  # a path or a URL
+            bar = tqdm(total=len(rels), initial=begin, desc=f"ingest {name}", unit="img", file=sys.stderr, dynamic_ncols=True)
         for g in range(len(rels)):  # at most one task per file; the plan ends the loop
             try:
                 data, ngood, crc, errors = next(results)

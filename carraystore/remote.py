@@ -576,6 +576,11 @@ class RemoteSource:
             why = "the object was replaced since the store was opened (its ETag changed); open it again"
         elif isinstance(exc, FileNotFoundError) or type(exc).__name__ == "NotFoundError":
             why = "the object does not exist (check the URL, bucket and endpoint)"
+        elif type(exc).__name__ == "NotSupportedError" and "range" in str(exc).lower():
+            why = (
+                "the server ignores Range requests (it sends the whole file); serve the store from one that honours "
+                f"them (nginx, Apache, caddy, an object store), or download it whole (curl -O {self.url}) and open the file"
+            )
         elif isinstance(exc, PermissionError) or type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
             why = "access was denied (check the credentials: storage_options key/secret, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
         elif transient:

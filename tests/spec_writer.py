@@ -95,6 +95,7 @@ def write_store(
         "filters_meta": list(codec["filters_meta"]) or [0],
         "blocksize": blocksize,
         "splitmode": blosc2.SplitMode(SPLITMODES[codec["splitmode"]]),
+        "nthreads": 1,  # one thread: blocks in order, the same bytes every time
     }
     raw = items.view(np.uint8).reshape(-1).tobytes() if n else b""
     chunks, crcs = [], []

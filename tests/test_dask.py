@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 import carraystore as cs
-from carraystore.errors import CodecMismatchError, CorruptStoreError, IngestError, InvalidInputError, StoreLockedError
+from carraystore.errors import CodecMismatchError, CorruptStoreError, IngestError, InvalidInputError, StoreExistsError, StoreLockedError
 from carraystore.sample_data import make_photo_folder
 from carraystore.writer import compress_chunk
 
@@ -104,6 +104,32 @@ def test_the_store_travels_as_its_location_not_its_data(tmp_path: Path, photo_pa
     assert big.cbytes > 1_000_000
     assert len(pickle.dumps(big)) < 1000
     assert len(pickle.dumps(cdask.to_dask(big))) < len(pickle.dumps(cdask.to_dask(small))) + 200
+
+
+def test_a_store_replaced_after_to_dask_fails_on_the_workers_instead_of_mixing(
+    tmp_path: Path, client: object, photo_patches: Callable[..., np.ndarray]
+) -> None:
+    # the graph describes the store as it was; workers reopen it by path and must not read another
+    path = tmp_path / "r.b2nd"
+    _store_of(path, photo_patches(64, (8, 8), seed=1), chunk_images=16)
+    x = cdask.to_dask(path)
+    _store_of(path, photo_patches(64, (8, 8), seed=2), chunk_images=16, overwrite=True)  # same shape, other pixels
+    with pytest.raises(CorruptStoreError, match=r"changed since to_dask.*call to_dask again"):
+        client.compute(x.sum()).result()  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(client.compute(cdask.to_dask(path)).result(), photo_patches(64, (8, 8), seed=2))  # type: ignore[attr-defined]
+
+
+def test_the_graph_opens_the_store_only_where_a_chunk_is_read(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+    # dask.distributed's scheduler unpickles the graph: it must not need the data (a path
+    # only the workers mount, a URL only they can reach); the workers open it at their first read
+    images = photo_patches(40, (8, 8), seed=6)
+    path = tmp_path / "w.b2nd"
+    _store_of(path, images, chunk_images=16)
+    blob = pickle.dumps(cdask._ChunkReader(cs.open(path)))
+    path.rename(tmp_path / "away.b2nd")
+    reader = pickle.loads(blob)  # no store here, like a scheduler without the mount: no error
+    (tmp_path / "away.b2nd").rename(path)
+    np.testing.assert_array_equal(reader[16:32], images[16:32])  # opened at the first read
 
 
 def test_labels_of_an_unlabelled_store_is_an_error(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
@@ -251,8 +277,8 @@ def test_from_dask_checks_its_arguments(tmp_path: Path) -> None:
         cdask.from_dask(x, tmp_path / "a.b2nd", labels=[1, 2, 3])
     with pytest.raises(InvalidInputError, match="2 keys for 10"):
         cdask.from_dask(x, tmp_path / "a.b2nd", keys=["a", "b"])
-    with pytest.raises(InvalidInputError, match="local files only"):
-        cdask.from_dask(x, "s3://bucket/a.b2nd")
+    with pytest.raises(InvalidInputError, match="storage_options apply to URLs only"):
+        cdask.from_dask(x, tmp_path / "a.b2nd", storage_options={"anon": True})
     with pytest.raises(InvalidInputError, match="unknown"):
         cdask.from_dask(x[x[:, 0, 0, 0] > 0], tmp_path / "a.b2nd")
     assert list(tmp_path.iterdir()) == []
@@ -262,6 +288,57 @@ def test_from_dask_checks_its_arguments(tmp_path: Path) -> None:
             cdask.from_dask(x, tmp_path / "a.b2nd", lock_timeout=0.2)
     finally:
         holder.abort()
+
+
+def test_from_dask_checks_every_label_and_key_before_computing_a_chunk(tmp_path: Path) -> None:
+    # a bad label or key at the very end is refused before the (maybe hours long) compute starts
+    def never(block: np.ndarray) -> np.ndarray:
+        raise RuntimeError("a chunk was computed")
+
+    x = da.zeros((40, 4, 4, 3), dtype="uint8", chunks=8).map_blocks(never, dtype="uint8")
+    labels = np.zeros(40, dtype=np.int64)
+    labels[-1] = 3
+    with pytest.raises(InvalidInputError, match=r"labels span 0\.\.3 but there are 3 class names"):
+        cdask.from_dask(x, tmp_path / "a.b2nd", labels=labels, class_names=["a", "b", "c"], chunk_images=8)
+    with pytest.raises(InvalidInputError, match="labels must be integers"):
+        cdask.from_dask(x, tmp_path / "a.b2nd", labels=np.r_[np.zeros(39), 0.5], chunk_images=8)
+    keys = [f"k{i}" for i in range(39)] + ["bad\nkey"]
+    with pytest.raises(InvalidInputError, match="key"):
+        cdask.from_dask(x, tmp_path / "a.b2nd", keys=keys, chunk_images=8)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_from_dask_of_an_array_with_empty_chunks(tmp_path: Path) -> None:
+    # zero-length blocks along axis 0 (as boolean masks leave them), also the last one
+    arr = np.arange(64, dtype="uint8").reshape(32, 2)
+    for i, chunks in enumerate([(16, 16, 0), (16, 0, 16), (0, 16, 16)]):
+        s = cdask.from_dask(da.from_array(arr, chunks=(chunks, (2,))), tmp_path / f"e{i}.b2nd", chunk_images=16)
+        assert s.nchunks == 2
+        np.testing.assert_array_equal(s[:], arr)
+
+
+def test_from_dask_on_a_cluster_without_workers_fails_at_once(tmp_path: Path) -> None:
+    x = da.zeros((40, 4, 4, 3), dtype="uint8", chunks=8)
+    with distributed.LocalCluster(n_workers=0, dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cl:
+        with distributed.Client(cl, set_as_default=False) as empty, empty.as_current():
+            with pytest.raises(InvalidInputError, match=r"has no workers.*start workers"):
+                cdask.from_dask(x, tmp_path / "o.b2nd", chunk_images=8)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_from_dask_takes_keys_as_a_dask_array_like_labels(tmp_path: Path) -> None:
+    names = np.array([f"img/{i:02d}.jpg" for i in range(20)])
+    s = cdask.from_dask(da.zeros((20, 2), dtype="uint8", chunks=6), tmp_path / "k.b2nd", keys=da.from_array(names, chunks=7),
+                        labels=da.arange(20, chunks=5) % 2, chunk_images=8)
+    assert list(s.keys) == names.tolist()
+    np.testing.assert_array_equal(s.labels, np.arange(20) % 2)
+
+
+def test_from_dask_to_a_file_url(tmp_path: Path) -> None:
+    x = da.arange(40, chunks=15, dtype="int32")
+    s = cdask.from_dask(x, f"file://{tmp_path}/u.b2nd", chunk_images=8)
+    assert s.path == tmp_path / "u.b2nd"
+    np.testing.assert_array_equal(s[:], np.arange(40, dtype="int32"))
 
 
 def test_in_order_keeps_order_and_a_bounded_window(client: object) -> None:
@@ -431,6 +508,17 @@ def test_distributed_ingest_refuses_split_folders_and_locked_stores(tmp_path: Pa
     assert not (tmp_path / "o.b2nd").exists()
 
 
+def test_distributed_ingest_on_a_cluster_without_workers_fails_at_once(tmp_path: Path, messy_folder: Path) -> None:
+    # with no worker the tasks would wait for ever: say so instead of hanging
+    with distributed.LocalCluster(n_workers=0, dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cl:
+        with distributed.Client(cl, set_as_default=False) as empty:
+            t = time.monotonic()
+            with pytest.raises(IngestError, match=r"has no workers.*start workers"):
+                cs.from_directory(messy_folder, tmp_path / "o.b2nd", client=empty, on_error="skip", max_skipped=3)
+            assert time.monotonic() - t < 30
+    assert not (tmp_path / "o.b2nd").exists()
+
+
 def test_distributed_ingest_needs_the_folder_on_the_workers(
     tmp_path: Path, client: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -517,7 +605,8 @@ def test_cli_ingest_with_dask_scheduler(tmp_path: Path, cluster: tuple[object, o
 def test_cli_unreachable_scheduler_is_a_clear_error(tmp_path: Path, messy_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from carraystore.cli import main
 
-    rc = main(["ingest", str(messy_folder), str(tmp_path / "d.b2nd"), "--dask-scheduler", "tcp://127.0.0.1:9", "-q"])
+    rc = main(["ingest", str(messy_folder), str(tmp_path / "d.b2nd"), "--dask-scheduler", "tcp://127.0.0.1:9",
+               "--dask-timeout", "2", "-q"])
     assert rc != 0
     assert "cannot reach the dask scheduler at tcp://127.0.0.1:9" in capsys.readouterr().err
     assert not (tmp_path / "d.b2nd").exists()
@@ -582,3 +671,62 @@ def test_to_dask_of_a_url_on_worker_processes(tmp_path: Path, client: object, ph
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_to_dask_of_an_s3_url_on_worker_processes(
+    tmp_path: Path, client: object, seaweedfs: object, photo_patches: Callable[..., np.ndarray]
+) -> None:
+    # the workers reopen the store from SeaweedFS by URL and storage_options (spawned processes)
+    images = photo_patches(120, (16, 16), seed=9)
+    labels = np.arange(120) % 3
+    _store_of(tmp_path / "s3.b2nd", images, labels, chunk_images=16)
+    url = seaweedfs.upload("dask-url", "x/s3.b2nd", tmp_path / "s3.b2nd")  # type: ignore[attr-defined]
+    opts = seaweedfs.storage_options  # type: ignore[attr-defined]
+    x = cdask.to_dask(url, storage_options=opts)
+    assert x.chunks[0] == (16,) * 7 + (8,)
+    assert int(client.compute(x.sum(dtype="i8")).result()) == int(images.sum(dtype=np.int64))  # type: ignore[attr-defined]
+    lab = cdask.labels(url, storage_options=opts)
+    np.testing.assert_array_equal(lab, labels)
+    np.testing.assert_array_equal(client.compute(x[lab == 2]).result(), images[labels == 2])  # type: ignore[attr-defined]
+    y = cs.open(url, storage_options=opts).to_dask()
+    np.testing.assert_array_equal(client.compute(y[[119, 0, 64]]).result(), images[[119, 0, 64]])  # type: ignore[attr-defined]
+
+
+def test_cli_distributed_ingest_to_an_s3_url_with_a_progress_bar(
+    tmp_path: Path, cluster: tuple[object, object], messy_folder: Path, seaweedfs: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from carraystore.cli import main
+
+    cl, _ = cluster
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweedfs.endpoint)  # type: ignore[attr-defined]
+    bucket = seaweedfs.make_bucket("dask-url")  # type: ignore[attr-defined]
+    url = f"s3://{bucket}/ingest/{tmp_path.name}.b2nd"
+    common = ["--image-size", "24", "24", "--on-error", "skip", "--max-skipped", "3", "--chunk-images", "8"]  # no -q: the bar is drawn
+    assert main(["ingest", str(messy_folder), str(tmp_path / "l.b2nd"), "--workers", "1", "-q", *common]) == 0
+    assert main(["ingest", str(messy_folder), url, "--dask-scheduler", cl.scheduler_address, *common]) == 0  # type: ignore[attr-defined]
+    with cs.open(url) as remote:
+        assert remote.verify() == []
+        got = remote.source.read(0, remote.source.size())
+    assert bytes(got) == (tmp_path / "l.b2nd").read_bytes()
+
+
+def test_from_dask_to_an_s3_url_on_worker_processes(
+    tmp_path: Path, client: object, seaweedfs: object, photo_patches: Callable[..., np.ndarray]
+) -> None:
+    images = photo_patches(100, (16, 16), seed=4)
+    labels = np.arange(100) % 4
+    bucket = seaweedfs.make_bucket("dask-url")  # type: ignore[attr-defined]
+    url = f"s3://{bucket}/from_dask/{tmp_path.name}.b2nd"
+    opts = seaweedfs.storage_options  # type: ignore[attr-defined]
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with client.as_current():  # type: ignore[attr-defined]
+        s = cdask.from_dask(
+            da.from_array(images, chunks=30), url, labels=labels, chunk_images=16, storage_options=opts, tmp_dir=staging
+        )
+    assert s.location == url and s.verify() == []
+    np.testing.assert_array_equal(s[:], images)
+    np.testing.assert_array_equal(s.labels, labels)
+    assert list(staging.iterdir()) == []  # the staging file is gone once uploaded
+    with pytest.raises(StoreExistsError):  # like every write: no silent replacement
+        cdask.from_dask(da.from_array(images, chunks=30), url, storage_options=opts, tmp_dir=staging)

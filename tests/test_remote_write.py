@@ -363,6 +363,25 @@ def test_bench_loaders_on_a_store_url(seaweedfs, bucket: str, tmp_path: Path, ca
     assert all(r["mb"] * 1e6 <= src.stat().st_size for r in rows)
 
 
+def test_bench_loaders_cache_size_takes_a_size_like_open(seaweedfs, bucket: str, tmp_path: Path, capsys) -> None:
+    src = tmp_path / "src.b2nd"
+    _store_with_holes(src)
+    url = f"s3://{bucket}/bench/cached.b2nd"
+    cs.copy(src, url, dst_storage_options=seaweedfs.storage_options, verify=False)
+    opts = json.dumps(seaweedfs.storage_options)
+    cache = tmp_path / "cache"
+    assert cli_main(["bench", "loaders", url, "--storage-options", opts, "--epochs", "2", "-q", "--out", str(tmp_path / "out"),
+                     "--cache-dir", str(cache), "--cache-size", "10MB"]) == 0  # as cache_size="10MB"
+    assert list(cache.rglob("*.chunk"))
+    rows = json.loads((tmp_path / "out" / "store_epochs.json").read_text())["epochs"]
+    # requests and MB are what crossed the network: the second epoch is served by the cache
+    assert rows[0]["requests"] > 0 and rows[0]["mb"] > 0
+    assert rows[1]["requests"] == 0 and rows[1]["mb"] == 0
+    with pytest.raises(SystemExit):
+        cli_main(["bench", "loaders", url, "--cache-dir", str(cache), "--cache-size", "ten"])
+    assert "--cache-size" in capsys.readouterr().err
+
+
 def test_link_proxy_adds_latency_and_caps_bandwidth(seaweedfs, bucket: str) -> None:
     name, prefix = bucket.split("/", 1)
     direct = seaweedfs.s3_store(name)

@@ -78,8 +78,18 @@ def register(sub: Any) -> None:
 
     lo.add_argument("--storage-options", type=storage_options_arg, metavar="JSON", help="options for a store URL (endpoint, credentials, knobs)")
     lo.add_argument("--cache-dir", help="a store URL's local chunk cache folder (default: none)")
-    lo.add_argument("--cache-size", type=int, help="bytes the chunk cache may hold")
+    lo.add_argument("--cache-size", type=_size_arg, help="what the chunk cache may hold: bytes or a size such as 20GB, 512MiB")
     lo.set_defaults(func=_cmd_loaders)
+
+
+def _size_arg(text: str) -> int | None:
+    """--cache-size: bytes or a size such as ``20GB`` (as ``carraystore.open(cache_size=...)``)."""
+    from carraystore.cache import parse_size
+
+    try:
+        return parse_size(text)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _say(quiet: bool) -> Any:

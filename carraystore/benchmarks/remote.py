@@ -96,10 +96,10 @@ def store_epochs(
     open_s = time.perf_counter() - t0
     out = []
     try:
-        stats = getattr(store.source, "stats", None)
-        inner = getattr(store.source, "source", None)  # a cache in front of the remote source
-        if stats is None and inner is not None:
-            stats = getattr(inner, "stats", None)
+        remote = getattr(store.source, "inner", store.source)  # behind a chunk cache: what crosses the network
+        stats = getattr(remote, "stats", None)
+        if not hasattr(stats, "requests"):  # a local file
+            stats = None
         for e in range(epochs):
             r0 = (stats.requests, stats.bytes) if stats is not None else (0, 0)
             if report:
