@@ -37,8 +37,9 @@ class _Parser(argparse.ArgumentParser):
                 message += f"; did you mean {close[0]!r}?"
         super().error(message)
 
-    def unknown_arguments(self, extra: Sequence[str]) -> None:
-        """Exit with this parser's usage, the unknown arguments and the closest known flag for each."""
+    def unknown_arguments(self, extra: Sequence[str], argv: Sequence[str] = ()) -> None:
+        """Exit with this parser's usage, the unknown arguments and a hint for each: the closest
+        known flag, or, for words after a flag that takes one value, what that flag takes."""
         flags = sorted(s for s in self._option_string_actions if s.startswith("--"))
         hints = []
         for arg in extra:
@@ -46,6 +47,15 @@ class _Parser(argparse.ArgumentParser):
                 close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.6)
                 if close:
                     hints.append(f"{arg.split('=', 1)[0]}: did you mean {close[0]}?")
+            elif arg in argv:  # `meta --class-names a b c`: the words after a one-value flag
+                i = list(argv).index(arg)
+                while i > 0 and not argv[i - 1].startswith("-"):
+                    i -= 1
+                action = self._option_string_actions.get(argv[i - 1]) if i > 0 else None
+                if action is not None and action.nargs is None and action.metavar:
+                    hint = f"{argv[i - 1]} takes one value ({action.metavar}): {argv[i - 1]} {action.metavar}"
+                    if hint not in hints:
+                        hints.append(hint)
         message = f"unrecognized arguments: {' '.join(extra)}"
         if hints:
             message += "\n  " + "\n  ".join(hints)
@@ -91,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         sub = _subparser(parser, args)
         if isinstance(sub, _Parser):
-            sub.unknown_arguments(extra)
+            sub.unknown_arguments(extra, list(argv) if argv is not None else sys.argv[1:])
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         status = int(args.func(args) or 0)
@@ -107,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CarrayStoreError as exc:
         print(f"carraystore {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:
+    except OSError as exc:  # a path the OS refused: missing, a file where a folder goes, permissions
         print(f"carraystore {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -304,12 +304,23 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    """Describe every store given; one that cannot be opened is an error line (exit 2), the rest go on.
+    With --json: one object for one store, a list of objects for several."""
     status = 0
+    documents = []
     for path in args.stores:
-        with open_for_cli(path, args.storage_options) as store:
+        try:
+            store = open_for_cli(path, args.storage_options)
+        except (CarrayStoreError, OSError) as exc:
+            if len(args.stores) == 1:
+                raise
+            print(f"carraystore info: error: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        with store:
             info = store_info(store)
             if args.json:
-                print(json.dumps(info, indent=2))
+                documents.append(info)
                 continue
             codec = store.codec
             rows = [
@@ -340,6 +351,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 print(f"{k:<12} {v}")
             if len(args.stores) > 1:
                 print()
+    if args.json and documents:
+        print(json.dumps(documents[0] if len(args.stores) == 1 else documents, indent=2))
     return status
 
 
@@ -578,6 +591,10 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
     if len(set(names)) != len(names):
         dup = next(p for p, c in Counter(names).items() if c > 1)
         raise InvalidInputError(f"{store.path}: two items would be written to the same file {dup}")
+    folders = {q for p in names for q in p.parents if q != root_resolved and q.is_relative_to(root_resolved)}
+    clash = next((p for p in names if p in folders), None)
+    if clash is not None:  # keys "a.png" and "a.png/b.png"
+        raise InvalidInputError(f"{store.path}: {clash} would be both an item's file and the folder of another item's file")
     if not overwrite:
         existing = [p for p in names if p.exists()]
         if existing:
@@ -587,7 +604,13 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
         start, _ = store.chunk_range(c)
         for j, img in enumerate(store.read_chunk(c)):
             target = names[start + j]
-            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError) as exc:  # a file already there where a folder goes
+                raise InvalidInputError(
+                    f"{target.parent}: cannot be made a folder for {target.name} ({exc.strerror}): a file is in the way; "
+                    "export into an empty folder"
+                ) from exc
             mode = {1: "L", 3: "RGB", 4: "RGBA"}[img.shape[2]]
             pil = Image.fromarray(img[..., 0] if mode == "L" else img, mode)
             if fmt == "jpeg" and mode == "RGBA":

@@ -662,6 +662,36 @@ def _check_plain(rec: Any, where: str) -> None:
 
 
 
+def json_attrs(attrs: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """``attrs`` as a store keeps them: JSON values (tuples become lists, keys strings, as they read back).
+
+    Raises InvalidInputError naming the attr for what JSON or msgpack cannot hold (objects,
+    integers outside -2**63 .. 2**64-1). NaN and infinities stay floats, as Python's json
+    writes them. Used by every writer.
+    """
+    attrs = dict(attrs or {})
+    _check_plain(attrs, where)  # nesting first: json.dumps recurses
+    plain: dict[str, Any] = {}
+    for key, value in attrs.items():
+        try:
+            (name,) = json.loads(json.dumps({key: None}))  # JSON's key: 1 -> "1" (msgpack readers refuse int keys)
+            plain[name] = json.loads(json.dumps(value))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{where}: attrs[{key!r}] is not a JSON value ({exc})") from exc
+    stack: list[tuple[str, Any]] = list(plain.items())
+    while stack:
+        name, obj = stack.pop()
+        if isinstance(obj, dict):
+            stack.extend((name, v) for v in obj.values())
+        elif isinstance(obj, list):
+            stack.extend((name, v) for v in obj)
+        elif isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**64:
+            raise InvalidInputError(
+                f"{where}: attrs[{name!r}] holds the integer {obj}, outside msgpack's -2**63 .. 2**64-1; store it as text"
+            )
+    return plain
+
+
 @dataclass(frozen=True)
 class StoreMeta:
     """Everything a store records about itself, stored under ``vlmeta['carraystore']``."""

@@ -745,6 +745,17 @@ def _ingest_one(
     )
 
 
+def _output_folder(path: Path) -> None:
+    """Make the folder that receives one store per split; a file in the way is a named error."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise InvalidInputError(
+            f"{path} is a file (or under one); with several splits the output is a folder that receives one store "
+            "per split: choose a folder name"
+        ) from exc
+
+
 def from_directory(
     directory: str | os.PathLike[str],
     output: str | os.PathLike[str],
@@ -890,7 +901,7 @@ def from_directory(
             if str(out).rstrip("/").endswith(".b2nd"):
                 raise InvalidInputError(f"{out}: with subset='both' the output is a folder that receives training.b2nd and validation.b2nd")
             if not remote:
-                Path(out).mkdir(parents=True, exist_ok=True)
+                _output_folder(Path(out))
         results: dict[str, IngestResult] = {}
         for part in wanted:
             idx = parts[part]
@@ -918,7 +929,7 @@ def from_directory(
     if str(output).rstrip("/").endswith(".b2nd"):
         raise InvalidInputError(f"{output}: with split_dirs the output is a folder that receives <split>.b2nd files")
     if not remote:
-        Path(output).mkdir(parents=True, exist_ok=True)
+        _output_folder(Path(output))
 
     def split_output(split: str) -> Path | str:
         return f"{str(output).rstrip('/')}/{split}.b2nd" if remote else Path(output) / f"{split}.b2nd"

@@ -10,7 +10,9 @@ journal. A journal that is present and complete ("hot") means a write died half-
 :func:`rollback` puts the saved bytes back and truncates the file to its old length,
 which is the store as it was before that write, byte for byte.
 
-Journal file: ``b"CSJRNL01"``, old length (u64 LE), region count (u32 LE), then per
+Journal file: ``b"CSJRNL02"``, old length (u64 LE), region count (u32 LE), the guard
+(offset u64, length u64, CRC32 u32 of the last old data bytes, which the write never
+changes: a file whose bytes there differ was replaced and is never rolled back), then per
 region offset (u64 LE), length (u64 LE) and the bytes; last a CRC32 (u32 LE) of all that
 precedes it. A journal that is short or fails its CRC was never completed, so the store
 was not touched yet: it is removed, nothing is restored.
@@ -24,6 +26,7 @@ overwritten, so that view is the old store, complete).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import struct
 import zlib
@@ -31,14 +34,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from carraystore.errors import CorruptStoreError
+from carraystore.errors import CorruptStoreError, WriteError
 from carraystore.lock import WriterLock
 from carraystore.sources import LocalFileSource
 
 __all__ = ["Journal", "journal_path", "load_journal", "write_journal", "rollback", "remove_journal", "JournalSource",
            "rollback_if_abandoned"]
 
-MAGIC = b"CSJRNL01"
+MAGIC = b"CSJRNL02"  # 02 adds the guard; a CSJRNL01 journal (no guard) is still rolled back
+_MAGIC_01 = b"CSJRNL01"
+#: Bytes of the old data region, just before its end, whose CRC ties a journal to its file.
+GUARD_BYTES = 65536
 
 
 def journal_path(path: Path) -> Path:
@@ -52,9 +58,18 @@ class Journal:
 
     old_len: int
     regions: tuple[tuple[int, bytes], ...]
+    #: (offset, length, crc32) of bytes the write never changes (the end of the old data
+    #: chunks): a file whose bytes there differ is not the one this journal was made for
+    guard: tuple[int, int, int] = (0, 0, 0)
+
+    @staticmethod
+    def guard_of(fd: int, data_start: int, data_end: int) -> tuple[int, int, int]:
+        """The guard of a file whose data chunks lie in [data_start, data_end)."""
+        start = max(data_start, data_end - GUARD_BYTES)
+        return start, data_end - start, zlib.crc32(os.pread(fd, data_end - start, start)) & 0xFFFFFFFF
 
     def encode(self) -> bytes:
-        parts = [MAGIC, struct.pack("<QI", self.old_len, len(self.regions))]
+        parts = [MAGIC, struct.pack("<QI", self.old_len, len(self.regions)), struct.pack("<QQI", *self.guard)]
         for offset, data in self.regions:
             parts.append(struct.pack("<QQ", offset, len(data)))
             parts.append(data)
@@ -64,7 +79,7 @@ class Journal:
     @classmethod
     def decode(cls, raw: bytes) -> Journal | None:
         """The journal in ``raw``, or None when it is incomplete or damaged (never completed)."""
-        if len(raw) < len(MAGIC) + 16 or raw[: len(MAGIC)] != MAGIC:
+        if len(raw) < len(MAGIC) + 16 or raw[: len(MAGIC)] not in (MAGIC, _MAGIC_01):
             return None
         body, crc = raw[:-4], struct.unpack("<I", raw[-4:])[0]
         if zlib.crc32(body) & 0xFFFFFFFF != crc:
@@ -72,6 +87,12 @@ class Journal:
         pos = len(MAGIC)
         old_len, n = struct.unpack_from("<QI", body, pos)
         pos += 12
+        guard = (0, 0, 0)
+        if raw[: len(MAGIC)] == MAGIC:
+            if pos + 20 > len(body):
+                return None
+            guard = struct.unpack_from("<QQI", body, pos)
+            pos += 20
         regions = []
         for _ in range(n):
             if pos + 16 > len(body):
@@ -84,7 +105,7 @@ class Journal:
             pos += length
         if pos != len(body):
             return None
-        return cls(old_len, tuple(regions))
+        return cls(old_len, tuple(regions), guard)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -99,7 +120,16 @@ def _fsync_dir(folder: Path) -> None:
 def write_journal(path: Path, journal: Journal) -> None:
     """Write the journal of ``path`` and make it durable (file and folder fsynced)."""
     jp = journal_path(path)
-    fd = os.open(jp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:  # never through a link planted at this predictable name: it would overwrite its target
+        fd = os.open(jp, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise WriteError(
+                f"{jp} is a symbolic link; a writer never follows one at its journal's name (it would overwrite "
+                "the file it points to): remove the link, then write again"
+            ) from exc
+        raise
     try:
         view = memoryview(journal.encode())
         while view:
@@ -115,14 +145,34 @@ def write_journal(path: Path, journal: Journal) -> None:
 
 
 def load_journal(path: Path) -> Journal | None:
-    """The hot journal of ``path`` (present and complete), or None."""
+    """The hot journal of ``path`` (present and complete), or None.
+
+    Raises CorruptStoreError when the journal's guard bytes differ from the file's: the
+    file was replaced (a copy restored over it) after the write died, and rolling this
+    journal back would write another file's header and trailer into it.
+    """
     try:
         raw = journal_path(path).read_bytes()
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError:
         return None
-    return Journal.decode(raw)
+    journal = Journal.decode(raw)
+    if journal is not None and journal.guard[1]:
+        start, length, crc = journal.guard
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                same = zlib.crc32(f.read(length)) & 0xFFFFFFFF == crc
+        except OSError:
+            same = False
+        if not same:
+            raise CorruptStoreError(
+                f"{path}: its journal {journal_path(path).name} was left by an interrupted write to another file "
+                f"(this one was replaced since, e.g. restored from a copy); rolling it back would damage this file. "
+                f"If {path.name} is the store you want, delete {journal_path(path)}"
+            )
+    return journal
 
 
 def remove_journal(path: Path) -> None:

@@ -13,6 +13,7 @@ some network filesystems do not lock at all).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -23,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from carraystore.errors import CarrayStoreError, StoreLockedError
+from carraystore.errors import CarrayStoreError, StoreLockedError, WriteError
 from carraystore.forksafe import at_fork_in_child
 
 try:
@@ -100,10 +101,16 @@ class WriterLock:
         deadline = None if self.timeout is None else time.monotonic() + max(0.0, float(self.timeout))
         while True:
             try:
-                fd = os.open(lp, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+                # never through a link planted at this predictable name: it would truncate its target
+                fd = os.open(lp, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
             except OSError as exc:
                 if not blocking:
                     return False
+                if exc.errno == errno.ELOOP:
+                    raise WriteError(
+                        f"{lp} is a symbolic link; a writer never follows one at its lock file's name (it would "
+                        "overwrite the file it points to): remove the link, then write again"
+                    ) from exc
                 raise CarrayStoreError(f"{lp}: cannot create the writer lock file ({exc}); is the folder writable?") from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -64,6 +64,18 @@ def is_url(location: Any) -> bool:
     return isinstance(location, str) and "://" in location and not location.startswith("file://")
 
 
+def check_local_store_path(location: str | os.PathLike[str]) -> Path:
+    """``location`` as a Path when it is a regular file; a missing path, a folder or a FIFO is a named error."""
+    p = Path(location)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such store")
+    if p.is_dir():
+        raise NotAStoreError(f"{p} is a directory; a store is a single .b2nd file (use `carraystore migrate` for bcolz folders)")
+    if not p.is_file():
+        raise NotAStoreError(f"{p} is not a regular file (a FIFO or device?); a store is a single .b2nd file")
+    return p
+
+
 def open_source(
     location: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
@@ -77,14 +89,7 @@ def open_source(
     if not is_url(location):
         if storage_options:
             raise InvalidInputError(f"{location}: storage_options apply to URLs only, not to local paths")
-        p = Path(location)
-        if not p.exists():
-            raise FileNotFoundError(f"{p}: no such store")
-        if p.is_dir():
-            raise NotAStoreError(f"{p} is a directory; a store is a single .b2nd file (use `carraystore migrate` for bcolz folders)")
-        if not p.is_file():
-            raise NotAStoreError(f"{p} is not a regular file (a FIFO or device?); a store is a single .b2nd file")
-        return LocalFileSource(p)
+        return LocalFileSource(check_local_store_path(location))
     from carraystore.remote import open_source as open_remote_source  # the layer below this one
 
     source: ByteSource = open_remote_source(str(location), storage_options)

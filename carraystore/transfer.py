@@ -24,7 +24,7 @@ from carraystore.errors import ChecksumError, CorruptStoreError, InvalidInputErr
 from carraystore.format import chunk_crc_ok, crc32
 from carraystore.reader import Store, is_url, open_store
 from carraystore.upload import check_writable, delete_remote, put_stream, remote_exists
-from carraystore.writer import publish, remove_stale_temps, temp_path
+from carraystore.writer import publish, refuse_folder_target, remove_stale_temps, temp_path
 
 __all__ = ["copy_store", "stream_verified", "CopyResult", "COPY_READ_BYTES", "COPY_READS_IN_FLIGHT"]
 
@@ -205,6 +205,7 @@ def copy_store(
 def _copy_to_local(store: Store, out: Path, overwrite: bool, verify: bool, bar: Any) -> None:
     if not out.parent.is_dir():
         raise InvalidInputError(f"{out}: folder {out.parent} does not exist")
+    refuse_folder_target(out)
     if out.exists() and not overwrite:
         raise StoreExistsError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
     if not is_url(store.location) and out.exists() and out.resolve() == Path(store.location).resolve():

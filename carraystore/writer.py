@@ -63,6 +63,7 @@ from carraystore.format import (
     chunk_crc_ok,
     default_chunk_images,
     dtype_to_record,
+    json_attrs,
     metadata_limit,
     parse_chunk_header,
     validate_key,
@@ -79,7 +80,7 @@ from carraystore.frame import (
 )
 from carraystore.journal import Journal, remove_journal, rollback, write_journal
 from carraystore.lock import WriterLock
-from carraystore.reader import is_url, open_store, open_unguarded
+from carraystore.reader import check_local_store_path, is_url, open_store, open_unguarded
 from carraystore.upload import RemoteTarget
 
 __all__ = [
@@ -99,6 +100,12 @@ __all__ = [
 
 # ``.NAME.partial-PID-RANDOM`` (stores) and ``.NAME.migrating-PID-RANDOM.b2nd`` (migrations)
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?:partial|migrating)-(?P<pid>\d+)-[0-9a-f]+(?:\.b2nd)?$")
+
+
+def refuse_folder_target(path: Path) -> None:
+    """A store is a file: an output path that is a folder is refused, overwrite or not."""
+    if path.is_dir():
+        raise StoreExistsError(f"{path} is a folder; a store is a file and overwrite replaces only a file: choose another name")
 
 
 def temp_path(path: Path, kind: str = "partial") -> Path:
@@ -256,7 +263,7 @@ class _InPlaceWrite:
         tail_at = self._h + frame.cbytes
         tail = os.pread(self._fd, self._old_len - tail_at, tail_at)
         trailer_len = int.from_bytes(tail[-22:-18], "big")
-        self._journal = Journal(self._old_len, ((0, bytes(self._head)), (tail_at, tail)))
+        self._journal = Journal(self._old_len, ((0, bytes(self._head)), (tail_at, tail)), Journal.guard_of(self._fd, self._h, tail_at))
         self._trailer = tail[len(tail) - trailer_len :]
         self._offsets = list(raw_offsets(frame))
         self._chunk_nbytes = frame.chunksize
@@ -329,8 +336,8 @@ class _InPlaceWrite:
         os.fsync(self._fd)
         check = open_unguarded(self.path)  # the journal goes only once the new store reads back whole
         try:
-            got = (check.meta.nimages, check.nchunks, check.meta.class_names, check.meta.attrs)
-            if got != (meta.nimages, len(self._offsets), meta.class_names, meta.attrs):
+            got = (check.meta.nimages, check.nchunks, check.meta.class_names, json.dumps(check.meta.attrs))
+            if got != (meta.nimages, len(self._offsets), meta.class_names, json.dumps(meta.attrs)):  # NaN == NaN
                 raise CorruptStoreError(f"{self.path}: the changed store reads back wrong; the change was undone")
         finally:
             check.close()
@@ -794,6 +801,7 @@ def _create_new(
     layout: str | None,
     lock: WriterLock,
 ) -> StoreWriter:
+    refuse_folder_target(p)
     if p.exists() and not overwrite:
         raise StoreExistsError(f"{p} already exists; pass overwrite=True (CLI: --overwrite) to replace it, or mode='a' to append")
     if image_shape is None:
@@ -857,7 +865,7 @@ def _create_new(
         color_mode=COLOR_MODES[shape[2]] if layout == "NHWC" else "",
         class_names=names,
         provenance=dict(provenance or {}),
-        attrs=dict(attrs or {}),
+        attrs=json_attrs(attrs, str(p)),
         writer_version=__version__,
         blosc2_version=blosc2.__version__,
     )
@@ -1002,8 +1010,7 @@ def update_metadata(
             "change it, and copy it back"
         )
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such store")
+    check_local_store_path(p)  # a missing path, a folder or a FIFO is named as open names it
     real = Path(os.path.realpath(p))  # the lock and the journal sit beside the real file
     with WriterLock(real, purpose="meta", timeout=lock_timeout):
         rollback(real)  # a write that died half-way is undone first
@@ -1027,11 +1034,7 @@ def _updated_meta(
 ) -> StoreMeta:
     new_attrs = dict(meta.attrs)
     if attrs:
-        try:
-            json.dumps(attrs)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInputError(f"{p}: attrs must be JSON values ({exc})") from exc
-        new_attrs.update(attrs)
+        new_attrs.update(json_attrs(attrs, str(p)))
     for key in remove_attrs:
         if key not in new_attrs:
             raise InvalidInputError(f"{p}: no attr {key!r} to remove; the attrs are {sorted(new_attrs)}")

@@ -19,7 +19,10 @@ import numpy as np
 from carraystore.errors import MigrationError
 from carraystore.format import COLOR_MODES, DTYPES, Codec
 
-__all__ = ["Block", "Source", "MIGRATION_BLOCK_BYTES", "CLASS_NAME_DATASETS", "disk_size", "labels_from_array", "store_layout"]
+__all__ = [
+    "Block", "Source", "MIGRATION_BLOCK_BYTES", "CLASS_NAME_DATASETS", "LABEL_NAMES", "disk_size", "infer_labels",
+    "labels_from_array", "store_layout",
+]
 
 #: Rows per block read from a source aim at about this many uncompressed bytes (a few
 #: store chunks at most; not the store's chunk size, see format.TARGET_CHUNK_BYTES).
@@ -27,6 +30,27 @@ MIGRATION_BLOCK_BYTES = 8 * 1024 * 1024
 
 #: Names (an HDF5 dataset's last path part, an npz member; lower case) read as class names.
 CLASS_NAME_DATASETS = ("class_names", "classes", "label_names", "labelnames", "target_names")
+
+#: Names (an HDF5 dataset's last path part, an npz member; lower case) that pick the labels
+#: when several arrays could be them.
+LABEL_NAMES = frozenset({"labels", "label", "y", "targets", "target", "class", "classes_idx"})
+
+
+def infer_labels(fits: Sequence[str], images: str, where: str, notes: list[str]) -> str | None:
+    """The labels among ``fits`` (integer arrays, one value per row of ``images``): the only one,
+    or the only one with a label name; none fitting gives None; else MigrationError listing them."""
+    if not fits:
+        return None
+    if len(fits) > 1:
+        named = [n for n in fits if n.rsplit("/", 1)[-1].lower() in LABEL_NAMES]
+        if len(named) != 1:
+            raise MigrationError(
+                f"{where}: several datasets could be the labels of {images!r} (integers, one per row): {list(fits)}; "
+                "choose one with --labels NAME, or pass --no-labels to migrate without labels"
+            )
+        fits = named
+    notes.append(f"labels inferred: {fits[0]!r} (integers, one per row of {images!r}; --no-labels leaves them out)")
+    return fits[0]
 
 
 @dataclass

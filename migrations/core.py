@@ -30,7 +30,7 @@ from carraystore.journal import rollback
 from carraystore.lock import WriterLock
 from carraystore.reader import is_url, open_store
 from carraystore.upload import RemoteTarget
-from carraystore.writer import create, publish, remove_stale_temps, temp_path
+from carraystore.writer import create, publish, refuse_folder_target, remove_stale_temps, temp_path
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
 
 __all__ = [
@@ -143,6 +143,8 @@ def open_source(
     p = Path(src)
     if not p.exists():
         raise MigrationError(f"{p}: no such file or folder")
+    if not p.is_dir() and not p.is_file():  # reading a FIFO's first bytes would block for ever
+        raise MigrationError(f"{p} is not a regular file (a FIFO or device?); migrate reads files and bcolz folders")
     if p.is_dir():
         from carraystore.migrations import bcolz_sources as bs
 
@@ -169,7 +171,7 @@ def open_source(
 
         if dataset is not None:
             raise InvalidInputError(f"{p}: --dataset is for HDF5 files; for an .npz use --images NAME")
-        return NpzSource(p, images=_name(images), labels=_name(labels))
+        return NpzSource(p, images=_name(images), labels=_name(labels), no_labels=no_labels)
     if head == _HDF5_MAGIC:
         from carraystore.migrations.hdf5 import Hdf5Source
 
@@ -231,8 +233,8 @@ def migrate(
     before the store is renamed into place. ``codec`` / ``preset`` pick the store's codec
     (default: the ``balanced`` preset). ``class_names`` names the label values (label 0
     first); without it, an HDF5 dataset or npz member named ``class_names``, ``classes``
-    or ``label_names`` gives them. In an HDF5 file the labels are inferred when exactly one
-    dataset fits (integers, one per row); ``no_labels=True`` migrates without labels.
+    or ``label_names`` gives them. In an HDF5 file or an npz of arrays the labels are inferred
+    when exactly one array fits (integers, one per row); ``no_labels=True`` migrates without labels.
     ``lock_timeout``: seconds to wait while another writer holds ``out`` (None: for ever;
     then StoreLockedError names the holder).
     ``out`` may be a URL (``s3://bucket/x.b2nd``, with ``storage_options``): the store is
@@ -288,6 +290,7 @@ def _migrate_locked(
     no_labels: bool,
     t0: float,
 ) -> MigrationReport:
+    refuse_folder_target(out_p)
     if out_p.exists() and not overwrite:
         raise StoreExistsError(f"{out_p} already exists; pass --overwrite (overwrite=True) to replace it")
     for s in (src, images if src is None else None, labels if src is None else None):

@@ -14,14 +14,19 @@ from typing import Any
 import numpy as np
 
 from carraystore.errors import MigrationError, MissingDependencyError
-from carraystore.migrations.base import CLASS_NAME_DATASETS, MIGRATION_BLOCK_BYTES, Block, Source, labels_from_array
+from carraystore.migrations.base import (
+    CLASS_NAME_DATASETS,
+    LABEL_NAMES,
+    MIGRATION_BLOCK_BYTES,
+    Block,
+    Source,
+    infer_labels,
+    labels_from_array,
+)
 
 __all__ = ["Hdf5Source", "jsonable", "LABEL_NAMES", "CLASS_NAME_DATASETS"]
 
 #: Dataset names (last path part, lower case) preferred as labels when several could be.
-LABEL_NAMES = frozenset({"labels", "label", "y", "targets", "target", "class", "classes_idx"})
-
-
 def _h5py() -> Any:
     try:
         import h5py
@@ -163,18 +168,7 @@ class Hdf5Source(Source):
             n for n in found
             if n != dataset and f[n].shape in ((self.nrows,), (self.nrows, 1)) and f[n].dtype.kind in "iub"
         ]
-        if not fits:
-            return None
-        if len(fits) > 1:
-            named = [n for n in fits if n.rsplit("/", 1)[-1].lower() in LABEL_NAMES]
-            if len(named) != 1:
-                raise MigrationError(
-                    f"{self.path}: several datasets could be the labels of {dataset!r} (integers, one per row): {fits}; "
-                    "choose one with --labels NAME, or pass --no-labels to migrate without labels"
-                )
-            fits = named
-        self.notes.append(f"labels inferred: {fits[0]!r} (integers, one per row of {dataset!r}; --no-labels leaves them out)")
-        return fits[0]
+        return infer_labels(fits, dataset, str(self.path), self.notes)
 
     def _class_names_dataset(self, found: list[str], labels: str) -> tuple[str, ...] | None:
         """Class names from a dataset named class_names / classes / label_names (beside the labels first)."""

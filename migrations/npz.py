@@ -19,7 +19,7 @@ from typing import IO
 import numpy as np
 
 from carraystore.errors import MigrationError
-from carraystore.migrations.base import CLASS_NAME_DATASETS, Block, Source, labels_from_array
+from carraystore.migrations.base import CLASS_NAME_DATASETS, Block, Source, infer_labels, labels_from_array
 
 __all__ = ["NpzSource", "relative_keys", "read_npy_header"]
 
@@ -93,7 +93,7 @@ class NpzSource(Source):
 
     kind = ".npz"
 
-    def __init__(self, path: Path, *, images: str | None = None, labels: str | None = None) -> None:
+    def __init__(self, path: Path, *, images: str | None = None, labels: str | None = None, no_labels: bool = False) -> None:
         super().__init__()
         self.path = path
         try:
@@ -113,17 +113,12 @@ class NpzSource(Source):
         self.attrs = {}
         names = list(self._members)
         pathlike = all("/" in n or "\\" in n or posixpath.splitext(n)[1].lower() in _IMAGE_EXTS for n in names)
-        if images is not None or (len(names) == 1 and not pathlike) or (not pathlike and labels is not None):
-            self._init_arrays(images, labels)
-        elif pathlike:
+        if images is not None or not pathlike:
+            self._init_arrays(images, labels, no_labels)
+        else:
             if labels is not None:
                 raise MigrationError(f"{path}: a cache of images keyed by path takes its labels from the class folders; drop --labels")
             self._init_cache()
-        else:
-            raise MigrationError(
-                f"{path}: holds arrays named {names[:10]}; say which one holds the images with --images NAME "
-                "(and the labels with --labels NAME)"
-            )
 
     # -- a cache {path: image} -------------------------------------------------------------
     def _init_cache(self) -> None:
@@ -160,18 +155,40 @@ class NpzSource(Source):
         self.provenance = {"npz": {"mode": "cache", "members": len(names), "member_dtype": str(dtype)}}
 
     # -- named arrays ------------------------------------------------------------------------
-    def _init_arrays(self, images: str | None, labels: str | None) -> None:
+    def _init_arrays(self, images: str | None, labels: str | None, no_labels: bool = False) -> None:
+        """Named arrays: the images given or inferred (the only array, or the only one with 3+
+        dimensions), the labels given or inferred as in HDF5 files (``base.infer_labels``)."""
         self.kind = ".npz arrays"
         self.mode = "arrays"
         names = list(self._members)
-        if images is None:
-            candidates = [n for n in names if n != labels]
-            if len(candidates) != 1:
-                raise MigrationError(f"{self.path}: holds arrays {names}; say which one holds the images with --images NAME")
-            images = candidates[0]
         for n in (images, labels):
             if n is not None and n not in self._members:
                 raise MigrationError(f"{self.path}: no array named {n!r}; it holds {names}")
+        heads = {}
+        for n in names:
+            with self._zip.open(self._members[n]) as f:
+                shape, _, dtype = read_npy_header(f, f"{self.path}, member {n!r}")
+            heads[n] = (shape, dtype)
+        if images is None:
+            candidates = [n for n in names if n != labels and heads[n][0] and heads[n][1].kind not in "USO"]
+            big = [n for n in candidates if len(heads[n][0]) >= 3]
+            if len(candidates) == 1:
+                images = candidates[0]
+            elif len(big) == 1:
+                images = big[0]
+                self.notes.append(f"images inferred: {images!r} (the only array with 3+ dimensions)")
+            else:
+                raise MigrationError(
+                    f"{self.path}: holds arrays named {names[:10]}; say which one holds the images with --images NAME "
+                    "(and the labels with --labels NAME)"
+                )
+        if labels is None and not no_labels:
+            rows = heads[images][0][0] if heads[images][0] else -1
+            fits = [
+                n for n in names
+                if n != images and heads[n][0] in ((rows,), (rows, 1)) and heads[n][1].kind in "iub"
+            ]
+            labels = infer_labels(fits, images, str(self.path), self.notes)
         with self._zip.open(self._members[images]) as f:
             shape, self._fortran, self.dtype = read_npy_header(f, f"{self.path}, member {images!r}")
         if not shape:

@@ -581,3 +581,80 @@ def test_a_meta_update_of_an_empty_store_is_in_place_and_locked(tmp_path: Path) 
     # remote stores are read-only here: named, not "no such store"
     with pytest.raises(carraystore.errors.InvalidInputError, match="local stores only"):
         update_metadata("s3://bucket/s.b2nd", attrs={"b": 3})
+
+
+def test_a_link_planted_at_the_lock_name_is_never_followed(tmp_path: Path) -> None:
+    """The lock's name is predictable: a symlink planted there (a shared folder) must not make a
+    writer truncate and overwrite the file it points to (it did: the victim held the lock JSON)."""
+    path = tmp_path / "s.b2nd"
+    _store(path, 6)
+    before = path.read_bytes()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / ".s.b2nd.lock").symlink_to(victim)
+    for write in (lambda: _append(path, 6, 5), lambda: carraystore.update_metadata(path, attrs={"a": 1})):
+        with pytest.raises(carraystore.WriteError, match="symbolic link"):
+            write()
+        assert victim.read_text() == "precious\n"
+        assert path.read_bytes() == before
+    (tmp_path / ".s.b2nd.lock").unlink()
+    _append(path, 6, 5)
+    assert len(carraystore.open(path)) == 11
+
+
+def test_a_link_at_the_journal_name_is_never_written_through(tmp_path: Path) -> None:
+    from carraystore.journal import Journal, journal_path, write_journal
+
+    path = tmp_path / "s.b2nd"
+    _store(path, 6)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    journal_path(path).symlink_to(victim)
+    with pytest.raises(carraystore.WriteError, match="symbolic link"):
+        write_journal(path, Journal(path.stat().st_size, ((0, b"x" * 8),)))
+    assert victim.read_text() == "precious\n"
+
+
+_DIE_IN_COMMIT = r"""
+import os, sys, numpy as np, carraystore
+import carraystore.writer as w
+w._InPlaceWrite.commit = lambda self, meta: os.kill(os.getpid(), 9)  # die after the chunks, journal hot
+a = carraystore.append(sys.argv[1])
+a.append(np.zeros((9, 16, 16, 3), np.uint8), labels=np.zeros(9, int), keys=[f"n/{i}.png" for i in range(9)])
+a.close()
+"""
+
+
+def test_a_journal_is_never_rolled_back_onto_a_file_restored_over_the_store(tmp_path: Path) -> None:
+    """A write died (hot journal); the user copies another store (a backup) over the path: the stale
+    journal was applied to it, writing the old header and trailer into the restored copy."""
+    from carraystore.journal import journal_path
+
+    path, other = tmp_path / "s.b2nd", tmp_path / "other.b2nd"
+    _store(path, 10)
+    with carraystore.create(other, SHAPE, chunk_images=CHUNK) as w:
+        w.append(_images(100, 10), labels=np.arange(10) % 5, keys=_keys(100, 10))
+    r = subprocess.run([sys.executable, "-c", _DIE_IN_COMMIT, str(path)], timeout=120)
+    assert r.returncode == -signal.SIGKILL and journal_path(path).exists()
+    restored = other.read_bytes()
+    path.write_bytes(restored)  # `cp other.b2nd s.b2nd`
+    with pytest.raises(carraystore.CorruptStoreError, match=r"interrupted write to another file.*delete"):
+        carraystore.open(path)
+    with pytest.raises(carraystore.CorruptStoreError, match="another file"):
+        _append(path, 10, 2)
+    assert path.read_bytes() == restored  # nothing written into the restored copy
+    journal_path(path).unlink()  # what the error says to do
+    s = carraystore.open(path)
+    assert s.verify() == [] and list(s.keys) == _keys(100, 10)
+
+
+def test_a_journal_still_rolls_back_its_own_file(tmp_path: Path) -> None:
+    from carraystore.journal import journal_path
+
+    path = tmp_path / "s.b2nd"
+    _store(path, 10)
+    before = path.read_bytes()
+    r = subprocess.run([sys.executable, "-c", _DIE_IN_COMMIT, str(path)], timeout=120)
+    assert r.returncode == -signal.SIGKILL and journal_path(path).exists()
+    assert len(carraystore.open(path)) == 10
+    assert path.read_bytes() == before and not journal_path(path).exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,42 @@ def test_a_flag_typo_gets_the_subcommands_usage_and_a_suggestion(tmp_path: Path,
     with pytest.raises(SystemExit):
         main(["inf", "x.b2nd"])
     assert "did you mean 'info'?" in capsys.readouterr().err
+
+
+def test_extra_words_after_a_one_value_flag_say_what_it_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ingest --class-names a b c` is right, `meta`/`migrate --class-names a b c` is not: say so."""
+    for argv in (["meta", "s.b2nd", "--class-names", "cat", "dog", "bird"],
+                 ["migrate", "d.h5", "o.b2nd", "--class-names", "cat", "dog"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"usage: carraystore {argv[0]}" in err
+        assert "--class-names takes one value (A,B,C)" in err, err
+
+
+def test_a_path_the_os_refuses_is_an_error_line_not_a_traceback(small_store: Path, tmp_path: Path) -> None:
+    """A file where a folder goes (export OUT under a file) ended in a NotADirectoryError traceback."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = subprocess.run([sys.executable, "-m", "carraystore.cli", "export", str(small_store), str(blocker / "sub")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("carraystore export: error:") and "Not a directory" in r.stderr and str(blocker / "sub") in r.stderr
+
+
+def test_info_on_several_stores_describes_every_one_and_prints_one_json_document(small_store: Path, tmp_path: Path,
+                                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`info A MISSING B` stopped at MISSING; `info --json A B` printed two documents json.load refused."""
+    missing = tmp_path / "missing.b2nd"
+    assert main(["info", str(small_store), str(missing), str(small_store)]) == 2
+    out, err = capsys.readouterr()
+    assert out.count(f"path         {small_store}") == 2 and f"{missing}: no such store" in err
+    assert main(["info", "--json", str(small_store), str(small_store)]) == 0
+    docs = json.loads(capsys.readouterr().out)
+    assert isinstance(docs, list) and [d["path"] for d in docs] == [str(small_store)] * 2
+    assert main(["info", "--json", str(small_store)]) == 0
+    assert json.loads(capsys.readouterr().out)["path"] == str(small_store)  # one store: one object, as before
 
 
 def test_info_piped_into_head_exits_quietly(small_store: Path) -> None:

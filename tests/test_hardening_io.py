@@ -326,6 +326,57 @@ def test_fifos_are_never_opened(photos: Path, tmp_path: Path) -> None:
         assert r.returncode in (1, 2) and str(fifo) in r.stdout + r.stderr, (args, r.stderr)
 
 
+def test_a_fifo_given_to_migrate_copy_or_meta_is_refused_not_read(tmp_path: Path) -> None:
+    """`migrate FIFO OUT` blocked for ever reading the FIFO's magic bytes."""
+    fifo = tmp_path / "fifo.npz"
+    os.mkfifo(fifo)
+    for args in (["migrate", str(fifo), str(tmp_path / "m.b2nd")], ["copy", str(fifo), str(tmp_path / "c.b2nd")],
+                 ["meta", str(fifo), "--attr", "a=1"]):
+        r = _cli(*args, timeout=30)
+        assert r.returncode == 2 and f"{fifo} is not a regular file" in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def test_overwrite_never_replaces_a_folder(photos: Path, tmp_path: Path) -> None:
+    """`migrate` / `copy ... --overwrite` onto a folder ended in an IsADirectoryError traceback; ingest
+    decoded everything, then blamed "permissions, quota and file size limit"."""
+    import h5py
+
+    h5 = tmp_path / "d.h5"
+    with h5py.File(h5, "w") as f:
+        f["images"] = np.zeros((4, 8, 8, 3), np.uint8)
+    out = tmp_path / "out.b2nd"
+    (out / "keep").mkdir(parents=True)
+    src = tmp_path / "s.b2nd"
+    with carraystore.create(src, (4, 4, 3)) as w:
+        w.append(np.zeros((1, 4, 4, 3), np.uint8))
+    for args in (["migrate", str(h5), str(out), "--overwrite"], ["ingest", str(photos), str(out), "--overwrite", "-q"],
+                 ["copy", str(src), str(out), "--overwrite"]):
+        r = _cli(*args, timeout=120)
+        assert r.returncode == 2 and f"{out} is a folder" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert (out / "keep").is_dir()
+    with pytest.raises(carraystore.StoreExistsError, match="is a folder"):
+        carraystore.create(out, (4, 4, 3), overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5", "out.b2nd", "s.b2nd"]
+
+
+def test_export_of_a_key_that_is_also_a_folder_is_a_named_error(tmp_path: Path) -> None:
+    """Keys "a.png" and "a.png/b.png": a FileExistsError traceback after writing the first file."""
+    store = tmp_path / "k.b2nd"
+    with carraystore.create(store, (4, 4, 3)) as w:
+        w.append(np.zeros((2, 4, 4, 3), np.uint8), keys=["a.png", "a.png/b.png"])
+    r = _cli("export", str(store), str(tmp_path / "e"), timeout=60)
+    assert r.returncode == 2 and "would be both an item's file and the folder" in r.stderr and "Traceback" not in r.stderr
+    assert list((tmp_path / "e").iterdir()) == []  # refused before writing anything
+    # a file left in the way by something else
+    with carraystore.create(tmp_path / "f.b2nd", (4, 4, 3)) as w:
+        w.append(np.zeros((1, 4, 4, 3), np.uint8), keys=["d/x.png"])
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "d").write_text("a file")
+    r = _cli("export", str(tmp_path / "f.b2nd"), str(tmp_path / "o"), timeout=60)
+    assert r.returncode == 2 and "a file is in the way" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 # -- a killed ingest ------------------------------------------------------------------------------
 
 

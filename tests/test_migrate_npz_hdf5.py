@@ -66,11 +66,17 @@ def test_npz_arrays_stream_with_labels_and_columns(photo_arrays, tmp_path: Path)
     x, y, _ = photo_arrays
     w = np.linspace(0, 1, len(x)).astype(np.float32)
     np.savez(tmp_path / "d.npz", x=x, y=y, w=w)
-    with pytest.raises(MigrationError, match="--images"):
-        migrate(tmp_path / "d.npz", tmp_path / "o.b2nd", progress=False)
     migrate(tmp_path / "d.npz", tmp_path / "o.b2nd", images="x", labels="y", progress=False)
     s = carraystore.open(tmp_path / "o.b2nd")
     assert np.array_equal(s[:], x) and np.array_equal(s.labels, y) and np.array_equal(s.columns["w"], w)
+    # inferred: x is the only array of 3+ dimensions, y the only integer one per row
+    report = migrate(tmp_path / "d.npz", tmp_path / "i.b2nd", progress=False)
+    s = carraystore.open(tmp_path / "i.b2nd")
+    assert np.array_equal(s[:], x) and np.array_equal(s.labels, y) and np.array_equal(s.columns["w"], w)
+    assert any("labels inferred: 'y'" in n for n in report.notes)
+    np.savez(tmp_path / "two.npz", a=x, b=x)
+    with pytest.raises(MigrationError, match="--images"):
+        migrate(tmp_path / "two.npz", tmp_path / "o2.b2nd", progress=False)
 
 
 def test_npz_fortran_order_and_pickles(photo_arrays, tmp_path: Path) -> None:

@@ -109,6 +109,29 @@ def test_npz_class_names_member(arrays, tmp_path: Path) -> None:
     assert not any("classes" in w for w in report.warnings)
 
 
+def test_npz_images_and_labels_are_inferred_like_hdf5(arrays, tmp_path: Path, capsys) -> None:
+    """An npz of images, labels and class names migrates with its labels (they were refused, or with
+    --images kept as a column only, so training got no labels); ambiguous labels stop and list them."""
+    x, y = arrays
+    npz = tmp_path / "d.npz"
+    np.savez(npz, images=x, labels=y, class_names=np.array(NAMES))
+    assert main(["migrate", str(npz), str(tmp_path / "a.b2nd"), "--quiet"]) == 0
+    assert "labels inferred: 'labels'" in capsys.readouterr().out
+    for argv in ([], ["--images", "images"]):
+        out = tmp_path / f"o{len(argv)}.b2nd"
+        migrate(npz, out, images=argv[1] if argv else None, progress=False)
+        store = carraystore.open(out)
+        np.testing.assert_array_equal(store.labels, y)
+        assert store.class_names == tuple(NAMES) and not store.columns
+    migrate(npz, tmp_path / "n.b2nd", no_labels=True, progress=False)
+    assert carraystore.open(tmp_path / "n.b2nd").labels is None
+    two = tmp_path / "two.npz"
+    np.savez(two, x=x, fold=y % 2, subject=y // 2)
+    with pytest.raises(MigrationError, match=r"several .*'fold'.*'subject'.*--labels NAME.*--no-labels"):
+        migrate(two, tmp_path / "t.b2nd", progress=False)
+    assert not (tmp_path / "t.b2nd").exists()
+
+
 def test_hdf5_before_size_is_the_migrated_datasets(arrays, tmp_path: Path) -> None:
     x, y = arrays
     h5 = tmp_path / "big.h5"
@@ -223,3 +246,36 @@ def test_meta_interrupted_mid_write_is_rolled_back_by_the_next_reader(store_path
     assert not journal_path(store_path).exists()
     assert carraystore.open(store_path).class_names == tuple(NAMES)
     assert _chunk_region(store_path) == (start, chunks)
+
+
+def test_meta_attrs_are_stored_as_json_reads_them_back(store_path: Path, capsys) -> None:
+    """A tuple is stored (and read back) as a list; values msgpack or JSON cannot hold are named errors."""
+    data = store_path.read_bytes()
+    update_metadata(store_path, attrs={"image_size": (224, 224)})  # raised "reads back wrong" before
+    assert carraystore.open(store_path).attrs == {"image_size": [224, 224]}
+    assert main(["meta", str(store_path), "--attr", "n=NaN", "--attr", "i=-Infinity"]) == 0  # "reads back wrong" before
+    attrs = carraystore.open(store_path).attrs
+    assert np.isnan(attrs["n"]) and attrs["i"] == -np.inf
+    capsys.readouterr()
+    data = store_path.read_bytes()
+    for bad in ["big=123456789012345678901234567890", "small=-9223372036854775809"]:
+        assert main(["meta", str(store_path), "--attr", bad]) == 2  # an OverflowError traceback / a false "reads back wrong"
+        err = capsys.readouterr().err
+        assert f"attrs[{bad.split('=')[0]!r}]" in err and "Traceback" not in err
+        assert store_path.read_bytes() == data
+
+
+def test_create_stores_attrs_with_the_keys_json_gives_them(tmp_path: Path) -> None:
+    """An int key was packed as is and the store could not be opened ("the file may be damaged")."""
+    with carraystore.create(tmp_path / "k.b2nd", (4, 4, 3), attrs={1: "x", "n": {2: "y"}}) as w:
+        w.append(np.zeros((2, 4, 4, 3), np.uint8))
+    assert carraystore.open(tmp_path / "k.b2nd").attrs == {"1": "x", "n": {"2": "y"}}
+
+
+def test_create_refuses_attrs_msgpack_cannot_hold(tmp_path: Path) -> None:
+    from carraystore.errors import InvalidInputError
+
+    for attrs in ({"big": 10**30}, {"n": [1, {"deep": -(2**63) - 1}]}, {"o": object()}):
+        with pytest.raises(InvalidInputError, match="attrs"):
+            carraystore.create(tmp_path / "c.b2nd", (4, 4, 3), attrs=attrs)
+        assert list(tmp_path.iterdir()) == [] or all(p.name.endswith(".lock") for p in tmp_path.iterdir())

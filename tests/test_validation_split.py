@@ -80,6 +80,21 @@ def test_bad_split_arguments(folder: Path, tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
+def test_an_output_folder_that_is_a_file_is_a_named_error(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--subset both` / `--split-dirs` into OUT that is a file: a FileExistsError traceback before."""
+    out = tmp_path / "out"
+    out.write_text("a file")
+    splits = tmp_path / "splits"
+    (splits / "train").mkdir(parents=True)
+    os.symlink(folder / "coffee", splits / "train" / "coffee")
+    for argv in (["ingest", str(folder), str(out), "-q", "--validation-split", "0.2", "--subset", "both"],
+                 ["ingest", str(splits), str(out), "-q", "--split-dirs"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{out} is a file" in err, err
+    assert out.read_text() == "a file"
+
+
 def test_readme_maps_every_image_dataset_from_directory_argument() -> None:
     import inspect
 
