@@ -46,6 +46,8 @@ SCALES = {
     "tiny": dict(n=96, size=(64, 64), batch_size=16, epochs=1, links=[(0, None), (20, 400)], shard_images=32),
     "default": dict(n=2000, size=(128, 128), batch_size=64, epochs=2,
                     links=[(0, None), (0, 400), (20, 400), (50, 400)], shard_images=256),
+    # epochs long enough that the first batch (a whole shuffle window) weighs little
+    "medium": dict(n=10000, size=(128, 128), batch_size=64, epochs=2, links=[(0, None), (20, 400)], shard_images=256),
     "large": dict(n=10000, size=(256, 256), batch_size=64, epochs=3,
                   links=[(0, None), (0, 400), (20, 400), (50, 400)], shard_images=256),
 }

@@ -141,12 +141,39 @@ class SeaweedFS:
         return f"s3://{bucket}/{key}"
 
 
-def start_seaweedfs(workdir: Path, timeout: float = 60) -> SeaweedFS:
-    """Start ``weed server`` with an S3 gateway on free loopback ports; wait until it serves."""
+def start_seaweedfs(workdir: Path, timeout: float = 60, attempts: int = 3) -> SeaweedFS:
+    """Start ``weed server`` with an S3 gateway on free loopback ports; wait until it serves.
+
+    A port picked free can be taken by another process before weed binds it: then weed exits
+    at once, and it is started again on other ports (up to ``attempts`` times).
+    """
+    for attempt in range(attempts):
+        wd = workdir / f"try{attempt}" if attempt else workdir
+        try:
+            return _start_seaweedfs(wd, timeout)
+        except RuntimeError:
+            try:
+                text = (wd / "weed.log").read_text(errors="replace")
+            except OSError:
+                text = ""
+            if attempt == attempts - 1 or "address already in use" not in text:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_seaweedfs(workdir: Path, timeout: float) -> SeaweedFS:
     weed = weed_binary()
     if weed is None:
         raise FileNotFoundError("weed")
-    ports = {name: free_port(10000) for name in ("master", "volume", "filer", "s3")}
+    ports: dict[str, int] = {}
+    taken: set[int] = set()
+    for name in ("master", "volume", "filer", "s3"):
+        # weed also listens on port + 10000 (gRPC): no chosen port may be another's gRPC port
+        port = free_port(10000)
+        while port in taken or port + 10000 in taken:
+            port = free_port(10000)
+        ports[name] = port
+        taken.update((port, port + 10000))
     data = workdir / "data"
     data.mkdir(parents=True, exist_ok=True)
     log = workdir / "weed.log"
