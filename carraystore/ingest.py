@@ -610,6 +610,13 @@ def _drop_bad_names(
     return [rels[i] for i in keep], (labels[keep] if labels is not None else None), skipped
 
 
+def _ingest_writer(output: Path | str, shape: tuple[int, ...], opts: DecodeOptions, write: dict[str, Any]) -> StoreWriter:
+    """The store writer of an ingest, local or on a cluster: one blosc2 thread, so that a chunk's
+    blocks are in order and the same ingest always gives the same bytes (blosc2's threads
+    place blocks as they finish). ``write``: the ``create`` arguments the caller was given."""
+    return create(output, shape, dtype=opts.dtype, nthreads=1, **write)
+
+
 def _ingest_one(
     root: Path,
     output: Path | str,
@@ -645,12 +652,13 @@ def _ingest_one(
     if labels is not None:
         labels = labels[order]
     bad = _BadFiles(root, len(rels), on_error, max_skipped, allowed, skipped)
+    write = dict(
+        codec=codec, chunk_images=chunk_images, class_names=class_names, attrs=attrs, overwrite=overwrite,
+        provenance=provenance, lock_timeout=lock_timeout, storage_options=storage_options, tmp_dir=tmp_dir,
+    )
     if client is not None:
-        return _ingest_on_cluster(
-            client, root, output, rels, labels, class_names, ignored, opts, bad, t0=t0, codec=codec,
-            chunk_images=chunk_images, overwrite=overwrite, progress=progress, lock_timeout=lock_timeout,
-            attrs=attrs, provenance=provenance, storage_options=storage_options, tmp_dir=tmp_dir,
-        )
+        return _ingest_on_cluster(client, root, output, rels, labels, class_names, ignored, opts, bad, write,
+                                  t0=t0, progress=progress)
     _, channels = _MODES[opts.color_mode]
     writer: StoreWriter | None = None
     first_shape: tuple[int, ...] | None = None
@@ -660,21 +668,7 @@ def _ingest_one(
     batch_keys: list[str] = []
 
     def open_writer(shape: tuple[int, ...]) -> StoreWriter:
-        return create(
-            output,
-            shape,
-            dtype=opts.dtype,
-            codec=codec,
-            chunk_images=chunk_images,
-            class_names=class_names,
-            attrs=attrs,
-            overwrite=overwrite,
-            provenance=provenance,
-            lock_timeout=lock_timeout,
-            storage_options=storage_options,
-            tmp_dir=tmp_dir,
-            nthreads=1,  # with more threads blosc2 orders a chunk's blocks as they finish: bytes would vary
-        )
+        return _ingest_writer(output, shape, opts, write)
 
     def flush() -> None:
         assert writer is not None
@@ -992,17 +986,10 @@ def _ingest_on_cluster(
     ignored: list[str],
     opts: DecodeOptions,
     bad: _BadFiles,
+    write: dict[str, Any],
     *,
     t0: float,
-    codec: Codec | str | None,
-    chunk_images: int | None,
-    overwrite: bool,
     progress: bool,
-    lock_timeout: float | None,
-    attrs: dict[str, Any] | None,
-    provenance: dict[str, Any],
-    storage_options: dict[str, Any] | None = None,
-    tmp_dir: str | os.PathLike[str] | None = None,
 ) -> IngestResult:
     """``_ingest_one`` with the decoding on a dask.distributed cluster (same order, same bytes).
 
@@ -1045,21 +1032,7 @@ def _ingest_on_cluster(
             bad.add(begin, rel, err or "not decoded", None, "")
         else:
             raise bad.none_decoded()
-    writer: StoreWriter = create(
-        output,
-        shape,
-        dtype=opts.dtype,
-        codec=codec,
-        chunk_images=chunk_images,
-        class_names=class_names,
-        attrs=attrs,
-        overwrite=overwrite,
-        provenance=provenance,
-        lock_timeout=lock_timeout,
-        storage_options=storage_options,
-        tmp_dir=tmp_dir,
-        nthreads=1,  # as the local ingest: the same bytes
-    )
+    writer = _ingest_writer(output, shape, opts, write)  # as the local ingest: the same bytes
     meta = writer.meta
     k = meta.chunk_images
     window = max(4, 2 * sum(client.nthreads().values()))

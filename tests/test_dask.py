@@ -571,7 +571,8 @@ def test_distributed_ingest_survives_a_killed_worker(tmp_path: Path, client: obj
 
 
 def test_distributed_ingest_that_the_cluster_gives_up_on_leaves_nothing(tmp_path: Path, client: object) -> None:
-    folder = make_photo_folder(tmp_path / "src", n=200, size=(64, 64), classes=("astronaut",), seed=2)
+    # enough chunks that the kill always lands while the ingest still runs (200 raced it under load)
+    folder = make_photo_folder(tmp_path / "src", n=600, size=(64, 64), classes=("astronaut",), seed=2)
 
     def set_allowed_failures(n: int) -> None:
         def f(dask_scheduler: object) -> None:
