@@ -10,6 +10,8 @@ from carraystore.format import FORMAT_VERSION, PRESETS, Codec  # noqa: E402
 from carraystore.reader import ChunkProblem, Store  # noqa: E402
 from carraystore.reader import open_store as open  # noqa: E402,A001
 from carraystore.writer import StoreWriter, append, create, update_metadata  # noqa: E402
+from carraystore.ingest import from_directory  # noqa: E402  (the real signature, for help() and IDEs)
+from carraystore.migrations import migrate  # noqa: E402
 from carraystore import loader as _loader  # noqa: E402,F401  (gives Store.batches its implementation)
 from carraystore import reader as _reader  # noqa: E402
 
@@ -22,20 +24,6 @@ def _store_to_dask(store: Store):  # type: ignore[no-untyped-def]
 
 
 _reader.TO_DASK = _store_to_dask
-
-
-def from_directory(*args, **kwargs):  # type: ignore[no-untyped-def]
-    """Ingest a folder of images into a store; see ``carraystore.ingest.from_directory``."""
-    from carraystore.ingest import from_directory as _from_directory
-
-    return _from_directory(*args, **kwargs)
-
-
-def migrate(*args, **kwargs):  # type: ignore[no-untyped-def]
-    """Migrate a legacy array or file into a store; see ``carraystore.migrations.migrate``."""
-    from carraystore.migrations import migrate as _migrate
-
-    return _migrate(*args, **kwargs)
 
 
 def copy(src, dst, *, storage_options=None, dst_storage_options=None, overwrite=False, verify=True, progress=False):  # type: ignore[no-untyped-def]
