@@ -532,7 +532,7 @@ class StoreWriter:
             self._fill = n
             return
         ic = self._chunk_start // k
-        with named_write_errors(self._tmp if self._inplace is None else self.path, f"chunk {ic}", len(data)):
+        with named_write_errors(self._written_file, f"chunk {ic}", len(data)):
             self._store_chunk(ic, data, self._chunk_start + k)
         self._crc.append(chunk_crc(data, meta.codec, meta.blocksize))
         self._chunk_start += k
@@ -560,7 +560,7 @@ class StoreWriter:
                 blosc2_version=blosc2.__version__,
             )
             meta.validate(str(self.path))
-            with named_write_errors(self._tmp if self._inplace is None else self._dest, "the metadata"):
+            with named_write_errors(self._written_file, "the metadata"):
                 if self._inplace is not None:
                     self._inplace.commit(meta)
                     self._inplace = None
@@ -594,6 +594,12 @@ class StoreWriter:
                 self._target.cleanup()
         finally:
             self._release()
+
+    @property
+    def _written_file(self) -> Path:
+        """The local file chunks and metadata go to: the temporary file, or the store itself when
+        it is extended in place (for a URL, the staging copy, never the URL)."""
+        return self._tmp if self._inplace is None else self._dest
 
     def _release(self) -> None:
         lock, self._lock = self._lock, None
@@ -689,7 +695,7 @@ class StoreWriter:
         if self._fill < k:
             self._buf[self._fill :].view(np.uint8)[...] = 0  # deterministic padding
         data = blosc2.compress2(self._buf, **self._cparams)
-        with named_write_errors(self._tmp if self._inplace is None else self._dest, f"chunk {ic}", len(data)):
+        with named_write_errors(self._written_file, f"chunk {ic}", len(data)):
             self._store_chunk(ic, data, self._chunk_start + self._fill)
         c = chunk_crc(data, self._meta.codec, self._meta.blocksize)
         if ic < len(self._crc):
