@@ -51,6 +51,8 @@ def test_bench_files_exist() -> None:
     [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW else []) for p in FILES],
 )
 def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
+    if path.name == "bench_remote_node.py" and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("bench_remote_node.py needs 2 cores: one half for the server, the other for the reader")
     proc = _run(path, tmp_path)
     assert proc.returncode == 0, f"{path.name} failed at tiny scale:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout, proc.stdout[-2000:]
@@ -78,3 +80,11 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
                 assert all(e["images"] == data["images"] for e in r["epochs"]), (name, r["epochs"])
                 assert r["requests_per_epoch"] >= 1 and r["mb_per_epoch"] > 0, (name, r)
         assert "| carraystore |" in (results / "remote.md").read_text()
+    if path.name == "bench_remote_node.py":
+        data = json.loads((results / "remote_node.json").read_text())
+        assert set(data["presets"]) == {"balanced", "fast"}
+        assert not set(data["server_cores"]) & set(data["reader_cores"]), data
+        for r in data["presets"].values():  # every epoch, remote and local, delivered every image
+            for kind in ("remote", "local"):
+                assert r[kind]["epoch_images"] and set(r[kind]["epoch_images"]) == {data["images"]}, (kind, r)
+        assert "| balanced |" in (results / "remote_node.md").read_text()

