@@ -9,7 +9,11 @@ by ``sendfile``) runs in a process pinned to the first half of the cores, the re
 process pinned to the other half, and the local warm rate (page cache warm) is measured in
 a process pinned to that same half. The link is loopback: 0 ms, no cap.
 
-Reported per preset: images/s remote and local (median of every timed epoch over
+Each preset runs twice: with glibc's malloc as it comes, and tuned by two environment
+variables (``MALLOCS``) so that the buffers of fetched chunks are reused instead of mapped,
+faulted in, zeroed and unmapped again for every chunk (docs/remote.md, "Knobs").
+
+Reported per preset and malloc: images/s remote and local (median of every timed epoch over
 alternating rounds, to spread the machine's drift over both), time to the first batch,
 the reader's CPU per image (user + system of its timed epochs, all threads), and the
 server's share of its core while the remote epochs ran (its process start aside). The goal is reported, not asserted (shared machines).
@@ -44,6 +48,10 @@ BATCH = 64
 #: the library's default stores (4 MiB chunks; bench_remote.py uses 1 MiB chunks so that
 #: its first batches, a whole shuffle window each, come sooner over a 20-50 ms link)
 PRESETS = ("balanced", "fast")
+#: glibc's malloc, as it comes, and tuned so that freed chunk buffers are reused: by
+#: default every fetched chunk (MBs, above malloc's mmap threshold) lands in freshly mapped
+#: pages that the kernel must fault in and zero, and that are unmapped again once decoded
+MALLOCS = {"default": {}, "tuned": {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "1073741824"}}
 
 
 def _cores() -> tuple[set[int], set[int]]:
@@ -88,12 +96,12 @@ print("RESULT " + json.dumps([{**r, "cpu_s": c} for r, c in zip(rows, cpu)]))
 """
 
 
-def _reader(location: str, local: bool, cores: set[int]) -> list[dict[str, Any]]:
-    """One reader process pinned to ``cores``: its timed epochs."""
+def _reader(location: str, local: bool, cores: set[int], env: dict[str, str]) -> list[dict[str, Any]]:
+    """One reader process pinned to ``cores``, ``env`` added to its environment: its timed epochs."""
     spec = {"location": location, "local": local, "epochs": CFG["epochs"], "batch_size": BATCH}
     out = subprocess.run([sys.executable, "-c", _READER, json.dumps(spec)], cwd=ROOT, capture_output=True, text=True,
                          timeout=900, preexec_fn=lambda: os.sched_setaffinity(0, cores), check=False,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, **env, "PYTHONPATH": str(ROOT)})
     rows = [json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if not rows:
         raise RuntimeError(f"reader of {location} failed:\n{out.stderr[-3000:]}")
@@ -117,17 +125,17 @@ def test_remote_node(benchmark) -> None:  # type: ignore[no-untyped-def]
         for preset in PRESETS:
             path = work / f"{preset}.b2nd"
             url = f"http://127.0.0.1:{port}/{path.name}"
-            runs: dict[str, list[dict[str, Any]]] = {"remote": [], "local": []}
-            server_cpu = 0.0
-            remote_wall = 0.0
-            for _ in range(CFG["rounds"]):
-                c0 = _proc_cpu_s(srv.pid)
-                r = _reader(url, False, reader_cores)
-                server_cpu += _proc_cpu_s(srv.pid) - c0
-                remote_wall += sum(e["seconds"] for e in r)
-                runs["remote"].append(r)
-                runs["local"].append(_reader(str(path), True, reader_cores))
-            results[preset] = _summary(runs, server_cpu, remote_wall)
+            for malloc, env in MALLOCS.items():
+                runs: dict[str, list[list[dict[str, Any]]]] = {"remote": [], "local": []}
+                server_cpu = remote_wall = 0.0
+                for _ in range(CFG["rounds"]):
+                    c0 = _proc_cpu_s(srv.pid)
+                    r = _reader(url, False, reader_cores, env)
+                    server_cpu += _proc_cpu_s(srv.pid) - c0
+                    remote_wall += sum(e["seconds"] for e in r)
+                    runs["remote"].append(r)
+                    runs["local"].append(_reader(str(path), True, reader_cores, env))
+                results[f"{preset}/{malloc}"] = {"preset": preset, "malloc": malloc, **_summary(runs, server_cpu, remote_wall)}
     finally:
         if srv.stdin:
             srv.stdin.close()
@@ -139,7 +147,8 @@ def test_remote_node(benchmark) -> None:  # type: ignore[no-untyped-def]
     benchmark.pedantic(lambda: None, rounds=1)
     info = {"scale": SCALE, "images": CFG["n"], "image_shape": [*CFG["size"], 3], "batch_size": BATCH,
             "epochs_per_run": CFG["epochs"], "rounds": CFG["rounds"], "server_cores": sorted(server_cores),
-            "reader_cores": sorted(reader_cores), "load_average": os.getloadavg(), "presets": results}
+            "reader_cores": sorted(reader_cores), "load_average": os.getloadavg(), "malloc_tuned_env": MALLOCS["tuned"],
+            "presets": results}
     out = results_dir(SCALE)
     out.mkdir(parents=True, exist_ok=True)
     (out / "remote_node.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -173,18 +182,20 @@ def _markdown(info: dict[str, Any]) -> str:
         f"HTTP server (Range, sendfile) pinned to cores {info['server_cores']}; every reader pinned to cores "
         f"{info['reader_cores']}; {info['rounds']} alternating rounds of {info['epochs_per_run']} timed epochs each "
         "(local runs read one untimed epoch first: page cache warm). Rates are the median epoch; CPU is the reader "
-        "process's user + system time per image in its timed epochs (median epoch), all its threads.",
+        "process's user + system time per image in its timed epochs (median epoch), all its threads. glibc malloc "
+        "`tuned`: the reader (remote and local alike) ran with "
+        + " ".join(f"{k}={v}" for k, v in info["malloc_tuned_env"].items()) + ".",
         "",
-        "| store preset | remote images/s | local warm images/s | remote / local (goal 0.8) | first batch remote / local (s) "
+        "| store preset | glibc malloc | remote images/s | local warm images/s | remote / local (goal 0.8) | first batch remote / local (s) "
         "| reader CPU per image remote / local (µs) | server core share |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for preset, r in info["presets"].items():
+    for r in info["presets"].values():
         lines.append(
-            f"| {preset} | {r['remote']['images_per_s']:,.0f} | {r['local']['images_per_s']:,.0f} | **{r['ratio']:.2f}** | "
+            f"| {r['preset']} | {r['malloc']} | {r['remote']['images_per_s']:,.0f} | {r['local']['images_per_s']:,.0f} | **{r['ratio']:.2f}** | "
             f"{r['remote']['first_batch_s']:.3f} / {r['local']['first_batch_s']:.3f} | "
             f"{r['remote']['cpu_us_per_image']:.0f} / {r['local']['cpu_us_per_image']:.0f} | {r['server_core_share']:.2f} |"
         )
     lines += ["", "Epoch rates (images/s): "
-              + "; ".join(f"{p} remote {r['remote']['epoch_rates']}, local {r['local']['epoch_rates']}" for p, r in info["presets"].items()), ""]
+              + "; ".join(f"{k} remote {r['remote']['epoch_rates']}, local {r['local']['epoch_rates']}" for k, r in info["presets"].items()), ""]
     return "\n".join(lines)

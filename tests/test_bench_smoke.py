@@ -82,7 +82,7 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
         assert "| carraystore |" in (results / "remote.md").read_text()
     if path.name == "bench_remote_node.py":
         data = json.loads((results / "remote_node.json").read_text())
-        assert set(data["presets"]) == {"balanced", "fast"}
+        assert {(r["preset"], r["malloc"]) for r in data["presets"].values()} == {(p, m) for p in ("balanced", "fast") for m in ("default", "tuned")}
         assert not set(data["server_cores"]) & set(data["reader_cores"]), data
         for r in data["presets"].values():  # every epoch, remote and local, delivered every image
             for kind in ("remote", "local"):
