@@ -299,7 +299,7 @@ def test_remote_epochs(benchmark, server) -> None:  # type: ignore[no-untyped-de
         "local_warm_images_per_s": local_rate,
         "local_runs": local_runs,
         "links": links,
-        "not_run": {} if HAVE_TORCH_PEERS else SKIPPED_PEERS,
+        "not_run": {} if HAVE_TORCH_PEERS else {k: f"{v} ({PEERS_PYTHON} is absent)" for k, v in SKIPPED_PEERS.items()},
     }
     summarise(info)
     out = results_dir(SCALE)
