@@ -3,10 +3,11 @@
 A SeaweedFS server (S3) on loopback holds the same real photos six ways: a carraystore
 store (uploaded with ``carraystore.copy``), one JPEG object per image, WebDataset tar
 shards of the JPEGs, a zarr v3 array, and the same JPEGs as MosaicML Streaming (MDS)
-shards and LitData chunks (about as many images per shard as the WebDataset shards). A :class:`NetProxy` between the readers and the
-server adds a round-trip time (0, 20, 50 ms) and a bandwidth cap (400 Mbit/s), plus one
-uncapped 0 ms link. Every contender runs in a fresh process (peak RSS is its own) for a
-few epochs; the proxy counts the requests and bytes of each epoch.
+shards and LitData chunks (about as many images per shard as the WebDataset shards). A
+:class:`NetProxy` between the readers and the server adds a round-trip time (0, 20, 50 ms)
+and a bandwidth cap (400 Mbit/s), plus one uncapped 0 ms link. Every contender runs in a
+fresh process (peak RSS is its own; MDS's and LitData's two DataLoader worker processes
+are not counted) for a few epochs; the proxy counts the requests and bytes of each epoch.
 
 Reported per link and contender: images/s (median epoch), time to the first batch,
 requests and MB per epoch, peak RSS; and the two limits of the issue: the link (cap /
@@ -380,6 +381,9 @@ def _markdown(info: dict[str, Any]) -> str:
                 f"{_fmt(r['requests_per_epoch'])} | {_fmt(r['mb_per_epoch'], 1)} | {_fmt(r['peak_rss_mb'])} |"
             )
         tag = f"{link['rtt_ms']}ms_{link['mbit'] or 'uncapped'}"
+        if any(k in link["rows"] for k in TORCH_PEERS):
+            lines += ["", "mds and litdata: each epoch from an empty local cache, 2 DataLoader worker processes; "
+                      "peak RSS is their main process's only (the workers are not counted)."]
         lines.append("")
         for name, g in info["goals"][tag].items():
             lim = link["limits"][name]

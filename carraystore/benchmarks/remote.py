@@ -237,6 +237,8 @@ def run_contender(spec: dict[str, Any], emit: Any = None) -> list[dict[str, Any]
             from carraystore.benchmarks import torchpeers
 
             os.environ.update(spec.get("env", {}))  # MDS: S3_ENDPOINT_URL and keys, read by its boto3 client
+            if kind == "mds":
+                torchpeers.start_mds_fork_server()  # start-up, not an epoch's work
             epoch = lambda e: (torchpeers.mds_epoch if kind == "mds" else torchpeers.litdata_epoch)(spec, e)  # noqa: E731
         else:
             raise ValueError(f"unknown contender {kind!r}")

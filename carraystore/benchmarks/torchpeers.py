@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["build", "mds_epoch", "litdata_epoch", "decode_jpeg", "collate"]
+__all__ = ["build", "start_mds_fork_server", "mds_epoch", "litdata_epoch", "decode_jpeg", "collate"]
 
 #: worker processes of each library's DataLoader: one per core of the benchmark's machine
 NUM_WORKERS = 2
@@ -134,6 +134,21 @@ def build(fmt: str, out: str | os.PathLike[str], files: list[str], labels: list[
 # ---------------------------------------------------------------------------------------
 # reading epochs from S3
 # ---------------------------------------------------------------------------------------
+
+
+def start_mds_fork_server() -> None:
+    """Start the fork server of MDS's workers now (it imports torch and streaming once).
+
+    Called before the timed epochs: it is a training run's start-up, as importing
+    carraystore and opening the store are for carraystore's epochs.
+    """
+    p = _mds_context().Process(target=_nothing)  # the server has imported this module once it has forked p
+    p.start()
+    p.join()
+
+
+def _nothing() -> None:
+    pass
 
 
 def mds_epoch(spec: dict[str, Any], e: int) -> Iterator[np.ndarray]:
