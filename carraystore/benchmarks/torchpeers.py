@@ -5,9 +5,10 @@ the peers' own virtual environment (``make bench-peers-env`` -> ``.venv-peers``,
 ``bench/requirements-peers.txt``); carraystore's ``.venv`` never imports it.
 
 - :func:`build` writes the same JPEG bytes as the WebDataset shards into an MDS dataset
-  (``MDSWriter``, columns ``jpg: bytes``, ``cls: int``, ``size_limit`` = the WebDataset
-  shard's bytes) or a LitData dataset (``litdata.optimize``, ``chunk_size`` = the
-  WebDataset shard's images), in the WebDataset order. Command line:
+  (``MDSWriter``, columns ``jpg: bytes``, ``cls: int``, no compression, ``size_limit``
+  given by the caller) or a LitData dataset (``litdata.optimize``, ``chunk_size`` images
+  per chunk), in the WebDataset order; bench_remote sizes both to about the WebDataset
+  shard's images. Command line:
   ``python -m carraystore.benchmarks.torchpeers build SPEC.json``.
 - :func:`mds_epoch` and :func:`litdata_epoch` read one epoch from S3 as each library's docs
   tell a user to: ``StreamingDataset`` on an ``s3://`` URL (MDS: endpoint from
@@ -45,9 +46,9 @@ NUM_WORKERS = 2
 #: MDS fetches index.json with boto3 in the parent; forked workers would share that
 #: keep-alive connection and read each other's responses (shards with the wrong bytes, seen
 #: here). Its dataset drops the client when pickled, so the workers start by forkserver
-#: (Python 3.14's default on Linux) and open their own connections.
-#: The fork server preloads this module (torch, streaming), so a worker starts in
-#: milliseconds instead of importing torch again in every epoch.
+#: (Python 3.14's default on Linux) and open their own connections. The fork server
+#: preloads this module (torch, streaming), so a worker starts in milliseconds instead of
+#: importing torch again in every epoch.
 MDS_START_METHOD = "forkserver"
 
 
@@ -159,7 +160,7 @@ def mds_epoch(spec: dict[str, Any], e: int) -> Iterator[np.ndarray]:
     local = tempfile.mkdtemp(prefix="carraystore-mds-")
     try:
         ds = JpegMDS(remote=f"s3://{spec['bucket']}/{spec['mds_prefix']}", local=local, shuffle=True,
-                                  shuffle_seed=spec["seed"] + e, batch_size=spec["batch_size"])
+                     shuffle_seed=spec["seed"] + e, batch_size=spec["batch_size"])
         loader = streaming.StreamingDataLoader(ds, batch_size=spec["batch_size"], num_workers=NUM_WORKERS,
                                                collate_fn=collate, multiprocessing_context=_mds_context())
         yield from loader
