@@ -7,12 +7,15 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench venv clean help
+PEERS_VENV ?= .venv-peers
+
+.PHONY: demo test bench bench-peers-env venv clean help
 
 help:
 	@echo "make demo   - create .venv, install, ingest a small real-photo dataset, print results"
 	@echo "make test   - install the test extras and run the test suite"
 	@echo "make bench  - run the benchmarks (codec suite, loader comparison, store, migration)"
+	@echo "make bench-peers-env - .venv-peers: PyTorch (CPU), MosaicML Streaming and LitData for bench_remote"
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit("carraystore needs Python >= 3.10" if sys.version_info < (3, 10) else 0)'
@@ -37,5 +40,17 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python -m pytest bench -o python_files='bench_*.py' --benchmark-only -p no:cacheprovider $(PYTEST_ARGS); \
 	status=$$?; $(BIN)/python bench/report.py; exit $$status
 
+# The remote benchmark's PyTorch peers (MosaicML Streaming, LitData) in their own venv, never
+# in $(VENV): see bench/requirements-peers.txt. torchvision comes with both as a dependency,
+# but PyPI's is a CUDA build that does not import beside the CPU torch: it is removed (the
+# datasets the benchmark uses never import it). The last line proves the peers import.
+bench-peers-env: $(PEERS_VENV)/.installed
+$(PEERS_VENV)/.installed: bench/requirements-peers.txt pyproject.toml
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip --disable-pip-version-check install --quiet --only-binary :all: -r bench/requirements-peers.txt -e .
+	$(PEERS_VENV)/bin/python -m pip --disable-pip-version-check uninstall --quiet --yes torchvision
+	$(PEERS_VENV)/bin/python -c 'import carraystore.benchmarks.torchpeers, litdata, torch; print("peers ready: torch", torch.__version__)'
+	@touch $@
+
 clean:
-	rm -rf $(VENV) demo-out bench/out .pytest_cache *.egg-info
+	rm -rf $(VENV) $(PEERS_VENV) demo-out bench/out .pytest_cache *.egg-info

@@ -1,11 +1,13 @@
 """Issue 9's goal: training epochs from a storage node, over an emulated link, against the peers.
 
-A SeaweedFS server (S3) on loopback holds the same real photos four ways: a carraystore
+A SeaweedFS server (S3) on loopback holds the same real photos six ways: a carraystore
 store (uploaded with ``carraystore.copy``), one JPEG object per image, WebDataset tar
-shards of the JPEGs, and a zarr v3 array. A :class:`NetProxy` between the readers and the
-server adds a round-trip time (0, 20, 50 ms) and a bandwidth cap (400 Mbit/s), plus one
-uncapped 0 ms link. Every contender runs in a fresh process (peak RSS is its own) for a
-few epochs; the proxy counts the requests and bytes of each epoch.
+shards of the JPEGs, a zarr v3 array, and the same JPEGs as MosaicML Streaming (MDS)
+shards and LitData chunks (about as many images per shard as the WebDataset shards). A
+:class:`NetProxy` between the readers and the server adds a round-trip time (0, 20, 50 ms)
+and a bandwidth cap (400 Mbit/s), plus one uncapped 0 ms link. Every contender runs in a
+fresh process (peak RSS is its own; MDS's and LitData's two DataLoader worker processes
+are not counted) for a few epochs; the proxy counts the requests and bytes of each epoch.
 
 Reported per link and contender: images/s (median epoch), time to the first batch,
 requests and MB per epoch, peak RSS; and the two limits of the issue: the link (cap /
@@ -13,7 +15,10 @@ compressed bytes per image of the store) and the local warm rate (the same store
 from local disk, page cache warm). Goals (issue 9): at 20 ms and 400 Mbit/s carraystore
 reaches 0.8 x the lesser limit; at 0 ms (uncapped) 0.8 x the local warm rate; and it is
 ahead of every peer at 20 ms. Unmet goals are reported, not asserted (shared machines).
-MosaicML Streaming and LitData need PyTorch and are listed as not run.
+MosaicML Streaming and LitData need PyTorch, which carraystore does not install: they are
+built and read with the peers' own environment (``make bench-peers-env`` -> ``.venv-peers``,
+or env ``CARRAYSTORE_PEERS_PYTHON``), each epoch from an empty local cache; without it they
+are listed as not run.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
 from carraystore.benchmarks.netproxy import NetProxy
 from carraystore.benchmarks.servers import start_seaweedfs, stop_process, weed_binary
-from carraystore.benchmarks.remote import SKIPPED_PEERS, peak_rss_mb  # noqa: F401
+from carraystore.benchmarks.remote import SKIPPED_PEERS, TORCH_PEERS, peak_rss_mb  # noqa: F401
 from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
@@ -61,7 +66,10 @@ CHUNK_BYTES = 1 << 20
 #: carraystore with the default preset (balanced: zstd 1 + shuffle + bytedelta) and with
 #: ``fast`` (lz4 1, the same codec family as the zarr peer's blosc lz4)
 STORES = {"carraystore": "balanced", "carraystore_fast": "fast"}
-PEERS = (*STORES, "jpeg_get", "webdataset", "zarr")
+#: The Python of the peers' environment (PyTorch, MosaicML Streaming, LitData)
+PEERS_PYTHON = Path(os.environ.get("CARRAYSTORE_PEERS_PYTHON") or ROOT / ".venv-peers" / "bin" / "python")
+HAVE_TORCH_PEERS = PEERS_PYTHON.is_file()
+PEERS = (*STORES, "jpeg_get", "webdataset", "zarr", *(TORCH_PEERS if HAVE_TORCH_PEERS else ()))
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +110,33 @@ def _build_local(work: Path) -> dict[str, Any]:
                     sink.write({"__key__": f"{i:07d}", "jpg": (folder / rels[i]).read_bytes(),
                                 "cls": str(classes.index(rels[i].split("/", 1)[0])).encode()})
         tmp.rename(shards)
-    return {"folder": folder, "rels": rels, "stores": stores, "shards": sorted(shards.glob("*.tar"))}
+    peer_dirs = {}
+    if HAVE_TORCH_PEERS:
+        for kind in TORCH_PEERS:
+            peer_dirs[kind] = work / kind
+            if not peer_dirs[kind].exists():
+                _build_torch_peer(kind, peer_dirs[kind], folder, rels, [classes.index(r.split("/", 1)[0]) for r in rels])
+    return {"folder": folder, "rels": rels, "stores": stores, "shards": sorted(shards.glob("*.tar")), "peer_dirs": peer_dirs}
+
+
+def _build_torch_peer(kind: str, out: Path, folder: Path, rels: list[str], labels: list[int]) -> None:
+    """The MDS or LitData folder of the JPEGs, written by the peers' environment (it has the library).
+
+    Shards of about the WebDataset shard's images: LitData ``chunk_size`` = its images, MDS
+    ``size_limit`` = their mean JPEG bytes (+5% for MDS's per-sample offsets).
+    """
+    k = CFG["shard_images"]
+    mean = sum(path_size(folder / r) for r in rels) / len(rels)
+    spec = {"format": kind, "out": str(out), "files": [str(folder / r) for r in rels], "labels": labels,
+            "shard_images": k, "shard_bytes": int(mean * k * 1.05)}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    try:
+        proc = subprocess.run([str(PEERS_PYTHON), "-m", "carraystore.benchmarks.torchpeers", "build", f.name], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=1800)
+    finally:
+        os.unlink(f.name)
+    assert proc.returncode == 0, f"building the {kind} dataset with {PEERS_PYTHON} failed:\n{proc.stderr[-3000:]}"
 
 
 def _upload(srv: Any, local: dict[str, Any]) -> dict[str, Any]:
@@ -121,6 +155,9 @@ def _upload(srv: Any, local: dict[str, Any]) -> dict[str, Any]:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda kr: obstore.put(s3, kr[0], (local["folder"] / kr[1]).read_bytes()), zip(keys, local["rels"])))
         list(pool.map(lambda p: obstore.put(s3, f"wds/{p.name}", p), local["shards"]))
+        peer_files = [(kind, p) for kind, d in local["peer_dirs"].items() for p in sorted(d.rglob("*")) if p.is_file()]
+        list(pool.map(lambda kp: obstore.put(s3, f"{kp[0]}/{kp[1].relative_to(local['peer_dirs'][kp[0]]).as_posix()}", kp[1]),
+                      peer_files))
     with carraystore.open(local["stores"]["carraystore"]) as st:
         x = st[:]
         k = st.chunk_images
@@ -133,15 +170,20 @@ def _upload(srv: Any, local: dict[str, Any]) -> dict[str, Any]:
     jbytes = sum(path_size(local["folder"] / r) for r in local["rels"])
     return {"store_urls": urls, "keys": keys, "shards": [f"wds/{p.name}" for p in local["shards"]],
             "bytes": {**{k: p.stat().st_size for k, p in local["stores"].items()}, "jpeg_get": jbytes,
-                      "webdataset": sum(p.stat().st_size for p in local["shards"]), "zarr": zbytes}}
+                      "webdataset": sum(p.stat().st_size for p in local["shards"]), "zarr": zbytes,
+                      **{kind: sum(p.stat().st_size for k, p in peer_files if k == kind) for kind in local["peer_dirs"]}}}
 
 
 def _run(spec: dict[str, Any], link: NetProxy | None, timeout: float = 900) -> dict[str, Any]:
-    """One contender in a fresh process; the proxy's counters are read at its epoch boundaries."""
+    """One contender in a fresh process; the proxy's counters are read at its epoch boundaries.
+
+    The PyTorch peers run with the peers' environment's Python, the others with this one.
+    """
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "carraystore.benchmarks.remote", f.name], cwd=ROOT, env=env,
+    python = str(PEERS_PYTHON) if spec["kind"] in TORCH_PEERS else sys.executable
+    proc = subprocess.Popen([python, "-m", "carraystore.benchmarks.remote", f.name], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     epochs: list[dict[str, Any]] = []
     rows = None
@@ -213,6 +255,13 @@ def _spec(kind: str, endpoint: str, up: dict[str, Any]) -> dict[str, Any]:
         return {**base, "keys": up["keys"], "threads": 32}
     if kind == "webdataset":
         return {**base, "shard_urls": [f"{endpoint}/{BUCKET}/{s}" for s in up["shards"]]}
+    if kind == "mds":  # MDS's boto3 reads the endpoint and keys from the environment; this server takes any keys
+        return {**base, "mds_prefix": "mds",
+                "env": {"S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "anonymous", "AWS_SECRET_ACCESS_KEY": "anonymous"}}
+    if kind == "litdata":  # storage_options go to boto3.client; LitData's obstore chunk GETs want keys (any)
+        return {**base, "litdata_prefix": "litdata",
+                "storage_options": {"endpoint_url": endpoint, "region_name": "us-east-1",
+                                    "aws_access_key_id": "anonymous", "aws_secret_access_key": "anonymous"}}
     return {**base, "zarr_path": "zarr/images", "threads": 8}
 
 
@@ -251,7 +300,7 @@ def test_remote_epochs(benchmark, server) -> None:  # type: ignore[no-untyped-de
         "local_warm_images_per_s": local_rate,
         "local_runs": local_runs,
         "links": links,
-        "not_run": SKIPPED_PEERS,
+        "not_run": {} if HAVE_TORCH_PEERS else {k: f"{v} ({PEERS_PYTHON} is absent)" for k, v in SKIPPED_PEERS.items()},
     }
     summarise(info)
     out = results_dir(SCALE)
@@ -282,7 +331,7 @@ def summarise(info: dict[str, Any]) -> None:
             local = info["local_warm_images_per_s"][name]
             limits[name] = {"link": link_limit, "local_warm": local, "lesser": min(local, link_limit)}
         link["limits"] = limits
-        best_peer = max(rate(link, k) for k in PEERS if k not in STORES) or 1.0
+        best_peer = max(rate(link, k) for k in link["rows"] if k not in STORES) or 1.0
         goals[f"{link['rtt_ms']}ms_{link['mbit'] or 'uncapped'}"] = {
             name: {"over_lesser_limit": round(rate(link, name) / limits[name]["lesser"], 3),
                    "over_best_peer": round(rate(link, name) / best_peer, 3)}
@@ -332,6 +381,9 @@ def _markdown(info: dict[str, Any]) -> str:
                 f"{_fmt(r['requests_per_epoch'])} | {_fmt(r['mb_per_epoch'], 1)} | {_fmt(r['peak_rss_mb'])} |"
             )
         tag = f"{link['rtt_ms']}ms_{link['mbit'] or 'uncapped'}"
+        if any(k in link["rows"] for k in TORCH_PEERS):
+            lines += ["", "mds and litdata: each epoch from an empty local cache, 2 DataLoader worker processes; "
+                      "peak RSS is their main process's only (the workers are not counted)."]
         lines.append("")
         for name, g in info["goals"][tag].items():
             lim = link["limits"][name]
@@ -339,5 +391,6 @@ def _markdown(info: dict[str, Any]) -> str:
             lines.append(f"- {name} / lesser limit ({what} images/s): **{g['over_lesser_limit']}** (goal 0.8); "
                          f"/ best peer: **{g['over_best_peer']}**")
         lines.append("")
-    lines += ["Not run: " + "; ".join(f"{k}: {v}" for k, v in info["not_run"].items()) + ".", ""]
+    if info["not_run"]:
+        lines += ["Not run: " + "; ".join(f"{k}: {v}" for k, v in info["not_run"].items()) + ".", ""]
     return "\n".join(lines)

@@ -79,6 +79,10 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
                 assert r["status"] == "ok", (name, r)
                 assert all(e["images"] == data["images"] for e in r["epochs"]), (name, r["epochs"])
                 assert r["requests_per_epoch"] >= 1 and r["mb_per_epoch"] > 0, (name, r)
+        for kind in ("mds", "litdata"):  # the PyTorch peers: measured (peers' venv present) or not run, with why
+            measured = all(kind in link["rows"] for link in data["links"])
+            assert measured != (kind in data["not_run"]), (kind, data["not_run"])
+            assert measured or "make bench-peers-env" in data["not_run"][kind]
         assert "| carraystore |" in (results / "remote.md").read_text()
     if path.name == "bench_remote_node.py":
         data = json.loads((results / "remote_node.json").read_text())

@@ -9,10 +9,16 @@ images from the same S3 server through the same link:
 - ``webdataset``: WebDataset tar shards of JPEGs streamed over HTTP (its ``curl`` pipe),
   shard order shuffled, a 1,000-sample shuffle buffer, decoded to uint8;
 - ``zarr``: a zarr v3 array (blosc lz4, one chunk = the store's chunk of images) through
-  zarr's ``ObjectStore`` on obstore, chunks in a random order read by a thread pool.
+  zarr's ``ObjectStore`` on obstore, chunks in a random order read by a thread pool;
+- ``mds``: MosaicML Streaming's ``StreamingDataset`` on ``s3://`` (MDS shards of the same
+  JPEGs), its ``StreamingDataLoader`` with 2 worker processes;
+- ``litdata``: LitData's ``StreamingDataset`` on ``s3://`` (LitData chunks of the same
+  JPEGs), its ``StreamingDataLoader`` with 2 worker processes.
 
-MosaicML Streaming and LitData are not run: both need PyTorch, which this project does
-not install (docs/remote.md).
+``mds`` and ``litdata`` need PyTorch, which carraystore does not install: they run in the
+peers' own environment (``make bench-peers-env``, :mod:`carraystore.benchmarks.torchpeers`),
+each epoch from an empty local cache (every epoch crosses the link, as carraystore's);
+without that environment they are listed as not run (:data:`SKIPPED_PEERS`).
 
 A contender prints one JSON line per epoch (``{"epoch": e, "phase": "start"|"end", ...}``)
 so the parent can read the proxy's request and byte counters at the epoch's boundaries.
@@ -32,13 +38,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["store_epochs", "run_contender", "peak_rss_mb", "CONTENDERS", "SKIPPED_PEERS"]
+__all__ = ["store_epochs", "run_contender", "peak_rss_mb", "CONTENDERS", "TORCH_PEERS", "SKIPPED_PEERS"]
 
-CONTENDERS = ("carraystore", "carraystore_fast", "carraystore_local", "jpeg_get", "webdataset", "zarr")
-#: Peers of the issue that do not run here, and why.
+CONTENDERS = ("carraystore", "carraystore_fast", "carraystore_local", "jpeg_get", "webdataset", "zarr", "mds", "litdata")
+#: The peers that need PyTorch (run by the peers' environment's Python, not carraystore's)
+TORCH_PEERS = ("mds", "litdata")
+#: Why each of :data:`TORCH_PEERS` is not run when the peers' environment is absent.
 SKIPPED_PEERS = {
-    "mosaicml-streaming": "needs PyTorch (torch is a hard dependency of `streaming`), which carraystore does not install",
-    "litdata": "needs PyTorch (torch is a hard dependency of `litdata`), which carraystore does not install",
+    "mds": "MosaicML Streaming needs PyTorch, installed apart from carraystore: run `make bench-peers-env`",
+    "litdata": "LitData needs PyTorch, installed apart from carraystore: run `make bench-peers-env`",
 }
 
 
@@ -225,6 +233,13 @@ def run_contender(spec: dict[str, Any], emit: Any = None) -> list[dict[str, Any]
             zs = ObjectStore(_s3(spec["endpoint"], spec["bucket"]), read_only=True)
             arr = zarr.open_array(store=zs, path=spec["zarr_path"], mode="r")
             epoch = lambda e: _zarr_epoch(spec, e, pool, arr)  # noqa: E731
+        elif kind in TORCH_PEERS:  # only in the peers' environment (PyTorch)
+            from carraystore.benchmarks import torchpeers
+
+            os.environ.update(spec.get("env", {}))  # MDS: S3_ENDPOINT_URL and keys, read by its boto3 client
+            if kind == "mds":
+                torchpeers.start_mds_fork_server()  # start-up, not an epoch's work
+            epoch = lambda e: (torchpeers.mds_epoch if kind == "mds" else torchpeers.litdata_epoch)(spec, e)  # noqa: E731
         else:
             raise ValueError(f"unknown contender {kind!r}")
         for e in range(epochs):
