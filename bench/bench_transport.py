@@ -16,6 +16,10 @@ rate during the reads over its rate alone: 1.0 means the transport leaves the GI
 training loop). The server's own CPU is not counted. Loopback has no latency: this measures
 the client's cost per request and per byte, which decides how many requests a training
 process can keep in flight without starving its own Python threads.
+
+``test_server_cost_of_ranges`` measures the server's side: its CPU per GB for 1 MiB ranged
+GETs into the one large object against GETs of whole 1 MiB objects (zarr's layout), the
+same client for both (``transport_server.md``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import statistics
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -146,7 +151,7 @@ def _run_s3fs(srv, ranges):  # type: ignore[no-untyped-def]
 CONTENDERS = {"obstore": _run_obstore, "s3fs": _run_s3fs}
 
 
-def test_transport(server) -> None:  # type: ignore[no-untyped-def]
+def test_transport(benchmark, server) -> None:  # type: ignore[no-untyped-def]
     try:
         import s3fs  # noqa: F401
     except ImportError:
@@ -181,6 +186,7 @@ def test_transport(server) -> None:  # type: ignore[no-untyped-def]
                     python_thread_rate=round(statistics.median(s["python"] for s in ss), 2),
                 )
             )
+    benchmark.pedantic(lambda: None, rounds=1)  # timed above, side by side; pytest-benchmark only lists it
     out = results_dir()
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(scale=SCALE, object_mb=CFG["object_mb"], inflight=INFLIGHT, rounds=CFG["rounds"], cpus=os.cpu_count())
@@ -198,4 +204,57 @@ def test_transport(server) -> None:  # type: ignore[no-untyped-def]
             f"{row['cpu_s_per_gb']} | {row['python_thread_rate']} |"
         )
     (out / "transport.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _server_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_server_cost_of_ranges(benchmark, server) -> None:  # type: ignore[no-untyped-def]
+    """What the server spends per byte: ranged GETs into one large object (a store) against
+    GETs of whole objects of the same size (zarr's one object per chunk), same client."""
+    import obstore
+
+    s3 = server.s3_store(BUCKET)
+    chunk = 1 << 20
+    n = (CFG["object_mb"] << 20) // chunk
+    payload = os.urandom(chunk)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: obstore.put(s3, f"objects/{i}", payload), range(n)))
+    kinds = {
+        "ranges of one object": lambda o: len(obstore.get(s3, KEY, options={"range": (o * chunk, (o + 1) * chunk)}).bytes()),
+        "whole objects": lambda o: len(obstore.get(s3, f"objects/{o}").bytes()),
+    }
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
+    for r in range(CFG["rounds"] + 1):  # round 0 warms connections and is not counted
+        order = list(range(n))
+        random.Random(r).shuffle(order)
+        for name, get in kinds.items():
+            c0, t0 = _server_cpu_s(server.proc.pid), time.perf_counter()
+            with ThreadPoolExecutor(8) as pool:
+                got = sum(pool.map(get, order))
+            wall, cpu = time.perf_counter() - t0, _server_cpu_s(server.proc.pid) - c0
+            assert got == n * chunk
+            if r:
+                samples[name].append((wall, cpu))
+    lines = [
+        f"# Server cost per byte: ranged GETs into one {CFG['object_mb']} MiB object vs whole 1 MiB objects "
+        f"(SeaweedFS on loopback, 8 in flight, median of {CFG['rounds']} rounds, server CPU from /proc)",
+        "",
+        "| GETs of 1 MiB | MB/s | server CPU s per GB |",
+        "| --- | ---: | ---: |",
+    ]
+    rows = []
+    for name, ss in samples.items():
+        wall = statistics.median(w for w, _ in ss)
+        cpu = statistics.median(c for _, c in ss)
+        rows.append(dict(kind=name, mb_per_s=round(n * chunk / wall / 1e6, 1), server_cpu_s_per_gb=round(cpu / (n * chunk / 1e9), 2)))
+        lines.append(f"| {name} | {rows[-1]['mb_per_s']} | {rows[-1]['server_cpu_s_per_gb']} |")
+    benchmark.pedantic(lambda: None, rounds=1)  # timed above, side by side; pytest-benchmark only lists it
+    out = results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "transport_server.json").write_text(json.dumps(dict(scale=SCALE, object_mb=CFG["object_mb"], rows=rows), indent=2))
+    (out / "transport_server.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
