@@ -9,6 +9,10 @@ ETag (or modification time): a changed object gets a new directory, never stale 
   renamed into place, so it is complete or absent; readers need no lock.
 - **Crash safe**: each file starts with a small header holding its length and CRC-32,
   checked on every reuse; a bad or truncated file is deleted and fetched again.
+- **Replaced objects leave nothing behind**: a folder's ``SOURCE`` file names the identity
+  it holds; the first open of a new identity removes the folders of older identities of
+  the same URL (their object is gone: a reader still holding it fails on its next fetch
+  anyway, naming the replacement).
 - **Scan-resistant eviction**: least-recently-used eviction fails on epoch-long scans
   (every chunk is evicted just before it is needed again). Instead each range has a
   fixed score, a hash of the object's identity and its offset, and the cache keeps the
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import struct
 import tempfile
 import threading
@@ -104,6 +109,7 @@ class CachedSource:
             marker = self.dir / "SOURCE"
             if not marker.exists():
                 _atomic_write(self.dir, marker, identity.encode() + b"\n")
+                _remove_replaced(self.dir.parent, identity)
         except OSError as exc:
             raise InvalidInputError(
                 f"cache_dir {cache_dir}: cannot hold the chunk cache of {source.location} ({type(exc).__name__}: {exc}); "
@@ -314,6 +320,27 @@ class CachedSource:
 
     def __repr__(self) -> str:
         return f"<CachedSource {self.location!r} in {str(self.dir)!r} size={self.cache_size}>"
+
+
+def _url_of(identity: str) -> str:
+    """The URL part of an identity ``URL|size|ETag-or-mtime``."""
+    return identity.rsplit("|", 2)[0]
+
+
+def _remove_replaced(cache_dir: Path, identity: str) -> None:
+    """Remove the folders under ``cache_dir`` that cache an older identity of the same URL."""
+    url = _url_of(identity)
+    try:
+        folders = [e for e in os.scandir(cache_dir) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for e in folders:
+        try:
+            held = (Path(e.path) / "SOURCE").read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            continue  # not one of ours, or being created
+        if held != identity and _url_of(held) == url:
+            shutil.rmtree(e.path, ignore_errors=True)
 
 
 def _atomic_write(directory: Path, path: Path, blob: bytes) -> None:

@@ -500,10 +500,20 @@ def test_cache_survives_a_truncated_file_and_a_changed_object(
     x = photo_patches(N, size=(32, 32), seed=99)
     with carraystore.create(other, (32, 32, 3), chunk_images=CHUNK) as w:
         w.append(x)
+    old_dir = victim.parent
+    unrelated = cache / "not-ours"  # a folder the cache did not make is left alone
+    unrelated.mkdir()
+    neighbour = seaweedfs.upload("remote-read", "data/changing.b2nd.neighbour", local_store)  # another URL: kept
+    with carraystore.open(neighbour, seaweedfs.storage_options, cache_dir=cache) as store:
+        store.read_chunk(0)
+        neighbour_dir = store.source.dir
     seaweedfs.upload("remote-read", "data/changing.b2nd", other)
     with carraystore.open(url, seaweedfs.storage_options, cache_dir=cache) as store:
         assert np.array_equal(store[:], x)
         assert store.source.stats.hits == 0
+        # the replaced object's folder is gone; only the new one and the unrelated one remain
+        assert not old_dir.exists()
+        assert sorted(p.name for p in cache.iterdir()) == sorted([store.source.dir.name, neighbour_dir.name, "not-ours"])
 
 
 def test_object_replaced_while_open_fails_clearly(seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path, photo_patches: Any) -> None:
