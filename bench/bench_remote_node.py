@@ -3,7 +3,8 @@
 Goal: "at 0 ms [an epoch] reaches at least 0.8x of the local warm rate". In
 ``bench_remote.py`` the 0 ms link puts SeaweedFS, the Python link proxy and the reader on
 the same cores, so the reader gets what the server leaves (SeaweedFS's S3 gateway spends
-about 6 CPU ms per MB here): that measures the machine, not the reader. Here a storage node
+4-6 CPU ms per MB of ranged reads here, ``bench_transport.py``): that measures the machine,
+not the reader. Here a storage node
 is emulated the way a second machine would be: a plain HTTP server (Range requests, bodies
 by ``sendfile``) runs in a process pinned to the first half of the cores, the reader in a
 process pinned to the other half, and the local warm rate (page cache warm) is measured in
@@ -16,7 +17,8 @@ faulted in, zeroed and unmapped again for every chunk (docs/remote.md, "Knobs").
 Reported per preset and malloc: images/s remote and local (median of every timed epoch over
 alternating rounds, to spread the machine's drift over both), time to the first batch,
 the reader's CPU per image (user + system of its timed epochs, all threads), and the
-server's share of its core while the remote epochs ran (its process start aside). The goal is reported, not asserted (shared machines).
+server's share of its core while the remote epochs ran (its process start aside). The goal
+is reported, not asserted (shared machines).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
