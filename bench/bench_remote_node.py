@@ -170,6 +170,9 @@ def _summary(runs: dict[str, list[list[dict[str, Any]]]], server_cpu: float, rem
             "cpu_us_per_image": statistics.median(e["cpu_s"] / e["images"] for e in epochs) * 1e6,
         }
     out["ratio"] = out["remote"]["images_per_s"] / out["local"]["images_per_s"]
+    # the same without each run's first epoch (start-up: connections, first touch of buffers)
+    steady = {kind: [e["images_per_s"] for r in rs for e in r[1:]] for kind, rs in runs.items()}
+    out["steady_ratio"] = statistics.median(steady["remote"]) / statistics.median(steady["local"]) if all(steady.values()) else None
     out["server_core_share"] = server_cpu / remote_wall if remote_wall else None
     return out
 
@@ -187,13 +190,15 @@ def _markdown(info: dict[str, Any]) -> str:
         "`tuned`: the reader (remote and local alike) ran with "
         + " ".join(f"{k}={v}" for k, v in info["malloc_tuned_env"].items()) + ".",
         "",
-        "| store preset | glibc malloc | remote images/s | local warm images/s | remote / local (goal 0.8) | first batch remote / local (s) "
-        "| reader CPU per image remote / local (µs) | server core share |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| store preset | glibc malloc | remote images/s | local warm images/s | remote / local (goal 0.8) | "
+        "same, runs' first epochs aside | first batch remote / local (s) | reader CPU per image remote / local (µs) "
+        "| server core share |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in info["presets"].values():
         lines.append(
             f"| {r['preset']} | {r['malloc']} | {r['remote']['images_per_s']:,.0f} | {r['local']['images_per_s']:,.0f} | **{r['ratio']:.2f}** | "
+            f"{'-' if r['steady_ratio'] is None else format(r['steady_ratio'], '.2f')} | "
             f"{r['remote']['first_batch_s']:.3f} / {r['local']['first_batch_s']:.3f} | "
             f"{r['remote']['cpu_us_per_image']:.0f} / {r['local']['cpu_us_per_image']:.0f} | {r['server_core_share']:.2f} |"
         )
