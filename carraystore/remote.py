@@ -57,6 +57,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "DEFAULT_RETRIES",
     "SOURCE_OPTIONS",
+    "tune_malloc",
 ]
 
 log = logging.getLogger("carraystore.remote")
@@ -777,6 +778,39 @@ def _positive(name: str, value: Any, url: str) -> int:
 def _short(exc: BaseException, limit: int = 300) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+#: glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+def tune_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
+    """Keep large freed blocks in glibc malloc's heap, for this whole process (opt-in).
+
+    Every fetched chunk is a response buffer of a few MB; glibc maps each such block afresh
+    and unmaps it when freed, so its pages are faulted in and zeroed for every chunk. On a
+    fast link that is a tenth of a reader's CPU (docs/remote.md, "Knobs"). This raises
+    glibc's mmap threshold and trim threshold, as the environment variables
+    ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` would, at the cost of freed
+    memory going back to the system less eagerly (up to ``trim_threshold``). Call it once,
+    early, in a process that trains from remote stores. Returns False and changes nothing
+    when either variable is set (the environment's choice stands: Dask's nanny sets a small
+    trim threshold on purpose) or when the C library is not glibc.
+    """
+    if any(name in os.environ for name in _MALLOC_ENV):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
 
 
 def open_source(url: str, storage_options: Mapping[str, Any] | None = None) -> RemoteSource:
