@@ -40,7 +40,7 @@ import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
 from carraystore.benchmarks.netproxy import NetProxy
 from carraystore.benchmarks.servers import start_seaweedfs, stop_process, weed_binary
-from carraystore.benchmarks.remote import SKIPPED_PEERS, TORCH_PEERS, peak_rss_mb  # noqa: F401
+from carraystore.benchmarks.remote import SKIPPED_PEERS, TORCH_PEERS
 from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")

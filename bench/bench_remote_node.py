@@ -28,12 +28,14 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import carraystore
 from benchpaths import data_dir, results_dir
 from carraystore.benchmarks.datasets import cached_photo_folder
+from carraystore.benchmarks.procstats import cpu_seconds
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,37 +74,20 @@ def _stores() -> Path:
     return work
 
 
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-#: the reader: a local run first reads one untimed epoch (page cache warm); every timed
-#: epoch reports the process's CPU seconds (user + system, all threads) beside its rate
-_READER = r"""
-import json, os, sys
-from carraystore.benchmarks.remote import store_epochs
-spec = json.loads(sys.argv[1])
-if spec["local"]:
-    store_epochs(spec["location"], None, batch_size=spec["batch_size"], epochs=1, seed=1000)
-cpu, marks = [], {}
-def report(d):
-    t = os.times()
-    if d["phase"] == "start":
-        marks["c"] = t.user + t.system
-    else:
-        cpu.append(t.user + t.system - marks["c"])
-rows = store_epochs(spec["location"], None, batch_size=spec["batch_size"], epochs=spec["epochs"], seed=0, report=report)
-print("RESULT " + json.dumps([{**r, "cpu_s": c} for r, c in zip(rows, cpu)]))
-"""
-
-
 def _reader(location: str, local: bool, cores: set[int], env: dict[str, str]) -> list[dict[str, Any]]:
-    """One reader process pinned to ``cores``, ``env`` added to its environment: its timed epochs."""
-    spec = {"location": location, "local": local, "epochs": CFG["epochs"], "batch_size": BATCH}
-    out = subprocess.run([sys.executable, "-c", _READER, json.dumps(spec)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900, preexec_fn=lambda: os.sched_setaffinity(0, cores), check=False,
-                         env={**os.environ, **env, "PYTHONPATH": str(ROOT)})
+    """One reader process pinned to ``cores``, ``env`` added to its environment: its timed
+    epochs, each with the process's CPU seconds (a local run first reads one untimed epoch:
+    page cache warm)."""
+    spec = {"kind": "carraystore_local" if local else "carraystore", "location": location, "epochs": CFG["epochs"],
+            "batch_size": BATCH, "seed": 0}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    try:
+        out = subprocess.run([sys.executable, "-m", "carraystore.benchmarks.remote", f.name], cwd=ROOT, capture_output=True,
+                             text=True, timeout=900, preexec_fn=lambda: os.sched_setaffinity(0, cores), check=False,
+                             env={**os.environ, **env, "PYTHONPATH": str(ROOT)})
+    finally:
+        os.unlink(f.name)
     rows = [json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if not rows:
         raise RuntimeError(f"reader of {location} failed:\n{out.stderr[-3000:]}")
@@ -130,9 +115,9 @@ def test_remote_node(benchmark) -> None:  # type: ignore[no-untyped-def]
                 runs: dict[str, list[list[dict[str, Any]]]] = {"remote": [], "local": []}
                 server_cpu = remote_wall = 0.0
                 for _ in range(CFG["rounds"]):
-                    c0 = _proc_cpu_s(srv.pid)
+                    c0 = cpu_seconds(srv.pid)
                     r = _reader(url, False, reader_cores, env)
-                    server_cpu += _proc_cpu_s(srv.pid) - c0
+                    server_cpu += cpu_seconds(srv.pid) - c0
                     remote_wall += sum(e["seconds"] for e in r)
                     runs["remote"].append(r)
                     runs["local"].append(_reader(str(path), True, reader_cores, env))

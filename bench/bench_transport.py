@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from carraystore.benchmarks.procstats import cpu_seconds
 from carraystore.benchmarks.servers import start_seaweedfs, stop_process, weed_binary
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
@@ -207,11 +208,6 @@ def test_transport(benchmark, server) -> None:  # type: ignore[no-untyped-def]
     print("\n".join(lines))
 
 
-def _server_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_server_cost_of_ranges(benchmark, server) -> None:  # type: ignore[no-untyped-def]
     """What the server spends per byte: ranged GETs into one large object (a store) against
     GETs of whole objects of the same size (zarr's one object per chunk), same client."""
@@ -232,10 +228,10 @@ def test_server_cost_of_ranges(benchmark, server) -> None:  # type: ignore[no-un
         order = list(range(n))
         random.Random(r).shuffle(order)
         for name, get in kinds.items():
-            c0, t0 = _server_cpu_s(server.proc.pid), time.perf_counter()
+            c0, t0 = cpu_seconds(server.proc.pid), time.perf_counter()
             with ThreadPoolExecutor(8) as pool:
                 got = sum(pool.map(get, order))
-            wall, cpu = time.perf_counter() - t0, _server_cpu_s(server.proc.pid) - c0
+            wall, cpu = time.perf_counter() - t0, cpu_seconds(server.proc.pid) - c0
             assert got == n * chunk
             if r:
                 samples[name].append((wall, cpu))

@@ -26,10 +26,8 @@ so the parent can read the proxy's request and byte counters at the epoch's boun
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import resource
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -38,7 +36,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["store_epochs", "run_contender", "peak_rss_mb", "CONTENDERS", "TORCH_PEERS", "SKIPPED_PEERS"]
+from carraystore.benchmarks.procstats import cpu_seconds, peak_rss_mb
+
+__all__ = ["store_epochs", "run_contender", "CONTENDERS", "TORCH_PEERS", "SKIPPED_PEERS"]
 
 CONTENDERS = ("carraystore", "carraystore_fast", "carraystore_local", "jpeg_get", "webdataset", "zarr", "mds", "litdata")
 #: The peers that need PyTorch (run by the peers' environment's Python, not carraystore's)
@@ -50,18 +50,10 @@ SKIPPED_PEERS = {
 }
 
 
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process in MB (VmHWM on Linux)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024 if sys.platform != "darwin" else kb / 1024 / 1024
-
-
 def _timed(batches: Iterator[Any]) -> dict[str, float]:
-    """images/s of an epoch, its first batch's wait, and the rate after the first batch."""
+    """images/s of an epoch, its first batch's wait, the rate after the first batch, and
+    the CPU seconds this process spent (all its threads)."""
+    c0 = cpu_seconds()
     t0 = time.perf_counter()
     first = None
     n = n_first = 0
@@ -71,10 +63,11 @@ def _timed(batches: Iterator[Any]) -> dict[str, float]:
             n_first = len(x)
         n += len(x)
     dt = time.perf_counter() - t0
+    cpu = cpu_seconds() - c0
     first = first or 0.0
     steady = (n - n_first) / (dt - first) if dt > first and n > n_first else float("nan")
     return {"images": n, "seconds": dt, "images_per_s": n / dt if dt > 0 else float("nan"), "first_batch_s": first,
-            "after_first_images_per_s": steady}
+            "after_first_images_per_s": steady, "cpu_s": cpu}
 
 
 def store_epochs(

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import resource
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +15,7 @@ import numpy as np
 from carraystore.benchmarks.datasets import evict_from_page_cache
 from carraystore.benchmarks.loaders.peer import Batch, Context
 from carraystore.benchmarks.loaders.registry import PEER_BY_NAME
+from carraystore.benchmarks.procstats import peak_rss_mb
 
 __all__ = ["CHILD_MODULE", "child_main", "main"]
 
@@ -67,23 +66,8 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         "warm_s": warm_t,
         "cold_s": cold_t,
         "diversity": float(np.mean(diversity)) if diversity else None,
-        "peak_rss_mb": _maxrss_mb(),
+        "peak_rss_mb": peak_rss_mb(),
     }
-
-
-def _maxrss_mb() -> float:
-    """Peak RSS of this process in MB.
-
-    Linux: ``VmHWM`` of /proc/self/status, the high-water mark of this program's own
-    memory; ``ru_maxrss`` would also count the parent's RSS at fork time, which Linux
-    carries across ``exec``.
-    """
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024 if sys.platform != "darwin" else kb / 1024 / 1024
 
 
 def main(argv: Sequence[str] | None = None) -> int:
