@@ -36,6 +36,7 @@ import carraystore
 from benchpaths import data_dir, results_dir
 from carraystore.benchmarks.datasets import cached_photo_folder
 from carraystore.benchmarks.procstats import cpu_seconds
+from carraystore.remote import TUNED_MALLOC_ENV
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +55,7 @@ PRESETS = ("balanced", "fast")
 #: glibc's malloc, as it comes, and tuned so that freed chunk buffers are reused: by
 #: default every fetched chunk (MBs, above malloc's mmap threshold) lands in freshly mapped
 #: pages that the kernel must fault in and zero, and that are unmapped again once decoded
-MALLOCS = {"default": {}, "tuned": {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "1073741824"}}
+MALLOCS = {"default": {}, "tuned": TUNED_MALLOC_ENV}  # tuned: what carraystore.remote.tune_malloc() sets
 
 
 def _cores() -> tuple[set[int], set[int]]:

@@ -246,8 +246,9 @@ class RangeRequestHandler(http.server.SimpleHTTPRequestHandler):
 
     def _send(self, head_only: bool) -> None:
         server: RangeHTTPServer = self.server  # type: ignore[assignment]
-        with server.lock:
-            server.requests.append((self.command, self.path, self.headers.get("Range")))
+        if server.record:
+            with server.lock:
+                server.requests.append((self.command, self.path, self.headers.get("Range")))
         path = self._file()
         if path is None:
             self.send_error(404, "not found")
@@ -300,12 +301,14 @@ class RangeRequestHandler(http.server.SimpleHTTPRequestHandler):
 
 
 class RangeHTTPServer(http.server.ThreadingHTTPServer):
-    """Serves ``root`` on loopback; ``requests`` lists (method, path, Range header)."""
+    """Serves ``root`` on loopback; ``requests`` lists (method, path, Range header) unless
+    ``record`` is False (a long benchmark keeps no list)."""
 
     daemon_threads = True
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, record: bool = True) -> None:
         self.root = Path(root)
+        self.record = record
         self.requests: list[tuple[str, str, str | None]] = []
         self.lock = threading.Lock()
         handler = lambda *a, **kw: RangeRequestHandler(*a, directory=str(self.root), **kw)  # noqa: E731
@@ -330,19 +333,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m carraystore.benchmarks.servers", description=main.__doc__)
     ap.add_argument("root", help="the folder to serve")
     args = ap.parse_args(argv)
-    server = RangeHTTPServer(Path(args.root))
-    server.requests = _NoLog()  # type: ignore[assignment]  # a long benchmark: keep no request list
+    server = RangeHTTPServer(Path(args.root), record=False)
     print(f"port {server.server_address[1]}", flush=True)
     try:
         sys.stdin.read()
     finally:
         server.stop()
     return 0
-
-
-class _NoLog(list):  # type: ignore[type-arg]
-    def append(self, item: Any) -> None:
-        pass
 
 
 if __name__ == "__main__":  # pragma: no cover - a child process of the benchmarks
