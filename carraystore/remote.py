@@ -33,6 +33,7 @@ import logging
 import os
 import random
 import re
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -42,6 +43,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
+
+import numpy as np
 
 from carraystore.errors import CorruptStoreError, InvalidInputError, MissingDependencyError, RemoteReadError
 from carraystore.forksafe import at_fork_in_child
@@ -77,6 +80,10 @@ DEFAULT_READAHEAD_BYTES = 256 << 20
 #: First and longest pause between retries (seconds; each pause is drawn from [0, cap]).
 #: Hinted ranges remembered beyond the read-ahead bound.
 _MAX_PENDING = 1 << 16
+#: Receive buffers are made in multiples of this (a store's chunks differ in length).
+_BUFFER_STEP = 1 << 20
+#: Smallest piece of a body handed from obstore to Python while it is copied into place.
+_STREAM_PIECE = 64 << 10
 BACKOFF_BASE = 0.1
 BACKOFF_MAX = 5.0
 
@@ -351,6 +358,59 @@ class _ShortRead(Exception):
 
 
 @dataclass
+class BufferPool:
+    """Receive buffers used again and again, so that a chunk's body lands in memory that is
+    already mapped.
+
+    Without it every body (MBs) is a fresh allocation that glibc maps afresh, and the kernel
+    faults in and zeroes its pages for every chunk: on a fast link that was the largest part
+    of what a remote reader spends beyond a local one (docs/remote.md, "Receive buffers").
+    A buffer is handed out again only when nothing else refers to it (no view of it, no
+    array over it is left), so bytes someone still holds are never overwritten. Free
+    buffers beyond ``keep_bytes`` in all are let go.
+    """
+
+    def __init__(self, keep_bytes: int) -> None:
+        self.keep_bytes = int(keep_bytes)
+        #: buffers made so far (a reused buffer is not counted again)
+        self.allocated = 0
+        self._lock = threading.Lock()
+        self._bufs: list[np.ndarray] = [np.empty(0, np.uint8)]
+        # what "held by this pool alone" reads as, measured the way take() measures it
+        self._free_refs = sys.getrefcount(self._bufs[0])
+        self._bufs.clear()
+
+    def take(self, n: int) -> np.ndarray:
+        """A uint8 buffer of at least ``n`` bytes that no one else holds."""
+        with self._lock:
+            bufs = self._bufs
+            for i in range(len(bufs)):
+                if len(bufs[i]) >= n and sys.getrefcount(bufs[i]) == self._free_refs:
+                    return bufs[i]
+            size = -(-max(n, 1) // _BUFFER_STEP) * _BUFFER_STEP
+            held = sum(len(b) for b in bufs)
+            for i in reversed(range(len(bufs))):  # over the budget: let free buffers go
+                if held + size <= self.keep_bytes:
+                    break
+                if sys.getrefcount(bufs[i]) == self._free_refs:
+                    held -= len(bufs[i])
+                    del bufs[i]
+            bufs.append(np.empty(size, np.uint8))
+            self.allocated += 1
+            return bufs[-1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffers the pool holds (free or in use)."""
+        with self._lock:
+            return sum(len(b) for b in self._bufs)
+
+    def clear(self) -> None:
+        """Forget every buffer (those still in use live on with their users)."""
+        with self._lock:
+            self._bufs = []
+
+
 class RemoteStats:
     """Counters of one source: ``requests`` (GETs sent, retries included), ``bytes``
     (received), ``retries`` (requests sent again after a transient failure), ``coalesced``
@@ -425,6 +485,7 @@ class RemoteSource:
         self._store, self.key = make_object_store(url, opts)
         self._plain_url = plain_http_url(url, self.storage_options)
         self._conns = threading.local()
+        self._buffers = BufferPool(self.readahead_bytes)
         self.stats = RemoteStats()
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -469,6 +530,7 @@ class RemoteSource:
             self._runs = []
             self._ahead_bytes = 0
             self._conns = threading.local()
+            self._buffers = BufferPool(self.readahead_bytes)
             self._pid = os.getpid()
 
     def _plain_only(self) -> bool:
@@ -485,8 +547,9 @@ class RemoteSource:
             )
         return True
 
-    def _plain_get(self, start: int, length: int) -> tuple[bytes, dict[str, Any]]:
-        """One ranged GET with Python's HTTP client (forked children): (bytes, meta)."""
+    def _plain_request(self, start: int, length: int) -> http.client.HTTPResponse:
+        """Send one ranged GET with Python's HTTP client (forked children); the response,
+        its status checked and its body not read yet."""
         parts = urlsplit(self._plain_url)
         conn = getattr(self._conns, "conn", None)
         if conn is None:
@@ -496,10 +559,10 @@ class RemoteSource:
         try:
             conn.request("GET", target, headers={"Range": f"bytes={start}-{start + length - 1}"})
             resp = conn.getresponse()
-            body = resp.read()
+            if resp.status not in (200, 206):
+                body = resp.read()
         except BaseException:
-            conn.close()
-            self._conns.conn = None
+            self._plain_drop()
             raise
         if resp.status == 404:
             raise FileNotFoundError(f"GET {self._plain_url}: status 404")
@@ -507,11 +570,50 @@ class RemoteSource:
             raise PermissionError(f"GET {self._plain_url}: status {resp.status}")
         if resp.status not in (200, 206):
             raise _HTTPStatusError(f"GET {self._plain_url}: status {resp.status}: {body[:200]!r}")
+        return resp
+
+    def _plain_drop(self) -> None:
+        conn = getattr(self._conns, "conn", None)
+        if conn is not None:
+            conn.close()
+        self._conns.conn = None
+
+    def _plain_get(self, start: int, length: int) -> tuple[bytes, dict[str, Any]]:
+        """One ranged GET with Python's HTTP client (forked children): (bytes, meta)."""
+        resp = self._plain_request(start, length)
+        try:
+            body = resp.read()
+        except BaseException:
+            self._plain_drop()
+            raise
         total = resp.getheader("Content-Range", "").rpartition("/")[2]
         size = int(total) if total.isdigit() else (len(body) if resp.status == 200 else -1)
         if resp.status == 200:  # the server ignored Range
             body = body[start : start + length]
         return body, {"size": size, "e_tag": resp.getheader("ETag"), "last_modified": resp.getheader("Last-Modified")}
+
+    def _plain_fill(self, start: int, out: memoryview) -> None:
+        """Exactly ``len(out)`` bytes at ``start`` into ``out``, by Python's HTTP client."""
+        length = len(out)
+        resp = self._plain_request(start, length)
+        try:
+            if resp.status == 200:  # the server ignored Range: the whole body, then the part asked for
+                body = resp.read()[start : start + length]
+                if len(body) != length:
+                    raise _ShortRead(f"{len(body)} of {length} bytes arrived")
+                out[:] = body
+                return
+            if resp.length is not None and resp.length != length:
+                raise _ShortRead(f"the server sends {resp.length} bytes for a range of {length}")
+            pos = 0
+            while pos < length:
+                n = resp.readinto(out[pos:])
+                if not n:
+                    raise _ShortRead(f"{pos} of {length} bytes arrived")
+                pos += n
+        except BaseException:
+            self._plain_drop()
+            raise
 
     def _fetch_first(self, n: int) -> tuple[bytes, dict[str, Any]]:
         def once() -> tuple[bytes, dict[str, Any]]:
@@ -526,20 +628,29 @@ class RemoteSource:
 
         return self._with_retries(once, 0, n)
 
-    def _get(self, offset: int, length: int) -> bytes | memoryview:
-        def once() -> bytes | memoryview:
+    def _get(self, offset: int, length: int) -> memoryview:
+        """``length`` bytes at ``offset``, as a read-only view of a pooled receive buffer."""
+
+        def once() -> memoryview:
+            out = memoryview(self._buffers.take(length))[:length]
             if self._plain_only():
-                data: Any = self._plain_get(offset, length)[0]
+                self._plain_fill(offset, out)
             else:
                 # If-Match: an object replaced since opening fails the request instead of
                 # handing out bytes of another file
                 options: dict[str, Any] = {"range": (offset, offset + length)}
                 if self.etag:
                     options["if_match"] = self.etag
-                data = _obstore().get(self._store, self.key, options=options).bytes()
-            if len(data) != length:
-                raise _ShortRead(f"{len(data)} of {length} bytes arrived")
-            return memoryview(data)  # no copy: a view of the buffer the body arrived in
+                pos = 0
+                for piece in _obstore().get(self._store, self.key, options=options).stream(min_chunk_size=_STREAM_PIECE):
+                    n = len(piece)
+                    if pos + n > length:
+                        raise _ShortRead(f"more than the {length} bytes asked for arrived")
+                    out[pos : pos + n] = piece
+                    pos += n
+                if pos != length:
+                    raise _ShortRead(f"{pos} of {length} bytes arrived")
+            return out.toreadonly()
 
         return self._with_retries(once, offset, length)
 
@@ -741,6 +852,7 @@ class RemoteSource:
             self._pending.clear()
             self._runs.clear()
             self._ahead_bytes = 0
+        self._buffers.clear()
         if pool is not None and os.getpid() == self._pid:
             pool.shutdown(wait=False, cancel_futures=True)
 

@@ -25,7 +25,7 @@ import carraystore
 from carraystore.benchmarks.netproxy import NetProxy
 from carraystore.cache import CachedSource, parse_size
 from carraystore.errors import InvalidInputError, LoaderError, RemoteReadError
-from carraystore.remote import RemoteSource, make_object_store
+from carraystore.remote import BufferPool, RemoteSource, make_object_store
 
 from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs, stop_process
 
@@ -569,6 +569,43 @@ def test_read_ahead_is_bounded_and_fetches_each_range_once(s3_url: str, proxy: N
     assert src.stats.requests == 1 + len(ranges) == proxy.stats.requests  # opening + one GET per chunk
     assert not src._pending and not src._ahead
     src.close()
+
+
+def test_receive_buffers_are_reused_and_never_overwritten_while_held(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
+    store = carraystore.open(local_store)
+    ranges = [store.chunk_byte_range(i) for i in range(store.nchunks)]
+    data = local_store.read_bytes()
+    src = RemoteSource(s3_url, _options(seaweedfs))
+    for o, n in ranges:  # each chunk's view dropped before the next read: one buffer serves all
+        assert src.read(o, n) == data[o : o + n]
+    assert src._buffers.allocated == 1
+    held = [src.read(o, n) for o, n in ranges[:5]]  # views kept: each needs a buffer of its own
+    assert all(h.readonly for h in held)
+    pixels = np.frombuffer(held[0], np.uint8)  # an array over a view holds its buffer too
+    for o, n in ranges[5:]:
+        assert src.read(o, n) == data[o : o + n]
+    assert src._buffers.allocated == 6  # the five held, and one more for the rest
+    assert [bytes(h) for h in held] == [data[o : o + n] for o, n in ranges[:5]]
+    del held
+    for o, n in ranges[5:]:  # four buffers are free again; the one under `pixels` is not
+        assert src.read(o, n) == data[o : o + n]
+    o, n = ranges[0]
+    assert src._buffers.allocated == 6 and pixels.tobytes() == data[o : o + n]
+    src.close()
+
+
+def test_buffer_pool_lets_free_buffers_go_beyond_its_budget() -> None:
+    pool = BufferPool(keep_bytes=3 << 20)
+    held = [pool.take(1000) for _ in range(3)]  # rounded up to 1 MiB each
+    assert pool.allocated == 3 and pool.nbytes == 3 << 20 and len({id(b) for b in held}) == 3
+    ids = [id(b) for b in held]
+    kept = held[1]  # still in use: never handed out
+    del held
+    assert [id(pool.take(1 << 20)) for _ in range(2)] == [ids[0], ids[0]]  # free again: handed out again
+    big = pool.take((1 << 20) + 1)  # fits no free buffer; the budget lets the free ones go
+    assert len(big) == 2 << 20 and pool.nbytes <= (3 << 20) and id(kept) in {id(b) for b in pool._bufs}
+    pool.clear()
+    assert pool.nbytes == 0
 
 
 _ALLOCATE = r"""
