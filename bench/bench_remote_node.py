@@ -11,8 +11,9 @@ process pinned to the other half, and the local warm rate (page cache warm) is m
 a process pinned to that same half. The link is loopback: 0 ms, no cap.
 
 Each preset runs twice: with glibc's malloc as it comes, and tuned by two environment
-variables (``MALLOCS``) so that the buffers of fetched chunks are reused instead of mapped,
-faulted in, zeroed and unmapped again for every chunk (docs/remote.md, "Knobs").
+variables (``MALLOCS``) that keep large freed blocks in malloc's heap. Since chunk bodies
+land in reused receive buffers the two should not differ; the tuned runs show that they do
+not (docs/remote.md, "Receive buffers").
 
 Reported per preset and malloc: images/s remote and local (median of every timed epoch over
 alternating rounds, to spread the machine's drift over both), time to the first batch,
@@ -52,9 +53,9 @@ BATCH = 64
 #: the library's default stores (4 MiB chunks; bench_remote.py uses 1 MiB chunks so that
 #: its first batches, a whole shuffle window each, come sooner over a 20-50 ms link)
 PRESETS = ("balanced", "fast")
-#: glibc's malloc, as it comes, and tuned so that freed chunk buffers are reused: by
-#: default every fetched chunk (MBs, above malloc's mmap threshold) lands in freshly mapped
-#: pages that the kernel must fault in and zero, and that are unmapped again once decoded
+#: glibc's malloc, as it comes, and tuned to keep large freed blocks in its heap (before the
+#: receive buffers, every fetched chunk landed in freshly mapped pages that the kernel had to
+#: fault in and zero: the tuning was the workaround)
 MALLOCS = {"default": {}, "tuned": TUNED_MALLOC_ENV}  # tuned: what carraystore.remote.tune_malloc() sets
 
 

@@ -19,6 +19,10 @@ waits in Rust with the GIL released, and many are in flight from a few threads
   fetched in the background, ``max_inflight`` requests at a time, runs of ranges adjacent in
   the file and in the order given coalesced into one GET, and handed to :meth:`read` when
   asked for (each range once). Unclaimed bytes are bounded by ``readahead_bytes``.
+- Bodies land in reused receive buffers (:class:`BufferPool`): a chunk's bytes are a
+  read-only view of one, and a buffer is written again only when no view of it is left. A
+  fresh allocation per chunk (MBs) would have the kernel fault in and zero its pages for
+  every chunk, which on a fast link cost more than anything else beyond a local read.
 - Fork and pickle: a RemoteSource pickles as its URL and options and re-opens on the other
   side. obstore's Rust runtime does not survive ``fork()`` (tokio): in a process forked
   after it ran, unsigned requests (HTTP, anonymous S3 and GCS) go through Python's own
@@ -52,6 +56,7 @@ from carraystore.frame import HEAD_READ_BYTES
 
 __all__ = [
     "RemoteSource",
+    "BufferPool",
     "RemoteStats",
     "open_source",
     "make_object_store",
@@ -904,15 +909,16 @@ def tune_malloc(
 ) -> bool:
     """Keep large freed blocks in glibc malloc's heap, for this whole process (opt-in).
 
-    Every fetched chunk is a response buffer of a few MB; glibc maps each such block afresh
-    and unmaps it when freed, so its pages are faulted in and zeroed for every chunk. On a
-    fast link those faults were about 15% of a reader's CPU (docs/remote.md, "Knobs"). This raises
-    glibc's mmap threshold and trim threshold, as the environment variables
-    ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` would, at the cost of freed
-    memory going back to the system less eagerly (up to ``trim_threshold``). Call it once,
-    early, in a process that trains from remote stores. Returns False and changes nothing
-    when either variable is set (the environment's choice stands: Dask's nanny sets a small
-    trim threshold on purpose) or when the C library is not glibc.
+    glibc maps each large block (above its mmap threshold) afresh and unmaps it when freed,
+    so a program that allocates and frees MB-sized buffers over and over pays page faults
+    for each. This raises glibc's mmap threshold and trim threshold, as the environment
+    variables ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` would, at the cost of
+    freed memory going back to the system less eagerly (up to ``trim_threshold``).
+    carraystore's remote reads no longer need it: their bodies land in reused buffers
+    (:class:`BufferPool`), and in the storage-node benchmark the tuning no longer changed the
+    rate (docs/remote.md, "Receive buffers"). Returns False and changes nothing when either
+    variable is set (the environment's choice stands: Dask's nanny sets a small trim
+    threshold on purpose) or when the C library is not glibc.
     """
     if any(name in os.environ for name in TUNED_MALLOC_ENV):
         return False
