@@ -14,6 +14,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -592,6 +593,51 @@ def test_receive_buffers_are_reused_and_never_overwritten_while_held(s3_url: str
     o, n = ranges[0]
     assert src._buffers.allocated == 6 and pixels.tobytes() == data[o : o + n]
     src.close()
+
+
+def test_the_gil_is_released_while_a_body_arrives(local_store: Path, tmp_path: Path) -> None:
+    """A slow GET (a 2 MB body over a 32 Mbit/s link, about half a second) leaves Python
+    threads free to run: a thread counting in a loop meanwhile gets most of its usual pace.
+    The server and the link run in processes of their own, so they hold no GIL here."""
+    body = tmp_path / "body.bin"
+    body.write_bytes(np.random.default_rng(0).bytes(3 << 20))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    server = subprocess.Popen([sys.executable, "-m", "carraystore.benchmarks.servers", str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    link = None
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline().split()[1])
+        link = subprocess.Popen([sys.executable, "-m", "carraystore.benchmarks.netproxy", "--to", f"{LOOPBACK}:{port}", "--mbit", "32"],
+                                stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        assert link.stdout is not None
+        link_port = int(link.stdout.readline().split()[1])
+        src = RemoteSource(f"http://{LOOPBACK}:{link_port}/body.bin")
+
+        def spin(seconds: float) -> int:
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                n += 1
+            return n
+
+        counted: list[int] = []
+        t0 = time.perf_counter()
+        data = src.read(1 << 20, 2 << 20)  # beyond the bytes read when opening
+        seconds = time.perf_counter() - t0
+        assert data == body.read_bytes()[1 << 20 : 3 << 20] and seconds > 0.2, seconds
+        alone = spin(seconds)
+        spinner = threading.Thread(target=lambda: counted.append(spin(seconds)))
+        spinner.start()
+        assert src.read(1 << 20, 2 << 20) == data  # the same GET again, while the thread counts
+        spinner.join()
+        src.close()
+        assert counted[0] > 0.5 * alone, (counted[0], alone)
+    finally:
+        if link is not None:
+            stop_process(link)
+        if server.stdin:
+            server.stdin.close()
+        stop_process(server)
 
 
 def test_buffer_pool_lets_free_buffers_go_beyond_its_budget() -> None:
