@@ -362,7 +362,6 @@ class _ShortRead(Exception):
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass
 class BufferPool:
     """Receive buffers used again and again, so that a chunk's body lands in memory that is
     already mapped.
@@ -416,6 +415,7 @@ class BufferPool:
             self._bufs = []
 
 
+@dataclass
 class RemoteStats:
     """Counters of one source: ``requests`` (GETs sent, retries included), ``bytes``
     (received), ``retries`` (requests sent again after a transient failure), ``coalesced``
