@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
+from benchpaths import data_dir, results_dir
 
 import carraystore
-from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -56,7 +55,9 @@ def _build(path: Path, nbytes: int) -> int:
         path.unlink()
     pool = _pool()
     block = 256
-    with carraystore.create(path, SHAPE, codec="fast", class_names=[str(c) for c in range(10)], attrs={"bench_n": n}) as w:
+    with carraystore.create(
+        path, SHAPE, codec="fast", class_names=[str(c) for c in range(10)], attrs={"bench_n": n}
+    ) as w:
         for start in range(0, n, block):
             m = min(block, n - start)
             idx = np.arange(start, start + m)
@@ -69,7 +70,10 @@ def _fits(nbytes: int, folder: Path) -> tuple[int, str]:
     if nbytes + SMALL_BYTES + 2 * 2**30 <= free:
         return nbytes, ""
     smaller = max(SMALL_BYTES * 10, free - SMALL_BYTES - 2 * 2**30) // 2**30 * 2**30 or SMALL_BYTES * 10
-    return smaller, f"only {free / 2**30:.1f} GiB free: the big store is {smaller / 2**30:.1f} GiB instead of {nbytes / 2**30:.0f} GiB"
+    return (
+        smaller,
+        f"only {free / 2**30:.1f} GiB free: the big store is {smaller / 2**30:.1f} GiB instead of {nbytes / 2**30:.0f} GiB",
+    )
 
 
 def _append_once(path: Path, images: np.ndarray, start: int) -> tuple[float, int]:
@@ -114,8 +118,14 @@ def test_append_cost(benchmark: Any) -> None:
         "append_images": APPEND_N,
         "trials": TRIALS,
         "stores": {
-            k: {"images": counts[k], "file_bytes": sizes[k], "append_s_median": med[k], "append_s": [t for t, _ in rows[k]],
-                "bytes_written_median": grown[k], "appended_image_bytes": APPEND_N * IMAGE_BYTES}
+            k: {
+                "images": counts[k],
+                "file_bytes": sizes[k],
+                "append_s_median": med[k],
+                "append_s": [t for t, _ in rows[k]],
+                "bytes_written_median": grown[k],
+                "appended_image_bytes": APPEND_N * IMAGE_BYTES,
+            }
             for k in paths
         },
         "ratio_big_over_small": ratio,
@@ -148,4 +158,6 @@ def test_append_cost(benchmark: Any) -> None:
         with carraystore.open(paths[k]) as s:
             assert np.array_equal(s[len(s) - APPEND_N :], new)
     if SCALE != "tiny":
-        assert ratio <= GOAL, f"appending to the big store costs {ratio:.2f}x appending to the small one (goal <= {GOAL}x)"
+        assert ratio <= GOAL, (
+            f"appending to the big store costs {ratio:.2f}x appending to the small one (goal <= {GOAL}x)"
+        )

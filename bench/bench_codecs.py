@@ -13,20 +13,32 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks import codecs as C
 from carraystore.benchmarks.datasets import cached_photo_folder, cached_video_folder, decode_images, list_image_folder
 from carraystore.format import PRESETS, Codec
-from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
 
 #: photos: sample size; video: clips x frames; size: image size; grid: arguments of codec_grid.
 SCALES = {
-    "tiny": dict(photos=8, clips=1, frames=8, size=(64, 64), repeats=1,
-                 grid=dict(codecs=("lz4", "zstd"), clevels=(0, 1), filters=("none", "shuffle+bytedelta"), blocks=(1, 4), with_ts1_shuffle=False)),
+    "tiny": dict(
+        photos=8,
+        clips=1,
+        frames=8,
+        size=(64, 64),
+        repeats=1,
+        grid=dict(
+            codecs=("lz4", "zstd"),
+            clevels=(0, 1),
+            filters=("none", "shuffle+bytedelta"),
+            blocks=(1, 4),
+            with_ts1_shuffle=False,
+        ),
+    ),
     "default": dict(photos=24, clips=2, frames=12, size=(256, 256), repeats=3, grid={}),
     "large": dict(photos=128, clips=4, frames=32, size=(256, 256), repeats=5, grid={}),
 }
@@ -48,7 +60,9 @@ def samples() -> dict[str, np.ndarray]:
 def test_codec_suite(benchmark, samples: dict[str, np.ndarray]) -> None:
     grid = C.codec_grid(**CFG["grid"])
     t0 = time.perf_counter()
-    rows = benchmark.pedantic(C.run_suite, args=(samples, grid), kwargs={"repeats": CFG["repeats"]}, rounds=1, iterations=1)
+    rows = benchmark.pedantic(
+        C.run_suite, args=(samples, grid), kwargs={"repeats": CFG["repeats"]}, rounds=1, iterations=1
+    )
     elapsed = time.perf_counter() - t0
     from carraystore.benchmarks.loaders import library_versions, machine_info
 
@@ -72,7 +86,8 @@ def test_codec_suite(benchmark, samples: dict[str, np.ndarray]) -> None:
             "rows": len(rows),
             "chosen": {k: v.label for k, v in chosen.items()},
             "chosen_matches_pinned": {
-                k: (v.codec, v.clevel, v.codec_obj().filters) == (PRESETS[k].codec, PRESETS[k].clevel, PRESETS[k].filters)
+                k: (v.codec, v.clevel, v.codec_obj().filters)
+                == (PRESETS[k].codec, PRESETS[k].clevel, PRESETS[k].filters)
                 for k, v in chosen.items()
             },
             "pinned": info["pinned_presets"],
@@ -84,13 +99,22 @@ def test_codec_suite(benchmark, samples: dict[str, np.ndarray]) -> None:
     if SCALE != "tiny":
         # The presets must keep the order their names promise on these photos:
         # fast decompresses fastest, small stores the fewest bytes.
-        pinned = {name: C.measure_codec(samples["photos"], codec, dataset=name, repeats=CFG["repeats"]) for name, codec in PRESETS.items()}
+        pinned = {
+            name: C.measure_codec(samples["photos"], codec, dataset=name, repeats=CFG["repeats"])
+            for name, codec in PRESETS.items()
+        }
         benchmark.extra_info["pinned_measured"] = {
             k: {"ratio": round(r.ratio, 3), "decompress_mbs_1t": round(r.decompress_mbs_1t)} for k, r in pinned.items()
         }
-        assert pinned["small"].ratio >= pinned["balanced"].ratio >= pinned["fast"].ratio, benchmark.extra_info["pinned_measured"]
-        assert pinned["fast"].decompress_mbs_1t > pinned["balanced"].decompress_mbs_1t, benchmark.extra_info["pinned_measured"]
-        assert pinned["fast"].decompress_mbs_1t > pinned["small"].decompress_mbs_1t, benchmark.extra_info["pinned_measured"]
+        assert pinned["small"].ratio >= pinned["balanced"].ratio >= pinned["fast"].ratio, benchmark.extra_info[
+            "pinned_measured"
+        ]
+        assert pinned["fast"].decompress_mbs_1t > pinned["balanced"].decompress_mbs_1t, benchmark.extra_info[
+            "pinned_measured"
+        ]
+        assert pinned["fast"].decompress_mbs_1t > pinned["small"].decompress_mbs_1t, benchmark.extra_info[
+            "pinned_measured"
+        ]
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -105,5 +129,9 @@ def test_decompress_chunk(benchmark, samples: dict[str, np.ndarray], preset: str
     out = benchmark(store.read_chunk, 0, buf)
     assert np.array_equal(out, images)
     benchmark.extra_info.update(
-        {"codec": store.codec.describe(), "ratio": round(store.nbytes / store.cbytes, 3), "chunk_mb": round(images.nbytes / 1e6, 2)}
+        {
+            "codec": store.codec.describe(),
+            "ratio": round(store.nbytes / store.cbytes, 3),
+            "chunk_mb": round(images.nbytes / 1e6, 2),
+        }
     )

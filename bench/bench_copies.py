@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore import engine
 from carraystore.benchmarks.datasets import cached_photo_folder, decode_images, list_image_folder
-from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -78,7 +78,11 @@ def _timed(batches) -> dict:  # type: ignore[no-untyped-def]
             first = time.perf_counter() - t0
         n += len(x)
     dt = time.perf_counter() - t0
-    return {"images_per_s": n / dt, "first_batch_s": first or 0.0, "cpu_s_per_1000": (time.process_time() - c0) / n * 1000}
+    return {
+        "images_per_s": n / dt,
+        "first_batch_s": first or 0.0,
+        "cpu_s_per_1000": (time.process_time() - c0) / n * 1000,
+    }
 
 
 def numpy_epoch(x: np.ndarray, epoch: int) -> dict:

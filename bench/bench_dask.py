@@ -140,7 +140,9 @@ def photo_folder(n: int) -> Path:
 def run_child(kind: str, mode: str, src: str, out: Path, tmp: Path) -> dict:
     script = tmp / "bench_dask_child.py"
     script.write_text(_CHILD)
-    r = subprocess.run([sys.executable, str(script), kind, mode, src, str(out)], capture_output=True, text=True, cwd=tmp)
+    r = subprocess.run(
+        [sys.executable, str(script), kind, mode, src, str(out)], capture_output=True, text=True, cwd=tmp
+    )
     if r.returncode != 0:
         raise RuntimeError(f"{kind} {mode} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -159,7 +161,9 @@ def test_dask_ingest_and_from_dask(benchmark, tmp_path: Path) -> None:
         out = out_dir / f"bench-dask-ingest-{mode}.b2nd"
         try:
             if mode == "cluster-2":
-                ingest[mode] = benchmark.pedantic(run_child, args=("ingest", mode, str(src), out, tmp_path), rounds=1, iterations=1)
+                ingest[mode] = benchmark.pedantic(
+                    run_child, args=("ingest", mode, str(src), out, tmp_path), rounds=1, iterations=1
+                )
             else:
                 ingest[mode] = run_child("ingest", mode, str(src), out, tmp_path)
             stores[mode] = out.read_bytes()
@@ -184,8 +188,11 @@ def test_dask_ingest_and_from_dask(benchmark, tmp_path: Path) -> None:
             "images": n,
             "source": "256x256 JPEG photo crops (carraystore.sample_data), resized to 128x128, 64 per chunk",
             "modes": {
-                k: {"seconds": round(v["seconds"], 2), "images_per_s": round(v["images_per_s"], 1),
-                    "vs_local_1": round(v["images_per_s"] / base, 2)}
+                k: {
+                    "seconds": round(v["seconds"], 2),
+                    "images_per_s": round(v["images_per_s"], 1),
+                    "vs_local_1": round(v["images_per_s"] / base, 2),
+                }
                 for k, v in ingest.items()
             },
             "byte_identical": True,
@@ -194,9 +201,14 @@ def test_dask_ingest_and_from_dask(benchmark, tmp_path: Path) -> None:
             "array": f"{m} x {ITEM} uint8, generated lazily (photo crops shifted per item)",
             "gb": round(written["cluster-2"]["nbytes"] / 1e9, 3),
             "modes": {
-                k: {"seconds": round(v["seconds"], 2), "mb_per_s": round(v["nbytes"] / 1e6 / v["seconds"], 1),
-                    "writer_peak_rss_mb": round(v["writer_peak_rss_mb"], 1), "store_gb": round(v["cbytes"] / 1e9, 3),
-                    "chunk_images": v["chunk_images"], "nchunks": v["nchunks"]}
+                k: {
+                    "seconds": round(v["seconds"], 2),
+                    "mb_per_s": round(v["nbytes"] / 1e6 / v["seconds"], 1),
+                    "writer_peak_rss_mb": round(v["writer_peak_rss_mb"], 1),
+                    "store_gb": round(v["cbytes"] / 1e9, 3),
+                    "chunk_images": v["chunk_images"],
+                    "nchunks": v["nchunks"],
+                }
                 for k, v in written.items()
             },
         },
@@ -217,10 +229,16 @@ def test_dask_ingest_and_from_dask(benchmark, tmp_path: Path) -> None:
         "| mode | seconds | images/s | vs local, 1 process |",
         "| --- | ---: | ---: | ---: |",
     ]
-    names = {"local-1": "local, 1 decoding process", "local-all": f"local, {os.cpu_count()} decoding processes",
-             "cluster-1": "LocalCluster, 1 worker process", "cluster-2": "LocalCluster, 2 worker processes"}
-    lines += [f"| {names[k]} | {v['seconds']:.2f} | {v['images_per_s']:.0f} | {v['vs_local_1']:.2f} |"
-              for k, v in summary["ingest"]["modes"].items()]
+    names = {
+        "local-1": "local, 1 decoding process",
+        "local-all": f"local, {os.cpu_count()} decoding processes",
+        "cluster-1": "LocalCluster, 1 worker process",
+        "cluster-2": "LocalCluster, 2 worker processes",
+    }
+    lines += [
+        f"| {names[k]} | {v['seconds']:.2f} | {v['images_per_s']:.0f} | {v['vs_local_1']:.2f} |"
+        for k, v in summary["ingest"]["modes"].items()
+    ]
     lines += [
         "",
         f"## from_dask: {summary['from_dask']['array']}, {summary['from_dask']['gb']} GB",
@@ -230,9 +248,14 @@ def test_dask_ingest_and_from_dask(benchmark, tmp_path: Path) -> None:
         "| mode | seconds | MB/s | writer peak RSS (MB) | store (GB) |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    wnames = {"cluster-2": "LocalCluster, 2 worker processes", "threads": "no cluster (threaded scheduler, in the writer)"}
-    lines += [f"| {wnames[k]} | {v['seconds']:.2f} | {v['mb_per_s']:.0f} | {v['writer_peak_rss_mb']:.0f} | {v['store_gb']:.3f} |"
-              for k, v in summary["from_dask"]["modes"].items()]
+    wnames = {
+        "cluster-2": "LocalCluster, 2 worker processes",
+        "threads": "no cluster (threaded scheduler, in the writer)",
+    }
+    lines += [
+        f"| {wnames[k]} | {v['seconds']:.2f} | {v['mb_per_s']:.0f} | {v['writer_peak_rss_mb']:.0f} | {v['store_gb']:.3f} |"
+        for k, v in summary["from_dask"]["modes"].items()
+    ]
     (rdir / "dask.md").write_text("\n".join(lines) + "\n")
     if SCALE in ("default", "large"):
         assert summary["from_dask"]["gb"] >= 2.0, "the goal is about arrays of at least 2 GB"

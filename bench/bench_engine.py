@@ -31,12 +31,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
 from carraystore.loader import default_threads
 from carraystore.sampling import plan_epoch
-from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -229,7 +229,8 @@ def test_loader_vs_codec_limit(benchmark, store_path: Path) -> None:
     lines = [
         f"# store.batches against the codec limit ({SCALE})",
         "",
-        info["store"] + f"; batch {CFG['batch_size']}; {nthreads} loader threads on {os.cpu_count()} CPUs; best of {CFG['rounds']} rounds.",
+        info["store"]
+        + f"; batch {CFG['batch_size']}; {nthreads} loader threads on {os.cpu_count()} CPUs; best of {CFG['rounds']} rounds.",
         "",
         "| contender | images/s (best) | images/s (median) |",
         "| --- | ---: | ---: |",

@@ -16,10 +16,10 @@ import time
 import warnings
 from pathlib import Path
 
+from benchpaths import data_dir, results_dir
 
 from carraystore.benchmarks import loaders as L
 from carraystore.benchmarks.datasets import cached_photo_folder
-from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -65,7 +65,9 @@ def test_loader_comparison(benchmark) -> None:
     for r in ok.values():  # every loader delivered every image, in batches of mixed labels where it shuffles
         assert r.n_images == CFG["n"], (r.name, r.n_images)
         assert r.images_per_s_warm and r.images_per_s_warm > 0
-    assert {"carraystore_fast_block", "carraystore_balanced_block", "carraystore_small_block", "numpy_memory"} <= set(ok)
+    assert {"carraystore_fast_block", "carraystore_balanced_block", "carraystore_small_block", "numpy_memory"} <= set(
+        ok
+    )
     if SCALE == "tiny":
         return
     assert set(goals) == {"warm_fast_2x", "cold_default_beats_all", "small_not_larger_than_npz"}, goals

@@ -90,7 +90,9 @@ def legacy_carray(n: int) -> Path:
     if free < need:
         pytest.skip(f"{free / 1e9:.1f} GB free under {root}; this scale needs about {need / 1e9:.1f} GB")
     rng = np.random.default_rng(0)
-    crops = np.stack([c for name in PHOTOS[:4] for c in photo_crops(load_photo(name), 8, SHAPE[:2], rng)]).astype(np.float32)
+    crops = np.stack([c for name in PHOTOS[:4] for c in photo_crops(load_photo(name), 8, SHAPE[:2], rng)]).astype(
+        np.float32
+    )
 
     def rows():  # integer-valued float32 pixels, as Keras image generators produced them
         for a in range(0, n, 64):
@@ -140,7 +142,14 @@ def test_migrate_legacy_carray(benchmark, tmp_path: Path) -> None:
         "migrate_peak_rss_mb": round(m["peak_rss_mb"], 1),
         "rss_naive_over_migrate": round(results["naive"]["peak_rss_mb"] / m["peak_rss_mb"], 1),
         "speed_migrate_over_decode": round(m["mb_per_s"] / results["decode"]["mb_per_s"], 3),
-        "modes": {k: {"seconds": round(v["seconds"], 2), "mb_per_s": round(v["mb_per_s"], 1), "peak_rss_mb": round(v["peak_rss_mb"], 1)} for k, v in results.items()},
+        "modes": {
+            k: {
+                "seconds": round(v["seconds"], 2),
+                "mb_per_s": round(v["mb_per_s"], 1),
+                "peak_rss_mb": round(v["peak_rss_mb"], 1),
+            }
+            for k, v in results.items()
+        },
         "date": time.strftime("%Y-%m-%d"),
         "cpus": os.cpu_count(),
     }
@@ -157,7 +166,9 @@ def test_migrate_legacy_carray(benchmark, tmp_path: Path) -> None:
         "| mode | seconds | MB/s (uncompressed) | peak RSS (MB) |",
         "| --- | ---: | ---: | ---: |",
     ]
-    lines += [f"| {k} | {v['seconds']:.1f} | {v['mb_per_s']:.0f} | {v['peak_rss_mb']:.0f} |" for k, v in results.items()]
+    lines += [
+        f"| {k} | {v['seconds']:.1f} | {v['mb_per_s']:.0f} | {v['peak_rss_mb']:.0f} |" for k, v in results.items()
+    ]
     (rdir / "migrate.md").write_text("\n".join(lines) + "\n")
     assert m["verified"] and m["nbytes"] == N * ROW_BYTES
     if SCALE != "tiny":

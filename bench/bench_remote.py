@@ -35,25 +35,37 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
 from carraystore.benchmarks.netproxy import NetProxy
-from carraystore.benchmarks.servers import start_seaweedfs, stop_process, weed_binary
 from carraystore.benchmarks.remote import SKIPPED_PEERS, TORCH_PEERS
-from benchpaths import data_dir, results_dir
+from carraystore.benchmarks.servers import start_seaweedfs, stop_process, weed_binary
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SCALES = {
     "tiny": dict(n=96, size=(64, 64), batch_size=16, epochs=1, links=[(0, None), (20, 400)], shard_images=32),
-    "default": dict(n=2000, size=(128, 128), batch_size=64, epochs=2,
-                    links=[(0, None), (0, 400), (20, 400), (50, 400)], shard_images=256),
+    "default": dict(
+        n=2000,
+        size=(128, 128),
+        batch_size=64,
+        epochs=2,
+        links=[(0, None), (0, 400), (20, 400), (50, 400)],
+        shard_images=256,
+    ),
     # epochs long enough that the first batch (a whole shuffle window) weighs little
     "medium": dict(n=10000, size=(128, 128), batch_size=64, epochs=2, links=[(0, None), (20, 400)], shard_images=256),
-    "large": dict(n=10000, size=(256, 256), batch_size=64, epochs=3,
-                  links=[(0, None), (0, 400), (20, 400), (50, 400)], shard_images=256),
+    "large": dict(
+        n=10000,
+        size=(256, 256),
+        batch_size=64,
+        epochs=3,
+        links=[(0, None), (0, 400), (20, 400), (50, 400)],
+        shard_images=256,
+    ),
 }
 CFG = SCALES[SCALE]
 BUCKET = "bench"
@@ -106,16 +118,29 @@ def _build_local(work: Path) -> dict[str, Any]:
         for s in range(0, len(rels), k):
             with wds.TarWriter(str(tmp / f"shard-{s // k:05d}.tar")) as sink:
                 for i in range(s, min(s + k, len(rels))):
-                    sink.write({"__key__": f"{i:07d}", "jpg": (folder / rels[i]).read_bytes(),
-                                "cls": str(classes.index(rels[i].split("/", 1)[0])).encode()})
+                    sink.write(
+                        {
+                            "__key__": f"{i:07d}",
+                            "jpg": (folder / rels[i]).read_bytes(),
+                            "cls": str(classes.index(rels[i].split("/", 1)[0])).encode(),
+                        }
+                    )
         tmp.rename(shards)
     peer_dirs = {}
     if HAVE_TORCH_PEERS:
         for kind in TORCH_PEERS:
             peer_dirs[kind] = work / kind
             if not peer_dirs[kind].exists():
-                _build_torch_peer(kind, peer_dirs[kind], folder, rels, [classes.index(r.split("/", 1)[0]) for r in rels])
-    return {"folder": folder, "rels": rels, "stores": stores, "shards": sorted(shards.glob("*.tar")), "peer_dirs": peer_dirs}
+                _build_torch_peer(
+                    kind, peer_dirs[kind], folder, rels, [classes.index(r.split("/", 1)[0]) for r in rels]
+                )
+    return {
+        "folder": folder,
+        "rels": rels,
+        "stores": stores,
+        "shards": sorted(shards.glob("*.tar")),
+        "peer_dirs": peer_dirs,
+    }
 
 
 def _build_torch_peer(kind: str, out: Path, folder: Path, rels: list[str], labels: list[int]) -> None:
@@ -126,13 +151,25 @@ def _build_torch_peer(kind: str, out: Path, folder: Path, rels: list[str], label
     """
     k = CFG["shard_images"]
     mean = sum(path_size(folder / r) for r in rels) / len(rels)
-    spec = {"format": kind, "out": str(out), "files": [str(folder / r) for r in rels], "labels": labels,
-            "shard_images": k, "shard_bytes": int(mean * k * 1.05)}
+    spec = {
+        "format": kind,
+        "out": str(out),
+        "files": [str(folder / r) for r in rels],
+        "labels": labels,
+        "shard_images": k,
+        "shard_bytes": int(mean * k * 1.05),
+    }
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     try:
-        proc = subprocess.run([str(PEERS_PYTHON), "-m", "carraystore.benchmarks.torchpeers", "build", f.name], cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(
+            [str(PEERS_PYTHON), "-m", "carraystore.benchmarks.torchpeers", "build", f.name],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
     finally:
         os.unlink(f.name)
     assert proc.returncode == 0, f"building the {kind} dataset with {PEERS_PYTHON} failed:\n{proc.stderr[-3000:]}"
@@ -152,25 +189,46 @@ def _upload(srv: Any, local: dict[str, Any]) -> dict[str, Any]:
         carraystore.copy(path, urls[name], dst_storage_options=opts, overwrite=True)
     keys = [f"jpeg/{r}" for r in local["rels"]]
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda kr: obstore.put(s3, kr[0], (local["folder"] / kr[1]).read_bytes()), zip(keys, local["rels"])))
+        list(
+            pool.map(
+                lambda kr: obstore.put(s3, kr[0], (local["folder"] / kr[1]).read_bytes()), zip(keys, local["rels"])
+            )
+        )
         list(pool.map(lambda p: obstore.put(s3, f"wds/{p.name}", p), local["shards"]))
         peer_files = [(kind, p) for kind, d in local["peer_dirs"].items() for p in sorted(d.rglob("*")) if p.is_file()]
-        list(pool.map(lambda kp: obstore.put(s3, f"{kp[0]}/{kp[1].relative_to(local['peer_dirs'][kp[0]]).as_posix()}", kp[1]),
-                      peer_files))
+        list(
+            pool.map(
+                lambda kp: obstore.put(s3, f"{kp[0]}/{kp[1].relative_to(local['peer_dirs'][kp[0]]).as_posix()}", kp[1]),
+                peer_files,
+            )
+        )
     with carraystore.open(local["stores"]["carraystore"]) as st:
         x = st[:]
         k = st.chunk_images
     arr = zarr.create_array(
-        store=ObjectStore(s3), name="zarr/images", shape=x.shape, chunks=(k, *x.shape[1:]), dtype=x.dtype,
-        compressors=BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"), overwrite=True,
+        store=ObjectStore(s3),
+        name="zarr/images",
+        shape=x.shape,
+        chunks=(k, *x.shape[1:]),
+        dtype=x.dtype,
+        compressors=BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+        overwrite=True,
     )
     arr[:] = x
     zbytes = sum(o["size"] for batch in obstore.list(s3, prefix="zarr/images") for o in batch)
     jbytes = sum(path_size(local["folder"] / r) for r in local["rels"])
-    return {"store_urls": urls, "keys": keys, "shards": [f"wds/{p.name}" for p in local["shards"]],
-            "bytes": {**{k: p.stat().st_size for k, p in local["stores"].items()}, "jpeg_get": jbytes,
-                      "webdataset": sum(p.stat().st_size for p in local["shards"]), "zarr": zbytes,
-                      **{kind: sum(p.stat().st_size for k, p in peer_files if k == kind) for kind in local["peer_dirs"]}}}
+    return {
+        "store_urls": urls,
+        "keys": keys,
+        "shards": [f"wds/{p.name}" for p in local["shards"]],
+        "bytes": {
+            **{k: p.stat().st_size for k, p in local["stores"].items()},
+            "jpeg_get": jbytes,
+            "webdataset": sum(p.stat().st_size for p in local["shards"]),
+            "zarr": zbytes,
+            **{kind: sum(p.stat().st_size for k, p in peer_files if k == kind) for kind in local["peer_dirs"]},
+        },
+    }
 
 
 def _run(spec: dict[str, Any], link: NetProxy | None, timeout: float = 900) -> dict[str, Any]:
@@ -182,8 +240,14 @@ def _run(spec: dict[str, Any], link: NetProxy | None, timeout: float = 900) -> d
         json.dump(spec, f)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     python = str(PEERS_PYTHON) if spec["kind"] in TORCH_PEERS else sys.executable
-    proc = subprocess.Popen([python, "-m", "carraystore.benchmarks.remote", f.name], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [python, "-m", "carraystore.benchmarks.remote", f.name],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     epochs: list[dict[str, Any]] = []
     rows = None
     mark = (0, 0)
@@ -235,7 +299,9 @@ def _link_mb_per_s(srv: Any, endpoint: str) -> float:
     import obstore
     from obstore.store import S3Store
 
-    store = S3Store(BUCKET, endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True})
+    store = S3Store(
+        BUCKET, endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True}
+    )
     part = CALIBRATION_BYTES // 8
     best = 0.0
     with ThreadPoolExecutor(8) as pool:
@@ -247,7 +313,14 @@ def _link_mb_per_s(srv: Any, endpoint: str) -> float:
 
 
 def _spec(kind: str, endpoint: str, up: dict[str, Any]) -> dict[str, Any]:
-    base = {"kind": kind, "epochs": CFG["epochs"], "batch_size": CFG["batch_size"], "seed": 0, "endpoint": endpoint, "bucket": BUCKET}
+    base = {
+        "kind": kind,
+        "epochs": CFG["epochs"],
+        "batch_size": CFG["batch_size"],
+        "seed": 0,
+        "endpoint": endpoint,
+        "bucket": BUCKET,
+    }
     if kind in STORES:
         return {**base, "location": up["store_urls"][kind], "storage_options": {"endpoint_url": endpoint, "anon": True}}
     if kind == "jpeg_get":
@@ -255,12 +328,26 @@ def _spec(kind: str, endpoint: str, up: dict[str, Any]) -> dict[str, Any]:
     if kind == "webdataset":
         return {**base, "shard_urls": [f"{endpoint}/{BUCKET}/{s}" for s in up["shards"]]}
     if kind == "mds":  # MDS's boto3 reads the endpoint and keys from the environment; this server takes any keys
-        return {**base, "mds_prefix": "mds",
-                "env": {"S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "anonymous", "AWS_SECRET_ACCESS_KEY": "anonymous"}}
+        return {
+            **base,
+            "mds_prefix": "mds",
+            "env": {
+                "S3_ENDPOINT_URL": endpoint,
+                "AWS_ACCESS_KEY_ID": "anonymous",
+                "AWS_SECRET_ACCESS_KEY": "anonymous",
+            },
+        }
     if kind == "litdata":  # storage_options go to boto3.client; LitData's obstore chunk GETs want keys (any)
-        return {**base, "litdata_prefix": "litdata",
-                "storage_options": {"endpoint_url": endpoint, "region_name": "us-east-1",
-                                    "aws_access_key_id": "anonymous", "aws_secret_access_key": "anonymous"}}
+        return {
+            **base,
+            "litdata_prefix": "litdata",
+            "storage_options": {
+                "endpoint_url": endpoint,
+                "region_name": "us-east-1",
+                "aws_access_key_id": "anonymous",
+                "aws_secret_access_key": "anonymous",
+            },
+        }
     return {**base, "zarr_path": "zarr/images", "threads": 8}
 
 
@@ -275,8 +362,16 @@ def test_remote_epochs(benchmark, server) -> None:  # type: ignore[no-untyped-de
     n = len(local["rels"])
     local_runs = {}
     for name, path in local["stores"].items():
-        local_runs[name] = _run({"kind": "carraystore_local", "location": str(path), "epochs": CFG["epochs"],
-                                 "batch_size": CFG["batch_size"], "seed": 0}, None)
+        local_runs[name] = _run(
+            {
+                "kind": "carraystore_local",
+                "location": str(path),
+                "epochs": CFG["epochs"],
+                "batch_size": CFG["batch_size"],
+                "seed": 0,
+            },
+            None,
+        )
         assert local_runs[name]["status"] == "ok", local_runs[name]
     local_rate = {name: r["images_per_s"] for name, r in local_runs.items()}
     links = []
@@ -332,8 +427,10 @@ def summarise(info: dict[str, Any]) -> None:
         link["limits"] = limits
         best_peer = max(rate(link, k) for k in link["rows"] if k not in STORES) or 1.0
         goals[f"{link['rtt_ms']}ms_{link['mbit'] or 'uncapped'}"] = {
-            name: {"over_lesser_limit": round(rate(link, name) / limits[name]["lesser"], 3),
-                   "over_best_peer": round(rate(link, name) / best_peer, 3)}
+            name: {
+                "over_lesser_limit": round(rate(link, name) / limits[name]["lesser"], 3),
+                "over_best_peer": round(rate(link, name) / best_peer, 3),
+            }
             for name in STORES
         }
     info["goals"] = goals
@@ -355,8 +452,11 @@ def _markdown(info: dict[str, Any]) -> str:
         "",
         "Bytes per image: " + ", ".join(f"{k} {v:,}" for k, v in info["bytes_per_image"].items()) + ".",
         "Local warm rate of the same stores (page cache warm): "
-        + ", ".join(f"{k} **{v:,.0f} images/s** (first batch {info['local_runs'][k]['first_batch_s']:.3f} s)"
-                    for k, v in info["local_warm_images_per_s"].items()) + ".",
+        + ", ".join(
+            f"{k} **{v:,.0f} images/s** (first batch {info['local_runs'][k]['first_batch_s']:.3f} s)"
+            for k, v in info["local_warm_images_per_s"].items()
+        )
+        + ".",
         "",
     ]
     for link in info["links"]:
@@ -365,15 +465,20 @@ def _markdown(info: dict[str, Any]) -> str:
             f"## RTT {link['rtt_ms']} ms, {cap}",
             "",
             f"The emulated link delivered {link['measured_link_mb_per_s']:,.0f} MB/s to 8 concurrent 4 MiB GETs"
-            + (f" (nominal cap {link['mbit'] / 8:,.0f} MB/s; the link limits below use the lesser)." if link["mbit"]
-               else " (no cap: the proxy itself is the link; the link limits below use this)."),
+            + (
+                f" (nominal cap {link['mbit'] / 8:,.0f} MB/s; the link limits below use the lesser)."
+                if link["mbit"]
+                else " (no cap: the proxy itself is the link; the link limits below use this)."
+            ),
             "",
             "| contender | images/s | after 1st batch | first batch (s) | requests / epoch | MB / epoch | peak RSS (MB) |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for kind, r in link["rows"].items():
             if r["status"] != "ok":
-                lines.append(f"| {kind} | failed: {r['error'].strip().splitlines()[-1][:120] if r['error'].strip() else '?'} | | | | | |")
+                lines.append(
+                    f"| {kind} | failed: {r['error'].strip().splitlines()[-1][:120] if r['error'].strip() else '?'} | | | | | |"
+                )
                 continue
             lines.append(
                 f"| {kind} | {_fmt(r['images_per_s'])} | {_fmt(r['after_first_images_per_s'])} | {_fmt(r['first_batch_s'], 3)} | "
@@ -381,14 +486,19 @@ def _markdown(info: dict[str, Any]) -> str:
             )
         tag = f"{link['rtt_ms']}ms_{link['mbit'] or 'uncapped'}"
         if any(k in link["rows"] for k in TORCH_PEERS):
-            lines += ["", "mds and litdata: each epoch from an empty local cache, 2 DataLoader worker processes; "
-                      "peak RSS is their main process's only (the workers are not counted)."]
+            lines += [
+                "",
+                "mds and litdata: each epoch from an empty local cache, 2 DataLoader worker processes; "
+                "peak RSS is their main process's only (the workers are not counted).",
+            ]
         lines.append("")
         for name, g in info["goals"][tag].items():
             lim = link["limits"][name]
             what = f"link {lim['link']:,.0f}, local warm {lim['local_warm']:,.0f}"
-            lines.append(f"- {name} / lesser limit ({what} images/s): **{g['over_lesser_limit']}** (goal 0.8); "
-                         f"/ best peer: **{g['over_best_peer']}**")
+            lines.append(
+                f"- {name} / lesser limit ({what} images/s): **{g['over_lesser_limit']}** (goal 0.8); "
+                f"/ best peer: **{g['over_best_peer']}**"
+            )
         lines.append("")
     if info["not_run"]:
         lines += ["Not run: " + "; ".join(f"{k}: {v}" for k, v in info["not_run"].items()) + ".", ""]

@@ -33,8 +33,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import carraystore
 from benchpaths import data_dir, results_dir
+
+import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
 from carraystore.benchmarks.procstats import cpu_seconds
 from carraystore.remote import TUNED_MALLOC_ENV
@@ -80,14 +81,26 @@ def _reader(location: str, local: bool, cores: set[int], env: dict[str, str]) ->
     """One reader process pinned to ``cores``, ``env`` added to its environment: its timed
     epochs, each with the process's CPU seconds (a local run first reads one untimed epoch:
     page cache warm)."""
-    spec = {"kind": "carraystore_local" if local else "carraystore", "location": location, "epochs": CFG["epochs"],
-            "batch_size": BATCH, "seed": 0}
+    spec = {
+        "kind": "carraystore_local" if local else "carraystore",
+        "location": location,
+        "epochs": CFG["epochs"],
+        "batch_size": BATCH,
+        "seed": 0,
+    }
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     try:
-        out = subprocess.run([sys.executable, "-m", "carraystore.benchmarks.remote", f.name], cwd=ROOT, capture_output=True,
-                             text=True, timeout=900, preexec_fn=lambda: os.sched_setaffinity(0, cores), check=False,
-                             env={**os.environ, **env, "PYTHONPATH": str(ROOT)})
+        out = subprocess.run(
+            [sys.executable, "-m", "carraystore.benchmarks.remote", f.name],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            preexec_fn=lambda: os.sched_setaffinity(0, cores),
+            check=False,
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        )
     finally:
         os.unlink(f.name)
     rows = [json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
@@ -103,9 +116,15 @@ def test_remote_node(benchmark) -> None:  # type: ignore[no-untyped-def]
 
         pytest.skip("needs 2 cores or more: one half for the storage node, the other for the reader")
     work = _stores()
-    srv = subprocess.Popen([sys.executable, "-m", "carraystore.benchmarks.servers", str(work)], cwd=ROOT,
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                           preexec_fn=lambda: os.sched_setaffinity(0, server_cores), env={**os.environ, "PYTHONPATH": str(ROOT)})
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "carraystore.benchmarks.servers", str(work)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, server_cores),
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert srv.stdout is not None
         port = int(srv.stdout.readline().split()[1])
@@ -123,7 +142,11 @@ def test_remote_node(benchmark) -> None:  # type: ignore[no-untyped-def]
                     remote_wall += sum(e["seconds"] for e in r)
                     runs["remote"].append(r)
                     runs["local"].append(_reader(str(path), True, reader_cores, env))
-                results[f"{preset}/{malloc}"] = {"preset": preset, "malloc": malloc, **_summary(runs, server_cpu, remote_wall)}
+                results[f"{preset}/{malloc}"] = {
+                    "preset": preset,
+                    "malloc": malloc,
+                    **_summary(runs, server_cpu, remote_wall),
+                }
     finally:
         if srv.stdin:
             srv.stdin.close()
@@ -133,10 +156,19 @@ def test_remote_node(benchmark) -> None:  # type: ignore[no-untyped-def]
             srv.kill()
             srv.wait()
     benchmark.pedantic(lambda: None, rounds=1)
-    info = {"scale": SCALE, "images": CFG["n"], "image_shape": [*CFG["size"], 3], "batch_size": BATCH,
-            "epochs_per_run": CFG["epochs"], "rounds": CFG["rounds"], "server_cores": sorted(server_cores),
-            "reader_cores": sorted(reader_cores), "load_average": os.getloadavg(), "malloc_tuned_env": MALLOCS["tuned"],
-            "presets": results}
+    info = {
+        "scale": SCALE,
+        "images": CFG["n"],
+        "image_shape": [*CFG["size"], 3],
+        "batch_size": BATCH,
+        "epochs_per_run": CFG["epochs"],
+        "rounds": CFG["rounds"],
+        "server_cores": sorted(server_cores),
+        "reader_cores": sorted(reader_cores),
+        "load_average": os.getloadavg(),
+        "malloc_tuned_env": MALLOCS["tuned"],
+        "presets": results,
+    }
     out = results_dir(SCALE)
     out.mkdir(parents=True, exist_ok=True)
     (out / "remote_node.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -159,7 +191,9 @@ def _summary(runs: dict[str, list[list[dict[str, Any]]]], server_cpu: float, rem
     out["ratio"] = out["remote"]["images_per_s"] / out["local"]["images_per_s"]
     # the same without each run's first epoch (start-up: connections, first touch of buffers)
     steady = {kind: [e["images_per_s"] for r in rs for e in r[1:]] for kind, rs in runs.items()}
-    out["steady_ratio"] = statistics.median(steady["remote"]) / statistics.median(steady["local"]) if all(steady.values()) else None
+    out["steady_ratio"] = (
+        statistics.median(steady["remote"]) / statistics.median(steady["local"]) if all(steady.values()) else None
+    )
     out["server_core_share"] = server_cpu / remote_wall if remote_wall else None
     return out
 
@@ -175,7 +209,8 @@ def _markdown(info: dict[str, Any]) -> str:
         "(local runs read one untimed epoch first: page cache warm). Rates are the median epoch; CPU is the reader "
         "process's user + system time per image in its timed epochs (median epoch), all its threads. glibc malloc "
         "`tuned`: the reader (remote and local alike) ran with "
-        + " ".join(f"{k}={v}" for k, v in info["malloc_tuned_env"].items()) + ".",
+        + " ".join(f"{k}={v}" for k, v in info["malloc_tuned_env"].items())
+        + ".",
         "",
         "| store preset | glibc malloc | remote images/s | local warm images/s | remote / local (goal 0.8) | "
         "same, runs' first epochs aside | first batch remote / local (s) | reader CPU per image remote / local (µs) "
@@ -189,6 +224,13 @@ def _markdown(info: dict[str, Any]) -> str:
             f"{r['remote']['first_batch_s']:.3f} / {r['local']['first_batch_s']:.3f} | "
             f"{r['remote']['cpu_us_per_image']:.0f} / {r['local']['cpu_us_per_image']:.0f} | {r['server_core_share']:.2f} |"
         )
-    lines += ["", "Epoch rates (images/s): "
-              + "; ".join(f"{k} remote {r['remote']['epoch_rates']}, local {r['local']['epoch_rates']}" for k, r in info["presets"].items()), ""]
+    lines += [
+        "",
+        "Epoch rates (images/s): "
+        + "; ".join(
+            f"{k} remote {r['remote']['epoch_rates']}, local {r['local']['epoch_rates']}"
+            for k, r in info["presets"].items()
+        ),
+        "",
+    ]
     return "\n".join(lines)

@@ -119,8 +119,9 @@ def open_store_path(n: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pool, which = _photo_patches(8192, (8, 8))
     step = 65536
-    with carraystore.create(path, (8, 8, 1), class_names=[f"class{c}" for c in range(CLASSES)], overwrite=True,
-                            attrs={"bench": "open"}) as w:
+    with carraystore.create(
+        path, (8, 8, 1), class_names=[f"class{c}" for c in range(CLASSES)], overwrite=True, attrs={"bench": "open"}
+    ) as w:
         for a in range(0, n, step):
             b = min(a + step, n)
             i = np.arange(a, b)
@@ -170,7 +171,9 @@ def test_open_store(benchmark: Any) -> None:
         "open_rss_growth_mb": cs["rss_growth_mb"],
         "open_peak_growth_mb": cs["peak_growth_mb"],
         "open_ms_over_blosc2_open": round(cs["ms_median"] / max(modes["blosc2-open"]["ms_median"], 1e-3), 1),
-        "rss_blosc2_vlmeta_over_carraystore": round(modes["blosc2-vlmeta"]["rss_growth_mb"] / max(cs["rss_growth_mb"], 1e-3), 2),
+        "rss_blosc2_vlmeta_over_carraystore": round(
+            modes["blosc2-vlmeta"]["rss_growth_mb"] / max(cs["rss_growth_mb"], 1e-3), 2
+        ),
         "modes": modes,
         "trials": TRIALS,
         "blosc2": __import__("blosc2").__version__,
@@ -187,15 +190,22 @@ def test_open_store(benchmark: Any) -> None:
         "| mode | ms (median) | ms (min) | RSS growth (MB) | peak growth (MB) |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    lines += [f"| {m} | {v['ms_median']:.1f} | {v['ms_min']:.1f} | {v['rss_growth_mb']:.1f} | {v['peak_growth_mb']:.1f} |"
-              for m, v in modes.items()]
-    lines += ["", f"Goal (1M images): under {OPEN_MS_GOAL} ms (fastest trial) and {OPEN_MB_GOAL} MB (largest peak growth)."]
+    lines += [
+        f"| {m} | {v['ms_median']:.1f} | {v['ms_min']:.1f} | {v['rss_growth_mb']:.1f} | {v['peak_growth_mb']:.1f} |"
+        for m, v in modes.items()
+    ]
+    lines += [
+        "",
+        f"Goal (1M images): under {OPEN_MS_GOAL} ms (fastest trial) and {OPEN_MB_GOAL} MB (largest peak growth).",
+    ]
     _write_results("store_open", summary, lines)
     assert all(r["n"] == n for rs in runs.values() for r in rs)
     if SCALE != "tiny":
         assert n >= 1_000_000
         # the fastest trial: on a shared machine the others only add other processes' load (timeit's advice)
-        assert cs["ms_min"] < OPEN_MS_GOAL, f"opening {n} images took {cs['ms_min']} ms at best ({cs['ms_median']} median)"
+        assert cs["ms_min"] < OPEN_MS_GOAL, (
+            f"opening {n} images took {cs['ms_min']} ms at best ({cs['ms_median']} median)"
+        )
         assert cs["peak_growth_mb"] < OPEN_MB_GOAL, f"opening {n} images took up to {cs['peak_growth_mb']} MB"
 
 
@@ -247,7 +257,12 @@ def test_size_against_npz(benchmark: Any, tmp_path: Path) -> None:
             "ratio_to_npz": round(store.cbytes / npz_bytes, 3),
             "write_s": round(seconds, 2),
         }
-    rows["npz"] = {"codec": "np.savez_compressed (zlib)", "bytes": npz_bytes, "ratio_to_npz": 1.0, "write_s": round(npz_s, 2)}
+    rows["npz"] = {
+        "codec": "np.savez_compressed (zlib)",
+        "bytes": npz_bytes,
+        "ratio_to_npz": 1.0,
+        "write_s": round(npz_s, 2),
+    }
     summary = {
         "scale": SCALE,
         "images": f"{n} decoded JPEG photos of {size[0]}x{size[1]}x3 uint8 ({images.nbytes / 1e6:.1f} MB)",
@@ -266,7 +281,10 @@ def test_size_against_npz(benchmark: Any, tmp_path: Path) -> None:
         "| what | codec | MB | size / npz | write s |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
-    lines += [f"| {k} | {v['codec']} | {v['bytes'] / 1e6:.2f} | {v['ratio_to_npz']:.3f} | {v['write_s']:.2f} |" for k, v in rows.items()]
+    lines += [
+        f"| {k} | {v['codec']} | {v['bytes'] / 1e6:.2f} | {v['ratio_to_npz']:.3f} | {v['write_s']:.2f} |"
+        for k, v in rows.items()
+    ]
     lines += ["", "Goal: the default store and the `small` store are no larger than the .npz."]
     _write_results("store_size", summary, lines)
     if SCALE != "tiny":

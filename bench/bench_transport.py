@@ -139,7 +139,9 @@ def _run_obstore(srv, ranges):  # type: ignore[no-untyped-def]
 def _run_s3fs(srv, ranges):  # type: ignore[no-untyped-def]
     import s3fs
 
-    fs = s3fs.S3FileSystem(anon=True, client_kwargs={"endpoint_url": srv.endpoint, "region_name": "us-east-1"}, skip_instance_cache=True)
+    fs = s3fs.S3FileSystem(
+        anon=True, client_kwargs={"endpoint_url": srv.endpoint, "region_name": "us-east-1"}, skip_instance_cache=True
+    )
     path = f"{BUCKET}/{KEY}"
     got = 0
     for i in range(0, len(ranges), 256):
@@ -220,7 +222,9 @@ def test_server_cost_of_ranges(benchmark, server) -> None:  # type: ignore[no-un
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: obstore.put(s3, f"objects/{i}", payload), range(n)))
     kinds = {
-        "ranges of one object": lambda o: len(obstore.get(s3, KEY, options={"range": (o * chunk, (o + 1) * chunk)}).bytes()),
+        "ranges of one object": lambda o: len(
+            obstore.get(s3, KEY, options={"range": (o * chunk, (o + 1) * chunk)}).bytes()
+        ),
         "whole objects": lambda o: len(obstore.get(s3, f"objects/{o}").bytes()),
     }
     samples: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
@@ -246,11 +250,19 @@ def test_server_cost_of_ranges(benchmark, server) -> None:  # type: ignore[no-un
     for name, ss in samples.items():
         wall = statistics.median(w for w, _ in ss)
         cpu = statistics.median(c for _, c in ss)
-        rows.append(dict(kind=name, mb_per_s=round(n * chunk / wall / 1e6, 1), server_cpu_s_per_gb=round(cpu / (n * chunk / 1e9), 2)))
+        rows.append(
+            dict(
+                kind=name,
+                mb_per_s=round(n * chunk / wall / 1e6, 1),
+                server_cpu_s_per_gb=round(cpu / (n * chunk / 1e9), 2),
+            )
+        )
         lines.append(f"| {name} | {rows[-1]['mb_per_s']} | {rows[-1]['server_cpu_s_per_gb']} |")
     benchmark.pedantic(lambda: None, rounds=1)  # timed above, side by side; pytest-benchmark only lists it
     out = results_dir()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "transport_server.json").write_text(json.dumps(dict(scale=SCALE, object_mb=CFG["object_mb"], rows=rows), indent=2))
+    (out / "transport_server.json").write_text(
+        json.dumps(dict(scale=SCALE, object_mb=CFG["object_mb"], rows=rows), indent=2)
+    )
     (out / "transport_server.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -20,13 +20,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
+from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
 from carraystore.format import crc32
 from carraystore.loader import default_threads
-from benchpaths import data_dir, results_dir
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -71,7 +70,9 @@ def cpu_seconds(store: carraystore.Store, repeats: int) -> tuple[float, float]:
     chunks = [store.read_chunk_bytes(c) for c in range(store.nchunks)]  # resident: no page faults timed
     for r in range(repeats):
         for c, data in enumerate(chunks):
-            for step in ("crc", "dec") if (r + c) % 2 == 0 else ("dec", "crc"):  # neither always warms the cache for the other
+            for step in (
+                ("crc", "dec") if (r + c) % 2 == 0 else ("dec", "crc")
+            ):  # neither always warms the cache for the other
                 t0 = time.thread_time()
                 if step == "crc":
                     crc32(data)
@@ -150,4 +151,6 @@ def test_verify_cost(benchmark) -> None:
     print("\n" + "\n".join(lines))
     if SCALE != "tiny":
         cost = rows[0]["cost_cpu"]
-        assert cost < LIMIT, f"the CRC check costs {100 * cost:.1f}% of the decompression CPU time with the default preset"
+        assert cost < LIMIT, (
+            f"the CRC check costs {100 * cost:.1f}% of the decompression CPU time with the default preset"
+        )

@@ -32,9 +32,7 @@ def replace_block(text: str, name: str, body: str) -> str:
 
 
 def _short(r: C.CodecResult) -> str:
-    return (
-        f"| {r.label} | {r.ratio:.3f} | {r.compress_mbs:,.0f} | {r.decompress_mbs_1t:,.0f} | {r.decompress_mbs_2t:,.0f} |"
-    )
+    return f"| {r.label} | {r.ratio:.3f} | {r.compress_mbs:,.0f} | {r.decompress_mbs_1t:,.0f} | {r.decompress_mbs_2t:,.0f} |"
 
 
 def codecs_section(data: dict, rel: str) -> str:
@@ -59,12 +57,20 @@ def codecs_section(data: dict, rel: str) -> str:
         out.append(_short(r).replace("| ", f"| `{name}`: ", 1))
     pinned = info.get("pinned_presets", {})
     if pinned:
-        out += ["", "Pinned in `carraystore/format.py` at the time of this run: "
-                + "; ".join(f"`{k}` = {v}" for k, v in pinned.items())
-                + f"; `Codec()` = {info.get('default_codec', '?')}."]
+        out += [
+            "",
+            "Pinned in `carraystore/format.py` at the time of this run: "
+            + "; ".join(f"`{k}` = {v}" for k, v in pinned.items())
+            + f"; `Codec()` = {info.get('default_codec', '?')}.",
+        ]
     for ds in sorted({r.dataset for r in rows}):
         front = C.pareto_front([r for r in rows if r.dataset == ds])
-        out += ["", f"**Pareto front, {ds}** (no other combination is both smaller and faster to decompress):", "", head]
+        out += [
+            "",
+            f"**Pareto front, {ds}** (no other combination is both smaller and faster to decompress):",
+            "",
+            head,
+        ]
         out += [_short(r) for r in front]
     # every codec x filter at levels 1 and 5, one image per block: the neighbourhood of the presets
     for ds in sorted({r.dataset for r in rows}):
@@ -72,13 +78,26 @@ def codecs_section(data: dict, rel: str) -> str:
         sel = [r for r in rows if r.dataset == ds and r.block_images == 1 and r.clevel in (1, 5)]
         out += [_short(r) for r in sorted(sel, key=lambda r: (r.codec, r.filters, r.clevel))]
     blocks = sorted({r.block_images for r in rows})
-    out += ["", "**Images per block** (zstd-1 and zstd-5, shuffle+bytedelta):", "", "| dataset | combination | " + " | ".join(f"ratio b{b}" for b in blocks) + " |",
-            "|---|---|" + "---:|" * len(blocks)]
+    out += [
+        "",
+        "**Images per block** (zstd-1 and zstd-5, shuffle+bytedelta):",
+        "",
+        "| dataset | combination | " + " | ".join(f"ratio b{b}" for b in blocks) + " |",
+        "|---|---|" + "---:|" * len(blocks),
+    ]
     for ds in sorted({r.dataset for r in rows}):
         for lvl in (1, 5):
             cells = []
             for b in blocks:
-                m = [r for r in rows if r.dataset == ds and r.codec == "zstd" and r.clevel == lvl and r.filters == "shuffle+bytedelta" and r.block_images == b]
+                m = [
+                    r
+                    for r in rows
+                    if r.dataset == ds
+                    and r.codec == "zstd"
+                    and r.clevel == lvl
+                    and r.filters == "shuffle+bytedelta"
+                    and r.block_images == b
+                ]
                 cells.append(f"{m[0].ratio:.3f}" if m else "—")
             out.append(f"| {ds} | zstd-{lvl} shuffle+bytedelta | " + " | ".join(cells) + " |")
     out += ["", f"The full table ({len(rows)} rows): [{rel}/codecs.md]({rel}/codecs.md)."]
@@ -109,16 +128,24 @@ def regimes_section(data: dict, rel: str) -> str:
     for name in ("fast", "balanced", "small"):
         r = ok.get(f"carraystore_{name}_block")
         if r:
-            out.append(f"| carraystore `{name}`, block shuffle | {r.images_per_s_warm:,.0f} | {r.images_per_s_cold or 0:,.0f} | {r.bytes_on_disk / 1e6:,.0f} |")
+            out.append(
+                f"| carraystore `{name}`, block shuffle | {r.images_per_s_warm:,.0f} | {r.images_per_s_cold or 0:,.0f} | {r.bytes_on_disk / 1e6:,.0f} |"
+            )
     if disk:
         w = max(disk, key=lambda r: r.images_per_s_warm or 0)
         c = max(disk, key=lambda r: r.images_per_s_cold or 0)
-        out.append(f"| fastest on-disk peer, warm: {w.label} | {w.images_per_s_warm:,.0f} | {w.images_per_s_cold or 0:,.0f} | {w.bytes_on_disk / 1e6:,.0f} |")
+        out.append(
+            f"| fastest on-disk peer, warm: {w.label} | {w.images_per_s_warm:,.0f} | {w.images_per_s_cold or 0:,.0f} | {w.bytes_on_disk / 1e6:,.0f} |"
+        )
         if c is not w:
-            out.append(f"| fastest on-disk peer, cold: {c.label} | {c.images_per_s_warm:,.0f} | {c.images_per_s_cold or 0:,.0f} | {c.bytes_on_disk / 1e6:,.0f} |")
+            out.append(
+                f"| fastest on-disk peer, cold: {c.label} | {c.images_per_s_warm:,.0f} | {c.images_per_s_cold or 0:,.0f} | {c.bytes_on_disk / 1e6:,.0f} |"
+            )
     npz = ok.get("npz_cache")
     if npz:
-        out.append(f"| `np.savez_compressed` cache | {npz.images_per_s_warm:,.0f} | {npz.images_per_s_cold or 0:,.0f} | {npz.bytes_on_disk / 1e6:,.0f} |")
+        out.append(
+            f"| `np.savez_compressed` cache | {npz.images_per_s_warm:,.0f} | {npz.images_per_s_cold or 0:,.0f} | {npz.bytes_on_disk / 1e6:,.0f} |"
+        )
     return "\n".join(out)
 
 

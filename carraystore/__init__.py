@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from carraystore import loader as _loader  # noqa: E402,F401  (gives Store.batches its implementation)
+from carraystore import reader as _reader  # noqa: E402
 from carraystore._version import __version__  # noqa: E402
-
 from carraystore.errors import *  # noqa: E402,F401,F403
 from carraystore.errors import __all__ as _errors_all  # noqa: E402
 from carraystore.format import FORMAT_VERSION, PRESETS, Codec  # noqa: E402
+from carraystore.ingest import from_directory  # noqa: E402  (the real signature, for help() and IDEs)
+from carraystore.migrations import migrate  # noqa: E402
 from carraystore.reader import ChunkProblem, Store  # noqa: E402
 from carraystore.reader import open_store as open  # noqa: E402,A001
 from carraystore.writer import StoreWriter, append, create, update_metadata  # noqa: E402
-from carraystore.ingest import from_directory  # noqa: E402  (the real signature, for help() and IDEs)
-from carraystore import loader as _loader  # noqa: E402,F401  (gives Store.batches its implementation)
-from carraystore import reader as _reader  # noqa: E402
 
 
 def _store_to_dask(store: Store):  # type: ignore[no-untyped-def]
@@ -25,18 +25,6 @@ def _store_to_dask(store: Store):  # type: ignore[no-untyped-def]
 _reader.TO_DASK = _store_to_dask
 
 
-def migrate(*args, **kwargs):  # type: ignore[no-untyped-def]
-    """Migrate a legacy array or file into a store; see ``carraystore.migrations.migrate``.
-
-    Imported on first use: ``carraystore.migrations`` is mapped from the top-level
-    ``migrations/`` folder at install time, so a source checkout on ``sys.path`` has no such
-    module until it is installed.
-    """
-    from carraystore.migrations import migrate as _migrate
-
-    return _migrate(*args, **kwargs)
-
-
 def copy(src, dst, *, storage_options=None, dst_storage_options=None, overwrite=False, verify=True, progress=False):  # type: ignore[no-untyped-def]
     """Copy a store between two locations (paths or URLs), streamed and verified chunk by chunk.
 
@@ -44,8 +32,15 @@ def copy(src, dst, *, storage_options=None, dst_storage_options=None, overwrite=
     """
     from carraystore.transfer import copy_store
 
-    return copy_store(src, dst, storage_options=storage_options, dst_storage_options=dst_storage_options,
-                      overwrite=overwrite, verify=verify, progress=progress)
+    return copy_store(
+        src,
+        dst,
+        storage_options=storage_options,
+        dst_storage_options=dst_storage_options,
+        overwrite=overwrite,
+        verify=verify,
+        progress=progress,
+    )
 
 
 __all__ = [

@@ -45,7 +45,13 @@ def _load() -> Any:
         lib.blosc2_free_ctx.argtypes = [ctypes.c_void_p]
         lib.blosc2_getitem_ctx.restype = ctypes.c_int
         lib.blosc2_getitem_ctx.argtypes = [
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int32
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int32,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_int32,
         ]
         # prove it on a real chunk before trusting it
         ref = np.arange(4 * 300, dtype=np.uint8).reshape(4, 300) * 7
@@ -102,7 +108,9 @@ class BlockReader:
 
     def get(self, chunk: Any, chunk_len: int, item: int, dest: int) -> None:
         """Decompress item ``item`` of ``chunk`` (a buffer or address) into the address ``dest``."""
-        rc = self._lib.blosc2_getitem_ctx(self._ctx, chunk, chunk_len, item * self._units, self._units, dest, self.item_nbytes)
+        rc = self._lib.blosc2_getitem_ctx(
+            self._ctx, chunk, chunk_len, item * self._units, self._units, dest, self.item_nbytes
+        )
         if rc != self.item_nbytes:
             raise ValueError(f"blosc2_getitem_ctx returned {rc} for item {item} (wanted {self.item_nbytes} bytes)")
 

@@ -96,7 +96,9 @@ class CachedSource:
     """``source`` with its ranges kept on local disk under ``cache_dir`` (``cache_size``
     bytes at most, None for no limit). Implements the ByteSource protocol."""
 
-    def __init__(self, source: ByteSource, cache_dir: str | os.PathLike[str], cache_size: int | str | None = None) -> None:
+    def __init__(
+        self, source: ByteSource, cache_dir: str | os.PathLike[str], cache_size: int | str | None = None
+    ) -> None:
         self.inner = source
         self.location = source.location
         self.cache_size = parse_size(cache_size)

@@ -19,7 +19,14 @@ import numpy as np
 from carraystore.errors import CarrayStoreError, InvalidInputError, MissingDependencyError, NotAStoreError
 from carraystore.format import PRESETS, Codec
 
-__all__ = ["register", "store_info", "make_contact_sheet", "export_images", "add_write_arguments", "storage_options_arg"]
+__all__ = [
+    "register",
+    "store_info",
+    "make_contact_sheet",
+    "export_images",
+    "add_write_arguments",
+    "storage_options_arg",
+]
 
 
 def _codec_from_args(args: argparse.Namespace) -> Codec | None:
@@ -77,7 +84,9 @@ def add_codec_arguments(p: argparse.ArgumentParser) -> None:
     """--preset / --codec-config / --chunk-images, shared by ingest and migrate."""
     p.add_argument("--preset", choices=sorted(PRESETS), help="codec preset (default: balanced); see docs/codecs.md")
     p.add_argument("--codec-config", metavar="JSON", help='an explicit codec, e.g. \'{"codec": "zstd", "clevel": 3}\'')
-    p.add_argument("--chunk-images", type=positive_int, metavar="N", help="images per chunk (default: about 4 MiB per chunk)")
+    p.add_argument(
+        "--chunk-images", type=positive_int, metavar="N", help="images per chunk (default: about 4 MiB per chunk)"
+    )
 
 
 # -- what a file is, when it is not a store ---------------------------------------------------
@@ -88,9 +97,17 @@ _MAGIC: tuple[tuple[bytes, str, str], ...] = (
     (b"\x89PNG\r\n\x1a\n", "a PNG image", "to make a store from image files use `carraystore ingest FOLDER OUT.b2nd`"),
     (b"GIF8", "a GIF image", "to make a store from image files use `carraystore ingest FOLDER OUT.b2nd`"),
     (b"BM", "a BMP image", "to make a store from image files use `carraystore ingest FOLDER OUT.b2nd`"),
-    (b"\x89HDF\r\n\x1a\n", "an HDF5 file", "convert it with `carraystore migrate FILE OUT.b2nd` (see --dataset, --labels)"),
+    (
+        b"\x89HDF\r\n\x1a\n",
+        "an HDF5 file",
+        "convert it with `carraystore migrate FILE OUT.b2nd` (see --dataset, --labels)",
+    ),
     (b"PK\x03\x04", "a zip file (an .npz?)", "convert an .npz with `carraystore migrate FILE OUT.b2nd`"),
-    (b"\x93NUMPY", "a NumPy .npy file", "load it with numpy and write it with carraystore.create, or save it in an .npz and migrate that"),
+    (
+        b"\x93NUMPY",
+        "a NumPy .npy file",
+        "load it with numpy and write it with carraystore.create, or save it in an .npz and migrate that",
+    ),
 )
 
 
@@ -162,16 +179,25 @@ def storage_options_arg(text: str) -> dict[str, Any]:
 
 def add_read_arguments(p: argparse.ArgumentParser) -> None:
     """--storage-options for commands that read a store that may be a URL."""
-    p.add_argument("--storage-options", type=storage_options_arg, metavar="JSON",
-                   help="options for an s3://, gs:// or http(s):// store, as pandas/zarr take them (the AWS_* environment works too)")
+    p.add_argument(
+        "--storage-options",
+        type=storage_options_arg,
+        metavar="JSON",
+        help="options for an s3://, gs:// or http(s):// store, as pandas/zarr take them (the AWS_* environment works too)",
+    )
 
 
 def add_write_arguments(p: argparse.ArgumentParser) -> None:
     """--storage-options / --tmp-dir for commands that write a store that may be a URL."""
-    p.add_argument("--storage-options", type=storage_options_arg, metavar="JSON",
-                   help="options for an s3:// or gs:// output, as pandas/zarr take them (the AWS_* environment works too)")
-    p.add_argument("--tmp-dir", metavar="DIR",
-                   help="where a store bound for a URL is staged before its upload (default: $TMPDIR)")
+    p.add_argument(
+        "--storage-options",
+        type=storage_options_arg,
+        metavar="JSON",
+        help="options for an s3:// or gs:// output, as pandas/zarr take them (the AWS_* environment works too)",
+    )
+    p.add_argument(
+        "--tmp-dir", metavar="DIR", help="where a store bound for a URL is staged before its upload (default: $TMPDIR)"
+    )
 
 
 # -- ingest ----------------------------------------------------------------------------------
@@ -224,7 +250,9 @@ def _cmd_ingest_on_cluster(args: argparse.Namespace) -> int:
     try:
         from distributed import Client
     except ImportError as exc:
-        raise MissingDependencyError("--dask-scheduler needs dask.distributed: pip install 'carraystore[dask]'") from exc
+        raise MissingDependencyError(
+            "--dask-scheduler needs dask.distributed: pip install 'carraystore[dask]'"
+        ) from exc
     try:
         client = Client(args.dask_scheduler, timeout=args.dask_timeout)
     except (OSError, TimeoutError) as exc:
@@ -252,7 +280,9 @@ def _max_skipped(text: str) -> float | int:
             raise ValueError
         return value
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count (20), a percentage (5%) or a fraction below 1 (0.05)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a count (20), a percentage (5%) or a fraction below 1 (0.05)"
+        ) from None
 
 
 # -- info ------------------------------------------------------------------------------------
@@ -325,26 +355,56 @@ def _cmd_info(args: argparse.Namespace) -> int:
             codec = store.codec
             rows = [
                 ("path", info["path"]),
-                ("format", f"carraystore {info['format_version']} (written by carraystore {info['writer_version']}, blosc2 {info['blosc2_version']})"),
-                ("items", f"{info['nimages']} x {'x'.join(map(str, info['image_shape'])) or 'scalar'} {info['dtype']}"
-                 + (f" ({info['color_mode']})" if info["color_mode"] else f" (layout {info['layout']})")),
-                ("chunks", f"{info['nchunks']} x {info['chunk_images']} items ({_fmt_bytes(info['chunk_images'] * store.meta.image_nbytes)} each, uncompressed)"),
-                ("codec", f"{codec.codec} clevel {codec.clevel}, filters {'+'.join(codec.filters) or 'none'}, typesize {codec.typesize}, "
-                 f"{codec.block_images} item(s)/block ({_fmt_bytes(info['blocksize'])}), split {codec.splitmode}"),
-                ("size", f"{_fmt_bytes(info['nbytes'])} uncompressed -> {_fmt_bytes(info['cbytes'])} on disk"
-                 + (f" (ratio {info['ratio']:.2f})" if info["ratio"] else "")),
+                (
+                    "format",
+                    f"carraystore {info['format_version']} (written by carraystore {info['writer_version']}, blosc2 {info['blosc2_version']})",
+                ),
+                (
+                    "items",
+                    f"{info['nimages']} x {'x'.join(map(str, info['image_shape'])) or 'scalar'} {info['dtype']}"
+                    + (f" ({info['color_mode']})" if info["color_mode"] else f" (layout {info['layout']})"),
+                ),
+                (
+                    "chunks",
+                    f"{info['nchunks']} x {info['chunk_images']} items ({_fmt_bytes(info['chunk_images'] * store.meta.image_nbytes)} each, uncompressed)",
+                ),
+                (
+                    "codec",
+                    f"{codec.codec} clevel {codec.clevel}, filters {'+'.join(codec.filters) or 'none'}, typesize {codec.typesize}, "
+                    f"{codec.block_images} item(s)/block ({_fmt_bytes(info['blocksize'])}), split {codec.splitmode}",
+                ),
+                (
+                    "size",
+                    f"{_fmt_bytes(info['nbytes'])} uncompressed -> {_fmt_bytes(info['cbytes'])} on disk"
+                    + (f" (ratio {info['ratio']:.2f})" if info["ratio"] else ""),
+                ),
             ]
             if info.get("label_counts"):
                 counts = ", ".join(f"{k} ({v})" for k, v in info["label_counts"].items())
                 rows.append(("labels", f"{len(info['class_names'] or info['label_counts'])} classes: {counts}"))
             else:
                 rows.append(("labels", "yes" if info["labelled"] else "none"))
-            rows.append(("keys", f"yes, e.g. {store.keys[0]}" if store.keys is not None and len(store.keys) else ("yes" if info["keys"] else "none")))
+            rows.append(
+                (
+                    "keys",
+                    f"yes, e.g. {store.keys[0]}"
+                    if store.keys is not None and len(store.keys)
+                    else ("yes" if info["keys"] else "none"),
+                )
+            )
             if info["columns"]:
                 rows.append(("columns", ", ".join(f"{k} ({v})" for k, v in info["columns"].items())))
-            rows.append(("skipped", f"{len(info['skipped'])} file(s)" + "".join(f"\n{'':13}{s.get('path')}: {s.get('reason')}" for s in info["skipped"][:20])))
+            rows.append(
+                (
+                    "skipped",
+                    f"{len(info['skipped'])} file(s)"
+                    + "".join(f"\n{'':13}{s.get('path')}: {s.get('reason')}" for s in info["skipped"][:20]),
+                )
+            )
             if info["provenance"]:
-                rows.append(("provenance", ", ".join(f"{k}={v}" for k, v in info["provenance"].items() if v is not None)))
+                rows.append(
+                    ("provenance", ", ".join(f"{k}={v}" for k, v in info["provenance"].items() if v is not None))
+                )
             if info["attrs"]:
                 rows.append(("attrs", json.dumps(info["attrs"])[:500]))
             for k, v in rows:
@@ -379,10 +439,14 @@ def _cmd_meta(args: argparse.Namespace) -> int:
         names = [c.strip() for c in args.class_names.split(",")]
     attrs = dict(_parse_attr(a) for a in args.attr)
     if names is not None or attrs or args.remove_attr:
-        update_metadata(path, class_names=names, attrs=attrs or None, remove_attrs=args.remove_attr, lock_timeout=args.wait)
+        update_metadata(
+            path, class_names=names, attrs=attrs or None, remove_attrs=args.remove_attr, lock_timeout=args.wait
+        )
     with open_for_cli(path) as store:
         info = store_info(store)
-    shown = {k: info[k] for k in ("class_names", "attrs", "provenance", "labelled", "label_counts", "nimages") if k in info}
+    shown = {
+        k: info[k] for k in ("class_names", "attrs", "provenance", "labelled", "label_counts", "nimages") if k in info
+    }
     if args.json:
         print(json.dumps(shown, indent=2))
         return 0
@@ -473,7 +537,9 @@ def make_contact_sheet(
     n = min(n, len(store))
     if n == 0:
         raise InvalidInputError(f"{store.path}: the store is empty")
-    idx = np.sort(np.random.default_rng(seed).choice(len(store), n, replace=False)) if seed is not None else np.arange(n)
+    idx = (
+        np.sort(np.random.default_rng(seed).choice(len(store), n, replace=False)) if seed is not None else np.arange(n)
+    )
     images = store.take(idx)
     cols = max(1, min(cols, n))
     rows = -(-n // cols)
@@ -503,7 +569,9 @@ def make_contact_sheet(
         draw.text((x + 2, y + cell), label[:chars], fill="black")
         if keys and store.keys is not None:
             key = store.keys[int(i)]
-            draw.text((x + 2, y + cell + line_h), key if len(key) <= chars else "..." + key[-(chars - 3):], fill="black")
+            draw.text(
+                (x + 2, y + cell + line_h), key if len(key) <= chars else "..." + key[-(chars - 3) :], fill="black"
+            )
     return sheet
 
 
@@ -520,7 +588,9 @@ def _check_preview_output(out: Path, store_path: Path) -> None:
     if stat.S_ISLNK(st.st_mode):
         raise InvalidInputError(f"{out} is a symbolic link; preview does not replace links: choose another output name")
     if not stat.S_ISREG(st.st_mode):
-        raise InvalidInputError(f"{out} exists and is not a regular file (a folder, FIFO or device); choose another output name")
+        raise InvalidInputError(
+            f"{out} exists and is not a regular file (a folder, FIFO or device); choose another output name"
+        )
     fd = os.open(out, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     with os.fdopen(fd, "rb") as f:
         head = f.read(len(_PNG_SIGNATURE))
@@ -535,7 +605,9 @@ def _cmd_preview(args: argparse.Namespace) -> int:
     _check_sheet_size(args.n, args.cols, args.cell)
     out = Path(args.out)
     if not out.parent.is_dir():
-        raise InvalidInputError(f"{out}: folder {out.parent} does not exist; create it first or write the preview elsewhere")
+        raise InvalidInputError(
+            f"{out}: folder {out.parent} does not exist; create it first or write the preview elsewhere"
+        )
     _check_preview_output(out, Path(args.store))
     with open_for_cli(args.store, args.storage_options) as store:
         sheet = make_contact_sheet(
@@ -550,7 +622,9 @@ def _cmd_preview(args: argparse.Namespace) -> int:
 # -- export ----------------------------------------------------------------------------------
 
 
-def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", quality: int = 95, overwrite: bool = False) -> int:
+def export_images(
+    store: Any, outdir: str | os.PathLike[str], fmt: str = "png", quality: int = 95, overwrite: bool = False
+) -> int:
     """Write every image as a file under ``outdir`` (keys as relative paths); returns the count.
 
     Refuses any key that would land outside ``outdir`` (absolute, ``..``, or through a link),
@@ -560,10 +634,14 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
     from PIL import Image
 
     if store.layout != "NHWC" or store.dtype != np.uint8:
-        raise InvalidInputError(f"{store.path}: export writes uint8 image stores; this one is {store.layout} {store.dtype}")
+        raise InvalidInputError(
+            f"{store.path}: export writes uint8 image stores; this one is {store.layout} {store.dtype}"
+        )
     root = Path(outdir)
     if (root.exists() or root.is_symlink()) and not root.is_dir():
-        raise InvalidInputError(f"{root} exists and is not a folder; export writes one file per image under a folder: give a folder")
+        raise InvalidInputError(
+            f"{root} exists and is not a folder; export writes one file per image under a folder: give a folder"
+        )
     root.mkdir(parents=True, exist_ok=True)
     root_resolved = root.resolve()
     ext = {"png": ".png", "jpeg": ".jpg"}[fmt]
@@ -579,7 +657,11 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
             rel = Path(key).with_suffix(ext)
         else:
             lab = int(store.labels[i]) if store.labels is not None else None
-            sub = (store.class_names[lab] if store.class_names and lab is not None else str(lab)) if lab is not None else ""
+            sub = (
+                (store.class_names[lab] if store.class_names and lab is not None else str(lab))
+                if lab is not None
+                else ""
+            )
             rel = Path(sub) / f"{i:08d}{ext}"
         target = (root / rel).resolve()
         if rel.is_absolute() or ".." in rel.parts or not target.is_relative_to(root_resolved):
@@ -594,7 +676,9 @@ def export_images(store: Any, outdir: str | os.PathLike[str], fmt: str = "png", 
     folders = {q for p in names for q in p.parents if q != root_resolved and q.is_relative_to(root_resolved)}
     clash = next((p for p in names if p in folders), None)
     if clash is not None:  # keys "a.png" and "a.png/b.png"
-        raise InvalidInputError(f"{store.path}: {clash} would be both an item's file and the folder of another item's file")
+        raise InvalidInputError(
+            f"{store.path}: {clash} would be both an item's file and the folder of another item's file"
+        )
     if not overwrite:
         existing = [p for p in names if p.exists()]
         if existing:
@@ -652,99 +736,206 @@ def _cmd_copy(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ingest, info, meta, verify, preview and export to the ``carraystore`` CLI."""
-    p = sub.add_parser("ingest", help="turn a folder of images into a store", description=(
-        "Ingest SRC (class sub-folders of images, as keras.utils.image_dataset_from_directory reads) into OUT.b2nd. "
-        "With --split-dirs, every sub-folder of SRC (train/, validation/, test/) becomes OUT/<split>.b2nd; "
-        "with --validation-split F --subset both, OUT/training.b2nd and OUT/validation.b2nd hold Keras' split."))
+    p = sub.add_parser(
+        "ingest",
+        help="turn a folder of images into a store",
+        description=(
+            "Ingest SRC (class sub-folders of images, as keras.utils.image_dataset_from_directory reads) into OUT.b2nd. "
+            "With --split-dirs, every sub-folder of SRC (train/, validation/, test/) becomes OUT/<split>.b2nd; "
+            "with --validation-split F --subset both, OUT/training.b2nd and OUT/validation.b2nd hold Keras' split."
+        ),
+    )
     p.add_argument("src", help="folder of images")
-    p.add_argument("out", help="output store (.b2nd path or s3:// / gs:// URL), or a folder or URL prefix with --split-dirs or --subset both")
-    p.add_argument("--labels", choices=["inferred", "none"], default="inferred", help="labels from class sub-folders, or none")
+    p.add_argument(
+        "out",
+        help="output store (.b2nd path or s3:// / gs:// URL), or a folder or URL prefix with --split-dirs or --subset both",
+    )
+    p.add_argument(
+        "--labels", choices=["inferred", "none"], default="inferred", help="labels from class sub-folders, or none"
+    )
     p.add_argument("--class-names", nargs="+", metavar="NAME", help="class folders to use, in label order")
-    p.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image (default: keep size; all must agree)")
+    p.add_argument(
+        "--image-size",
+        nargs=2,
+        type=int,
+        metavar=("H", "W"),
+        help="resize every image (default: keep size; all must agree)",
+    )
     from carraystore.ingest import INTERPOLATIONS
 
-    p.add_argument("--interpolation", choices=sorted(INTERPOLATIONS), default="bilinear", help="resampling filter of --image-size (default bilinear)")
-    p.add_argument("--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb", help="channels of the stored images (default rgb)")
-    p.add_argument("--dtype", choices=["uint8", "uint16"], default="uint8", help=(
-        "pixel type: uint8 (16-bit files keep their high byte) or uint16 (16-bit grayscale PNGs kept exactly, "
-        "8-bit files scaled by 257, 16-bit colour PNGs refused)"))
-    p.add_argument("--crop-to-aspect-ratio", action="store_true", help="centre-crop to the target aspect ratio before resizing")
-    p.add_argument("--keep-order", action="store_true", help="keep sorted file order (video frames) instead of a seeded shuffle")
+    p.add_argument(
+        "--interpolation",
+        choices=sorted(INTERPOLATIONS),
+        default="bilinear",
+        help="resampling filter of --image-size (default bilinear)",
+    )
+    p.add_argument(
+        "--color-mode",
+        choices=["grayscale", "rgb", "rgba"],
+        default="rgb",
+        help="channels of the stored images (default rgb)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["uint8", "uint16"],
+        default="uint8",
+        help=(
+            "pixel type: uint8 (16-bit files keep their high byte) or uint16 (16-bit grayscale PNGs kept exactly, "
+            "8-bit files scaled by 257, 16-bit colour PNGs refused)"
+        ),
+    )
+    p.add_argument(
+        "--crop-to-aspect-ratio", action="store_true", help="centre-crop to the target aspect ratio before resizing"
+    )
+    p.add_argument(
+        "--keep-order", action="store_true", help="keep sorted file order (video frames) instead of a seeded shuffle"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the write order and of --validation-split (default 0)")
-    p.add_argument("--validation-split", type=float, metavar="F",
-                   help="keep a fraction F of the files apart for validation, the same files as Keras picks with the same --seed")
-    p.add_argument("--subset", choices=["training", "validation", "both"],
-                   help="with --validation-split: write the training part, the validation part, or both (OUT is then a "
-                        "folder receiving training.b2nd and validation.b2nd)")
+    p.add_argument(
+        "--validation-split",
+        type=float,
+        metavar="F",
+        help="keep a fraction F of the files apart for validation, the same files as Keras picks with the same --seed",
+    )
+    p.add_argument(
+        "--subset",
+        choices=["training", "validation", "both"],
+        help="with --validation-split: write the training part, the validation part, or both (OUT is then a "
+        "folder receiving training.b2nd and validation.b2nd)",
+    )
     p.add_argument("--workers", type=int, default=None, help="decoding processes (default: all cores)")
-    p.add_argument("--on-error", choices=["fail", "skip"], default="fail", help="what to do with files that do not decode")
-    p.add_argument("--max-skipped", type=_max_skipped, default=0.01, metavar="N|P%",
-                   help="with --on-error skip, stop (writing nothing) when more files fail than this: a count (20), "
-                        "a percentage (5%%) or a fraction (0.05); default 1%%")
-    p.add_argument("--split-dirs", action="store_true", help="one store per split sub-folder (train/, validation/, test/)")
-    p.add_argument("--allow-split-names", action="store_true",
-                   help="ingest sub-folders named like splits (train/, test/, ...) as classes instead of refusing")
+    p.add_argument(
+        "--on-error", choices=["fail", "skip"], default="fail", help="what to do with files that do not decode"
+    )
+    p.add_argument(
+        "--max-skipped",
+        type=_max_skipped,
+        default=0.01,
+        metavar="N|P%",
+        help="with --on-error skip, stop (writing nothing) when more files fail than this: a count (20), "
+        "a percentage (5%%) or a fraction (0.05); default 1%%",
+    )
+    p.add_argument(
+        "--split-dirs", action="store_true", help="one store per split sub-folder (train/, validation/, test/)"
+    )
+    p.add_argument(
+        "--allow-split-names",
+        action="store_true",
+        help="ingest sub-folders named like splits (train/, test/, ...) as classes instead of refusing",
+    )
     p.add_argument("--follow-links", action="store_true", help="descend into symbolic links to folders")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
-    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                   help="while another writer holds the output store, wait up to SECONDS (default: fail at once)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="while another writer holds the output store, wait up to SECONDS (default: fail at once)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--dask-scheduler", metavar="ADDRESS", help=(
-        "decode on a dask.distributed cluster (e.g. tcp://10.0.0.5:8786); SRC must be at the same path on every "
-        "worker; the store is the same as a local ingest's (docs/dask.md)"))
-    p.add_argument("--dask-timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="how long to try reaching the --dask-scheduler before giving up (default 30)")
+    p.add_argument(
+        "--dask-scheduler",
+        metavar="ADDRESS",
+        help=(
+            "decode on a dask.distributed cluster (e.g. tcp://10.0.0.5:8786); SRC must be at the same path on every "
+            "worker; the store is the same as a local ingest's (docs/dask.md)"
+        ),
+    )
+    p.add_argument(
+        "--dask-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to try reaching the --dask-scheduler before giving up (default 30)",
+    )
     add_codec_arguments(p)
     add_write_arguments(p)
     p.set_defaults(func=_cmd_ingest)
 
-    p = sub.add_parser("info", help="describe a store", description=(
-        "Print what a store holds: items, shape and dtype, chunks, codec, sizes, class names and label counts, "
-        "keys, skipped files, provenance and attrs."))
+    p = sub.add_parser(
+        "info",
+        help="describe a store",
+        description=(
+            "Print what a store holds: items, shape and dtype, chunks, codec, sizes, class names and label counts, "
+            "keys, skipped files, provenance and attrs."
+        ),
+    )
     p.add_argument("stores", nargs="+", metavar="STORE", help="one or more .b2nd stores")
     p.add_argument("--json", action="store_true", help="print JSON")
     add_read_arguments(p)
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser("meta", help="show or set a store's class names and attrs (in place, pixels untouched)", description=(
-        "Print STORE's class names, label counts, attrs and provenance; with --class-names / --attr / --remove-attr, "
-        "change them first. The change is written in place into the store's metadata (the image chunks are neither "
-        "read nor rewritten), journaled like an append (a crash leaves the old metadata) and under the store's "
-        "writer lock (--wait to wait for another writer)."))
+    p = sub.add_parser(
+        "meta",
+        help="show or set a store's class names and attrs (in place, pixels untouched)",
+        description=(
+            "Print STORE's class names, label counts, attrs and provenance; with --class-names / --attr / --remove-attr, "
+            "change them first. The change is written in place into the store's metadata (the image chunks are neither "
+            "read nor rewritten), journaled like an append (a crash leaves the old metadata) and under the store's "
+            "writer lock (--wait to wait for another writer)."
+        ),
+    )
     p.add_argument("store", metavar="STORE", help="the .b2nd store")
     p.add_argument("--class-names", metavar="A,B,C", help="comma-separated class names, in label order (label 0 first)")
-    p.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
-                   help="set an attr (repeatable); VALUE is read as JSON when it parses (3, true, [1,2]), else as text")
+    p.add_argument(
+        "--attr",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set an attr (repeatable); VALUE is read as JSON when it parses (3, true, [1,2]), else as text",
+    )
     p.add_argument("--remove-attr", action="append", default=[], metavar="KEY", help="delete an attr (repeatable)")
-    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                   help="while another writer holds the store, wait up to SECONDS (default: fail at once)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="while another writer holds the store, wait up to SECONDS (default: fail at once)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_meta)
 
-    p = sub.add_parser("verify", help="recompute checksums and decode every chunk (exit 1 on damage)", description=(
-        "Check every chunk of each STORE: its CRC32, its header against the pinned codec, and that it decompresses. "
-        "Exits 1 and names the damaged chunks when any check fails."))
+    p = sub.add_parser(
+        "verify",
+        help="recompute checksums and decode every chunk (exit 1 on damage)",
+        description=(
+            "Check every chunk of each STORE: its CRC32, its header against the pinned codec, and that it decompresses. "
+            "Exits 1 and names the damaged chunks when any check fails."
+        ),
+    )
     p.add_argument("stores", nargs="+", metavar="STORE", help="one or more .b2nd stores")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_read_arguments(p)
     p.set_defaults(func=_cmd_verify)
 
-    p = sub.add_parser("preview", help="write a PNG contact sheet of images with their labels", description=(
-        "Write a PNG grid of N images of STORE (a seeded random sample, or the first N) with their index and label "
-        "under each tile (and their key with --keys). Small images are enlarged to fill the tile."))
+    p = sub.add_parser(
+        "preview",
+        help="write a PNG contact sheet of images with their labels",
+        description=(
+            "Write a PNG grid of N images of STORE (a seeded random sample, or the first N) with their index and label "
+            "under each tile (and their key with --keys). Small images are enlarged to fill the tile."
+        ),
+    )
     p.add_argument("store", help="the .b2nd store")
     p.add_argument("out", help="output .png (its folder must exist)")
     p.add_argument("-n", type=int, default=32, help="number of images (default 32)")
     p.add_argument("--cols", type=int, default=8, help="tiles per row (default 8)")
-    p.add_argument("--cell", type=int, default=128, help="tile size in pixels; images are scaled to fill it (default 128)")
+    p.add_argument(
+        "--cell", type=int, default=128, help="tile size in pixels; images are scaled to fill it (default 128)"
+    )
     p.add_argument("--keys", action="store_true", help="print each image's key (its file path) under the tile")
     p.add_argument("--seed", type=int, default=0, help="seed of the random sample")
     p.add_argument("--first", action="store_true", help="the first N images instead of a random sample")
     add_read_arguments(p)
     p.set_defaults(func=_cmd_preview)
 
-    p = sub.add_parser("export", help="write the images back as PNG/JPEG files under a folder", description=(
-        "Write every image of STORE as a file under OUTDIR, named by its key (or <class>/<index> without keys)."))
+    p = sub.add_parser(
+        "export",
+        help="write the images back as PNG/JPEG files under a folder",
+        description=(
+            "Write every image of STORE as a file under OUTDIR, named by its key (or <class>/<index> without keys)."
+        ),
+    )
     p.add_argument("store", help="the .b2nd store")
     p.add_argument("outdir", help="folder to write into (created if missing)")
     p.add_argument("--format", choices=["png", "jpeg"], default="png", help="file format (default png, lossless)")
@@ -753,14 +944,29 @@ def register(sub: Any) -> None:
     add_read_arguments(p)
     p.set_defaults(func=_cmd_export)
 
-    p = sub.add_parser("copy", help="copy a store between local paths, s3:// / gs:// and http(s):// (verified)", description=(
-        "Copy the store SRC to DST (each a path or URL; http(s) only as SRC), streamed with a bounded amount of memory. "
-        "Every chunk's CRC32 is checked as it is read, the copy appears at DST only when complete, and it is then "
-        "re-read and compared with SRC (metadata and every chunk)."))
+    p = sub.add_parser(
+        "copy",
+        help="copy a store between local paths, s3:// / gs:// and http(s):// (verified)",
+        description=(
+            "Copy the store SRC to DST (each a path or URL; http(s) only as SRC), streamed with a bounded amount of memory. "
+            "Every chunk's CRC32 is checked as it is read, the copy appears at DST only when complete, and it is then "
+            "re-read and compared with SRC (metadata and every chunk)."
+        ),
+    )
     p.add_argument("src", help="source store: path or URL")
     p.add_argument("dst", help="destination store: path, s3://bucket/key.b2nd or gs://...")
-    p.add_argument("--storage-options", type=storage_options_arg, metavar="JSON", help="options for SRC (and DST when both are URLs)")
-    p.add_argument("--dst-storage-options", type=storage_options_arg, metavar="JSON", help="options for DST when they differ from SRC's")
+    p.add_argument(
+        "--storage-options",
+        type=storage_options_arg,
+        metavar="JSON",
+        help="options for SRC (and DST when both are URLs)",
+    )
+    p.add_argument(
+        "--dst-storage-options",
+        type=storage_options_arg,
+        metavar="JSON",
+        help="options for DST when they differ from SRC's",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip re-reading the published copy")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -54,7 +54,9 @@ def _as_store(store_or_url: Store | str | os.PathLike[str], storage_options: dic
         return store_or_url
     if not is_url(store_or_url):
         path = str(store_or_url)
-        return open_store(Path(path[len("file://") :] if path.startswith("file://") else path).absolute(), storage_options)
+        return open_store(
+            Path(path[len("file://") :] if path.startswith("file://") else path).absolute(), storage_options
+        )
     return open_store(store_or_url, storage_options)
 
 
@@ -289,7 +291,11 @@ def from_dask(
             writer._check_keys(keylist, n)
         if n:
             want = {0: k, **{i: -1 for i in range(1, x.ndim)}}
-            if x.chunks[0][:-1] != (k,) * (len(x.chunks[0]) - 1) or not 0 < x.chunks[0][-1] <= k or any(len(c) > 1 for c in x.chunks[1:]):
+            if (
+                x.chunks[0][:-1] != (k,) * (len(x.chunks[0]) - 1)
+                or not 0 < x.chunks[0][-1] <= k
+                or any(len(c) > 1 for c in x.chunks[1:])
+            ):
                 x = x.rechunk(want)
             blocks = x.to_delayed(optimize_graph=True).reshape(-1)
             # meta rides in the function: dask.delayed would walk the dataclass for every task

@@ -15,10 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+import blosc2
 import numpy as np
 from PIL import Image
-
-import blosc2
 
 from carraystore.cli import main as cli_main
 from carraystore.reader import open_store
@@ -92,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     print("   (the JPEG row's size is the train split's share of the JPEG folder; a store holds decoded pixels)")
     print(f"\n   cores: {os.cpu_count()}, blosc2 {blosc2.__version__}, numpy {np.__version__}")
     print(f"   stores: {out / 'train.b2nd'}, {out / 'val.b2nd'}, {fast}  (single files: copy them anywhere)")
-    print("   more: `make bench` compares carraystore with tf.data, TFRecord, HDF5, zarr, bcolz, npy/npz (docs/benchmarks.md)")
+    print(
+        "   more: `make bench` compares carraystore with tf.data, TFRecord, HDF5, zarr, bcolz, npy/npz (docs/benchmarks.md)"
+    )
     return 0
 
 

@@ -31,12 +31,20 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
 from carraystore import blocks
-from carraystore.errors import CarrayStoreError, ChecksumError, ClipError, InvalidInputError, LoaderChecksumError, LoaderError, RemoteReadError
+from carraystore.errors import (
+    CarrayStoreError,
+    ChecksumError,
+    ClipError,
+    InvalidInputError,
+    LoaderChecksumError,
+    LoaderError,
+    RemoteReadError,
+)
 from carraystore.forksafe import FORK_GATE, at_fork_in_child
 from carraystore.reader import Store, open_store
 from carraystore.sampling import (
@@ -66,8 +74,8 @@ __all__ = [
 #: Default shuffle window, in chunks.
 DEFAULT_WINDOW = 16
 
-Batch = Tuple[np.ndarray, Optional[np.ndarray]]
-Transform = Callable[[np.ndarray, Optional[np.ndarray]], Tuple[Any, Any]]
+Batch = tuple[np.ndarray, np.ndarray | None]
+Transform = Callable[[np.ndarray, np.ndarray | None], tuple[Any, Any]]
 
 _LABEL_MODES = ("int", "categorical", "binary", None)
 _CLIP_STARTS = ("random", "fixed")
@@ -157,7 +165,9 @@ class LoaderOptions:
             raise InvalidInputError(f"rank {self.rank} must be below world_size {self.world_size}")
         s(self, "drop_remainder", bool(self.drop_remainder))
         if self.label_mode not in _LABEL_MODES:
-            raise InvalidInputError(f"label_mode must be 'int', 'categorical', 'binary' or None, got {self.label_mode!r}")
+            raise InvalidInputError(
+                f"label_mode must be 'int', 'categorical', 'binary' or None, got {self.label_mode!r}"
+            )
         if self.transform is not None and not callable(self.transform):
             raise InvalidInputError("transform must be a function (x, y) -> (x, y)")
         if self.sequence_length is not None:
@@ -170,7 +180,11 @@ class LoaderOptions:
             raise InvalidInputError(f"clip_starts must be 'random' or 'fixed', got {self.clip_starts!r}")
         s(self, "verify", bool(self.verify))
         s(self, "prefetch", self.window if self.prefetch is None else _int_arg("prefetch", self.prefetch, 0))
-        s(self, "num_threads", default_threads() if self.num_threads is None else _int_arg("num_threads", self.num_threads, 1))
+        s(
+            self,
+            "num_threads",
+            default_threads() if self.num_threads is None else _int_arg("num_threads", self.num_threads, 1),
+        )
         s(self, "queue_size", _int_arg("queue_size", self.queue_size, 1))
 
     @classmethod
@@ -279,7 +293,9 @@ class LoaderSpec:
         y = np.asarray(self.store.labels)[items]
         if self.label_mode == "categorical":
             if y.size and int(y.max()) >= self.num_classes:
-                raise LoaderError(f"{self.store.location}: label {int(y.max())} is outside the {self.num_classes} classes")
+                raise LoaderError(
+                    f"{self.store.location}: label {int(y.max())} is outside the {self.num_classes} classes"
+                )
             return np.eye(self.num_classes, dtype=np.float32)[y]
         if self.label_mode == "binary":
             return y.astype(np.float32).reshape(-1, 1)
@@ -337,7 +353,11 @@ class LoaderSpec:
 
 def _chunk_error(store: Store, chunk: int, exc: BaseException) -> LoaderError:
     """A LoaderError naming the chunk (a LoaderChecksumError for a CRC32 mismatch)."""
-    hint = "; run `carraystore verify` on it" if isinstance(exc, CarrayStoreError) and not isinstance(exc, RemoteReadError) else ""
+    hint = (
+        "; run `carraystore verify` on it"
+        if isinstance(exc, CarrayStoreError) and not isinstance(exc, RemoteReadError)
+        else ""
+    )
     cls = LoaderChecksumError if isinstance(exc, ChecksumError) else LoaderError
     err = cls(f"{store.location}: loading chunk {chunk} failed: {type(exc).__name__}: {exc}{hint}")
     err.chunk = chunk  # type: ignore[attr-defined]
@@ -349,7 +369,9 @@ def _open(store_or_path: Any) -> Store:
         return store_or_path
     if isinstance(store_or_path, (str, os.PathLike)):
         return open_store(store_or_path)
-    raise InvalidInputError(f"expected a carraystore Store, a path or a URL of a .b2nd store, got {type(store_or_path).__name__}")
+    raise InvalidInputError(
+        f"expected a carraystore Store, a path or a URL of a .b2nd store, got {type(store_or_path).__name__}"
+    )
 
 
 def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None = None, **kwargs: Any) -> LoaderSpec:
@@ -383,7 +405,9 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
             keys = store.keys
             groups = [posixpath.dirname(k) for k in keys] if keys is not None else np.zeros(n, dtype=np.int8)
         elif len(groups) != n:
-            raise InvalidInputError(f"{store.location}: groups has {len(groups)} entries for {n} samples; give one per sample")
+            raise InvalidInputError(
+                f"{store.location}: groups has {len(groups)} entries for {n} samples; give one per sample"
+            )
         if store.provenance.get("shuffled"):
             raise ClipError(
                 f"{store.location} was written in a shuffled order (its provenance says shuffled=True), so neighbouring "
@@ -399,7 +423,9 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
                 f"{longest}), so sequence_length={span} makes no clip; lower sequence_length, pass groups=, "
                 "or write the frames in order with `carraystore ingest --keep-order`"
             )
-    return LoaderSpec(store=store, batch_size=batch_size, options=options, num_classes=ncls, items=items, span=span, runs=runs)
+    return LoaderSpec(
+        store=store, batch_size=batch_size, options=options, num_classes=ncls, items=items, span=span, runs=runs
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -466,7 +492,7 @@ class BatchBuffers:
 # Decoded-chunk slots outlive an epoch: the next epoch on the same Store object takes them
 # back instead of allocating (and page-faulting) the whole pool again. One idle pool per
 # Store, freed with the Store (weak keys) or by release_buffers().
-_IDLE_ARENAS: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
+_IDLE_ARENAS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
 _ARENA_LOCK = threading.Lock()
 
 
@@ -501,7 +527,7 @@ def release_buffers(store: Store | None = None) -> None:
 # the decoder
 # ---------------------------------------------------------------------------------------
 
-_LIVE: "weakref.WeakSet[EpochDecoder]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[EpochDecoder] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
 
 
@@ -585,7 +611,13 @@ class EpochDecoder:
     """
 
     def __init__(
-        self, spec: LoaderSpec, epoch: int, nslots: int, num_threads: int, thread_prefix: str, direct: bool | None = None
+        self,
+        spec: LoaderSpec,
+        epoch: int,
+        nslots: int,
+        num_threads: int,
+        thread_prefix: str,
+        direct: bool | None = None,
     ) -> None:
         self.spec = spec
         self.epoch = epoch
@@ -797,7 +829,9 @@ class EpochDecoder:
                     self._gather_direct(plan.samples(pos, end), win, out[pos - a : end - a])
                 else:
                     assert self.arena is not None
-                    gather(plan.samples(pos, end), win.chunks, win.slots, self.arena, self.k, out=out[pos - a : end - a])
+                    gather(
+                        plan.samples(pos, end), win.chunks, win.slots, self.arena, self.k, out=out[pos - a : end - a]
+                    )
             finally:
                 self._release(w, win, i)
             pos = end
@@ -811,7 +845,9 @@ class EpochDecoder:
         r = getattr(self._readers, "r", None)
         if r is None:
             codec = self.spec.store.codec
-            r = self._readers.r = blocks.BlockReader(blocks.library(), int(codec.typesize or 1), self.spec.store.meta.image_nbytes)
+            r = self._readers.r = blocks.BlockReader(
+                blocks.library(), int(codec.typesize or 1), self.spec.store.meta.image_nbytes
+            )
         return r
 
     def _decompress_items(self, samples: np.ndarray, win: _Window, out: np.ndarray) -> None:
@@ -878,7 +914,9 @@ class EpochDecoder:
             self.closed = True
             for win in self.windows.values():
                 if not win.done.is_set():
-                    win.error = win.error or LoaderError(f"{self.spec.store.location}: the loader was closed while decoding")
+                    win.error = win.error or LoaderError(
+                        f"{self.spec.store.location}: the loader was closed while decoding"
+                    )
             self.cond.notify_all()
         for _ in self.threads:
             self._tasks.put(None)

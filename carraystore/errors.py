@@ -108,6 +108,8 @@ class NoSpaceError(WriteError):
 
 class StoreLockedError(CarrayStoreError):
     """Another writer (append, ingest, migrate, create) holds the store's writer lock."""
+
+
 class RemoteReadError(CarrayStoreError, OSError):
     """Bytes of a remote store (object storage, HTTP) could not be read, after retries.
 
@@ -115,7 +117,15 @@ class RemoteReadError(CarrayStoreError, OSError):
     ``offset``, ``length`` and ``attempts`` say the same as attributes.
     """
 
-    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None, length: int | None = None, attempts: int = 0) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        offset: int | None = None,
+        length: int | None = None,
+        attempts: int = 0,
+    ) -> None:
         super().__init__(message)
         self.url = url
         self.offset = offset

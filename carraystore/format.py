@@ -22,10 +22,10 @@ from numpy.lib.format import descr_to_dtype
 from carraystore.errors import (
     CodecMismatchError,
     CorruptStoreError,
-    MetadataChecksumError,
     FormatError,
     FormatVersionError,
     InvalidInputError,
+    MetadataChecksumError,
     UnknownCodecError,
 )
 
@@ -138,6 +138,7 @@ def dtype_from_record(rec: Any) -> np.dtype:
         raise FormatError(f"dtype {rec!r} holds Python objects; stores never do")
     return dt
 
+
 # Blosc codec and filter codes are part of the blosc2 format itself and never change.
 CODECS = {"blosclz": 0, "lz4": 1, "lz4hc": 2, "zlib": 4, "zstd": 5}
 # Codec family written in the chunk header's flags byte (bits 5-7).
@@ -199,7 +200,9 @@ class Codec:
         if self.typesize is not None and (not isinstance(self.typesize, int) or not 1 <= self.typesize <= 255):
             raise InvalidInputError(f"Codec: typesize must be 1..255 or None, got {self.typesize!r}")
         if self.block_images is not None and (not isinstance(self.block_images, int) or self.block_images < 1):
-            raise InvalidInputError(f"Codec: block_images must be a positive integer or None, got {self.block_images!r}")
+            raise InvalidInputError(
+                f"Codec: block_images must be a positive integer or None, got {self.block_images!r}"
+            )
 
     # -- JSON round trip ---------------------------------------------------------------
     def to_config(self) -> dict[str, Any]:
@@ -264,7 +267,9 @@ class Codec:
             pairs = [(f, m) for f, m in pairs if f not in ("bytedelta", "shuffle")]
         filters = tuple(f for f, _ in pairs)
         meta = tuple((typesize if (f == "bytedelta" and m == 0) else m) for f, m in pairs)
-        return dataclasses.replace(self, typesize=typesize, filters=filters, filters_meta=meta, block_images=block_images)
+        return dataclasses.replace(
+            self, typesize=typesize, filters=filters, filters_meta=meta, block_images=block_images
+        )
 
     def cparams(self, blocksize: int, nthreads: int = 1) -> dict[str, Any]:
         """Keyword arguments for ``blosc2.compress2`` (a resolved codec only)."""
@@ -391,7 +396,7 @@ def check_chunk_layout(chunk: bytes | memoryview, what: str, max_nbytes: int) ->
         problems.append(f"it decompresses to {header.nbytes} bytes, more than the {max_nbytes} allowed")
     if header.typesize < 1:
         problems.append("typesize 0")
-    if header.nbytes and not 0 < header.blocksize:
+    if header.nbytes and not header.blocksize > 0:
         problems.append(f"blocksize {header.blocksize}")
     if b[31] & 0x01:
         problems.append("it uses a dictionary, which stores never do")
@@ -405,7 +410,9 @@ def check_chunk_layout(chunk: bytes | memoryview, what: str, max_nbytes: int) ->
         return header
     if header.memcpyed:
         if n != 32 + header.nbytes:
-            raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged (a copied chunk of {header.nbytes} bytes in {n})")
+            raise CorruptStoreError(
+                f"{what}: the blosc2 chunk is damaged (a copied chunk of {header.nbytes} bytes in {n})"
+            )
         return header
     if header.nbytes == 0:
         if n != 32:
@@ -415,7 +422,9 @@ def check_chunk_layout(chunk: bytes | memoryview, what: str, max_nbytes: int) ->
     nblocks = -(-header.nbytes // bsize)
     table_end = 32 + 4 * nblocks
     if table_end > n:
-        raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged (its block-offset table of {nblocks} entries does not fit)")
+        raise CorruptStoreError(
+            f"{what}: the blosc2 chunk is damaged (its block-offset table of {nblocks} entries does not fit)"
+        )
     starts = np.frombuffer(bytes(chunk[32:table_end]), dtype="<i4")
     if np.any(starts < table_end) or np.any(starts >= n):
         raise CorruptStoreError(f"{what}: the blosc2 chunk is damaged (a block offset points outside it)")
@@ -458,7 +467,9 @@ def check_codec_against_header(codec: Codec, blocksize: int, header: ChunkHeader
         )
     want_dont_split = codec.splitmode == "never"
     if codec.splitmode in ("never", "always") and not header.memcpyed and header.dont_split != want_dont_split:
-        problems.append(f"split flag {'never' if header.dont_split else 'always'} in the file, {codec.splitmode!r} recorded")
+        problems.append(
+            f"split flag {'never' if header.dont_split else 'always'} in the file, {codec.splitmode!r} recorded"
+        )
     if problems:
         raise CodecMismatchError(f"{where}: codec parameters do not match the store's record: " + "; ".join(problems))
 
@@ -504,7 +515,9 @@ def _check_key_bytes(blob: bytes, offsets: np.ndarray, what: str) -> None:
 
     def bad(i: int, why: str) -> FormatError:
         key = blob[int(starts[i]) : int(ends[i])].decode("utf-8", "backslashreplace")
-        return FormatError(f"metadata {what!r}: key {i} ({key!r}) {why}; the file is damaged or was not written by carraystore")
+        return FormatError(
+            f"metadata {what!r}: key {i} ({key!r}) {why}; the file is damaged or was not written by carraystore"
+        )
 
     def first(mask: np.ndarray) -> int:
         return int(np.argmax(mask))
@@ -651,15 +664,15 @@ def _check_plain(rec: Any, where: str) -> None:
     while stack:
         obj, depth = stack.pop()
         if isinstance(obj, msgpack.Timestamp):
-            raise FormatError(f"{where}: metadata holds a msgpack timestamp (extension type -1); carraystore metadata never does")
+            raise FormatError(
+                f"{where}: metadata holds a msgpack timestamp (extension type -1); carraystore metadata never does"
+            )
         if isinstance(obj, (dict, list)):
             if depth > METADATA_MAX_DEPTH:
                 raise FormatError(
                     f"{where}: metadata nests deeper than {METADATA_MAX_DEPTH} levels; the file is damaged or hostile"
                 )
             stack.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
-
-
 
 
 def json_attrs(attrs: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
@@ -790,7 +803,9 @@ class StoreMeta:
             )
 
         def refuse_ext(code: int, data: bytes) -> Any:
-            raise FormatError(f"{where}: metadata holds a msgpack extension type {code}; carraystore metadata never does")
+            raise FormatError(
+                f"{where}: metadata holds a msgpack extension type {code}; carraystore metadata never does"
+            )
 
         try:
             rec = msgpack.unpackb(raw, raw=False, ext_hook=refuse_ext, strict_map_key=True, timestamp=0)
@@ -863,7 +878,9 @@ class StoreMeta:
             raise FormatError(f"{where}: metadata field missing or malformed: {exc!r}") from exc
         meta.validate(where)
         if rec.get("blocksize") != meta.blocksize:
-            raise FormatError(f"{where}: recorded blocksize {rec.get('blocksize')} != {meta.blocksize} derived from the layout")
+            raise FormatError(
+                f"{where}: recorded blocksize {rec.get('blocksize')} != {meta.blocksize} derived from the layout"
+            )
         return meta
 
     def validate(self, where: str = "store") -> None:
@@ -896,7 +913,9 @@ class StoreMeta:
                 f"{where}: chunk_images {self.chunk_images} is not a multiple of block_images {self.codec.block_images}"
             )
         if self.blocksize % self.codec.typesize:
-            raise FormatError(f"{where}: blocksize {self.blocksize} is not a multiple of typesize {self.codec.typesize}")
+            raise FormatError(
+                f"{where}: blocksize {self.blocksize} is not a multiple of typesize {self.codec.typesize}"
+            )
         if len(self.crc32) != self.nchunks:
             raise FormatError(f"{where}: {len(self.crc32)} checksums recorded for {self.nchunks} chunks")
         if self.labels is not None and len(self.labels) != self.nimages:
@@ -907,12 +926,18 @@ class StoreMeta:
             if not all(isinstance(c, str) for c in self.class_names):
                 raise FormatError(f"{where}: class_names must be strings, got {list(self.class_names)[:5]!r}")
             if len(set(self.class_names)) != len(self.class_names):
-                raise FormatError(f"{where}: class_names repeat a name ({list(self.class_names)[:10]!r}); each class needs its own")
+                raise FormatError(
+                    f"{where}: class_names repeat a name ({list(self.class_names)[:10]!r}); each class needs its own"
+                )
         if self.labels is not None and len(self.labels):
             lo, hi = int(self.labels.min()), int(self.labels.max())
             limit = len(self.class_names) if self.class_names is not None else LABEL_LIMIT
             if lo < 0 or hi >= limit:
-                names = f"there are {limit} class names" if self.class_names is not None else f"labels must lie in 0..{LABEL_LIMIT - 1}"
+                names = (
+                    f"there are {limit} class names"
+                    if self.class_names is not None
+                    else f"labels must lie in 0..{LABEL_LIMIT - 1}"
+                )
                 raise FormatError(f"{where}: labels span {lo}..{hi} but {names} (FORMAT.md 4.4)")
         for name, col in self.columns.items():
             if len(col) != self.nimages:
@@ -980,7 +1005,12 @@ def zero_chunk(codec: Codec, blocksize: int, nbytes: int, dont_split: bool | Non
     head = bytearray(32)
     head[0] = 5  # Blosc2 chunk format version
     head[1] = 1  # codec format version
-    head[2] = 0x05 | (0x08 if "delta" in codec.filters else 0) | (0x10 if dont_split else 0) | (_CODEC_FORMAT[codec.codec] << 5)
+    head[2] = (
+        0x05
+        | (0x08 if "delta" in codec.filters else 0)
+        | (0x10 if dont_split else 0)
+        | (_CODEC_FORMAT[codec.codec] << 5)
+    )
     head[3] = codec.typesize
     head[4:8] = int(nbytes).to_bytes(4, "little")
     head[8:12] = int(blocksize).to_bytes(4, "little")

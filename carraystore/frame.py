@@ -60,7 +60,6 @@ class ByteSource(Protocol):
         """Release handles and connections."""
 
 
-
 @dataclass(frozen=True)
 class Frame:
     """What a reader needs from a frame: geometry, codec flags, metalayers, chunk index, vlmeta."""
@@ -104,7 +103,9 @@ class Frame:
             if any(len(v) != ndim for v in out):
                 raise ValueError("dimension counts differ")
         except Exception as exc:
-            raise CorruptStoreError(f"{self.location}: the b2nd metalayer cannot be read ({exc}); the file is damaged") from exc
+            raise CorruptStoreError(
+                f"{self.location}: the b2nd metalayer cannot be read ({exc}); the file is damaged"
+            ) from exc
         return out  # type: ignore[return-value]
 
     def vlmeta(self, name: str, max_nbytes: int | None = None) -> bytes | None:
@@ -129,7 +130,9 @@ class Frame:
         except Exception as exc:
             raise CorruptStoreError(f"{what} cannot be decompressed ({exc}); the file is damaged") from exc
         if len(out) != header.nbytes:
-            raise CorruptStoreError(f"{what} decompressed to {len(out)} bytes, its header says {header.nbytes}; the file is damaged")
+            raise CorruptStoreError(
+                f"{what} decompressed to {len(out)} bytes, its header says {header.nbytes}; the file is damaged"
+            )
         return out
 
 
@@ -187,8 +190,11 @@ def read_frame(source: ByteSource) -> Frame:
     if hcbytes != cbytes:
         raise _damaged(loc, "the frame header's two compressed sizes disagree")
     if not (0 <= nbytes < 2**63 and 0 < typesize < 2**31 and 0 <= blocksize < 2**31 and 0 <= chunksize < 2**31):
-        raise _damaged(loc, f"frame header fields out of range (nbytes {nbytes}, typesize {typesize}, "
-                            f"blocksize {blocksize}, chunksize {chunksize})")
+        raise _damaged(
+            loc,
+            f"frame header fields out of range (nbytes {nbytes}, typesize {typesize}, "
+            f"blocksize {blocksize}, chunksize {chunksize})",
+        )
     # everything after the data chunks: the offsets index, then the trailer
     tail_start = header_len + cbytes
     tail = source.read(tail_start, size - tail_start)
@@ -290,7 +296,13 @@ def shape0_position(head: bytes, nitems: int, location: str) -> int:
         c = index["b2nd"]
         # bin32 (0xc6, 4-byte length), then fixarray(7), version, ndim, fixarray(ndim), int64 (0xd3)
         ndim = head[c + 7]
-        ok = head[c] == 0xC6 and head[c + 5] == 0x97 and head[c + 6] < 0x80 and head[c + 8] == 0x90 | ndim and head[c + 9] == 0xD3
+        ok = (
+            head[c] == 0xC6
+            and head[c + 5] == 0x97
+            and head[c + 6] < 0x80
+            and head[c + 8] == 0x90 | ndim
+            and head[c + 9] == 0xD3
+        )
         pos = c + 10
         if not ok or int.from_bytes(head[pos : pos + 8], "big", signed=True) != nitems:
             raise ValueError("the b2nd metalayer is not laid out as this carraystore writes it")

@@ -74,7 +74,20 @@ _DEPTH_RULE = {
 
 #: Folder names that mean a dataset split, not a class (compared in lower case).
 SPLIT_NAMES = frozenset(
-    {"train", "training", "val", "valid", "validation", "validate", "test", "testing", "dev", "eval", "evaluation", "holdout"}
+    {
+        "train",
+        "training",
+        "val",
+        "valid",
+        "validation",
+        "validate",
+        "test",
+        "testing",
+        "dev",
+        "eval",
+        "evaluation",
+        "holdout",
+    }
 )
 #: The default of ``max_skipped``: an ingest that skips more than 1% of the files stops.
 DEFAULT_MAX_SKIPPED = 0.01
@@ -123,7 +136,9 @@ class IngestResult:
             lines.append(
                 f"  ignored {len(self.ignored)} file(s) that are not in a class folder or not images, e.g. {shown_name(self.ignored[0])}"
             )
-            lines.extend(f"    {shown_name(p)}" for p in self.ignored if p.endswith(")") and "/ (" in p)  # folders not entered
+            lines.extend(
+                f"    {shown_name(p)}" for p in self.ignored if p.endswith(")") and "/ (" in p
+            )  # folders not entered
         if self.skipped:
             lines.append(f"  skipped {len(self.skipped)} file(s) that could not be decoded:")
             lines.extend(f"    {p}: {r}" for p, r in self.skipped)
@@ -170,12 +185,12 @@ def _walk_images(root: Path, follow_links: bool) -> tuple[list[Path], list[Path]
                 is_dir = False
             if not is_dir:
                 (images if p.suffix.lower() in IMAGE_EXTENSIONS else other).append(p)
-            elif not e.is_symlink():
-                subdirs.append(p)
-            elif follow_links:
+            elif not e.is_symlink() or follow_links:
                 subdirs.append(p)
             else:
-                other.append(Path(f"{p}/ (a link to a folder: not followed; pass follow_links=True, CLI --follow-links)"))
+                other.append(
+                    Path(f"{p}/ (a link to a folder: not followed; pass follow_links=True, CLI --follow-links)")
+                )
         for d in subdirs:
             walk(d)
 
@@ -213,7 +228,9 @@ def list_images(
         else:
             names = tuple(subdirs)
         if not names:
-            raise IngestError(f"{root}: no class sub-folders found; pass labels=None (CLI: --labels none) for an unlabelled folder")
+            raise IngestError(
+                f"{root}: no class sub-folders found; pass labels=None (CLI: --labels none) for an unlabelled folder"
+            )
         for cls in names:
             if os.fsencode(cls).decode("utf-8", "replace") != cls:
                 raise IngestError(
@@ -361,7 +378,7 @@ def _decode_task(root: str, rels: list[str], opts: DecodeOptions) -> list[tuple[
         except ImageDecodeError as exc:
             msg = str(exc)
             prefix = f"{os.path.join(root, rel)}: "
-            out.append((None, msg[len(prefix):] if msg.startswith(prefix) else msg))
+            out.append((None, msg[len(prefix) :] if msg.startswith(prefix) else msg))
     return out
 
 
@@ -386,7 +403,15 @@ class _BadFiles:
     the ingest stops, writing nothing.
     """
 
-    def __init__(self, root: Path, total: int, on_error: str, max_skipped: float | int, allowed: int, skipped: list[tuple[str, str]]):
+    def __init__(
+        self,
+        root: Path,
+        total: int,
+        on_error: str,
+        max_skipped: float | int,
+        allowed: int,
+        skipped: list[tuple[str, str]],
+    ):
         self.root, self.total, self.on_error = root, total, on_error
         self.max_skipped, self.allowed, self.skipped = max_skipped, allowed, skipped
         self.named = len(skipped)  # skipped for their names before decoding: not among the ``total``
@@ -429,7 +454,9 @@ class _BadFiles:
     def none_decoded(self) -> IngestError:
         """The error when not one of the files decodes (and skipping them all was allowed)."""
         first = self.skipped[0]
-        return IngestError(f"{self.root}: none of the {self.total + self.named} image files could be decoded; first failure: {first[0]}: {first[1]}")
+        return IngestError(
+            f"{self.root}: none of the {self.total + self.named} image files could be decoded; first failure: {first[0]}: {first[1]}"
+        )
 
 
 def _exit_with_parent(main_pid: int) -> None:
@@ -534,18 +561,26 @@ def _allowed_skips(max_skipped: float | int, total: int) -> int:
     if isinstance(max_skipped, float) and max_skipped < 1:
         return int(max_skipped * total + 1e-9)
     if float(max_skipped) != int(max_skipped):
-        raise InvalidInputError(f"max_skipped must be a fraction in [0, 1) or a whole count of files, got {max_skipped!r}")
+        raise InvalidInputError(
+            f"max_skipped must be a fraction in [0, 1) or a whole count of files, got {max_skipped!r}"
+        )
     return int(max_skipped)
 
 
-def validation_split_indices(n: int, validation_split: float, shuffle: bool, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def validation_split_indices(
+    n: int, validation_split: float, shuffle: bool, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(training, validation) positions in the sorted file list, chosen exactly as Keras does.
 
     ``keras.utils.image_dataset_from_directory`` shuffles the sorted list with
     ``np.random.RandomState(seed)`` (when shuffling) and keeps the last
     ``int(validation_split * n)`` files for validation; the same seed picks the same files here.
     """
-    if not isinstance(validation_split, (int, float)) or isinstance(validation_split, bool) or not 0 < validation_split < 1:
+    if (
+        not isinstance(validation_split, (int, float))
+        or isinstance(validation_split, bool)
+        or not 0 < validation_split < 1
+    ):
         raise InvalidInputError(f"validation_split must be a fraction between 0 and 1, got {validation_split!r}")
     n_val = int(validation_split * n)
     if n_val == 0 or n_val == n:
@@ -610,7 +645,9 @@ def _drop_bad_names(
     return [rels[i] for i in keep], (labels[keep] if labels is not None else None), skipped
 
 
-def _ingest_writer(output: Path | str, shape: tuple[int, ...], opts: DecodeOptions, write: dict[str, Any]) -> StoreWriter:
+def _ingest_writer(
+    output: Path | str, shape: tuple[int, ...], opts: DecodeOptions, write: dict[str, Any]
+) -> StoreWriter:
     """The store writer of an ingest, local or on a cluster: one blosc2 thread, so that a chunk's
     blocks are in order and the same ingest always gives the same bytes (blosc2's threads
     place blocks as they finish). ``write``: the ``create`` arguments the caller was given."""
@@ -653,12 +690,20 @@ def _ingest_one(
         labels = labels[order]
     bad = _BadFiles(root, len(rels), on_error, max_skipped, allowed, skipped)
     write = dict(
-        codec=codec, chunk_images=chunk_images, class_names=class_names, attrs=attrs, overwrite=overwrite,
-        provenance=provenance, lock_timeout=lock_timeout, storage_options=storage_options, tmp_dir=tmp_dir,
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        attrs=attrs,
+        overwrite=overwrite,
+        provenance=provenance,
+        lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
     )
     if client is not None:
-        return _ingest_on_cluster(client, root, output, rels, labels, class_names, ignored, opts, bad, write,
-                                  t0=t0, progress=progress)
+        return _ingest_on_cluster(
+            client, root, output, rels, labels, class_names, ignored, opts, bad, write, t0=t0, progress=progress
+        )
     _, channels = _MODES[opts.color_mode]
     writer: StoreWriter | None = None
     first_shape: tuple[int, ...] | None = None
@@ -689,7 +734,13 @@ def _ingest_one(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(rels), desc=f"ingest {str(output).rsplit('/', 1)[-1]}", unit="img", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(
+            total=len(rels),
+            desc=f"ingest {str(output).rsplit('/', 1)[-1]}",
+            unit="img",
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
     try:
         for pos, (rel, arr, err) in enumerate(_decoded(root, rels, opts, workers)):
             if bar is not None:
@@ -870,7 +921,9 @@ def from_directory(
     if subset is not None and subset not in ("training", "validation", "both"):
         raise InvalidInputError(f"subset must be 'training', 'validation' or 'both', got {subset!r}")
     if subset is not None and split_dirs:
-        raise InvalidInputError("split_dirs already gives one store per split folder; leave out validation_split and subset")
+        raise InvalidInputError(
+            "split_dirs already gives one store per split folder; leave out validation_split and subset"
+        )
     if not split_dirs:
         out = str(output) if remote else Path(output)
         _allowed_skips(max_skipped, 1)  # a bad value fails before any work
@@ -889,20 +942,30 @@ def from_directory(
             return _ingest_one(root, out, rels, labs, names, ignored, opts, provenance=provenance(root.name), **common)  # type: ignore[arg-type]
         if not rels:
             raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
-        parts = dict(zip(("training", "validation"), validation_split_indices(len(rels), validation_split, shuffle, seed)))  # type: ignore[arg-type]
+        parts = dict(
+            zip(("training", "validation"), validation_split_indices(len(rels), validation_split, shuffle, seed))
+        )  # type: ignore[arg-type]
         wanted = ("training", "validation") if subset == "both" else (subset,)
         if subset == "both":
             if str(out).rstrip("/").endswith(".b2nd"):
-                raise InvalidInputError(f"{out}: with subset='both' the output is a folder that receives training.b2nd and validation.b2nd")
+                raise InvalidInputError(
+                    f"{out}: with subset='both' the output is a folder that receives training.b2nd and validation.b2nd"
+                )
             if not remote:
                 _output_folder(Path(out))
         results: dict[str, IngestResult] = {}
         for part in wanted:
             idx = parts[part]
-            prov = provenance(root.name) | {"validation_split": validation_split, "subset": part, "split_seed": seed if shuffle else None}
+            prov = provenance(root.name) | {
+                "validation_split": validation_split,
+                "subset": part,
+                "split_seed": seed if shuffle else None,
+            }
             results[part] = _ingest_one(
                 root,
-                (f"{str(out).rstrip('/')}/{part}.b2nd" if remote else Path(out) / f"{part}.b2nd") if subset == "both" else out,
+                (f"{str(out).rstrip('/')}/{part}.b2nd" if remote else Path(out) / f"{part}.b2nd")
+                if subset == "both"
+                else out,
                 [rels[i] for i in idx],
                 labs[idx] if labs is not None else None,
                 names,
@@ -933,7 +996,11 @@ def from_directory(
         if class_names is not None:
             names_all = tuple(class_names)
         else:
-            names_all = tuple(sorted({d.name for s in splits for d in (root / s).iterdir() if d.is_dir() and not d.name.startswith(".")}))
+            names_all = tuple(
+                sorted(
+                    {d.name for s in splits for d in (root / s).iterdir() if d.is_dir() and not d.name.startswith(".")}
+                )
+            )
     results: dict[str, IngestResult] = {}
     for split in splits:
         src = root / split
@@ -947,7 +1014,15 @@ def from_directory(
         else:
             rels, labs, names, ignored = list_images(src, None, None, follow_links)
         results[split] = _ingest_one(
-            src, split_output(split), rels, labs, names, ignored, opts, provenance=provenance(f"{root.name}/{split}"), **common  # type: ignore[arg-type]
+            src,
+            split_output(split),
+            rels,
+            labs,
+            names,
+            ignored,
+            opts,
+            provenance=provenance(f"{root.name}/{split}"),
+            **common,  # type: ignore[arg-type]
         )
     return results
 
@@ -1058,7 +1133,9 @@ def _ingest_on_cluster(
             from tqdm import tqdm
 
             name = str(output).rsplit("/", 1)[-1]  # a path or a URL
-            bar = tqdm(total=len(rels), initial=begin, desc=f"ingest {name}", unit="img", file=sys.stderr, dynamic_ncols=True)
+            bar = tqdm(
+                total=len(rels), initial=begin, desc=f"ingest {name}", unit="img", file=sys.stderr, dynamic_ncols=True
+            )
         for g in range(len(rels)):  # at most one task per file; the plan ends the loop
             try:
                 data, ngood, crc, errors = next(results)

@@ -38,8 +38,16 @@ from carraystore.errors import CorruptStoreError, WriteError
 from carraystore.lock import WriterLock
 from carraystore.sources import LocalFileSource
 
-__all__ = ["Journal", "journal_path", "load_journal", "write_journal", "rollback", "remove_journal", "JournalSource",
-           "rollback_if_abandoned"]
+__all__ = [
+    "Journal",
+    "journal_path",
+    "load_journal",
+    "write_journal",
+    "rollback",
+    "remove_journal",
+    "JournalSource",
+    "rollback_if_abandoned",
+]
 
 MAGIC = b"CSJRNL02"  # 02 adds the guard; a CSJRNL01 journal (no guard) is still rolled back
 _MAGIC_01 = b"CSJRNL01"
@@ -244,7 +252,9 @@ class JournalSource(LocalFileSource):
         self._regions: Sequence[tuple[int, bytes]] = journal.regions
         if self._size < journal.old_len and not self._covered(self._size, journal.old_len):
             self.close()
-            raise CorruptStoreError(f"{path}: shorter ({self._size} bytes) than its journal's old length {journal.old_len}")
+            raise CorruptStoreError(
+                f"{path}: shorter ({self._size} bytes) than its journal's old length {journal.old_len}"
+            )
         self._size = journal.old_len
         self.location = str(self.path)
 
@@ -260,7 +270,9 @@ class JournalSource(LocalFileSource):
 
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or offset + length > self._size:
-            raise CorruptStoreError(f"{self.location}: bytes {offset}-{offset + length} lie outside the store of {self._size} bytes")
+            raise CorruptStoreError(
+                f"{self.location}: bytes {offset}-{offset + length} lie outside the store of {self._size} bytes"
+            )
         hits = self._overlay(offset, length)
         if not hits:
             return super().read(offset, length)

@@ -47,7 +47,7 @@ __all__ = ["StoreDataset", "TrainingPosition", "KERAS_THREAD_PREFIX"]
 KERAS_THREAD_PREFIX = "carraystore-keras"
 
 
-_DATASETS: "weakref.WeakSet[StoreDataset]" = weakref.WeakSet()
+_DATASETS: weakref.WeakSet[StoreDataset] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:

@@ -23,7 +23,8 @@ import os
 import queue
 import threading
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from carraystore import reader
 from carraystore.engine import (
@@ -76,7 +77,9 @@ class _Stream:
         self.start_batch = start_batch
         self.nbatches = spec.num_batches
         plan_chunks = spec.plan(epoch).max_window_chunks
-        self.decoder = EpochDecoder(spec, epoch, plan_chunks + int(opts.prefetch or 0), int(opts.num_threads or 1), THREAD_NAME_PREFIX)
+        self.decoder = EpochDecoder(
+            spec, epoch, plan_chunks + int(opts.prefetch or 0), int(opts.num_threads or 1), THREAD_NAME_PREFIX
+        )
         self.out: queue.Queue[Any] = queue.Queue(maxsize=opts.queue_size)
         self.stopped = False
         self.assembler = threading.Thread(

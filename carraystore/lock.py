@@ -102,7 +102,9 @@ class WriterLock:
         while True:
             try:
                 # never through a link planted at this predictable name: it would truncate its target
-                fd = os.open(lp, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
+                fd = os.open(
+                    lp, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644
+                )
             except OSError as exc:
                 if not blocking:
                     return False
@@ -111,7 +113,9 @@ class WriterLock:
                         f"{lp} is a symbolic link; a writer never follows one at its lock file's name (it would "
                         "overwrite the file it points to): remove the link, then write again"
                     ) from exc
-                raise CarrayStoreError(f"{lp}: cannot create the writer lock file ({exc}); is the folder writable?") from exc
+                raise CarrayStoreError(
+                    f"{lp}: cannot create the writer lock file ({exc}); is the folder writable?"
+                ) from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -13,10 +13,10 @@ import ast
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import blosc2
 import msgpack
@@ -70,7 +70,9 @@ def check_local_store_path(location: str | os.PathLike[str]) -> Path:
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such store")
     if p.is_dir():
-        raise NotAStoreError(f"{p} is a directory; a store is a single .b2nd file (use `carraystore migrate` for bcolz folders)")
+        raise NotAStoreError(
+            f"{p} is a directory; a store is a single .b2nd file (use `carraystore migrate` for bcolz folders)"
+        )
     if not p.is_file():
         raise NotAStoreError(f"{p} is not a regular file (a FIFO or device?); a store is a single .b2nd file")
     return p
@@ -293,11 +295,15 @@ class Store:
             else:
                 data = self._source.read(offset, length)
         except RemoteReadError as exc:
-            raise RemoteReadError(f"{exc} (chunk {i})", url=exc.url, offset=exc.offset, length=exc.length, attempts=exc.attempts) from exc
+            raise RemoteReadError(
+                f"{exc} (chunk {i})", url=exc.url, offset=exc.offset, length=exc.length, attempts=exc.attempts
+            ) from exc
         except CarrayStoreError:
             raise
         except Exception as exc:
-            raise CorruptStoreError(f"{self.location}: chunk {i} cannot be read at bytes {offset}-{offset + length} ({exc})") from exc
+            raise CorruptStoreError(
+                f"{self.location}: chunk {i} cannot be read at bytes {offset}-{offset + length} ({exc})"
+            ) from exc
         if len(data) >= 16:
             cbytes = int.from_bytes(bytes(data[12:16]), "little")
             if cbytes <= len(data):
@@ -324,7 +330,9 @@ class Store:
     # the name the loader of 0.1.0 used
     advise_willneed = prefetch_chunks
 
-    def decompress_chunk(self, i: int, data: bytes, out: np.ndarray | None = None, nthreads: int | None = None) -> np.ndarray:
+    def decompress_chunk(
+        self, i: int, data: bytes, out: np.ndarray | None = None, nthreads: int | None = None
+    ) -> np.ndarray:
         """Decompress chunk ``i``'s bytes into ``out`` (a full chunk buffer); return its images.
 
         ``nthreads`` is blosc2's own thread count for this chunk (default: blosc2's global
@@ -405,7 +413,9 @@ class Store:
             idx = np.where(idx < 0, idx + n, idx)
             bad = (idx < 0) | (idx >= n)
             if bad.any():
-                raise IndexError(f"image index {int(np.asarray(indices).reshape(-1)[np.argmax(bad)])} out of range for {n} images")
+                raise IndexError(
+                    f"image index {int(np.asarray(indices).reshape(-1)[np.argmax(bad)])} out of range for {n} images"
+                )
         out = np.empty((len(idx), *self.image_shape), dtype=self.dtype)
         if not idx.size:
             return out
@@ -432,7 +442,9 @@ class Store:
         """
         problems: list[ChunkProblem] = []
         if self._frame.nchunks != self.nchunks:
-            problems.append(ChunkProblem(None, f"file holds {self._frame.nchunks} chunks, metadata says {self.nchunks}"))
+            problems.append(
+                ChunkProblem(None, f"file holds {self._frame.nchunks} chunks, metadata says {self.nchunks}")
+            )
         buf = np.empty((self.meta.chunk_images, *self.image_shape), dtype=self.dtype)
         rng: Any = range(self.nchunks)
         if progress:
@@ -510,7 +522,9 @@ def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> N
     try:
         dt_text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False, strict_map_key=False)[6]
     except Exception as exc:
-        raise CorruptStoreError(f"{location}: the b2nd metalayer's dtype cannot be read ({exc}); the file is damaged") from exc
+        raise CorruptStoreError(
+            f"{location}: the b2nd metalayer's dtype cannot be read ({exc}); the file is damaged"
+        ) from exc
     try:
         file_dtype = np.dtype(ast.literal_eval(dt_text)) if str(dt_text)[:1] in "{[" else np.dtype(dt_text)
     except Exception:
@@ -533,7 +547,9 @@ def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> N
     if frame.clevel >= 0 and frame.clevel != meta.codec.clevel:
         problems.append(f"clevel {frame.clevel} in the file header, {meta.codec.clevel} recorded")
     if frame.nchunks != meta.nchunks:
-        raise CorruptStoreError(f"{location}: file holds {frame.nchunks} chunks, metadata says {meta.nchunks}; the file is damaged")
+        raise CorruptStoreError(
+            f"{location}: file holds {frame.nchunks} chunks, metadata says {meta.nchunks}; the file is damaged"
+        )
     odd = np.flatnonzero((frame.chunk_special != 0) & (frame.chunk_special != 1))
     if odd.size:  # only all-zero chunks are ever special in a complete store (FORMAT.md 5.2)
         i = int(odd[0])
@@ -667,7 +683,9 @@ def _open(source: ByteSource, storage_options: Any, open_kwargs: dict[str, Any],
             # chunk 0's header (32 bytes, not the chunk) against the pinned codec
             offset, _ = store.chunk_byte_range(0)
             first = store.read_chunk_bytes(0) if offset < 0 else source.read(offset, 32)
-            check_codec_against_header(meta.codec, meta.blocksize, parse_chunk_header(first), f"{source.location}, chunk 0")
+            check_codec_against_header(
+                meta.codec, meta.blocksize, parse_chunk_header(first), f"{source.location}, chunk 0"
+            )
         return store
     except BaseException:
         if close_on_error:

@@ -192,7 +192,15 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
     client_kwargs = dict(opts.pop("client_kwargs", None) or {})
     client = _client_options(knobs, client_kwargs)
     for k in list(opts):  # ClientConfig keys given at the top level
-        if k in ("allow_http", "allow_invalid_certificates", "proxy_url", "user_agent", "default_headers", "http2_only", "http1_only"):
+        if k in (
+            "allow_http",
+            "allow_invalid_certificates",
+            "proxy_url",
+            "user_agent",
+            "default_headers",
+            "http2_only",
+            "http1_only",
+        ):
             client[k] = opts.pop(k)
     retry = {"max_retries": 0}  # retries are ours: counted, logged, and bounded by `retries`
     anon = opts.pop("anon", None)
@@ -207,7 +215,11 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
             endpoint = opts.pop("endpoint_url", None) or client_kwargs.get("endpoint_url")
             if endpoint:
                 config["endpoint"] = endpoint
-            for fs_name, name in (("key", "access_key_id"), ("secret", "secret_access_key"), ("token", "session_token")):
+            for fs_name, name in (
+                ("key", "access_key_id"),
+                ("secret", "secret_access_key"),
+                ("token", "session_token"),
+            ):
                 if opts.get(fs_name) is not None:
                     config[name] = opts.pop(fs_name)
             region = opts.pop("region", None) or opts.pop("region_name", None) or client_kwargs.get("region_name")
@@ -215,7 +227,11 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
                 config["region"] = region
             config.update(opts)
             if anon is None:
-                anon = provider is None and not _aws_has_credentials(config) and not _truthy(config.get("skip_signature", False))
+                anon = (
+                    provider is None
+                    and not _aws_has_credentials(config)
+                    and not _truthy(config.get("skip_signature", False))
+                )
                 anon = anon or None
             if anon is not None:
                 config["skip_signature"] = _truthy(anon) or _truthy(config.get("skip_signature", False))
@@ -243,7 +259,9 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
             if not path or path.endswith("/"):
                 raise InvalidInputError(f"{url}: the URL must name a file")
             base, _, name = path.rpartition("/")
-            store = st.HTTPStore.from_url(f"{scheme}://{parts.netloc}{base}/", client_options=client, retry_config=retry)
+            store = st.HTTPStore.from_url(
+                f"{scheme}://{parts.netloc}{base}/", client_options=client, retry_config=retry
+            )
             return store, unquote(name)
         # file://
         path = unquote(parts.path)
@@ -255,7 +273,6 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
         raise
     except Exception as exc:
         raise InvalidInputError(f"{url}: the storage options cannot be used ({type(exc).__name__}: {exc})") from exc
-
 
 
 def plain_http_url(url: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
@@ -278,7 +295,9 @@ def plain_http_url(url: str, storage_options: Mapping[str, Any] | None = None) -
         config = {"access_key_id": opts.get("key"), "session_token": opts.get("token")}
         config.update({k: v for k, v in opts.items() if k in ("access_key_id", "role_arn", "web_identity_token_file")})
         if anon is None:
-            anon = _truthy(opts.get("skip_signature", os.environ.get("AWS_SKIP_SIGNATURE", False))) or not _aws_has_credentials(config)
+            anon = _truthy(
+                opts.get("skip_signature", os.environ.get("AWS_SKIP_SIGNATURE", False))
+            ) or not _aws_has_credentials(config)
         if not _truthy(anon):
             return None
         endpoint = (
@@ -290,7 +309,13 @@ def plain_http_url(url: str, storage_options: Mapping[str, Any] | None = None) -
             or os.environ.get("AWS_ENDPOINT")
         )
         if not endpoint:
-            region = opts.get("region") or client_kwargs.get("region_name") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            region = (
+                opts.get("region")
+                or client_kwargs.get("region_name")
+                or os.environ.get("AWS_REGION")
+                or os.environ.get("AWS_DEFAULT_REGION")
+                or "us-east-1"
+            )
             endpoint = f"https://s3.{region}.amazonaws.com"
         return f"{endpoint.rstrip('/')}/{parts.netloc}{quote(unquote(parts.path))}"
     if scheme in ("gs", "gcs"):
@@ -342,7 +367,14 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError)):
         return False
     name = type(exc).__name__
-    if name in ("NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "InvalidPathError", "NotSupportedError", "PreconditionError"):
+    if name in (
+        "NotFoundError",
+        "PermissionDeniedError",
+        "UnauthenticatedError",
+        "InvalidPathError",
+        "NotSupportedError",
+        "PreconditionError",
+    ):
         return False
     text = str(exc)
     m = _STATUS.search(text)
@@ -506,7 +538,9 @@ class RemoteSource:
         self._size = int(meta["size"])
         self.etag: str | None = meta.get("e_tag")
         last = meta.get("last_modified")
-        self.last_modified: str | None = last.isoformat() if hasattr(last, "isoformat") else (str(last) if last else None)
+        self.last_modified: str | None = (
+            last.isoformat() if hasattr(last, "isoformat") else (str(last) if last else None)
+        )
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -647,7 +681,9 @@ class RemoteSource:
                 if self.etag:
                     options["if_match"] = self.etag
                 pos = 0
-                for piece in _obstore().get(self._store, self.key, options=options).stream(min_chunk_size=_STREAM_PIECE):
+                for piece in (
+                    _obstore().get(self._store, self.key, options=options).stream(min_chunk_size=_STREAM_PIECE)
+                ):
                     n = len(piece)
                     if pos + n > length:
                         raise _ShortRead(f"more than the {length} bytes asked for arrived")
@@ -698,7 +734,10 @@ class RemoteSource:
                 "the server ignores Range requests (it sends the whole file); serve the store from one that honours "
                 f"them (nginx, Apache, caddy, an object store), or download it whole (curl -O {self.url}) and open the file"
             )
-        elif isinstance(exc, PermissionError) or type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
+        elif isinstance(exc, PermissionError) or type(exc).__name__ in (
+            "PermissionDeniedError",
+            "UnauthenticatedError",
+        ):
             why = "access was denied (check the credentials: storage_options key/secret, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
         elif transient:
             why = f"the server kept failing ({attempts} attempts, timeout {self.timeout:g} s each); check that it is up and reachable"
@@ -866,7 +905,11 @@ class RemoteSource:
         return {"url": self.url, "storage_options": self.storage_options, "knobs": self._knobs}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        other = RemoteSource(state["url"], state["storage_options"], **{k: v for k, v in state["knobs"].items() if k != "connect_timeout"})
+        other = RemoteSource(
+            state["url"],
+            state["storage_options"],
+            **{k: v for k, v in state["knobs"].items() if k != "connect_timeout"},
+        )
         self.__dict__.update(other.__dict__)
 
     def __repr__(self) -> str:
@@ -932,7 +975,9 @@ def tune_malloc(
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(
+        mallopt(_M_TRIM_THRESHOLD, int(trim_threshold))
+    )
 
 
 def open_source(url: str, storage_options: Mapping[str, Any] | None = None) -> RemoteSource:

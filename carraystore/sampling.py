@@ -274,7 +274,9 @@ def group_runs(groups: Sequence[Any] | np.ndarray) -> np.ndarray:
     return np.concatenate([[0], change, [n]]).astype(np.int64)
 
 
-def clip_starts(boundaries: np.ndarray, length: int, stride: int | None = None, offsets: np.ndarray | None = None) -> np.ndarray:
+def clip_starts(
+    boundaries: np.ndarray, length: int, stride: int | None = None, offsets: np.ndarray | None = None
+) -> np.ndarray:
     """First sample of every clip of ``length`` consecutive samples inside one run.
 
     ``boundaries`` as from :func:`group_runs`; clips step by ``stride`` (default ``length``:
@@ -303,7 +305,9 @@ def clip_starts(boundaries: np.ndarray, length: int, stride: int | None = None, 
     return first[run_of] + k * stride
 
 
-def clip_offsets(boundaries: np.ndarray, length: int, stride: int | None = None, *, seed: int = 0, epoch: int = 0) -> np.ndarray:
+def clip_offsets(
+    boundaries: np.ndarray, length: int, stride: int | None = None, *, seed: int = 0, epoch: int = 0
+) -> np.ndarray:
     """A random start offset per run for one epoch: a pure function of (seed, epoch, runs).
 
     Run ``g`` of ``n_g`` frames holds ``c_g = (n_g - length) // stride + 1`` clips at fixed

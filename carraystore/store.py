@@ -9,4 +9,13 @@ from carraystore.format import TARGET_CHUNK_BYTES, default_chunk_images
 from carraystore.reader import ChunkProblem, Store, open_store
 from carraystore.writer import StoreWriter, append, create
 
-__all__ = ["Store", "StoreWriter", "ChunkProblem", "create", "append", "open_store", "default_chunk_images", "TARGET_CHUNK_BYTES"]
+__all__ = [
+    "Store",
+    "StoreWriter",
+    "ChunkProblem",
+    "create",
+    "append",
+    "open_store",
+    "default_chunk_images",
+    "TARGET_CHUNK_BYTES",
+]

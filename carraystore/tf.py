@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.errors import InvalidInputError, MissingDependencyError
 from carraystore.engine import LoaderOptions, LoaderSpec, make_spec
+from carraystore.errors import InvalidInputError, MissingDependencyError
 from carraystore.loader import iterate
 
 try:
@@ -34,7 +34,9 @@ __all__ = ["to_dataset", "distribute", "steps_per_epoch", "element_spec_for"]
 def _tensor_spec(shape: tuple[Any, ...], dtype: np.dtype, what: str) -> Any:
     dtype = np.dtype(dtype)
     if dtype.fields is not None or dtype.kind not in "biuf":
-        raise InvalidInputError(f"{what} has dtype {dtype}, which tf.data cannot carry; give output_signature= and a transform")
+        raise InvalidInputError(
+            f"{what} has dtype {dtype}, which tf.data cannot carry; give output_signature= and a transform"
+        )
     return tf.TensorSpec(shape=shape, dtype=tf.as_dtype(dtype))
 
 
@@ -126,13 +128,18 @@ def to_dataset(
     replicas = 1
     if input_context is not None:
         if "rank" in kwargs or "world_size" in kwargs:
-            raise InvalidInputError("give input_context= or rank=/world_size=, not both: the context says which shard is this one")
+            raise InvalidInputError(
+                "give input_context= or rank=/world_size=, not both: the context says which shard is this one"
+            )
         replicas = _replicas_per_pipeline(input_context)
         world = int(input_context.num_replicas_in_sync)
         first_rank = int(input_context.input_pipeline_id) * replicas
         if options is None:
             kwargs.setdefault("drop_remainder", True)
-        specs = [make_spec(store_or_path, batch_size, options, rank=first_rank + j, world_size=world, **kwargs) for j in range(replicas)]
+        specs = [
+            make_spec(store_or_path, batch_size, options, rank=first_rank + j, world_size=world, **kwargs)
+            for j in range(replicas)
+        ]
         if replicas > 1:
             warnings.warn(
                 f"carraystore.tf.to_dataset: this input pipeline feeds {replicas} replicas, so each step takes {replicas} "

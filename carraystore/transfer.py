@@ -68,7 +68,9 @@ def _pieces(store: Store) -> list[tuple[int, int, int | None]]:
     pos = 0
     for off, length, i in chunks:
         if off < pos:
-            raise CorruptStoreError(f"{store.location}: chunk {i} overlaps the bytes before it; run `carraystore verify` on it")
+            raise CorruptStoreError(
+                f"{store.location}: chunk {i} overlaps the bytes before it; run `carraystore verify` on it"
+            )
         if off > pos:
             out.append((pos, off - pos, None))
         out.append((off, length, i))
@@ -178,7 +180,13 @@ def copy_store(
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=store.source.size(), desc=f"copy {dst_s.rsplit('/', 1)[-1]}", unit="B", unit_scale=True, file=sys.stderr)
+            bar = tqdm(
+                total=store.source.size(),
+                desc=f"copy {dst_s.rsplit('/', 1)[-1]}",
+                unit="B",
+                unit_scale=True,
+                file=sys.stderr,
+            )
         if dst_remote:
             if src_s == dst_s:
                 raise InvalidInputError(f"{dst_s}: the copy would replace its source")
@@ -195,7 +203,9 @@ def copy_store(
                     raise
         else:
             _copy_to_local(store, Path(dst_s.removeprefix("file://")), overwrite, verify, bar)
-        return CopyResult(src_s, dst_s, store.source.size(), store.nchunks, len(store), time.perf_counter() - t0, verify)
+        return CopyResult(
+            src_s, dst_s, store.source.size(), store.nchunks, len(store), time.perf_counter() - t0, verify
+        )
     finally:
         if bar is not None:
             bar.close()

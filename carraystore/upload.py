@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from carraystore.errors import CarrayStoreError, InvalidInputError, StoreExistsError, UploadError
-from carraystore.reader import is_url
 
 __all__ = ["RemoteTarget", "check_writable", "put_stream", "remote_exists", "delete_remote", "PART_BYTES"]
 
@@ -122,7 +121,12 @@ def put_stream(
     store, key = _object_store(url, storage_options)
     try:
         obstore.put(
-            store, key, iter(blocks), use_multipart=True, chunk_size=_part_size(size_hint), max_concurrency=STREAM_CONCURRENCY
+            store,
+            key,
+            iter(blocks),
+            use_multipart=True,
+            chunk_size=_part_size(size_hint),
+            max_concurrency=STREAM_CONCURRENCY,
         )
     except CarrayStoreError:
         raise
@@ -218,19 +222,25 @@ class RemoteTarget:
         path = Path(path) if path is not None else self.local_path
         size = path.stat().st_size
         if not self.overwrite and remote_exists(self.url, self.storage_options):
-            raise StoreExistsError(f"{self.url} appeared while this store was being written; not replacing it (pass overwrite=True)")
+            raise StoreExistsError(
+                f"{self.url} appeared while this store was being written; not replacing it (pass overwrite=True)"
+            )
         store, key = _object_store(self.url, self.storage_options)
         try:
-            _attempts(lambda: obstore.put(
-                store,
-                key,
-                path,
-                use_multipart=size > PART_BYTES,
-                chunk_size=_part_size(size),
-                max_concurrency=UPLOAD_CONCURRENCY,
-            ))
+            _attempts(
+                lambda: obstore.put(
+                    store,
+                    key,
+                    path,
+                    use_multipart=size > PART_BYTES,
+                    chunk_size=_part_size(size),
+                    max_concurrency=UPLOAD_CONCURRENCY,
+                )
+            )
         except Exception as exc:
-            raise UploadError(f"{self.url}: upload of {size} bytes failed ({_short(exc)}); nothing was published at the URL") from exc
+            raise UploadError(
+                f"{self.url}: upload of {size} bytes failed ({_short(exc)}); nothing was published at the URL"
+            ) from exc
         self.uploaded_bytes = size
         return size
 

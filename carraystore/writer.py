@@ -105,7 +105,9 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.(?:partial|migrating)-(?P<pid>\d+)-[0-9a-f
 def refuse_folder_target(path: Path) -> None:
     """A store is a file: an output path that is a folder is refused, overwrite or not."""
     if path.is_dir():
-        raise StoreExistsError(f"{path} is a folder; a store is a file and overwrite replaces only a file: choose another name")
+        raise StoreExistsError(
+            f"{path} is a folder; a store is a file and overwrite replaces only a file: choose another name"
+        )
 
 
 def temp_path(path: Path, kind: str = "partial") -> Path:
@@ -167,14 +169,18 @@ def write_error(exc: BaseException, target: Path, what: str, need: int = 0) -> W
         st = os.statvfs(folder)
         free = st.f_bavail * st.f_frsize
     code = getattr(exc, "errno", None)
-    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) or (code is None and free is not None and free < need + _SPACE_MARGIN):
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) or (
+        code is None and free is not None and free < need + _SPACE_MARGIN
+    ):
         left = f" ({free} bytes free)" if free is not None else ""
         error: WriteError = NoSpaceError(
             f"no space left on {folder}{left} while writing {what} to {target}; "
             "free some space or write elsewhere (the unfinished file is removed)"
         )
     else:
-        error = WriteError(f"could not write {what} to {target} ({exc}); check the folder's permissions, quota and file size limit")
+        error = WriteError(
+            f"could not write {what} to {target} ({exc}); check the folder's permissions, quota and file size limit"
+        )
     error.errno = code or (errno.ENOSPC if isinstance(error, NoSpaceError) else errno.EIO)
     return error
 
@@ -198,7 +204,9 @@ def check_class_names(names: Sequence[str] | None, where: str) -> tuple[str, ...
     seen: set[str] = set()
     for c in out:
         if c in seen:
-            raise InvalidInputError(f"{where}: class name {c!r} is listed twice in {list(out)}; class names must be unique")
+            raise InvalidInputError(
+                f"{where}: class name {c!r} is listed twice in {list(out)}; class names must be unique"
+            )
         seen.add(c)
     return out
 
@@ -255,7 +263,9 @@ class _InPlaceWrite:
         try:
             self._fd: int | None = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         except PermissionError as exc:
-            raise InvalidInputError(f"{path}: the store is not writable ({exc}); it cannot be changed in place") from exc
+            raise InvalidInputError(
+                f"{path}: the store is not writable ({exc}); it cannot be changed in place"
+            ) from exc
         self._old_len = frame.frame_len
         self._h = frame.header_len
         self._head = bytearray(os.pread(self._fd, self._h, 0))
@@ -263,7 +273,9 @@ class _InPlaceWrite:
         tail_at = self._h + frame.cbytes
         tail = os.pread(self._fd, self._old_len - tail_at, tail_at)
         trailer_len = int.from_bytes(tail[-22:-18], "big")
-        self._journal = Journal(self._old_len, ((0, bytes(self._head)), (tail_at, tail)), Journal.guard_of(self._fd, self._h, tail_at))
+        self._journal = Journal(
+            self._old_len, ((0, bytes(self._head)), (tail_at, tail)), Journal.guard_of(self._fd, self._h, tail_at)
+        )
         self._trailer = tail[len(tail) - trailer_len :]
         self._offsets = list(raw_offsets(frame))
         self._chunk_nbytes = frame.chunksize
@@ -396,7 +408,9 @@ class StoreWriter:
         self._crc = list(int(c) for c in meta.crc32)
         self._labels: list[np.ndarray] = [meta.labels] if meta.labels is not None else []
         self._keys: list[StringTable] = [meta.keys] if meta.keys is not None else []
-        self._has_labels: bool | None = None if meta.nimages == 0 and meta.class_names is None else meta.labels is not None
+        self._has_labels: bool | None = (
+            None if meta.nimages == 0 and meta.class_names is None else meta.labels is not None
+        )
         if meta.class_names is not None:
             self._has_labels = True
         self._has_keys: bool | None = None if meta.nimages == 0 else meta.keys is not None
@@ -503,16 +517,22 @@ class StoreWriter:
         k = meta.chunk_images
         where = f"{self.path}, chunk {self.nimages // k}"
         if self._fill:
-            raise InvalidInputError(f"{where}: {self._fill} items are pending; a compressed chunk must start at a chunk boundary")
+            raise InvalidInputError(
+                f"{where}: {self._fill} items are pending; a compressed chunk must start at a chunk boundary"
+            )
         if not 0 < int(nitems) <= k:
             raise InvalidInputError(f"{where}: a compressed chunk holds 1..{k} items, not {nitems}")
         data = bytes(data)
         if not chunk_crc_ok(data, int(crc), meta.codec, meta.blocksize, k * meta.image_nbytes):
-            raise CorruptStoreError(f"{where}: the compressed chunk does not match its CRC32 {int(crc):08x}; it was damaged in transit")
+            raise CorruptStoreError(
+                f"{where}: the compressed chunk does not match its CRC32 {int(crc):08x}; it was damaged in transit"
+            )
         header = parse_chunk_header(data)
         check_codec_against_header(meta.codec, meta.blocksize, header, where)
         if header.nbytes != k * meta.image_nbytes:
-            raise InvalidInputError(f"{where}: the compressed chunk holds {header.nbytes} bytes, a chunk is {k * meta.image_nbytes}")
+            raise InvalidInputError(
+                f"{where}: the compressed chunk holds {header.nbytes} bytes, a chunk is {k * meta.image_nbytes}"
+            )
         n = int(nitems)
         lab = self._check_labels(labels, n)
         keytab = self._check_keys(keys, n)
@@ -630,7 +650,9 @@ class StoreWriter:
         if self._has_labels is not None and has != self._has_labels:
             if self._has_labels:
                 raise InvalidInputError(f"{self.path}: this store is labelled; pass labels= for every append")
-            raise InvalidInputError(f"{self.path}: this store has no labels; pass labels for every image from the first append")
+            raise InvalidInputError(
+                f"{self.path}: this store has no labels; pass labels for every image from the first append"
+            )
         if not has:
             return None
         lab = np.asarray(labels)
@@ -681,7 +703,9 @@ class StoreWriter:
         if self._has_keys is not None and has != self._has_keys:
             if self._has_keys:
                 raise InvalidInputError(f"{self.path}: this store has keys; pass keys= for every append")
-            raise InvalidInputError(f"{self.path}: this store has no keys; pass keys for every image from the first append")
+            raise InvalidInputError(
+                f"{self.path}: this store has no keys; pass keys for every image from the first append"
+            )
         if not has:
             return None
         keys = list(keys)
@@ -761,9 +785,22 @@ def create(
     only when complete. Appending to a URL downloads the store, appends, uploads it again.
     """
     if is_url(path):
-        return _create_remote(str(path), storage_options, tmp_dir, mode=mode, overwrite=overwrite, image_shape=image_shape,
-                              dtype=dtype, codec=codec, chunk_images=chunk_images, class_names=class_names, attrs=attrs,
-                              provenance=provenance, nthreads=nthreads, layout=layout)
+        return _create_remote(
+            str(path),
+            storage_options,
+            tmp_dir,
+            mode=mode,
+            overwrite=overwrite,
+            image_shape=image_shape,
+            dtype=dtype,
+            codec=codec,
+            chunk_images=chunk_images,
+            class_names=class_names,
+            attrs=attrs,
+            provenance=provenance,
+            nthreads=nthreads,
+            layout=layout,
+        )
     if storage_options:
         raise InvalidInputError(f"{path}: storage_options apply to URLs only, not to local paths")
     if isinstance(path, str) and path.startswith("file://"):
@@ -787,7 +824,20 @@ def create(
         remove_stale_temps(p)  # dead: we hold the lock every writer of p holds
         if mode == "a":
             return _open_for_append(real, image_shape, dtype, nthreads, codec, lock)
-        return _create_new(p, image_shape, dtype, codec, chunk_images, class_names, attrs, overwrite, provenance, nthreads, layout, lock)
+        return _create_new(
+            p,
+            image_shape,
+            dtype,
+            codec,
+            chunk_images,
+            class_names,
+            attrs,
+            overwrite,
+            provenance,
+            nthreads,
+            layout,
+            lock,
+        )
     except BaseException:
         lock.release()
         raise
@@ -809,11 +859,17 @@ def _create_new(
 ) -> StoreWriter:
     refuse_folder_target(p)
     if p.exists() and not overwrite:
-        raise StoreExistsError(f"{p} already exists; pass overwrite=True (CLI: --overwrite) to replace it, or mode='a' to append")
+        raise StoreExistsError(
+            f"{p} already exists; pass overwrite=True (CLI: --overwrite) to replace it, or mode='a' to append"
+        )
     if image_shape is None:
         raise InvalidInputError("create(): image_shape (H, W, C) is required for a new store")
-    if chunk_images is not None and (isinstance(chunk_images, bool) or int(chunk_images) != chunk_images or chunk_images < 1):
-        raise InvalidInputError(f"{p}: chunk_images must be a positive integer (images per chunk), got {chunk_images!r}")
+    if chunk_images is not None and (
+        isinstance(chunk_images, bool) or int(chunk_images) != chunk_images or chunk_images < 1
+    ):
+        raise InvalidInputError(
+            f"{p}: chunk_images must be a positive integer (images per chunk), got {chunk_images!r}"
+        )
     class_names = check_class_names(class_names, str(p))
     shape = tuple(int(x) for x in image_shape)
     dt = np.dtype(dtype)
@@ -946,7 +1002,9 @@ def _open_for_append(
         if len(shape) == 2 and meta.layout == "NHWC":
             shape = (*shape, 1)
         if shape != meta.image_shape:
-            raise InvalidInputError(f"{p}: appending images of shape {shape} to a store of image_shape {meta.image_shape}")
+            raise InvalidInputError(
+                f"{p}: appending images of shape {shape} to a store of image_shape {meta.image_shape}"
+            )
         if dtype is not None and np.dtype(dtype) != meta.np_dtype:
             raise InvalidInputError(f"{p}: appending {np.dtype(dtype)} images to a store of {meta.dtype}")
     if meta.nimages:
@@ -983,9 +1041,15 @@ def append(
     ``lock_timeout``: seconds to wait while another writer holds the store (None: for
     ever); after that :class:`~carraystore.errors.StoreLockedError` names the holder.
     """
-    return create(path, mode="a", dtype=None, nthreads=nthreads, lock_timeout=lock_timeout,  # type: ignore[arg-type]
-                  storage_options=storage_options, tmp_dir=tmp_dir)
-
+    return create(
+        path,
+        mode="a",
+        dtype=None,
+        nthreads=nthreads,
+        lock_timeout=lock_timeout,  # type: ignore[arg-type]
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
+    )
 
 
 # -- metadata updates in place ---------------------------------------------------------------
@@ -1036,7 +1100,11 @@ def update_metadata(
 
 
 def _updated_meta(
-    p: Path, meta: StoreMeta, class_names: Sequence[str] | None, attrs: dict[str, Any] | None, remove_attrs: Sequence[str]
+    p: Path,
+    meta: StoreMeta,
+    class_names: Sequence[str] | None,
+    attrs: dict[str, Any] | None,
+    remove_attrs: Sequence[str],
 ) -> StoreMeta:
     new_attrs = dict(meta.attrs)
     if attrs:
@@ -1051,7 +1119,9 @@ def _updated_meta(
         if len(set(names)) != len(names) or not all(names):
             raise InvalidInputError(f"{p}: class names must be distinct and non-empty, got {list(names)}")
         if meta.labels is None:
-            raise InvalidInputError(f"{p}: the store has no labels; class names name label values, so there is nothing to name")
+            raise InvalidInputError(
+                f"{p}: the store has no labels; class names name label values, so there is nothing to name"
+            )
         top = int(meta.labels.max()) if len(meta.labels) else -1
         if top >= len(names):
             raise InvalidInputError(

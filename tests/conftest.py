@@ -26,14 +26,18 @@ SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
 def shared_dir() -> Path:
     """The read-only ``shared/`` folder beside the repository; skips the test when absent."""
     if not SHARED_DIR.is_dir():
-        pytest.skip(f"shared data folder {SHARED_DIR} is absent (it sits beside the checkout; only some machines have it)")
+        pytest.skip(
+            f"shared data folder {SHARED_DIR} is absent (it sits beside the checkout; only some machines have it)"
+        )
     return SHARED_DIR
 
 
 @pytest.fixture(scope="session")
 def photo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """48 real-photo JPEGs of 64x64 pixels in four class folders (12 per class)."""
-    return make_photo_folder(tmp_path_factory.mktemp("photo_folder"), n=48, size=(64, 64), classes=PHOTO_CLASSES, seed=11)
+    return make_photo_folder(
+        tmp_path_factory.mktemp("photo_folder"), n=48, size=(64, 64), classes=PHOTO_CLASSES, seed=11
+    )
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +60,14 @@ def _scaled_photos(short_side: int) -> tuple[np.ndarray, ...]:
     for name in PHOTOS:
         img = Image.fromarray(load_photo(name))
         scale = short_side / min(img.size)
-        out.append(np.asarray(img.resize((max(short_side, round(img.size[0] * scale)), max(short_side, round(img.size[1] * scale))), Image.BILINEAR)))
+        out.append(
+            np.asarray(
+                img.resize(
+                    (max(short_side, round(img.size[0] * scale)), max(short_side, round(img.size[1] * scale))),
+                    Image.BILINEAR,
+                )
+            )
+        )
     return tuple(out)
 
 

@@ -127,7 +127,12 @@ def _zero_chunk(codec: dict[str, Any], blocksize: int, nbytes: int, dont_split: 
     """The canonical zero chunk of FORMAT.md 5.2."""
     h = bytearray(32)
     h[0], h[1] = 5, 1
-    h[2] = 0x05 | (0x08 if "delta" in codec["filters"] else 0) | (0x10 if dont_split else 0) | (CODEC_FORMATS[codec["codec"]] << 5)
+    h[2] = (
+        0x05
+        | (0x08 if "delta" in codec["filters"] else 0)
+        | (0x10 if dont_split else 0)
+        | (CODEC_FORMATS[codec["codec"]] << 5)
+    )
     h[3] = codec["typesize"]
     h[4:8] = nbytes.to_bytes(4, "little")
     h[8:12] = blocksize.to_bytes(4, "little")

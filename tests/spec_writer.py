@@ -47,11 +47,15 @@ def _b2nd(shape: tuple[int, ...], chunks: tuple[int, ...], blocks: tuple[int, ..
     """Appendix A.2."""
     text = dtype.encode()
     return (
-        b"\x97\x00" + bytes([len(shape)])
+        b"\x97\x00"
+        + bytes([len(shape)])
         + _fixarray([_i(0xD3, v, 8) for v in shape])
         + _fixarray([_i(0xD2, v, 4) for v in chunks])
         + _fixarray([_i(0xD2, v, 4) for v in blocks])
-        + b"\x00" + b"\xdb" + len(text).to_bytes(4, "big") + text
+        + b"\x00"
+        + b"\xdb"
+        + len(text).to_bytes(4, "big")
+        + text
     )
 
 
@@ -141,7 +145,10 @@ def write_store(
     }
     if keys is not None:
         enc = [k.encode() for k in keys]
-        record["keys"] = {"utf8": b"".join(enc), "offsets": np.cumsum([0, *map(len, enc)], dtype="<u8").astype("<u8").tobytes()}
+        record["keys"] = {
+            "utf8": b"".join(enc),
+            "offsets": np.cumsum([0, *map(len, enc)], dtype="<u8").astype("<u8").tobytes(),
+        }
     vl_chunk = blosc2.compress2(seal(record), typesize=1, codec=blosc2.Codec.ZSTD, clevel=5)
     # -- step 3: the header (A.1), metalayers b2nd then carraystore
     b2nd = _b2nd((n, *item_shape), (chunk_images, *item_shape), (codec["block_images"], *item_shape), dt.str)
@@ -151,10 +158,18 @@ def write_store(
     first = section_start + 1 + 3 + index_map_len + 3  # past 93, cd+size, the map, dc+count
     second = first + 5 + len(b2nd)
     section = (
-        b"\x93" + _i(0xCD, 1 + 3 + index_map_len, 2)
-        + b"\xde" + (2).to_bytes(2, "big")
-        + _fixstr("b2nd") + _i(0xD2, first, 4) + _fixstr("carraystore") + _i(0xD2, second, 4)
-        + b"\xdc" + (2).to_bytes(2, "big") + _bin32(b2nd) + _bin32(fixed)
+        b"\x93"
+        + _i(0xCD, 1 + 3 + index_map_len, 2)
+        + b"\xde"
+        + (2).to_bytes(2, "big")
+        + _fixstr("b2nd")
+        + _i(0xD2, first, 4)
+        + _fixstr("carraystore")
+        + _i(0xD2, second, 4)
+        + b"\xdc"
+        + (2).to_bytes(2, "big")
+        + _bin32(b2nd)
+        + _bin32(fixed)
     )
     header_len = section_start + len(section)
     pipeline = bytearray(16)
@@ -174,12 +189,22 @@ def write_store(
     assert len(trailer) == trailer_len
     frame_len = header_len + len(data_section) + len(index) + trailer_len
     head = (
-        b"\x9e" + b"\xa8b2frame\x00"
-        + _i(0xD2, header_len, 4) + _i(0xCF, frame_len, 8)
-        + b"\xa4" + bytes([0x12, 0x00, CODEC_IDS[codec["codec"]] | (codec["clevel"] << 4), SPLITMODES[codec["splitmode"]] - 1])
-        + _i(0xD3, nchunks * chunksize, 8) + _i(0xD3, len(data_section), 8)
-        + _i(0xD2, dt.itemsize, 4) + _i(0xD2, blocksize, 4) + _i(0xD2, chunksize, 4)
-        + _i(0xD1, 1, 2) + _i(0xD1, 1, 2) + b"\xc3" + b"\xd8\x06" + bytes(pipeline)
+        b"\x9e"
+        + b"\xa8b2frame\x00"
+        + _i(0xD2, header_len, 4)
+        + _i(0xCF, frame_len, 8)
+        + b"\xa4"
+        + bytes([0x12, 0x00, CODEC_IDS[codec["codec"]] | (codec["clevel"] << 4), SPLITMODES[codec["splitmode"]] - 1])
+        + _i(0xD3, nchunks * chunksize, 8)
+        + _i(0xD3, len(data_section), 8)
+        + _i(0xD2, dt.itemsize, 4)
+        + _i(0xD2, blocksize, 4)
+        + _i(0xD2, chunksize, 4)
+        + _i(0xD1, 1, 2)
+        + _i(0xD1, 1, 2)
+        + b"\xc3"
+        + b"\xd8\x06"
+        + bytes(pipeline)
     )
     assert len(head) == section_start
     frame = head + section + bytes(data_section) + index + trailer

@@ -93,7 +93,9 @@ def _update_forever(path: Path, start: int, ready_fd: int) -> None:
     os.write(ready_fd, b"x")
     r = start
     while True:
-        update_metadata(path, class_names=[f"c{r}-{j}" for j in range(10)], attrs={"round": r, "blob": _blob(r)}, lock_timeout=None)
+        update_metadata(
+            path, class_names=[f"c{r}-{j}" for j in range(10)], attrs={"round": r, "blob": _blob(r)}, lock_timeout=None
+        )
         r += 1
 
 
@@ -130,7 +132,9 @@ def test_sigkill_during_metadata_updates_leaves_old_or_new_metadata(tmp_path: Pa
             got = store.attrs.get("round", 0)
             assert got >= r
             if got:  # one update's metadata, whole: never a mix of two
-                assert store.attrs["blob"] == _blob(got) and store.class_names == tuple(f"c{got}-{j}" for j in range(10))
+                assert store.attrs["blob"] == _blob(got) and store.class_names == tuple(
+                    f"c{got}-{j}" for j in range(10)
+                )
             rolled_back += hot
             changed += got > r
             r = got

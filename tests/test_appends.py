@@ -97,11 +97,10 @@ def test_abort_restores_the_store_byte_for_byte(tmp_path: Path) -> None:
     path = tmp_path / "s.b2nd"
     _store(path, 10)
     old = path.read_bytes()
-    with pytest.raises(RuntimeError, match="boom"):
-        with carraystore.append(path) as w:
-            w.append(_images(10, 9), labels=np.arange(9) % 5, keys=_keys(10, 9))
-            assert path.read_bytes() != old  # chunks were written in place
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), carraystore.append(path) as w:
+        w.append(_images(10, 9), labels=np.arange(9) % 5, keys=_keys(10, 9))
+        assert path.read_bytes() != old  # chunks were written in place
+        raise RuntimeError("boom")
     assert path.read_bytes() == old
     assert not (tmp_path / ".s.b2nd.journal").exists()
 
@@ -185,8 +184,10 @@ def test_two_processes_appending_at_once_lose_nothing(tmp_path: Path) -> None:
     path = tmp_path / "s.b2nd"
     _store(path, 5)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", APPENDER, str(path), who, "12"], env=env, stderr=subprocess.PIPE)
-             for who in ("a", "b")]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", APPENDER, str(path), who, "12"], env=env, stderr=subprocess.PIPE)
+        for who in ("a", "b")
+    ]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err.decode()[-2000:]
@@ -219,7 +220,9 @@ def test_opening_during_an_append_loop_never_sees_damage(tmp_path: Path) -> None
     path = tmp_path / "s.b2nd"
     _store(path, 9)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", LOOP, str(path), "9"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOOP, str(path), "9"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"go"
         seen: set[int] = set()
@@ -420,9 +423,16 @@ GROW = json.dumps({"class_names": ["a", "b", "c", "d", "e"], "attrs": {"blob": B
 
 def _child(script: str, path: Path, *args: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", script, str(path), *args], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == b"go", proc.stderr.read() if proc.stderr else ""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(path), *args],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"go", (
+        proc.stderr.read() if proc.stderr else ""
+    )
     return proc
 
 
@@ -533,7 +543,9 @@ def test_opening_during_a_meta_update_loop_never_sees_damage(tmp_path: Path) -> 
     start, stop = _data_region(path)
     pixels = path.read_bytes()[start:stop]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", META_LOOP, str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", META_LOOP, str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"go"
         rounds: set[int] = set()
@@ -547,7 +559,9 @@ def test_opening_during_a_meta_update_loop_never_sees_damage(tmp_path: Path) -> 
                     assert s.attrs["blob"] == np.random.default_rng(r).bytes(4000 * (r % 4)).hex()
                     assert s.class_names == tuple(f"c{r}-{j}" for j in range(5))
                     rounds.add(r)
-                assert len(s) == n and np.array_equal(s[n - 2 :], _images(n - 2, 2)) and s.keys[n - 1] == f"d/{n - 1}.png"
+                assert (
+                    len(s) == n and np.array_equal(s[n - 2 :], _images(n - 2, 2)) and s.keys[n - 1] == f"d/{n - 1}.png"
+                )
             opens += 1
             if opens % 10 == 0:  # appends take turns with the updates
                 _append(path, n, 3, lock_timeout=30)

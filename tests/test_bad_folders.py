@@ -25,11 +25,17 @@ CLASSES = ("astronaut", "coffee")
 def split_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real photos in data/train/<class>/ and data/validation/<class>/."""
     return make_photo_folder(
-        tmp_path_factory.mktemp("split") / "data", n=24, size=(32, 32), classes=CLASSES, splits={"train": 0.75, "validation": 0.25}
+        tmp_path_factory.mktemp("split") / "data",
+        n=24,
+        size=(32, 32),
+        classes=CLASSES,
+        splits={"train": 0.75, "validation": 0.25},
     )
 
 
-def test_split_folders_are_refused_and_point_to_split_dirs(split_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_split_folders_are_refused_and_point_to_split_dirs(
+    split_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out.b2nd"
     assert main(["ingest", str(split_folder), str(out), "-q", "--workers", "1"]) == 2
     err = capsys.readouterr().err
@@ -79,14 +85,18 @@ def test_skipping_most_files_stops_and_writes_nothing(tmp_path: Path, capsys: py
     out = tmp_path / "o.b2nd"
     assert main(["ingest", str(src), str(out), "-q", "--workers", "1", "--on-error", "skip"]) == 2
     err = capsys.readouterr().err
-    assert "--max-skipped" in err and "of 20 image files" in err and "--image-size" in err and "nothing was written" in err
+    assert (
+        "--max-skipped" in err and "of 20 image files" in err and "--image-size" in err and "nothing was written" in err
+    )
     assert "raise the limit" not in err  # that would drop most of the images
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["src"]
     # raising the limit is the user's call; then the skipped files are listed in the store
     with pytest.raises(SystemExit):
         main(["ingest", str(src), str(out), "-q", "--workers", "1", "--on-error", "skip", "--max-skipped", "100%"])
     assert "not a count" in capsys.readouterr().err
-    assert main(["ingest", str(src), str(out), "-q", "--workers", "1", "--on-error", "skip", "--max-skipped", "19"]) == 0
+    assert (
+        main(["ingest", str(src), str(out), "-q", "--workers", "1", "--on-error", "skip", "--max-skipped", "19"]) == 0
+    )
     store = carraystore.open(out)
     assert len(store) == 1 and len(store.skipped) == 19
 
@@ -95,7 +105,10 @@ def test_max_skipped_as_share_and_count(tmp_path: Path) -> None:
     src = make_photo_folder(tmp_path / "src", n=40, size=(32, 32), classes=CLASSES, seed=6)
     (src / "coffee" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
     (src / "coffee" / "empty.png").write_bytes(b"")
-    with pytest.raises(IngestError, match=r"1 of the first \d+ of 42 image files.*--max-skipped\) allows \(1% = 0 of 42\).*raise the limit"):
+    with pytest.raises(
+        IngestError,
+        match=r"1 of the first \d+ of 42 image files.*--max-skipped\) allows \(1% = 0 of 42\).*raise the limit",
+    ):
         from_directory(src, tmp_path / "a.b2nd", workers=1, on_error="skip")
     with pytest.raises(IngestError, match=r"2 of the first \d+ of 42 image files.*allows \(1 file\(s\) = 1 of 42\)"):
         from_directory(src, tmp_path / "b.b2nd", workers=1, on_error="skip", max_skipped=1)
@@ -104,8 +117,8 @@ def test_max_skipped_as_share_and_count(tmp_path: Path) -> None:
 
 
 def test_one_lister_for_ingest_and_the_benchmarks(tmp_path: Path) -> None:
-    from carraystore.benchmarks import datasets
     from carraystore import ingest
+    from carraystore.benchmarks import datasets
 
     assert datasets.IMAGE_EXTENSIONS is ingest.IMAGE_EXTENSIONS
     src = tmp_path / "src"

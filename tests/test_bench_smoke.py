@@ -31,8 +31,19 @@ def _run(path: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
         TF_CPP_MIN_LOG_LEVEL="2",
     )
     return subprocess.run(
-        [sys.executable, "-m", "pytest", str(path), "-o", "python_files=bench_*.py", "--benchmark-disable",
-         "-p", "no:cacheprovider", "-q", "-x"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(path),
+            "-o",
+            "python_files=bench_*.py",
+            "--benchmark-disable",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-x",
+        ],
         cwd=BENCH.parent,
         env=env,
         capture_output=True,
@@ -86,7 +97,9 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
         assert "| carraystore |" in (results / "remote.md").read_text()
     if path.name == "bench_remote_node.py":
         data = json.loads((results / "remote_node.json").read_text())
-        assert {(r["preset"], r["malloc"]) for r in data["presets"].values()} == {(p, m) for p in ("balanced", "fast") for m in ("default", "tuned")}
+        assert {(r["preset"], r["malloc"]) for r in data["presets"].values()} == {
+            (p, m) for p in ("balanced", "fast") for m in ("default", "tuned")
+        }
         assert not set(data["server_cores"]) & set(data["reader_cores"]), data
         for r in data["presets"].values():  # every epoch, remote and local, delivered every image
             for kind in ("remote", "local"):

@@ -20,7 +20,9 @@ pytest.importorskip("skimage", reason="sample photos come from scikit-image (the
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_photo_folder(tmp_path_factory.mktemp("photos") / "p", n=48, size=(32, 32), classes=["astronaut", "coffee", "rocket"])
+    return make_photo_folder(
+        tmp_path_factory.mktemp("photos") / "p", n=48, size=(32, 32), classes=["astronaut", "coffee", "rocket"]
+    )
 
 
 # -- bench codecs ------------------------------------------------------------------------
@@ -36,7 +38,25 @@ def test_codecs_presets_on_folder_recommends(photos: Path, capsys: pytest.Captur
 
 
 def test_codecs_slow_storage_recommends_the_smallest(photos: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "codecs", str(photos), "--grid", "presets", "--sample", "16", "--repeats", "1", "-q", "--read-mbs", "1"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "codecs",
+                str(photos),
+                "--grid",
+                "presets",
+                "--sample",
+                "16",
+                "--repeats",
+                "1",
+                "-q",
+                "--read-mbs",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     ratios = {}
     for line in out.splitlines():
@@ -47,14 +67,34 @@ def test_codecs_slow_storage_recommends_the_smallest(photos: Path, capsys: pytes
     assert f"reading at 1 MB/s: {max(ratios, key=ratios.get)}" in out
 
 
-def test_codecs_quick_grid_on_store_writes_table_and_plot(photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_codecs_quick_grid_on_store_writes_table_and_plot(
+    photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = tmp_path / "s.b2nd"
     folder = list_image_folder(photos)
     images = decode_images(folder.files)
     with carraystore.create(store, images.shape[1:]) as w:
         w.append(images, labels=folder.labels)
     out_dir = tmp_path / "res"
-    assert main(["bench", "codecs", str(store), "--grid", "quick", "--sample", "24", "--repeats", "1", "-q", "--out", str(out_dir)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "codecs",
+                str(store),
+                "--grid",
+                "quick",
+                "--sample",
+                "24",
+                "--repeats",
+                "1",
+                "-q",
+                "--out",
+                str(out_dir),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Pareto front" in out and "recommended preset" in out
     data = json.loads((out_dir / "codecs.json").read_text())
@@ -81,7 +121,10 @@ def test_codecs_mixed_sizes_need_image_size(tmp_path: Path, capsys: pytest.Captu
     assert main(["bench", "codecs", str(src), "--grid", "presets", "--repeats", "1", "-q"]) == 2
     err = capsys.readouterr().err
     assert "--image-size" in err and ".jpg" in err
-    assert main(["bench", "codecs", str(src), "--grid", "presets", "--repeats", "1", "-q", "--image-size", "32", "32"]) == 0
+    assert (
+        main(["bench", "codecs", str(src), "--grid", "presets", "--repeats", "1", "-q", "--image-size", "32", "32"])
+        == 0
+    )
 
 
 # -- bench loaders -----------------------------------------------------------------------
@@ -89,8 +132,24 @@ def test_codecs_mixed_sizes_need_image_size(tmp_path: Path, capsys: pytest.Captu
 
 def test_loaders_subset_writes_all_outputs(photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_dir = tmp_path / "res"
-    argv = ["bench", "loaders", str(photos), "--limit", "40", "--batch-size", "8", "--epochs", "1", "-q",
-            "--peers", "numpy_memory,npy_files,carraystore_balanced_block", "--out", str(out_dir), "--work", str(tmp_path / "w")]
+    argv = [
+        "bench",
+        "loaders",
+        str(photos),
+        "--limit",
+        "40",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "1",
+        "-q",
+        "--peers",
+        "numpy_memory,npy_files,carraystore_balanced_block",
+        "--out",
+        str(out_dir),
+        "--work",
+        str(tmp_path / "w"),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| one .npy per image |" in out and "| carraystore balanced, block shuffle |" in out
@@ -116,9 +175,13 @@ def test_loaders_list_and_bad_peer(photos: Path, capsys: pytest.CaptureFixture[s
     assert "give DIR" in capsys.readouterr().err
 
 
-def test_missing_library_peer_is_skipped_with_reason(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_library_peer_is_skipped_with_reason(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(L.Hdf5, "requires", ("h5py_not_installed_here",))
-    cmp = L.run_comparison(photos, tmp_path / "w", limit=16, batch_size=8, epochs=1, cold=False, peers=["hdf5", "numpy_memory"])
+    cmp = L.run_comparison(
+        photos, tmp_path / "w", limit=16, batch_size=8, epochs=1, cold=False, peers=["hdf5", "numpy_memory"]
+    )
     hdf5 = cmp.row("hdf5")
     assert hdf5 is not None and hdf5.status == "skipped" and "h5py_not_installed_here is not installed" in hdf5.reason
     assert "not installed" in L.markdown_report(cmp)
@@ -128,7 +191,16 @@ def test_missing_library_peer_is_skipped_with_reason(photos: Path, tmp_path: Pat
 # -- the peers deliver the right pixels ------------------------------------------------------
 
 
-ARRAY_PEERS = ["npy_files", "npz_cache", "hdf5", "zarr", "bcolz", "numpy_memory", "carraystore_small_block", "carraystore_fast_global"]
+ARRAY_PEERS = [
+    "npy_files",
+    "npz_cache",
+    "hdf5",
+    "zarr",
+    "bcolz",
+    "numpy_memory",
+    "carraystore_small_block",
+    "carraystore_fast_global",
+]
 
 
 @pytest.mark.parametrize("name", ARRAY_PEERS + ["pillow_threads", "keras_load_img", "tfdata_jpeg", "tfrecord"])
@@ -182,7 +254,13 @@ def _row(name: str, ratio: float, dmbs: float, clevel: int = 1, cmbs: float = 50
 
 
 def test_pareto_front_and_recommendation_follow_the_model() -> None:
-    rows = [_row("none", 1.0, 20000, clevel=0), _row("fast", 1.1, 8000), _row("balanced", 1.5, 1500), _row("small", 2.0, 700), _row("bad", 1.2, 900)]
+    rows = [
+        _row("none", 1.0, 20000, clevel=0),
+        _row("fast", 1.1, 8000),
+        _row("balanced", 1.5, 1500),
+        _row("small", 2.0, 700),
+        _row("bad", 1.2, 900),
+    ]
     front = C.pareto_front(rows)
     assert [r.dataset for r in front] == ["none", "fast", "balanced", "small"]  # "bad" is beaten by "balanced"
     best_warm, table = C.recommend_preset([r for r in rows if r.dataset != "bad"], cores=2)
@@ -206,7 +284,9 @@ def test_measure_codec_round_trips_real_photos(photos: Path) -> None:
     assert ts1.cbytes == none.cbytes
 
 
-def test_cached_artifacts_are_rebuilt_when_their_inputs_change(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cached_artifacts_are_rebuilt_when_their_inputs_change(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     npy = L.PEER_BY_NAME["npy_files"]
     dest, _ = L.build_artifact(npy, L.Context(str(photos), 16, None, 8, 0), tmp_path)
     assert len(list(dest.glob("0*.npy"))) == 16
@@ -227,7 +307,9 @@ def test_cached_artifacts_are_rebuilt_when_their_inputs_change(photos: Path, tmp
 def test_grayscale_rows_never_pretend_to_filter(photos: Path) -> None:
     rgb = decode_images(list_image_folder(photos, limit=8).files)
     gray = (rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)).astype(np.uint8)[..., None]
-    rows = C.run_suite({"gray": gray}, C.codec_grid(("zstd",), (1,), ("none", "shuffle+bytedelta"), (1,), True), repeats=1)
+    rows = C.run_suite(
+        {"gray": gray}, C.codec_grid(("zstd",), (1,), ("none", "shuffle+bytedelta"), (1,), True), repeats=1
+    )
     # 1-byte pixels: resolve() drops shuffle+bytedelta, so only "none" and the explicit typesize-1 shuffle are measured
     assert [(r.filters, r.typesize) for r in rows] == [("none", 1), ("shuffle-ts1", 1)]
     assert rows[0].cbytes == rows[1].cbytes  # SHUFFLE of 1-byte items is the identity

@@ -22,12 +22,29 @@ from carraystore.sample_data import make_photo_folder
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_photo_folder(tmp_path_factory.mktemp("cli"), n=60, size=(48, 48), splits={"train": 0.8, "val": 0.2}, seed=5)
+    return make_photo_folder(
+        tmp_path_factory.mktemp("cli"), n=60, size=(48, 48), splits={"train": 0.8, "val": 0.2}, seed=5
+    )
 
 
 @pytest.fixture()
 def stores(folder: Path, tmp_path: Path) -> Path:
-    assert main(["ingest", str(folder), str(tmp_path / "out"), "--split-dirs", "-q", "--workers", "1", "--chunk-images", "8"]) == 0
+    assert (
+        main(
+            [
+                "ingest",
+                str(folder),
+                str(tmp_path / "out"),
+                "--split-dirs",
+                "-q",
+                "--workers",
+                "1",
+                "--chunk-images",
+                "8",
+            ]
+        )
+        == 0
+    )
     return tmp_path / "out"
 
 
@@ -49,9 +66,9 @@ def test_ingest_and_info(stores: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_ingest_with_preset(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "s.b2nd"
     assert main(["ingest", str(folder / "train"), str(out), "-q", "--workers", "1", "--preset", "small"]) == 0
-    assert carraystore.open(out).codec.to_config() == carraystore.Codec.preset("small").resolve(np.uint8, (48, 48, 3)).to_config() | {
-        "block_images": carraystore.open(out).codec.block_images
-    }
+    assert carraystore.open(out).codec.to_config() == carraystore.Codec.preset("small").resolve(
+        np.uint8, (48, 48, 3)
+    ).to_config() | {"block_images": carraystore.open(out).codec.block_images}
 
 
 def test_verify_names_the_damaged_chunk(stores: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,7 +116,9 @@ def test_export_round_trips_pixels(stores: Path, tmp_path: Path) -> None:
     assert main(["export", str(stores / "val.b2nd"), str(dest)]) == 2  # refuses to overwrite
 
 
-def test_export_refuses_keys_outside_the_folder(stores: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_refuses_keys_outside_the_folder(
+    stores: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     evil = tmp_path / "evil.b2nd"
     evil.write_bytes((stores / "val.b2nd").read_bytes())
     arr = blosc2.open(str(evil), mode="a")
@@ -127,8 +146,12 @@ def test_cli_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_module_entry_point(stores: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "carraystore.cli", "info", "--json", str(stores / "val.b2nd")],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "carraystore.cli", "info", "--json", str(stores / "val.b2nd")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(r.stdout)["nimages"] == 12
 
 
@@ -141,9 +164,22 @@ def test_sigkill_during_ingest_leaves_no_file_and_the_old_one_intact(tmp_path: P
     before = out.read_bytes()
     old.write_bytes(before)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "carraystore.cli", "ingest", str(src), str(out), "--overwrite", "-q", "--workers", "1",
-         "--chunk-images", "4"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "carraystore.cli",
+            "ingest",
+            str(src),
+            str(out),
+            "--overwrite",
+            "-q",
+            "--workers",
+            "1",
+            "--chunk-images",
+            "4",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.time() + 60
@@ -165,8 +201,21 @@ def test_sigkill_during_ingest_leaves_no_file_and_the_old_one_intact(tmp_path: P
     # and a fresh output path gets nothing at all
     fresh = tmp_path / "fresh.b2nd"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "carraystore.cli", "ingest", str(src), str(fresh), "-q", "--workers", "1", "--chunk-images", "4"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "carraystore.cli",
+            "ingest",
+            str(src),
+            str(fresh),
+            "-q",
+            "--workers",
+            "1",
+            "--chunk-images",
+            "4",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 60
     while time.time() < deadline and not [p for p in tmp_path.iterdir() if p.name.startswith(".fresh.b2nd.partial-")]:

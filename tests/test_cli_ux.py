@@ -47,7 +47,9 @@ def test_every_subcommand_has_a_description_and_every_flag_a_help_text() -> None
     assert _walk(parser, "carraystore") == []
 
 
-def test_a_flag_typo_gets_the_subcommands_usage_and_a_suggestion(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_flag_typo_gets_the_subcommands_usage_and_a_suggestion(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["ingest", str(tmp_path), str(tmp_path / "o.b2nd"), "--colr-mode", "grayscale"])
     assert exc.value.code == 2
@@ -67,10 +69,14 @@ def test_a_flag_typo_gets_the_subcommands_usage_and_a_suggestion(tmp_path: Path,
     assert "did you mean 'info'?" in capsys.readouterr().err
 
 
-def test_extra_words_after_a_one_value_flag_say_what_it_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_extra_words_after_a_one_value_flag_say_what_it_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`ingest --class-names a b c` is right, `meta`/`migrate --class-names a b c` is not: say so."""
-    for argv in (["meta", "s.b2nd", "--class-names", "cat", "dog", "bird"],
-                 ["migrate", "d.h5", "o.b2nd", "--class-names", "cat", "dog"]):
+    for argv in (
+        ["meta", "s.b2nd", "--class-names", "cat", "dog", "bird"],
+        ["migrate", "d.h5", "o.b2nd", "--class-names", "cat", "dog"],
+    ):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2
@@ -83,14 +89,23 @@ def test_a_path_the_os_refuses_is_an_error_line_not_a_traceback(small_store: Pat
     """A file where a folder goes (export OUT under a file) ended in a NotADirectoryError traceback."""
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    r = subprocess.run([sys.executable, "-m", "carraystore.cli", "export", str(small_store), str(blocker / "sub")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "carraystore.cli", "export", str(small_store), str(blocker / "sub")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.startswith("carraystore export: error:") and "Not a directory" in r.stderr and str(blocker / "sub") in r.stderr
+    assert (
+        r.stderr.startswith("carraystore export: error:")
+        and "Not a directory" in r.stderr
+        and str(blocker / "sub") in r.stderr
+    )
 
 
-def test_info_on_several_stores_describes_every_one_and_prints_one_json_document(small_store: Path, tmp_path: Path,
-                                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_info_on_several_stores_describes_every_one_and_prints_one_json_document(
+    small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`info A MISSING B` stopped at MISSING; `info --json A B` printed two documents json.load refused."""
     missing = tmp_path / "missing.b2nd"
     assert main(["info", str(small_store), str(missing), str(small_store)]) == 2
@@ -151,7 +166,9 @@ def test_info_names_hdf5_images_and_npz(tmp_path: Path, capsys: pytest.CaptureFi
     assert "bcolz" in err and "carraystore migrate" in err
 
 
-def test_preview_into_a_missing_folder_names_the_folder(small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_preview_into_a_missing_folder_names_the_folder(
+    small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "no" / "such" / "sheet.png"
     assert main(["preview", str(small_store), str(out)]) == 2
     err = capsys.readouterr().err
@@ -183,9 +200,28 @@ def test_bench_loaders_takes_color_mode_and_image_size(tmp_path: Path, capsys: p
 
     photos = make_photo_folder(tmp_path / "p", n=24, size=(40, 40), classes=("astronaut", "coffee"), seed=1)
     out_dir = tmp_path / "res"
-    argv = ["bench", "loaders", str(photos), "--batch-size", "8", "--epochs", "1", "--no-cold", "-q",
-            "--color-mode", "grayscale", "--image-size", "24", "20",
-            "--peers", "npy_files,pillow_threads,carraystore_fast_block", "--out", str(out_dir), "--work", str(tmp_path / "w")]
+    argv = [
+        "bench",
+        "loaders",
+        str(photos),
+        "--batch-size",
+        "8",
+        "--epochs",
+        "1",
+        "--no-cold",
+        "-q",
+        "--color-mode",
+        "grayscale",
+        "--image-size",
+        "24",
+        "20",
+        "--peers",
+        "npy_files,pillow_threads,carraystore_fast_block",
+        "--out",
+        str(out_dir),
+        "--work",
+        str(tmp_path / "w"),
+    ]
     assert main(argv) == 0
     capsys.readouterr()
     data = json.loads((out_dir / "loaders.json").read_text())

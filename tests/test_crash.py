@@ -48,7 +48,9 @@ def _partials(folder: Path, name: str) -> list[Path]:
 
 
 def _start(script: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait_for_line(proc: subprocess.Popen[str], expected: str) -> None:
@@ -187,7 +189,9 @@ def _reap(pids: list[int]) -> None:
             pass
 
 
-def test_sigkill_during_parallel_ingest(tmp_path: Path, big_folder: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+def test_sigkill_during_parallel_ingest(
+    tmp_path: Path, big_folder: Path, photo_patches: Callable[..., np.ndarray]
+) -> None:
     """from_directory with two decoding processes, killed mid-write: no new file, old file intact."""
     pytest.importorskip("psutil")
     fresh = tmp_path / "fresh.b2nd"

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Runs under either interpreter: ``write DIR``, ``append DIR`` or ``read DIR``; prints JSON.
 SCRIPT = textwrap.dedent(
-    '''
+    """
     import json, sys
     from pathlib import Path
     import numpy as np
@@ -87,7 +87,7 @@ SCRIPT = textwrap.dedent(
                 res["column " + c] = store.columns[c].tobytes() == want_c
             out["stores"][name] = res
     print(json.dumps(out))
-    '''
+    """
 )
 
 
@@ -104,7 +104,9 @@ def _floor() -> str:
 def _old_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, version: str) -> Path:
     """A venv with blosc2==version (cached in pytest's cache folder when it is enabled)."""
     cache = getattr(request.config, "cache", None)
-    base = Path(cache.mkdir(f"carraystore-blosc2-{version}")) if cache is not None else tmp_path_factory.mktemp("oldvenv")
+    base = (
+        Path(cache.mkdir(f"carraystore-blosc2-{version}")) if cache is not None else tmp_path_factory.mktemp("oldvenv")
+    )
     venv = base / "venv"
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     pins = [f"blosc2=={version}", "numpy<2.3", "msgpack", "pillow", "tqdm"]
@@ -114,20 +116,36 @@ def _old_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     r = subprocess.run(
-        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--only-binary", "blosc2", *pins],
-        capture_output=True, text=True, timeout=300,
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--only-binary",
+            "blosc2",
+            *pins,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if r.returncode != 0:
         tail = " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
-        pytest.skip(f"cannot install blosc2=={version} in a fresh venv (no registry, or no wheel for Python "
-                    f"{sys.version_info.major}.{sys.version_info.minor}): {tail}")
+        pytest.skip(
+            f"cannot install blosc2=={version} in a fresh venv (no registry, or no wheel for Python "
+            f"{sys.version_info.major}.{sys.version_info.minor}): {tail}"
+        )
     stamp.write_text(json.dumps(pins))
     return python
 
 
 def _run(python: Path | str, mode: str, folder: Path, data: Path, script: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
-    r = subprocess.run([str(python), str(script), mode, str(folder), str(data)], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [str(python), str(script), mode, str(folder), str(data)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert r.returncode == 0, f"{mode} with {python} failed:\n{r.stderr[-3000:]}"
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -136,8 +154,17 @@ def _make_data(folder: Path, patches: Callable[..., np.ndarray]) -> None:
     """Real-photo inputs and what to write: every layout, dtype, preset and metadata kind."""
     spec: dict[str, Any] = {}
 
-    def add(name: str, items: np.ndarray, codec: str | None = None, chunk: int = 8, labels: bool = False, keys: bool = False,
-            columns: dict[str, np.ndarray] | None = None, layout: str | None = None, class_names: list[str] | None = None) -> None:
+    def add(
+        name: str,
+        items: np.ndarray,
+        codec: str | None = None,
+        chunk: int = 8,
+        labels: bool = False,
+        keys: bool = False,
+        columns: dict[str, np.ndarray] | None = None,
+        layout: str | None = None,
+        class_names: list[str] | None = None,
+    ) -> None:
         np.save(folder / f"{name}.npy", items, allow_pickle=False)
         n = len(items)
         cols = {}
@@ -145,7 +172,10 @@ def _make_data(folder: Path, patches: Callable[..., np.ndarray]) -> None:
             np.save(folder / f"{name}.col-{c}.npy", v, allow_pickle=False)
             cols[c] = f"{name}.col-{c}.npy"
         spec[name] = {
-            "codec": codec, "chunk": chunk, "layout": layout, "columns": cols,
+            "codec": codec,
+            "chunk": chunk,
+            "layout": layout,
+            "columns": cols,
             "labels": (np.arange(n) % 3).tolist() if labels else None,
             "keys": [f"cls{i % 3}/img_{i:04d}.jpg" for i in range(n)] if keys else None,
             "class_names": class_names if class_names is not None else (["a", "b", "c"] if labels else None),
@@ -163,8 +193,14 @@ def _make_data(folder: Path, patches: Callable[..., np.ndarray]) -> None:
     add("black", np.concatenate([np.zeros((8, 16, 16, 3), np.uint8), rgb[:5]]), chunk=8)
     add("empty", np.zeros((0, 16, 16, 3), np.uint8), class_names=["x"])
     add("ints_1d", rgb.reshape(21, -1).astype(np.int64).sum(axis=1), chunk=4)
-    rec_dt = np.dtype({"names": ["label", "key", "mean", "big"], "formats": ["<i2", "S10", ("<f4", (3,)), ">u4"],
-                       "offsets": [0, 4, 16, 32], "itemsize": 40})
+    rec_dt = np.dtype(
+        {
+            "names": ["label", "key", "mean", "big"],
+            "formats": ["<i2", "S10", ("<f4", (3,)), ">u4"],
+            "offsets": [0, 4, 16, 32],
+            "itemsize": 40,
+        }
+    )
     rec = np.zeros(21, rec_dt)
     rec["label"] = np.arange(21) - 10
     rec["key"] = [f"r/{i}.png".encode() for i in range(21)]
@@ -185,7 +221,9 @@ def _check(result: dict[str, Any], writers: dict[str, str], spec: dict[str, Any]
 
 
 def test_oldest_admitted_blosc2_and_newest_read_each_other(
-    request: pytest.FixtureRequest, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
     photo_patches: Callable[..., np.ndarray],
 ) -> None:
     floor = os.environ.get("CARRAYSTORE_TEST_OLD_BLOSC2") or _floor()  # the override is for trying other releases
@@ -219,8 +257,14 @@ def test_oldest_admitted_blosc2_and_newest_read_each_other(
     _run(new, "append", by_old, data, script)
     empty = {n for n in everyone if not len(np.load(data / f"{n}.npy"))}
     for reader in (old, new):
-        after_new = _check(_run(reader, "read", by_new, data, script),
-                           {n: blosc2.__version__ if n in empty else floor for n in spec}, spec)
-        after_old = _check(_run(reader, "read", by_old, data, script),
-                           {n: floor if n in empty else blosc2.__version__ for n in spec}, spec)
+        after_new = _check(
+            _run(reader, "read", by_new, data, script),
+            {n: blosc2.__version__ if n in empty else floor for n in spec},
+            spec,
+        )
+        after_old = _check(
+            _run(reader, "read", by_old, data, script),
+            {n: floor if n in empty else blosc2.__version__ for n in spec},
+            spec,
+        )
         assert after_new == codecs_new and after_old == codecs_old

@@ -20,7 +20,14 @@ import pytest
 from PIL import Image
 
 import carraystore as cs
-from carraystore.errors import CodecMismatchError, CorruptStoreError, IngestError, InvalidInputError, StoreExistsError, StoreLockedError
+from carraystore.errors import (
+    CodecMismatchError,
+    CorruptStoreError,
+    IngestError,
+    InvalidInputError,
+    StoreExistsError,
+    StoreLockedError,
+)
 from carraystore.sample_data import make_photo_folder
 from carraystore.writer import compress_chunk
 
@@ -98,7 +105,9 @@ def test_to_dask_of_a_relative_path_works_on_workers_with_another_cwd(
         np.testing.assert_array_equal(client.compute(x).result(), images)  # type: ignore[attr-defined]
 
 
-def test_the_store_travels_as_its_location_not_its_data(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+def test_the_store_travels_as_its_location_not_its_data(
+    tmp_path: Path, photo_patches: Callable[..., np.ndarray]
+) -> None:
     small = _store_of(tmp_path / "a.b2nd", photo_patches(10, (16, 16)), chunk_images=8)
     big = _store_of(tmp_path / "b.b2nd", photo_patches(2000, (32, 32), seed=1), chunk_images=64)
     assert big.cbytes > 1_000_000
@@ -119,7 +128,9 @@ def test_a_store_replaced_after_to_dask_fails_on_the_workers_instead_of_mixing(
     np.testing.assert_array_equal(client.compute(cdask.to_dask(path)).result(), photo_patches(64, (8, 8), seed=2))  # type: ignore[attr-defined]
 
 
-def test_the_graph_opens_the_store_only_where_a_chunk_is_read(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+def test_the_graph_opens_the_store_only_where_a_chunk_is_read(
+    tmp_path: Path, photo_patches: Callable[..., np.ndarray]
+) -> None:
     # dask.distributed's scheduler unpickles the graph: it must not need the data (a path
     # only the workers mount, a URL only they can reach); the workers open it at their first read
     images = photo_patches(40, (8, 8), seed=6)
@@ -151,7 +162,9 @@ def test_to_dask_of_an_empty_store(tmp_path: Path) -> None:
 # -- the writer's compressed-chunk API ----------------------------------------------------------
 
 
-def test_append_compressed_chunk_writes_the_bytes_append_writes(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+def test_append_compressed_chunk_writes_the_bytes_append_writes(
+    tmp_path: Path, photo_patches: Callable[..., np.ndarray]
+) -> None:
     images = photo_patches(70, (16, 16), seed=5)
     labels = np.arange(70) % 3
     keys = [f"k/{i}" for i in range(70)]
@@ -171,7 +184,9 @@ def test_append_compressed_chunk_writes_the_bytes_append_writes(tmp_path: Path, 
     np.testing.assert_array_equal(s[:], images)
 
 
-def test_append_compressed_chunk_in_place_and_a_zero_chunk(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+def test_append_compressed_chunk_in_place_and_a_zero_chunk(
+    tmp_path: Path, photo_patches: Callable[..., np.ndarray]
+) -> None:
     # an append extends the store in place (docs/appends.md); a chunk of zeros is a 32-byte
     # special chunk whose recorded CRC is the canonical zero chunk's (FORMAT.md 5.2)
     images = photo_patches(20, (16, 16), seed=4)
@@ -227,8 +242,13 @@ def test_from_dask_round_trips_1000_images_bit_exact_on_worker_processes(
     x = da.from_array(images, chunks=(137, 24, 12, 3))  # chunks unlike the store's: rechunked
     with client.as_current():
         store = cdask.from_dask(
-            x, tmp_path / "x.b2nd", labels=da.from_array(labels, chunks=300), keys=keys,
-            class_names=[str(c) for c in range(10)], chunk_images=128, attrs={"note": "from dask"},
+            x,
+            tmp_path / "x.b2nd",
+            labels=da.from_array(labels, chunks=300),
+            keys=keys,
+            class_names=[str(c) for c in range(10)],
+            chunk_images=128,
+            attrs={"note": "from dask"},
         )
     assert isinstance(store, cs.Store) and store.shape == (1000, 24, 24, 3) and store.chunk_images == 128
     assert store.meta.blocksize < store.chunk_nbytes  # several blocks per chunk
@@ -238,8 +258,15 @@ def test_from_dask_round_trips_1000_images_bit_exact_on_worker_processes(
     assert store.class_names == tuple(str(c) for c in range(10)) and store.attrs == {"note": "from dask"}
     assert store.verify() == []
     # chunk for chunk the bytes a local StoreWriter writes
-    with cs.create(tmp_path / "local.b2nd", (24, 24, 3), chunk_images=128, class_names=store.class_names,
-                   attrs=store.attrs, provenance=store.provenance, nthreads=1) as w:
+    with cs.create(
+        tmp_path / "local.b2nd",
+        (24, 24, 3),
+        chunk_images=128,
+        class_names=store.class_names,
+        attrs=store.attrs,
+        provenance=store.provenance,
+        nthreads=1,
+    ) as w:
         w.append(images, labels=labels, keys=keys)
     assert (tmp_path / "local.b2nd").read_bytes() == (tmp_path / "x.b2nd").read_bytes()
 
@@ -328,8 +355,13 @@ def test_from_dask_on_a_cluster_without_workers_fails_at_once(tmp_path: Path) ->
 
 def test_from_dask_takes_keys_as_a_dask_array_like_labels(tmp_path: Path) -> None:
     names = np.array([f"img/{i:02d}.jpg" for i in range(20)])
-    s = cdask.from_dask(da.zeros((20, 2), dtype="uint8", chunks=6), tmp_path / "k.b2nd", keys=da.from_array(names, chunks=7),
-                        labels=da.arange(20, chunks=5) % 2, chunk_images=8)
+    s = cdask.from_dask(
+        da.zeros((20, 2), dtype="uint8", chunks=6),
+        tmp_path / "k.b2nd",
+        keys=da.from_array(names, chunks=7),
+        labels=da.arange(20, chunks=5) % 2,
+        chunk_images=8,
+    )
     assert list(s.keys) == names.tolist()
     np.testing.assert_array_equal(s.labels, np.arange(20) % 2)
 
@@ -347,12 +379,14 @@ def test_in_order_keeps_order_and_a_bounded_window(client: object) -> None:
 
     def submits() -> Iterator[Callable[[], object]]:
         for i in range(24):
+
             def make(i: int = i) -> object:
                 state["submitted"] += 1
                 alive.append(state["submitted"] - state["yielded"])
                 # within a window later tasks finish first: their results wait on the workers
                 delay = 0.02 * (3 - i % 4)
                 return client.submit(lambda i, d: (time.sleep(d), i)[1], i, delay, key=f"sleep-{i}", pure=False)
+
             yield make
 
     got = []
@@ -369,7 +403,9 @@ def test_in_order_keeps_order_and_a_bounded_window(client: object) -> None:
 @pytest.fixture(scope="module")
 def messy_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real photos in 3 classes plus bad files: not an image, empty, and one of another size."""
-    root = make_photo_folder(tmp_path_factory.mktemp("messy"), n=150, size=(40, 40), classes=("astronaut", "chelsea", "coffee"), seed=5)
+    root = make_photo_folder(
+        tmp_path_factory.mktemp("messy"), n=150, size=(40, 40), classes=("astronaut", "chelsea", "coffee"), seed=5
+    )
     (root / "astronaut" / "broken.jpg").write_bytes(b"this is not a jpeg")
     (root / "chelsea" / "empty.png").write_bytes(b"")
     Image.new("RGB", (30, 20), (200, 10, 10)).save(root / "coffee" / "odd_size.png")
@@ -389,7 +425,14 @@ def test_distributed_ingest_is_byte_for_byte_the_local_ingest(
     tmp_path: Path, client: object, messy_folder: Path, image_size: tuple[int, int] | None, chunk_images: int
 ) -> None:
     a, b, ra, rb = _both(
-        messy_folder, tmp_path, client, image_size=image_size, on_error="skip", max_skipped=3, chunk_images=chunk_images, seed=4
+        messy_folder,
+        tmp_path,
+        client,
+        image_size=image_size,
+        on_error="skip",
+        max_skipped=3,
+        chunk_images=chunk_images,
+        seed=4,
     )
     assert a.meta.blocksize < a.chunk_nbytes or chunk_images == 8
     assert (tmp_path / "local.b2nd").read_bytes() == (tmp_path / "dist.b2nd").read_bytes()
@@ -407,14 +450,22 @@ def test_the_local_ingest_is_reproducible_byte_for_byte(tmp_path: Path, messy_fo
     # what makes "the same store as the local ingest" well defined: chunks of several blocks,
     # several decoding processes, and still the same file twice
     for name in ("one", "two"):
-        cs.from_directory(messy_folder, tmp_path / f"{name}.b2nd", workers=2, on_error="skip", max_skipped=3, chunk_images=64)
+        cs.from_directory(
+            messy_folder, tmp_path / f"{name}.b2nd", workers=2, on_error="skip", max_skipped=3, chunk_images=64
+        )
     assert cs.open(tmp_path / "one.b2nd").meta.blocksize < cs.open(tmp_path / "one.b2nd").chunk_nbytes
     assert (tmp_path / "one.b2nd").read_bytes() == (tmp_path / "two.b2nd").read_bytes()
 
 
 def test_distributed_ingest_of_split_folders(tmp_path: Path, client: object) -> None:
-    src = make_photo_folder(tmp_path / "src", n=60, size=(24, 24), classes=("astronaut", "coffee"), seed=3,
-                            splits={"train": 0.75, "val": 0.25})
+    src = make_photo_folder(
+        tmp_path / "src",
+        n=60,
+        size=(24, 24),
+        classes=("astronaut", "coffee"),
+        seed=3,
+        splits={"train": 0.75, "val": 0.25},
+    )
     kw = dict(split_dirs=True, chunk_images=8, seed=1)
     local = cs.from_directory(src, tmp_path / "local", workers=1, **kw)
     dist = cs.from_directory(src, tmp_path / "dist", client=client, **kw)
@@ -443,7 +494,9 @@ def test_distributed_ingest_stops_at_max_skipped_like_the_local_one(
     errors = []
     for kw in ({"workers": 1}, {"client": client}):
         with pytest.raises(IngestError, match="nothing was written") as info:
-            cs.from_directory(messy_folder, tmp_path / "f.b2nd", image_size=image_size, on_error="skip", chunk_images=8, seed=4, **kw)
+            cs.from_directory(
+                messy_folder, tmp_path / "f.b2nd", image_size=image_size, on_error="skip", chunk_images=8, seed=4, **kw
+            )
         errors.append(str(info.value))
         assert list(tmp_path.iterdir()) == []
     assert errors[0] == errors[1]
@@ -474,7 +527,9 @@ def test_distributed_ingest_with_validation_split(tmp_path: Path, client: object
     assert dist["validation"].nimages == 15 and dist["training"].nimages == 45  # type: ignore[index]
     for part in ("training", "validation"):
         assert (tmp_path / "local" / f"{part}.b2nd").read_bytes() == (tmp_path / "dist" / f"{part}.b2nd").read_bytes()
-    one = cs.from_directory(src, tmp_path / "val.b2nd", client=client, validation_split=0.25, subset="validation", chunk_images=8, seed=7)
+    one = cs.from_directory(
+        src, tmp_path / "val.b2nd", client=client, validation_split=0.25, subset="validation", chunk_images=8, seed=7
+    )
     assert one.path.read_bytes() == (tmp_path / "local" / "validation.b2nd").read_bytes()  # type: ignore[union-attr]
 
 
@@ -496,7 +551,9 @@ def test_distributed_ingest_of_16_bit_files_with_odd_names(tmp_path: Path, clien
 
 
 def test_distributed_ingest_refuses_split_folders_and_locked_stores(tmp_path: Path, client: object) -> None:
-    src = make_photo_folder(tmp_path / "src", n=12, size=(16, 16), classes=("astronaut",), seed=3, splits={"train": 0.5, "validation": 0.5})
+    src = make_photo_folder(
+        tmp_path / "src", n=12, size=(16, 16), classes=("astronaut",), seed=3, splits={"train": 0.5, "validation": 0.5}
+    )
     with pytest.raises(IngestError, match="look like dataset splits"):
         cs.from_directory(src, tmp_path / "o.b2nd", client=client)
     holder = cs.create(tmp_path / "o.b2nd", (16, 16, 3))  # another writer at work on the target
@@ -577,6 +634,7 @@ def test_distributed_ingest_that_the_cluster_gives_up_on_leaves_nothing(tmp_path
     def set_allowed_failures(n: int) -> None:
         def f(dask_scheduler: object) -> None:
             dask_scheduler.allowed_failures = n  # type: ignore[attr-defined]
+
         client.run_on_scheduler(f)  # type: ignore[attr-defined]
 
     set_allowed_failures(0)  # the first lost worker fails its task for good
@@ -599,15 +657,30 @@ def test_cli_ingest_with_dask_scheduler(tmp_path: Path, cluster: tuple[object, o
     cl, _ = cluster
     common = ["--image-size", "24", "24", "--on-error", "skip", "--max-skipped", "3", "--chunk-images", "8", "-q"]
     assert main(["ingest", str(messy_folder), str(tmp_path / "l.b2nd"), "--workers", "1", *common]) == 0
-    assert main(["ingest", str(messy_folder), str(tmp_path / "d.b2nd"), "--dask-scheduler", cl.scheduler_address, *common]) == 0  # type: ignore[attr-defined]
+    assert (
+        main(["ingest", str(messy_folder), str(tmp_path / "d.b2nd"), "--dask-scheduler", cl.scheduler_address, *common])
+        == 0
+    )  # type: ignore[attr-defined]
     assert (tmp_path / "l.b2nd").read_bytes() == (tmp_path / "d.b2nd").read_bytes()
 
 
-def test_cli_unreachable_scheduler_is_a_clear_error(tmp_path: Path, messy_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_unreachable_scheduler_is_a_clear_error(
+    tmp_path: Path, messy_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from carraystore.cli import main
 
-    rc = main(["ingest", str(messy_folder), str(tmp_path / "d.b2nd"), "--dask-scheduler", "tcp://127.0.0.1:9",
-               "--dask-timeout", "2", "-q"])
+    rc = main(
+        [
+            "ingest",
+            str(messy_folder),
+            str(tmp_path / "d.b2nd"),
+            "--dask-scheduler",
+            "tcp://127.0.0.1:9",
+            "--dask-timeout",
+            "2",
+            "-q",
+        ]
+    )
     assert rc != 0
     assert "cannot reach the dask scheduler at tcp://127.0.0.1:9" in capsys.readouterr().err
     assert not (tmp_path / "d.b2nd").exists()
@@ -655,7 +728,9 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
         self.end_headers()
 
 
-def test_to_dask_of_a_url_on_worker_processes(tmp_path: Path, client: object, photo_patches: Callable[..., np.ndarray]) -> None:
+def test_to_dask_of_a_url_on_worker_processes(
+    tmp_path: Path, client: object, photo_patches: Callable[..., np.ndarray]
+) -> None:
     pytest.importorskip("carraystore.remote", reason="URLs need the remote sources (storage-node issue)")
     images = photo_patches(120, (16, 16), seed=8)
     _store_of(tmp_path / "web.b2nd", images, chunk_images=16)
@@ -694,7 +769,11 @@ def test_to_dask_of_an_s3_url_on_worker_processes(
 
 
 def test_cli_distributed_ingest_to_an_s3_url_with_a_progress_bar(
-    tmp_path: Path, cluster: tuple[object, object], messy_folder: Path, seaweedfs: object, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    cluster: tuple[object, object],
+    messy_folder: Path,
+    seaweedfs: object,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from carraystore.cli import main
 
@@ -702,7 +781,17 @@ def test_cli_distributed_ingest_to_an_s3_url_with_a_progress_bar(
     monkeypatch.setenv("AWS_ENDPOINT_URL", seaweedfs.endpoint)  # type: ignore[attr-defined]
     bucket = seaweedfs.make_bucket("dask-url")  # type: ignore[attr-defined]
     url = f"s3://{bucket}/ingest/{tmp_path.name}.b2nd"
-    common = ["--image-size", "24", "24", "--on-error", "skip", "--max-skipped", "3", "--chunk-images", "8"]  # no -q: the bar is drawn
+    common = [
+        "--image-size",
+        "24",
+        "24",
+        "--on-error",
+        "skip",
+        "--max-skipped",
+        "3",
+        "--chunk-images",
+        "8",
+    ]  # no -q: the bar is drawn
     assert main(["ingest", str(messy_folder), str(tmp_path / "l.b2nd"), "--workers", "1", "-q", *common]) == 0
     assert main(["ingest", str(messy_folder), url, "--dask-scheduler", cl.scheduler_address, *common]) == 0  # type: ignore[attr-defined]
     with cs.open(url) as remote:

@@ -56,7 +56,9 @@ def python_blocks(path: Path) -> list[tuple[int, str, bool]]:
 
 def test_the_extractor_finds_blocks_and_skip_marks(tmp_path: Path) -> None:
     doc = tmp_path / "doc.md"
-    doc.write_text("text\n```python\nx = 1\n```\n<!-- snippet: skip (needs network) -->\n```python\nopen_url()\n```\n```sh\nls\n```\n")
+    doc.write_text(
+        "text\n```python\nx = 1\n```\n<!-- snippet: skip (needs network) -->\n```python\nopen_url()\n```\n```sh\nls\n```\n"
+    )
     assert python_blocks(doc) == [(2, "x = 1\n", False), (6, "open_url()\n", True)]
 
 
@@ -65,7 +67,12 @@ def prelude(photo_patches: Callable[..., np.ndarray]) -> dict[str, Any]:
 
     def make_model() -> Any:
         model = keras.Sequential(
-            [keras.Input((None, None, 3)), keras.layers.Rescaling(1 / 255), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)]
+            [
+                keras.Input((None, None, 3)),
+                keras.layers.Rescaling(1 / 255),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(4),
+            ]
         )
         model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
@@ -91,7 +98,9 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("snippets")
     classes = ("astronaut", "chelsea", "coffee", "rocket")
     folder = make_photo_folder(root / "photos", n=128, size=(32, 32), classes=classes, seed=4)
-    split = make_photo_folder(root / "split", n=128, size=(32, 32), classes=classes, seed=5, splits={"train": 0.75, "val": 0.25})
+    split = make_photo_folder(
+        root / "split", n=128, size=(32, 32), classes=classes, seed=5, splits={"train": 0.75, "val": 0.25}
+    )
     carraystore.from_directory(split, root / "data", split_dirs=True, workers=1)
     carraystore.from_directory(split / "val", root / "val.b2nd", workers=1)
     return root
@@ -99,7 +108,11 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("document", DOCUMENTS)
 def test_the_documented_snippets_run(
-    document: str, stage: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, photo_patches: Callable[..., np.ndarray]
+    document: str,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    photo_patches: Callable[..., np.ndarray],
 ) -> None:
     blocks = python_blocks(ROOT / document)
     assert blocks, f"{document} has no python blocks"
@@ -129,6 +142,8 @@ def _run_blocks(document: str, blocks: list[tuple[int, str, bool]], ns: dict[str
             try:
                 exec(compile(code, f"{document}:{line}", "exec"), ns)
             except Exception as exc:
-                raise AssertionError(f"the python block at {document}:{line} failed: {type(exc).__name__}: {exc}\n{code}") from exc
+                raise AssertionError(
+                    f"the python block at {document}:{line} failed: {type(exc).__name__}: {exc}\n{code}"
+                ) from exc
         ran += 1
     return ran

@@ -17,7 +17,9 @@ import carraystore
 from carraystore import blocks, engine
 from carraystore.errors import LoaderError
 
-pytestmark = pytest.mark.skipif(not blocks.available(), reason="libblosc2's getitem is not available in this blosc2 wheel")
+pytestmark = pytest.mark.skipif(
+    not blocks.available(), reason="libblosc2's getitem is not available in this blosc2 wheel"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +45,20 @@ def _epoch(store: carraystore.Store, direct: bool, **kwargs: object) -> list[tup
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(epoch=0), dict(epoch=3, shuffle="global"), dict(shuffle=False), dict(epoch=1, sequence_length=5), dict(rank=1, world_size=3, epoch=2)],
+    [
+        dict(epoch=0),
+        dict(epoch=3, shuffle="global"),
+        dict(shuffle=False),
+        dict(epoch=1, sequence_length=5),
+        dict(rank=1, world_size=3, epoch=2),
+    ],
     ids=["block", "global", "ordered", "clips", "shard"],
 )
 def test_direct_and_arena_modes_give_the_same_batches(direct_store: Path, kwargs: dict) -> None:
     store = carraystore.open(direct_store)
-    assert any(store.chunk_byte_range(i)[0] < 0 for i in range(store.nchunks)), "the store has a special (all-zero) chunk"
+    assert any(store.chunk_byte_range(i)[0] < 0 for i in range(store.nchunks)), (
+        "the store has a special (all-zero) chunk"
+    )
     direct, arena = _epoch(store, True, **kwargs), _epoch(store, False, **kwargs)
     assert len(direct) == len(arena) > 0
     for (x1, y1), (x2, y2) in zip(direct, arena):
@@ -56,7 +66,10 @@ def test_direct_and_arena_modes_give_the_same_batches(direct_store: Path, kwargs
         np.testing.assert_array_equal(y1, y2)
     # and both are the store's own items in the plan's order
     plan = engine.make_spec(store, 16, **kwargs).plan(int(kwargs.get("epoch", 0)))  # type: ignore[arg-type]
-    np.testing.assert_array_equal(np.concatenate([x for x, _ in direct]), store[plan.samples(0, len(plan)).reshape(-1)].reshape(np.concatenate([x for x, _ in direct]).shape))
+    np.testing.assert_array_equal(
+        np.concatenate([x for x, _ in direct]),
+        store[plan.samples(0, len(plan)).reshape(-1)].reshape(np.concatenate([x for x, _ in direct]).shape),
+    )
 
 
 def test_the_default_loader_uses_direct_mode_for_large_one_image_blocks(
@@ -88,7 +101,9 @@ def test_a_damaged_chunk_is_reported_in_direct_mode(direct_store: Path, tmp_path
             pass
 
 
-def test_bytedelta_stores_of_large_images_decode_whole_chunks(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+def test_bytedelta_stores_of_large_images_decode_whole_chunks(
+    tmp_path: Path, photo_patches: Callable[..., np.ndarray]
+) -> None:
     """The default preset on images over 64 KiB (blocks of one image, bytedelta): libblosc2's
     getitem fails on bytedelta chunks, so the engine must not pick direct mode for them."""
     images = photo_patches(24, size=(160, 160), seed=3)

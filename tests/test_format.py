@@ -44,7 +44,9 @@ ODD_CODECS = [
     Codec("lz4hc", 9, filters=("bitshuffle",), typesize=2),
     Codec("zlib", 0),
     Codec("blosclz", 5, filters=("delta", "shuffle"), filters_meta=(0, 0), splitmode="always"),
-    Codec("zstd", 9, filters=("shuffle", "bytedelta"), filters_meta=(0, 3), typesize=3, block_images=7, splitmode="auto"),
+    Codec(
+        "zstd", 9, filters=("shuffle", "bytedelta"), filters_meta=(0, 3), typesize=3, block_images=7, splitmode="auto"
+    ),
     Codec("ZSTD", 2, filters=("NOFILTER", "Shuffle")),  # names are case-insensitive, nofilter dropped
     Codec("lz4", 1, typesize=255, block_images=1, splitmode="forward_compat"),
 ]
@@ -61,10 +63,20 @@ def test_codec_config_json_round_trip(codec: Codec) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
-@pytest.mark.parametrize("dtype,shape,layout", [("uint8", (32, 32, 3), "NHWC"), ("uint8", (32, 32, 1), "NHWC"),
-                                                  ("uint16", (16, 16, 4), "NHWC"), ("float32", (8, 8, 3), "NHWC"),
-                                                  ("<i8", (), "array"), ("<f8", (5, 3), "array")])
-def test_resolved_presets_are_fully_pinned_and_round_trip(name: str, dtype: str, shape: tuple[int, ...], layout: str) -> None:
+@pytest.mark.parametrize(
+    "dtype,shape,layout",
+    [
+        ("uint8", (32, 32, 3), "NHWC"),
+        ("uint8", (32, 32, 1), "NHWC"),
+        ("uint16", (16, 16, 4), "NHWC"),
+        ("float32", (8, 8, 3), "NHWC"),
+        ("<i8", (), "array"),
+        ("<f8", (5, 3), "array"),
+    ],
+)
+def test_resolved_presets_are_fully_pinned_and_round_trip(
+    name: str, dtype: str, shape: tuple[int, ...], layout: str
+) -> None:
     codec = Codec.preset(name).resolve(np.dtype(dtype), shape, layout)
     assert codec.typesize is not None and codec.block_images is not None
     assert Codec.from_config(json.loads(json.dumps(codec.to_config()))) == codec
@@ -83,7 +95,12 @@ def test_the_default_codec_is_the_balanced_preset(tmp_path: Path) -> None:
     used = carraystore.open(tmp_path / "d.b2nd").codec
     want = PRESETS["balanced"].resolve(np.dtype("uint8"), (8, 8, 3))
     assert (used.codec, used.clevel, used.filters, used.filters_meta, used.typesize) == (
-        want.codec, want.clevel, want.filters, want.filters_meta, want.typesize)
+        want.codec,
+        want.clevel,
+        want.filters,
+        want.filters_meta,
+        want.typesize,
+    )
 
 
 @pytest.mark.parametrize(
@@ -139,7 +156,9 @@ def test_parse_chunk_header_reads_what_blosc2_wrote(photo_patches: Callable[...,
     h = parse_chunk_header(data)
     assert (h.nbytes, h.blocksize, h.cbytes, h.typesize) == (pixels.nbytes, 4 * pixels[0].nbytes, len(data), 3)
     assert (h.filters, h.filters_meta, h.dont_split, h.memcpyed) == (("shuffle", "bytedelta"), (0, 3), True, False)
-    lz4 = parse_chunk_header(blosc2.compress2(pixels, **Codec("lz4", 1, filters=()).resolve(pixels.dtype, pixels.shape[1:]).cparams(3072)))
+    lz4 = parse_chunk_header(
+        blosc2.compress2(pixels, **Codec("lz4", 1, filters=()).resolve(pixels.dtype, pixels.shape[1:]).cparams(3072))
+    )
     assert lz4.codec_format != h.codec_format and lz4.filters == ()
     with pytest.raises(FormatError, match="too short"):
         parse_chunk_header(data[:20])
@@ -154,7 +173,21 @@ def test_validate_key() -> None:
     assert validate_key("cat\\001.jpg") == ("cat/001.jpg" if os.sep == "\\" else "cat\\001.jpg")
     assert validate_key("id-123") == "id-123"
     assert validate_key("a/..b/c..") == "a/..b/c.."  # dots inside names are fine
-    for bad in ["/abs.jpg", "C:\\x.jpg", "d:/x", "~user/x", "..", "a/../../b", "", "a\nb", "a\x00b", "..\\x", "a\\..\\..\\b", "\\\\server\\share", "bad\udcff.jpg"]:
+    for bad in [
+        "/abs.jpg",
+        "C:\\x.jpg",
+        "d:/x",
+        "~user/x",
+        "..",
+        "a/../../b",
+        "",
+        "a\nb",
+        "a\x00b",
+        "..\\x",
+        "a\\..\\..\\b",
+        "\\\\server\\share",
+        "bad\udcff.jpg",
+    ]:
         with pytest.raises(InvalidInputError, match="key"):
             validate_key(bad)
 
@@ -221,8 +254,9 @@ def test_dtype_records_refuse_objects() -> None:
 def store_path(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> Path:
     images = photo_patches(40, (16, 16))
     path = tmp_path / "s.b2nd"
-    with carraystore.create(path, images.shape[1:], codec="small", chunk_images=16, class_names=["a", "b"],
-                            attrs={"who": "tests"}) as w:
+    with carraystore.create(
+        path, images.shape[1:], codec="small", chunk_images=16, class_names=["a", "b"], attrs={"who": "tests"}
+    ) as w:
         w.append(images, labels=np.arange(40) % 2, keys=[f"a/{i}.jpg" for i in range(40)])
     return path
 
@@ -254,16 +288,33 @@ def test_every_codec_parameter_is_recorded(store_path: Path) -> None:
     codec = rec["codec"]
     assert set(codec) == {"id", "codec", "clevel", "filters", "filters_meta", "typesize", "block_images", "splitmode"}
     assert Codec.from_config(codec) == store.codec
-    assert codec == {"id": "blosc2", "codec": "zstd", "clevel": 5, "filters": ["shuffle", "bytedelta"], "filters_meta": [0, 3],
-                     "typesize": 3, "block_images": store.codec.block_images, "splitmode": "never"}
+    assert codec == {
+        "id": "blosc2",
+        "codec": "zstd",
+        "clevel": 5,
+        "filters": ["shuffle", "bytedelta"],
+        "filters_meta": [0, 3],
+        "typesize": 3,
+        "block_images": store.codec.block_images,
+        "splitmode": "never",
+    }
     assert rec["chunks"] == [16, 16, 16, 3] and rec["blocks"] == [store.codec.block_images, 16, 16, 3]
     assert rec["blocksize"] == store.codec.block_images * 16 * 16 * 3
     array = blosc2.open(str(store_path), mode="r")  # and the file's own geometry agrees
     assert tuple(array.chunks) == (16, 16, 16, 3) and tuple(array.blocks) == tuple(rec["blocks"])
-    assert array.schunk.meta[META_KEY] == {"format": "carraystore", "format_version": FORMAT_VERSION, "meta_crc32": True}
+    assert array.schunk.meta[META_KEY] == {
+        "format": "carraystore",
+        "format_version": FORMAT_VERSION,
+        "meta_crc32": True,
+    }
     for i in range(store.nchunks):
         h = parse_chunk_header(store.read_chunk_bytes(i))
-        assert (h.typesize, h.blocksize, h.filters, h.filters_meta) == (3, rec["blocksize"], ("shuffle", "bytedelta"), (0, 3))
+        assert (h.typesize, h.blocksize, h.filters, h.filters_meta) == (
+            3,
+            rec["blocksize"],
+            ("shuffle", "bytedelta"),
+            (0, 3),
+        )
     crc = np.frombuffer(rec["crc32"], dtype="<u4")
     assert len(crc) == store.nchunks and np.array_equal(crc, store.meta.crc32)
     json.dumps(rec["attrs"]) and json.dumps(rec["provenance"])  # noqa: B015 - JSON-able
@@ -273,7 +324,9 @@ def test_a_chunk_written_with_other_parameters_is_a_codec_mismatch(store_path: P
     store = carraystore.open(store_path)
     pixels = store.read_chunk(0)
     other = Codec("lz4", 1, filters=()).resolve(np.dtype("uint8"), (16, 16, 3))
-    data = blosc2.compress2(np.ascontiguousarray(pixels), **dataclasses.replace(other, typesize=1).cparams(store.meta.blocksize))
+    data = blosc2.compress2(
+        np.ascontiguousarray(pixels), **dataclasses.replace(other, typesize=1).cparams(store.meta.blocksize)
+    )
     bad = tmp_path / "bad.b2nd"
     shutil.copy(store_path, bad)
     array = blosc2.open(str(bad), mode="a")
@@ -292,7 +345,9 @@ def test_a_later_chunk_with_other_parameters_is_reported_by_verify(store_path: P
     """Another writer put chunk 1 with other parameters and updated the checksum: verify names it."""
     store = carraystore.open(store_path)
     pixels = np.ascontiguousarray(store.read_chunk(1))
-    data = blosc2.compress2(pixels, **dataclasses.replace(store.codec, clevel=1, filters=(), filters_meta=()).cparams(store.meta.blocksize))
+    data = blosc2.compress2(
+        pixels, **dataclasses.replace(store.codec, clevel=1, filters=(), filters_meta=()).cparams(store.meta.blocksize)
+    )
     bad = tmp_path / "bad.b2nd"
     shutil.copy(store_path, bad)
     array = blosc2.open(str(bad), mode="a")
@@ -315,12 +370,23 @@ def test_a_later_chunk_with_other_parameters_is_reported_by_verify(store_path: P
     [
         (lambda r: r["codec"].update(codec="lz4"), CodecMismatchError, ["ZSTD", "'lz4' recorded"]),
         (lambda r: r["codec"].update(clevel=9), CodecMismatchError, ["clevel 5 in the file header, 9 recorded"]),
-        (lambda r: r["codec"].update(filters=["bitshuffle"], filters_meta=[0]), CodecMismatchError, ["['bitshuffle'] meta [0] recorded"]),
-        (lambda r: r["codec"].update(typesize=1, filters=[], filters_meta=[]), CodecMismatchError, ["typesize 3 in the file, 1 recorded"]),
+        (
+            lambda r: r["codec"].update(filters=["bitshuffle"], filters_meta=[0]),
+            CodecMismatchError,
+            ["['bitshuffle'] meta [0] recorded"],
+        ),
+        (
+            lambda r: r["codec"].update(typesize=1, filters=[], filters_meta=[]),
+            CodecMismatchError,
+            ["typesize 3 in the file, 1 recorded"],
+        ),
         (lambda r: r["codec"].update(codec="snappy"), UnknownCodecError, ["'snappy'"]),
         (lambda r: r["codec"].update(filters=["shuffle", "zfp"]), UnknownCodecError, ["'zfp'"]),
-        (lambda r: r.update(format_version=FORMAT_VERSION + 1), FormatVersionError,
-         [f"version {FORMAT_VERSION + 1} is newer", f"(format version {FORMAT_VERSION})"]),
+        (
+            lambda r: r.update(format_version=FORMAT_VERSION + 1),
+            FormatVersionError,
+            [f"version {FORMAT_VERSION + 1} is newer", f"(format version {FORMAT_VERSION})"],
+        ),
         (lambda r: r.update(format_version=0), FormatVersionError, ["version 0 is older", "carraystore migrate"]),
         (lambda r: r.update(format_version="1"), FormatError, ["format_version"]),
         (lambda r: r.update(format="zarr"), FormatError, ["not a carraystore record"]),
@@ -333,12 +399,33 @@ def test_a_later_chunk_with_other_parameters_is_reported_by_verify(store_path: P
         (lambda r: r.update(blocksize=12), FormatError, ["blocksize 12"]),
         (lambda r: r["attrs"].update(evil=msgpack.ExtType(1, b"cos\nsystem\n")), FormatError, ["extension type 1"]),
     ],
-    ids=["codec", "clevel", "filters", "typesize", "unknown-codec", "unknown-filter", "newer-version", "older-version",
-         "version-type", "not-carraystore", "nimages", "labels-count", "labels-range", "crc-count", "object-dtype",
-         "missing-field", "blocksize", "ext-type"],
+    ids=[
+        "codec",
+        "clevel",
+        "filters",
+        "typesize",
+        "unknown-codec",
+        "unknown-filter",
+        "newer-version",
+        "older-version",
+        "version-type",
+        "not-carraystore",
+        "nimages",
+        "labels-count",
+        "labels-range",
+        "crc-count",
+        "object-dtype",
+        "missing-field",
+        "blocksize",
+        "ext-type",
+    ],
 )
 def test_an_edited_record_is_refused_with_a_clear_error(
-    mutate: Callable[[dict[str, Any]], Any], error: type[Exception], needles: list[str], store_path: Path, tmp_path: Path
+    mutate: Callable[[dict[str, Any]], Any],
+    error: type[Exception],
+    needles: list[str],
+    store_path: Path,
+    tmp_path: Path,
 ) -> None:
     bad = _rewrite(store_path, tmp_path / "edited.b2nd", mutate)
     with pytest.raises(error) as info:
@@ -352,8 +439,13 @@ def test_an_edited_record_is_refused_with_a_clear_error(
 
 
 def test_metadata_bytes_are_plain_msgpack_only() -> None:
-    meta = StoreMeta(image_shape=(2, 2, 3), dtype="|u1", codec=Codec(block_images=2).resolve(np.dtype("u1"), (2, 2, 3)), chunk_images=4,
-                     color_mode="rgb")
+    meta = StoreMeta(
+        image_shape=(2, 2, 3),
+        dtype="|u1",
+        codec=Codec(block_images=2).resolve(np.dtype("u1"), (2, 2, 3)),
+        chunk_images=4,
+        color_mode="rgb",
+    )
     again = StoreMeta.from_bytes(meta.to_bytes(), "x")
     assert again.to_record() == meta.to_record()
     rec = meta.to_record()

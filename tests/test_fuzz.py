@@ -74,8 +74,14 @@ def _make_store(path: Path) -> None:
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, (18, 8, 8, 3), dtype=np.uint8)
     images[4:8] = 0  # chunk 1 is all zeros: the frame stores it as a special chunk
-    with carraystore.create(path, (8, 8, 3), chunk_images=4, class_names=["cat", "dog", "eel"],
-                            attrs={"split": "train", "nested": {"a": [1, 2, 3]}}, provenance={"source": "fuzz"}) as w:
+    with carraystore.create(
+        path,
+        (8, 8, 3),
+        chunk_images=4,
+        class_names=["cat", "dog", "eel"],
+        attrs={"split": "train", "nested": {"a": [1, 2, 3]}},
+        provenance={"source": "fuzz"},
+    ) as w:
         w.append(images, labels=np.arange(18) % 3, keys=[f"d/{i:02d}.png" for i in range(18)])
 
 
@@ -121,8 +127,14 @@ def _run_cases(paths: list[Path]) -> tuple[dict[str, dict[str, Any]], list[str],
     todo = [str(p) for p in paths]
     while todo:
         try:
-            proc = subprocess.run([sys.executable, "-c", CHILD], input="\n".join(todo) + "\n", capture_output=True,
-                                  text=True, timeout=CHILD_TIMEOUT_S, check=False)
+            proc = subprocess.run(
+                [sys.executable, "-c", CHILD],
+                input="\n".join(todo) + "\n",
+                capture_output=True,
+                text=True,
+                timeout=CHILD_TIMEOUT_S,
+                check=False,
+            )
             stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
         except subprocess.TimeoutExpired as exc:
             stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")

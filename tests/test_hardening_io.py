@@ -35,7 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``carraystore ARGS`` in a child process (a hang fails the test instead of blocking it)."""
-    return subprocess.run([sys.executable, "-m", "carraystore.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "carraystore.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +78,15 @@ def test_export_and_preview_never_follow_a_link_planted_at_a_temp_name(store: Pa
         assert not target.is_symlink()
         np.testing.assert_array_equal(np.asarray(Image.open(target)), s[i])
     # no temporary file of ours is left beside the outputs
-    left = [p for p in dest.rglob(".*") if ".partial-" in p.name] + [p for p in sheet.parent.iterdir() if ".partial-" in p.name]
+    left = [p for p in dest.rglob(".*") if ".partial-" in p.name] + [
+        p for p in sheet.parent.iterdir() if ".partial-" in p.name
+    ]
     assert left == []
 
 
-def test_preview_refuses_to_replace_a_store_or_any_other_non_png_file(store: Path, tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_preview_refuses_to_replace_a_store_or_any_other_non_png_file(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = store.read_bytes()
     assert main(["preview", str(store), str(store)]) == 2
     err = capsys.readouterr().err
@@ -128,8 +133,9 @@ def test_preview_sizes_are_bounded_with_a_named_limit(tmp_path: Path, capsys: py
         carraystore.commands.make_contact_sheet(carraystore.open(path), n=100, cell=1024)
 
 
-def test_export_into_an_existing_file_or_fifo_is_a_named_error(store: Path, tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_into_an_existing_file_or_fifo_is_a_named_error(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     existing = tmp_path / "report.txt"
     existing.write_text("keep me")
     assert main(["export", str(store), str(existing)]) == 2
@@ -173,7 +179,9 @@ def _png16(path: Path, pixels: np.ndarray) -> None:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     ihdr = struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    )
 
 
 def test_16bit_pngs_are_converted_explicitly_never_clipped(tmp_path: Path) -> None:
@@ -196,8 +204,11 @@ def test_16bit_pngs_are_converted_explicitly_never_clipped(tmp_path: Path) -> No
     np.testing.assert_array_equal(s16[:], np.repeat(gray[..., None], 3, axis=-1))
     # an 8-bit file in a uint16 store is scaled to the full 16-bit range
     Image.fromarray(np.full((24, 32), 200, np.uint8), "L").save(src / "a" / "z8.png")
-    s16 = carraystore.open(from_directory(src, tmp_path / "mix.b2nd", dtype="uint16", color_mode="grayscale",
-                                          keep_order=True, workers=1).path)
+    s16 = carraystore.open(
+        from_directory(
+            src, tmp_path / "mix.b2nd", dtype="uint16", color_mode="grayscale", keep_order=True, workers=1
+        ).path
+    )
     assert (s16[len(s16) - 1] == 200 * 257).all()
     # a 16-bit colour PNG: Pillow decodes only its high byte, so uint16 refuses it by name
     rgb = rng.integers(0, 65536, (24, 32, 3), dtype=np.uint16)
@@ -208,8 +219,22 @@ def test_16bit_pngs_are_converted_explicitly_never_clipped(tmp_path: Path) -> No
     i = list(carraystore.open(res.path).keys).index("a/colour.png")
     np.testing.assert_array_equal(carraystore.open(res.path)[i], (rgb >> 8).astype(np.uint8))
     # the CLI option
-    r = _cli("ingest", str(src), str(tmp_path / "cli.b2nd"), "-q", "--workers", "1", "--dtype", "uint16",
-             "--color-mode", "grayscale", "--on-error", "skip", "--max-skipped", "1")
+    r = _cli(
+        "ingest",
+        str(src),
+        str(tmp_path / "cli.b2nd"),
+        "-q",
+        "--workers",
+        "1",
+        "--dtype",
+        "uint16",
+        "--color-mode",
+        "grayscale",
+        "--on-error",
+        "skip",
+        "--max-skipped",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     assert "colour.png" in r.stdout and carraystore.open(tmp_path / "cli.b2nd").dtype == np.uint16
 
@@ -265,7 +290,9 @@ def test_undecodable_and_newline_file_names_follow_on_error(photos: Path, tmp_pa
     with pytest.raises(IngestError, match=r"caf\\xe9\.jpg: file name is not valid UTF-8.*on_error='skip'"):
         from_directory(src, tmp_path / "s.b2nd", workers=1)
     assert not (tmp_path / "s.b2nd").exists()
-    r = _cli("ingest", str(src), str(tmp_path / "s.b2nd"), "-q", "--workers", "2", "--on-error", "skip", "--max-skipped", "2")
+    r = _cli(
+        "ingest", str(src), str(tmp_path / "s.b2nd"), "-q", "--workers", "2", "--on-error", "skip", "--max-skipped", "2"
+    )
     assert r.returncode == 0, r.stderr
     assert "rocket/caf\\xe9.jpg: file name is not valid UTF-8" in r.stdout
     assert "rocket/new\\nline.jpg: file name holds a NUL or newline" in r.stdout
@@ -299,8 +326,7 @@ def test_disk_full_is_a_named_error_and_leaves_no_temp_file(tmp_path: Path) -> N
         f"{sys.executable} -m carraystore.cli export {store} {full}/exported; echo rc=$?; "
         f"find {full} -name '.*'"
     )
-    r = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, timeout=300,
-                       cwd=REPO)
+    r = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert r.stdout.count("rc=2") == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "Could not update" not in r.stderr
     assert f"carraystore ingest: error: no space left on {full}" in r.stderr
@@ -314,14 +340,31 @@ def test_fifos_are_never_opened(photos: Path, tmp_path: Path) -> None:
     os.mkfifo(src / "coffee" / "pipe.jpg")
     r = _cli("ingest", str(src), str(tmp_path / "a.b2nd"), "-q", "--workers", "1", timeout=120)
     assert r.returncode == 2 and "coffee/pipe.jpg: not a regular file" in r.stderr
-    r = _cli("ingest", str(src), str(tmp_path / "b.b2nd"), "-q", "--workers", "2", "--on-error", "skip", "--max-skipped", "1", timeout=120)
+    r = _cli(
+        "ingest",
+        str(src),
+        str(tmp_path / "b.b2nd"),
+        "-q",
+        "--workers",
+        "2",
+        "--on-error",
+        "skip",
+        "--max-skipped",
+        "1",
+        timeout=120,
+    )
     assert r.returncode == 0 and "coffee/pipe.jpg: not a regular file" in r.stdout
     assert len(carraystore.open(tmp_path / "b.b2nd")) == 24
     # a FIFO as the source folder or as a store
     fifo = tmp_path / "fifo.b2nd"
     os.mkfifo(fifo)
-    for args in (["ingest", str(fifo), str(tmp_path / "c.b2nd")], ["info", str(fifo)], ["verify", str(fifo)],
-                 ["preview", str(fifo), str(tmp_path / "p.png")], ["export", str(fifo), str(tmp_path / "e")]):
+    for args in (
+        ["ingest", str(fifo), str(tmp_path / "c.b2nd")],
+        ["info", str(fifo)],
+        ["verify", str(fifo)],
+        ["preview", str(fifo), str(tmp_path / "p.png")],
+        ["export", str(fifo), str(tmp_path / "e")],
+    ):
         r = _cli(*args, timeout=60)
         assert r.returncode in (1, 2) and str(fifo) in r.stdout + r.stderr, (args, r.stderr)
 
@@ -330,8 +373,11 @@ def test_a_fifo_given_to_migrate_copy_or_meta_is_refused_not_read(tmp_path: Path
     """`migrate FIFO OUT` blocked for ever reading the FIFO's magic bytes."""
     fifo = tmp_path / "fifo.npz"
     os.mkfifo(fifo)
-    for args in (["migrate", str(fifo), str(tmp_path / "m.b2nd")], ["copy", str(fifo), str(tmp_path / "c.b2nd")],
-                 ["meta", str(fifo), "--attr", "a=1"]):
+    for args in (
+        ["migrate", str(fifo), str(tmp_path / "m.b2nd")],
+        ["copy", str(fifo), str(tmp_path / "c.b2nd")],
+        ["meta", str(fifo), "--attr", "a=1"],
+    ):
         r = _cli(*args, timeout=30)
         assert r.returncode == 2 and f"{fifo} is not a regular file" in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
@@ -350,8 +396,11 @@ def test_overwrite_never_replaces_a_folder(photos: Path, tmp_path: Path) -> None
     src = tmp_path / "s.b2nd"
     with carraystore.create(src, (4, 4, 3)) as w:
         w.append(np.zeros((1, 4, 4, 3), np.uint8))
-    for args in (["migrate", str(h5), str(out), "--overwrite"], ["ingest", str(photos), str(out), "--overwrite", "-q"],
-                 ["copy", str(src), str(out), "--overwrite"]):
+    for args in (
+        ["migrate", str(h5), str(out), "--overwrite"],
+        ["ingest", str(photos), str(out), "--overwrite", "-q"],
+        ["copy", str(src), str(out), "--overwrite"],
+    ):
         r = _cli(*args, timeout=120)
         assert r.returncode == 2 and f"{out} is a folder" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert (out / "keep").is_dir()
@@ -366,7 +415,9 @@ def test_export_of_a_key_that_is_also_a_folder_is_a_named_error(tmp_path: Path) 
     with carraystore.create(store, (4, 4, 3)) as w:
         w.append(np.zeros((2, 4, 4, 3), np.uint8), keys=["a.png", "a.png/b.png"])
     r = _cli("export", str(store), str(tmp_path / "e"), timeout=60)
-    assert r.returncode == 2 and "would be both an item's file and the folder" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        r.returncode == 2 and "would be both an item's file and the folder" in r.stderr and "Traceback" not in r.stderr
+    )
     assert list((tmp_path / "e").iterdir()) == []  # refused before writing anything
     # a file left in the way by something else
     with carraystore.create(tmp_path / "f.b2nd", (4, 4, 3)) as w:
@@ -402,8 +453,20 @@ def test_a_killed_ingest_leaves_no_worker_holding_the_callers_pipes(tmp_path: Pa
     src = make_photo_folder(tmp_path / "src", n=600, size=(160, 160), seed=3)
     out = tmp_path / "out.b2nd"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "carraystore.cli", "ingest", str(src), str(out), "--workers", "2", "--chunk-images", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "carraystore.cli",
+            "ingest",
+            str(src),
+            str(out),
+            "--workers",
+            "2",
+            "--chunk-images",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.time() + 120

@@ -68,7 +68,9 @@ def _rewrite(path: Path, mutate: Callable[[dict[str, Any]], Any]) -> None:
 # -- the metadata checksum ---------------------------------------------------------------------
 
 
-def test_new_records_are_sealed_and_a_changed_byte_is_refused(store_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_new_records_are_sealed_and_a_changed_byte_is_refused(
+    store_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     raw = _raw(store_path)
     assert raw[-16:-4] == b"\xaameta_crc32\xce" and int.from_bytes(raw[-4:], "big") == crc32(raw[:-4])
     array = blosc2.open(str(store_path))
@@ -132,7 +134,9 @@ def test_metadata_that_inflates_far_beyond_the_store_is_refused_before_it_is_dec
         "try:\n    carraystore.open(sys.argv[1])\nexcept MetadataTooLargeError as e:\n    print('refused', e)\n"
         "print('grew_mb', (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe, str(store_path)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(store_path)], capture_output=True, text=True, check=True
+    ).stdout
     assert "refused" in out and "s.b2nd" in out and "decompress to" in out, out
     assert float(out.split("grew_mb")[1]) < 40, out  # nothing near the 80 MiB (x3) was allocated
 

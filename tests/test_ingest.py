@@ -91,8 +91,15 @@ def test_crop_to_aspect_ratio_and_rgba(tmp_path: Path) -> None:
     arr = rng.integers(0, 255, (40, 100, 3), dtype=np.uint8)
     Image.fromarray(arr).save(src / "wide.png")
     out = tmp_path / "c.b2nd"
-    from_directory(tmp_path / "src", out, workers=1, image_size=(20, 20), crop_to_aspect_ratio=True, color_mode="rgba",
-                   interpolation="nearest")
+    from_directory(
+        tmp_path / "src",
+        out,
+        workers=1,
+        image_size=(20, 20),
+        crop_to_aspect_ratio=True,
+        color_mode="rgba",
+        interpolation="nearest",
+    )
     store = carraystore.open(out)
     assert store.image_shape == (20, 20, 4)
     # the centred 40x40 window, then resized: the left and right 30 columns are dropped

@@ -33,7 +33,9 @@ def keras_threads() -> list[threading.Thread]:
 def splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Real 64x64 JPEG photos of 4 classes, split into train/ and val/ folders, ingested."""
     root = tmp_path_factory.mktemp("keras")
-    folder = make_photo_folder(root / "photos", n=320, size=(64, 64), classes=CLASSES, seed=3, splits={"train": 0.8, "val": 0.2})
+    folder = make_photo_folder(
+        root / "photos", n=320, size=(64, 64), classes=CLASSES, seed=3, splits={"train": 0.8, "val": 0.2}
+    )
     res = carraystore.from_directory(folder, root / "stores", split_dirs=True, chunk_images=16, workers=1)
     return {name: r.path for name, r in res.items()}
 
@@ -93,7 +95,9 @@ def _predict_indices(ds: StoreDataset, table: dict[bytes, int]) -> list[int]:
 
 
 @pytest.mark.parametrize("workers,multiprocessing", [(1, False), (3, False), (2, True)])
-def test_keras_workers_give_no_duplicated_and_no_missing_samples(splits: dict[str, Path], workers: int, multiprocessing: bool) -> None:
+def test_keras_workers_give_no_duplicated_and_no_missing_samples(
+    splits: dict[str, Path], workers: int, multiprocessing: bool
+) -> None:
     store = carraystore.open(splits["train"])
     table = index_of(store)
     ds = StoreDataset(splits["train"], 16, window=4, workers=workers, use_multiprocessing=multiprocessing, seed=9)
@@ -102,7 +106,9 @@ def test_keras_workers_give_no_duplicated_and_no_missing_samples(splits: dict[st
     assert sorted(seen) == list(range(len(store)))
     assert seen == expected, "Keras hands the batches back in the dataset's order"
     decoded = ds.decode_counts.get(0, 0)
-    print(f"\nworkers={workers} multiprocessing={multiprocessing}: {decoded} chunk decodes in this process for {store.nchunks} chunks")
+    print(
+        f"\nworkers={workers} multiprocessing={multiprocessing}: {decoded} chunk decodes in this process for {store.nchunks} chunks"
+    )
     if not multiprocessing:
         # Threads share the cache: every chunk is decoded once, except that Keras first
         # peeks at batches 0 and 1 for the tensor spec and asks for them again later, by
@@ -131,14 +137,18 @@ def test_model_fit_on_real_photos_lowers_the_loss(splits: dict[str, Path]) -> No
             keras.layers.Dense(len(CLASSES)),
         ]
     )
-    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.Adam(3e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     before = model.evaluate(train, verbose=0)
     train.set_epoch(0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no out-of-order decoding on a store this small
         history = model.fit(train, epochs=2, validation_data=val, verbose=0)
     after = history.history["loss"][-1]
-    print(f"\nKeras CNN on real photos: loss {before:.3f} before, {history.history['loss']} in 2 epochs, val {history.history['val_loss']}")
+    print(
+        f"\nKeras CNN on real photos: loss {before:.3f} before, {history.history['loss']} in 2 epochs, val {history.history['val_loss']}"
+    )
     assert after < before
     assert train.epoch == 2, "each epoch moved to a new order (epochs 0 and 1 were used)"
     assert np.isfinite(history.history["val_loss"]).all()
@@ -159,7 +169,9 @@ def test_pickles_as_the_path_and_gives_the_same_batches(splits: dict[str, Path])
     clone.close()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs a second Keras backend: pip install jax (CPU)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None, reason="needs a second Keras backend: pip install jax (CPU)"
+)
 def test_another_backend_never_imports_tensorflow(splits: dict[str, Path]) -> None:
     script = textwrap.dedent(
         f"""
@@ -181,7 +193,9 @@ def test_another_backend_never_imports_tensorflow(splits: dict[str, Path]) -> No
     assert "TF False" in proc.stdout and int(proc.stdout.split()[1]) >= 1, proc.stdout
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="Keras' numpy backend imports jax: pip install jax (CPU)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None, reason="Keras' numpy backend imports jax: pip install jax (CPU)"
+)
 def test_numpy_backend_never_imports_tensorflow(splits: dict[str, Path]) -> None:
     """Keras' numpy backend (inference only) runs StoreDataset without TensorFlow."""
     script = textwrap.dedent(
@@ -231,7 +245,9 @@ class _Crash(Exception):
     pass
 
 
-def test_a_fit_interrupted_mid_epoch_resumes_with_exactly_one_epoch_of_samples(splits: dict[str, Path], tmp_path: Path) -> None:
+def test_a_fit_interrupted_mid_epoch_resumes_with_exactly_one_epoch_of_samples(
+    splits: dict[str, Path], tmp_path: Path
+) -> None:
     """Real Keras fit, interrupted after 6 batches of epoch 1, resumed from TrainingPosition's file."""
     from carraystore.keras import TrainingPosition
 
@@ -294,7 +310,9 @@ def test_one_fit_going_on_past_a_resumed_epoch_stops_with_what_to_do(splits: dic
 
     ds = StoreDataset(splits["train"], 32, start_batch=3)
     assert len(ds) == ds.spec.num_batches - 3
-    model = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(len(CLASSES))])
+    model = keras.Sequential(
+        [keras.Input((64, 64, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(len(CLASSES))]
+    )
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     position = TrainingPosition(ds)
     with pytest.raises(carraystore.InvalidInputError, match=r"resumed epoch.*initial_epoch=e, epochs=e \+ 1"):

@@ -6,18 +6,18 @@ import gc
 import multiprocessing
 import os
 import shutil
-import time
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import carraystore
-from carraystore.errors import ChecksumError, ClipError, InvalidInputError, LoaderChecksumError, LoaderError
+from carraystore.errors import ClipError, InvalidInputError, LoaderError
 from carraystore.loader import THREAD_NAME_PREFIX, batches
 from carraystore.sample_data import PHOTOS, make_photo_folder, make_video_folder
 from carraystore.sampling import batch_label_diversity, pairs_kept_together
@@ -343,7 +343,11 @@ def test_sequences_of_video_frames_never_cross_a_clip(tmp_path: Path) -> None:
     assert len(clips) == 16 and len(set(clips)) == 16
     # an explicit groups array works the same way
     groups = [k.rsplit("/", 1)[0] for k in keys]
-    firsts = [c[0] for x, _ in batches(res.path, 4, sequence_length=L, groups=groups, shuffle=False, epoch=1) for c in [[table[f.tobytes()] for f in clip] for clip in x]]
+    firsts = [
+        c[0]
+        for x, _ in batches(res.path, 4, sequence_length=L, groups=groups, shuffle=False, epoch=1)
+        for c in [[table[f.tobytes()] for f in clip] for clip in x]
+    ]
     assert firsts == sorted(clips)
 
 
@@ -352,7 +356,9 @@ def video(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """4 clips of 23 real-photo frames: one store written in order, one shuffled (the default)."""
     root = tmp_path_factory.mktemp("video")
     folder = make_video_folder(root / "video", clips=4, frames=23, size=(16, 16))
-    ordered = carraystore.from_directory(folder, root / "ordered.b2nd", keep_order=True, chunk_images=10, workers=1).path
+    ordered = carraystore.from_directory(
+        folder, root / "ordered.b2nd", keep_order=True, chunk_images=10, workers=1
+    ).path
     shuffled = carraystore.from_directory(folder, root / "shuffled.b2nd", chunk_images=10, workers=1).path
     return {"ordered": ordered, "shuffled": shuffled}
 
@@ -391,7 +397,9 @@ def test_clip_starts_move_every_epoch_and_stay_exact(video: dict[str, Path]) -> 
             assert np.all(np.diff(mine) == 5) and 0 <= mine[0] - run_first[g] <= 3
         per_epoch.append(firsts)
         # a pure function of (seed, epoch): the same again, in the same order
-        assert clip_firsts(video["ordered"], table, epoch=epoch, seed=2) == clip_firsts(video["ordered"], table, epoch=epoch, seed=2)
+        assert clip_firsts(video["ordered"], table, epoch=epoch, seed=2) == clip_firsts(
+            video["ordered"], table, epoch=epoch, seed=2
+        )
     assert len({tuple(f) for f in per_epoch}) > 1, "the starts move from epoch to epoch"
     # resuming mid-epoch and sharding stay exact
     full = clip_firsts(video["ordered"], table, epoch=3, seed=2)
@@ -450,7 +458,7 @@ def test_the_buffer_pool_is_reused_across_epochs_and_can_be_released(photo_store
     assert loader._IDLE_ARENAS.get(store) is None
 
 
-def _count_in_child(path: str, out: "multiprocessing.Queue[int]") -> None:
+def _count_in_child(path: str, out: multiprocessing.Queue[int]) -> None:
     out.put(sum(len(x) for x, _ in carraystore.open(path).batches(8, window=2)))
 
 
@@ -461,7 +469,7 @@ def test_forking_while_loader_threads_run(photo_store: Path) -> None:
     running = [batches(photo_store, 4, window=1, prefetch=1, queue_size=1) for _ in range(2)]
     for it in running:
         next(it)
-    results: "multiprocessing.Queue[int]" = ctx.Queue()
+    results: multiprocessing.Queue[int] = ctx.Queue()
     children = [ctx.Process(target=_count_in_child, args=(str(photo_store), results)) for _ in range(3)]
     for c in children:
         c.start()
@@ -509,7 +517,9 @@ def test_children_forked_during_decoding_do_not_hang(tmp_path: Path) -> None:
                 code = 3
                 try:
                     out = np.empty((store.chunk_images, *store.image_shape), dtype=store.dtype)
-                    worker = threading.Thread(target=lambda: [store.decompress_chunk(0, data, out) for _ in range(5)], daemon=True)
+                    worker = threading.Thread(
+                        target=lambda: [store.decompress_chunk(0, data, out) for _ in range(5)], daemon=True
+                    )
                     worker.start()
                     worker.join(timeout=10)
                     code = 3 if worker.is_alive() else 0

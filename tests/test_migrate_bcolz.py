@@ -209,7 +209,9 @@ def test_two_carrays_length_mismatch(photo_arrays, tmp_path: Path) -> None:
 def test_ctable_images_labels_inferred_other_columns_kept(photo_arrays, tmp_path: Path) -> None:
     x, y, keys = photo_arrays
     w = np.linspace(0, 1, len(x))
-    write_ctable(tmp_path / "t.bc", {"id": np.arange(len(x)), "image": x, "label": y, "weight": w}, chunklen=10, attrs={"k": "v"})
+    write_ctable(
+        tmp_path / "t.bc", {"id": np.arange(len(x)), "image": x, "label": y, "weight": w}, chunklen=10, attrs={"k": "v"}
+    )
     report = migrate(tmp_path / "t.bc", tmp_path / "t.b2nd", progress=False)
     s = carraystore.open(tmp_path / "t.b2nd")
     assert np.array_equal(s[:], x) and np.array_equal(s.labels, y)

@@ -45,12 +45,18 @@ def _cases(kind: str) -> list[tuple[str, str, str]]:
 def _case_dir(root_name: str, corpus: str, case: str) -> Path:
     root = ROOTS[root_name]
     if corpus == "<absent>":
-        pytest.skip(f"{root} is absent (the shared fixtures sit beside the checkout in ../shared; only some machines have them)")
+        pytest.skip(
+            f"{root} is absent (the shared fixtures sit beside the checkout in ../shared; only some machines have them)"
+        )
     return root / corpus / case
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _read_all(store: carraystore.Store) -> np.ndarray:
@@ -173,5 +179,13 @@ def test_local_corpus_is_small_and_complete() -> None:
     files = [p for p in LOCAL_CORPUS.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) < 1_000_000
     names = {p.name for p in LOCAL_CORPUS.glob("*/*") if p.is_dir()}
-    assert {"ctable", "codec_snappy_sh1", "codec_snappy_sh2", "struct_offsets", "object", "num_c8", "trunc_chunk"} <= names
+    assert {
+        "ctable",
+        "codec_snappy_sh1",
+        "codec_snappy_sh2",
+        "struct_offsets",
+        "object",
+        "num_c8",
+        "trunc_chunk",
+    } <= names
     assert os.path.exists(LOCAL_CORPUS / "broken" / "MANIFEST.json")

@@ -14,7 +14,9 @@ from carraystore.errors import MigrationError, MissingDependencyError
 from carraystore.migrations import blosc1, migrate
 
 LOCAL = Path(__file__).resolve().parent / "data" / "bcolz"
-nblosc = pytest.importorskip("numcodecs.blosc", reason="numcodecs (c-blosc 1.x) writes the real Blosc1 chunks these tests decode")
+nblosc = pytest.importorskip(
+    "numcodecs.blosc", reason="numcodecs (c-blosc 1.x) writes the real Blosc1 chunks these tests decode"
+)
 cramjam = pytest.importorskip("cramjam")
 
 
@@ -46,7 +48,9 @@ def test_pure_stream_decoder_matches_blosc2_on_cblosc1_chunks(dtype: str, shuffl
             if h.memcpyed:
                 continue
             out = np.empty(h.nbytes, dtype=np.uint8)
-            blosc1._decompress_streams(c, h, out, "test", lambda data, k: cramjam.lz4.decompress_block(data, output_len=k))
+            blosc1._decompress_streams(
+                c, h, out, "test", lambda data, k: cramjam.lz4.decompress_block(data, output_len=k)
+            )
             assert out.tobytes() == want
             assert blosc1.decompress(c) == want
             checked += 1

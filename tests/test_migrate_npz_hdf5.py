@@ -111,13 +111,17 @@ h5py = pytest.importorskip("h5py")
 def test_hdf5_dataset_with_labels(photo_arrays, tmp_path: Path, chunks, compression) -> None:
     x, y, _ = photo_arrays
     with h5py.File(tmp_path / "d.h5", "w") as f:
-        d = f.create_dataset("train/images", data=x, chunks=chunks, compression=compression, shuffle=compression is not None)
+        d = f.create_dataset(
+            "train/images", data=x, chunks=chunks, compression=compression, shuffle=compression is not None
+        )
         d.attrs["source"] = "photos"
         d.attrs["mean"] = np.array([0.5, 0.25])
         d.attrs["n"] = np.int32(48)
         f.create_dataset("train/labels", data=y.astype(np.int16))
         f.create_dataset("meta/version", data=np.arange(3))
-    report = migrate(tmp_path / "d.h5", tmp_path / "o.b2nd", dataset="train/images", labels="train/labels", progress=False)
+    report = migrate(
+        tmp_path / "d.h5", tmp_path / "o.b2nd", dataset="train/images", labels="train/labels", progress=False
+    )
     s = carraystore.open(tmp_path / "o.b2nd")
     assert np.array_equal(s[:], x) and np.array_equal(s.labels, y)
     assert s.attrs == {"source": "photos", "mean": [0.5, 0.25], "n": 48}

@@ -19,7 +19,7 @@ from carraystore.cli import main
 from carraystore.errors import FormatVersionError, MigrationError
 from carraystore.format import FORMAT_VERSION
 from carraystore.migrations import migrate
-from carraystore.migrations.versions import FORMAT_MIGRATIONS, is_old_store, FormatMigration, upgrade_record
+from carraystore.migrations.versions import FORMAT_MIGRATIONS, FormatMigration, is_old_store, upgrade_record
 
 REPO = Path(__file__).resolve().parents[1]
 V0 = REPO / "tests" / "data" / "migrate" / "store_v0.b2nd"
@@ -139,15 +139,14 @@ def test_cli_verification_failure_exits_1(tmp_path: Path, capsys, monkeypatch) -
 
 
 def test_wheel_ships_migrations_inside_carraystore_and_migrates(tmp_path: Path) -> None:
-    """The wheel installs migrations/ as carraystore.migrations (no top-level package named
-    ``migrations``), and the installed copy migrates a real bcolz carray."""
+    """The wheel installs carraystore.migrations (no top-level package named ``migrations``),
+    and the installed copy migrates a real bcolz carray."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         if (REPO / name).exists():
             shutil.copy(REPO / name, src / name)
-    for pkg in ("carraystore", "migrations"):
-        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "carraystore", src / "carraystore", ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     r = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
@@ -174,7 +173,10 @@ def test_wheel_ships_migrations_inside_carraystore_and_migrates(tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run(
         [sys.executable, "-c", code, str(site), str(case), str(tmp_path / "o.b2nd")],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
     )
     assert r.returncode == 0, r.stderr
     want = np.load(LOCAL / "py27-bcolz-1.2.1" / "expected" / "codec_snappy_sh2.npy")

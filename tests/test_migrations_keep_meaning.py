@@ -18,9 +18,9 @@ import carraystore
 from carraystore.cli import main
 from carraystore.errors import MigrationError
 from carraystore.frame import read_frame
+from carraystore.journal import journal_path
 from carraystore.migrations import migrate
 from carraystore.sources import LocalFileSource
-from carraystore.journal import journal_path
 from carraystore.writer import update_metadata
 
 h5py = pytest.importorskip("h5py")
@@ -171,8 +171,23 @@ def test_meta_sets_class_names_and_attrs_in_place(store_path: Path, arrays, caps
     before = store_path.stat()
     start, chunks = _chunk_region(store_path)
     big = os.urandom(150_000).hex()  # an incompressible attr, larger than a chunk
-    assert main(["meta", str(store_path), "--class-names", ",".join(NAMES), "--attr", "epochs=3",
-                 "--attr", "note=hello world", "--attr", f"blob={big}"]) == 0
+    assert (
+        main(
+            [
+                "meta",
+                str(store_path),
+                "--class-names",
+                ",".join(NAMES),
+                "--attr",
+                "epochs=3",
+                "--attr",
+                "note=hello world",
+                "--attr",
+                f"blob={big}",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "astronaut (" in out and '"epochs": 3' in out
     after = store_path.stat()
@@ -259,7 +274,9 @@ def test_meta_attrs_are_stored_as_json_reads_them_back(store_path: Path, capsys)
     capsys.readouterr()
     data = store_path.read_bytes()
     for bad in ["big=123456789012345678901234567890", "small=-9223372036854775809"]:
-        assert main(["meta", str(store_path), "--attr", bad]) == 2  # an OverflowError traceback / a false "reads back wrong"
+        assert (
+            main(["meta", str(store_path), "--attr", bad]) == 2
+        )  # an OverflowError traceback / a false "reads back wrong"
         err = capsys.readouterr().err
         assert f"attrs[{bad.split('=')[0]!r}]" in err and "Traceback" not in err
         assert store_path.read_bytes() == data

@@ -21,14 +21,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs, stop_process
 
 import carraystore
 from carraystore.benchmarks.netproxy import NetProxy
 from carraystore.cache import CachedSource, parse_size
 from carraystore.errors import InvalidInputError, LoaderError, RemoteReadError
 from carraystore.remote import BufferPool, RemoteSource, make_object_store
-
-from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs, stop_process
 
 pytest.importorskip("obstore")
 
@@ -153,7 +152,9 @@ def test_keras_worker_processes_read_a_remote_store(s3_url: str, seaweedfs: Seaw
 
     local = carraystore.open(local_store)
     table = {local[i].tobytes(): i for i in range(len(local))}
-    ds = StoreDataset(carraystore.open(s3_url, seaweedfs.storage_options), 16, seed=9, workers=2, use_multiprocessing=True)
+    ds = StoreDataset(
+        carraystore.open(s3_url, seaweedfs.storage_options), 16, seed=9, workers=2, use_multiprocessing=True
+    )
     expected = StoreDataset(local, 16, seed=9).plan().items.tolist()
     model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten()])
     out = np.rint(model.predict(ds, verbose=0)).astype(np.uint8).reshape(-1, 32, 32, 3)
@@ -167,7 +168,9 @@ def test_to_dataset_matches_local(s3_url: str, seaweedfs: SeaweedFS, local_store
     from carraystore.tf import to_dataset
 
     kw = dict(seed=8, epoch=0)
-    remote = [(x.numpy(), y.numpy()) for x, y in to_dataset(carraystore.open(s3_url, seaweedfs.storage_options), 16, **kw)]
+    remote = [
+        (x.numpy(), y.numpy()) for x, y in to_dataset(carraystore.open(s3_url, seaweedfs.storage_options), 16, **kw)
+    ]
     local = [(x.numpy(), y.numpy()) for x, y in to_dataset(carraystore.open(local_store), 16, **kw)]
     _same(remote, local)
 
@@ -186,15 +189,23 @@ def test_cli_on_a_url_with_the_aws_environment(s3_url: str, seaweedfs: SeaweedFS
     assert ver.returncode == 0, ver.stdout + ver.stderr
     assert ver.stdout.startswith("OK s3://remote-read/data/train.b2nd: 25 chunks, 200 items")
     sheet = tmp_path / "sheet.png"
-    pre = subprocess.run([*cmd, "preview", s3_url, str(sheet), "-n", "8"], env=env, capture_output=True, text=True, timeout=120)
+    pre = subprocess.run(
+        [*cmd, "preview", s3_url, str(sheet), "-n", "8"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert pre.returncode == 0 and sheet.stat().st_size > 1000, pre.stderr
-    exp = subprocess.run([*cmd, "export", s3_url, str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120)
+    exp = subprocess.run(
+        [*cmd, "export", s3_url, str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert exp.returncode == 0, exp.stderr
     assert len(list((tmp_path / "out").rglob("*.png"))) == N
 
 
 def test_cli_read_commands_take_storage_options(
-    s3_url: str, seaweedfs: SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    s3_url: str,
+    seaweedfs: SeaweedFS,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # as ingest, copy and bench loaders do: an endpoint given on the command line, no environment
     from carraystore.cli import main
@@ -218,7 +229,9 @@ def test_a_server_that_ignores_range_is_named_with_what_to_do(local_store: Path,
     import threading
 
     shutil.copy(local_store, tmp_path / "train.b2nd")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))  # answers 200, whole file
+    handler = functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)
+    )  # answers 200, whole file
     server = http.server.ThreadingHTTPServer((LOOPBACK, 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -291,7 +304,9 @@ def test_forked_child_reads_anonymous_stores_and_fails_clearly_on_signed_ones(
     assert what == "read", data
     assert data == local.read_chunk_bytes(1) and np.array_equal(image, local[150])
     assert np.array_equal(store[150], local[150])  # and the parent still reads
-    signed = carraystore.open(s3_url, {"endpoint_url": seaweedfs.endpoint, "key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI"})
+    signed = carraystore.open(
+        s3_url, {"endpoint_url": seaweedfs.endpoint, "key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI"}
+    )
     assert signed.source._plain_url is None
     what, msg, _, _ = _in_forked_child(signed)
     assert what == "RemoteReadError" and "fork" in msg and "spawn" in msg and s3_url in msg, msg
@@ -310,7 +325,11 @@ def test_file_url_through_obstore(local_store: Path) -> None:
 def test_storage_options_mapping() -> None:
     store, key = make_object_store(
         "s3://bkt/dir/train.b2nd",
-        {"client_kwargs": {"endpoint_url": "http://127.0.0.1:1", "region_name": "eu-west-1"}, "key": "AK", "secret": "SK"},
+        {
+            "client_kwargs": {"endpoint_url": "http://127.0.0.1:1", "region_name": "eu-west-1"},
+            "key": "AK",
+            "secret": "SK",
+        },
     )
     assert key == "dir/train.b2nd"
     cfg = store.config
@@ -452,7 +471,10 @@ def test_processes_share_the_cache_safely(s3_url: str, seaweedfs: SeaweedFS, loc
     cache = tmp_path / "cache"
     local = carraystore.open(local_store)
     with ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_epoch_in_process, s3_url, seaweedfs.storage_options, str(cache), size // 2, seed) for seed in range(3)]
+        futures = [
+            pool.submit(_epoch_in_process, s3_url, seaweedfs.storage_options, str(cache), size // 2, seed)
+            for seed in range(3)
+        ]
         got = [f.result(timeout=120) for f in futures]
     for seed, labels in enumerate(got):
         assert labels == np.concatenate([y for _, y in local.batches(16, seed=seed)]).tolist()
@@ -461,7 +483,9 @@ def test_processes_share_the_cache_safely(s3_url: str, seaweedfs: SeaweedFS, loc
         files = list(store.source.dir.glob("*.chunk"))
         assert files and all(store.source._load(*store.source._parse_name(f.name)) is not None for f in files)
         assert store.source.stats.bad == 0
-        assert sum(f.stat().st_size for f in files) <= size // 2 + 3 * max(store.chunk_byte_range(i)[1] for i in range(store.nchunks))
+        assert sum(f.stat().st_size for f in files) <= size // 2 + 3 * max(
+            store.chunk_byte_range(i)[1] for i in range(store.nchunks)
+        )
         assert np.array_equal(store[:], local[:])
 
 
@@ -520,10 +544,14 @@ def test_cache_survives_a_truncated_file_and_a_changed_object(
         assert store.source.stats.hits == 0
         # the replaced object's folder is gone; only the new one and the unrelated one remain
         assert not old_dir.exists()
-        assert sorted(p.name for p in cache.iterdir()) == sorted([store.source.dir.name, neighbour_dir.name, "not-ours"])
+        assert sorted(p.name for p in cache.iterdir()) == sorted(
+            [store.source.dir.name, neighbour_dir.name, "not-ours"]
+        )
 
 
-def test_object_replaced_while_open_fails_clearly(seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path, photo_patches: Any) -> None:
+def test_object_replaced_while_open_fails_clearly(
+    seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path, photo_patches: Any
+) -> None:
     url = seaweedfs.upload("remote-read", "data/replaced.b2nd", local_store)
     store = carraystore.open(url, seaweedfs.storage_options)
     other = tmp_path / "other.b2nd"
@@ -578,7 +606,9 @@ def test_read_ahead_is_bounded_and_fetches_each_range_once(s3_url: str, proxy: N
     src.close()
 
 
-def test_receive_buffers_are_reused_and_never_overwritten_while_held(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> None:
+def test_receive_buffers_are_reused_and_never_overwritten_while_held(
+    s3_url: str, seaweedfs: SeaweedFS, local_store: Path
+) -> None:
     store = carraystore.open(local_store)
     ranges = [store.chunk_byte_range(i) for i in range(store.nchunks)]
     data = local_store.read_bytes()
@@ -608,14 +638,25 @@ def test_the_gil_is_released_while_a_body_arrives(local_store: Path, tmp_path: P
     body = tmp_path / "body.bin"
     body.write_bytes(np.random.default_rng(0).bytes(3 << 20))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    server = subprocess.Popen([sys.executable, "-m", "carraystore.benchmarks.servers", str(tmp_path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "carraystore.benchmarks.servers", str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     link = None
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline().split()[1])
-        link = subprocess.Popen([sys.executable, "-m", "carraystore.benchmarks.netproxy", "--to", f"{LOOPBACK}:{port}", "--mbit", "32"],
-                                stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        link = subprocess.Popen(
+            [sys.executable, "-m", "carraystore.benchmarks.netproxy", "--to", f"{LOOPBACK}:{port}", "--mbit", "32"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         assert link.stdout is not None
         link_port = int(link.stdout.readline().split()[1])
         src = RemoteSource(f"http://{LOOPBACK}:{link_port}/body.bin")
@@ -679,8 +720,14 @@ def test_tune_malloc_reuses_freed_blocks_and_respects_the_environment() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
 
     def run(mode: str, extra: dict[str, str] | None = None) -> tuple[str, int]:
-        out = subprocess.run([sys.executable, "-c", _ALLOCATE, mode], env={**env, **(extra or {})}, capture_output=True,
-                             text=True, timeout=60, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", _ALLOCATE, mode],
+            env={**env, **(extra or {})},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
         return out[0], int(out[1])
 
     _, plain = run("plain")

@@ -78,7 +78,23 @@ def test_ingest_cli_to_s3_equals_local_ingest(photo_folder: Path, seaweedfs, buc
     stage.mkdir()
     url = f"s3://{bucket}/sets/train.b2nd"
     opts = json.dumps(seaweedfs.storage_options)
-    assert cli_main(["ingest", str(photo_folder), url, "-q", "--workers", "1", "--storage-options", opts, "--tmp-dir", str(stage)]) == 0
+    assert (
+        cli_main(
+            [
+                "ingest",
+                str(photo_folder),
+                url,
+                "-q",
+                "--workers",
+                "1",
+                "--storage-options",
+                opts,
+                "--tmp-dir",
+                str(stage),
+            ]
+        )
+        == 0
+    )
     local = tmp_path / "train.b2nd"
     assert cli_main(["ingest", str(photo_folder), str(local), "-q", "--workers", "1"]) == 0
     # the object is the store a local ingest writes, and the staging folder is gone
@@ -90,8 +106,27 @@ def test_ingest_cli_to_s3_equals_local_ingest(photo_folder: Path, seaweedfs, buc
         np.testing.assert_array_equal(remote.labels, here.labels)
         assert list(remote.keys) == list(here.keys)
     # ingesting again refuses to replace it, unless asked
-    assert cli_main(["ingest", str(photo_folder), url, "-q", "--workers", "1", "--storage-options", opts, "--tmp-dir", str(stage)]) == 2
-    assert cli_main(["ingest", str(photo_folder), url, "-q", "--workers", "1", "--storage-options", opts, "--overwrite"]) == 0
+    assert (
+        cli_main(
+            [
+                "ingest",
+                str(photo_folder),
+                url,
+                "-q",
+                "--workers",
+                "1",
+                "--storage-options",
+                opts,
+                "--tmp-dir",
+                str(stage),
+            ]
+        )
+        == 2
+    )
+    assert (
+        cli_main(["ingest", str(photo_folder), url, "-q", "--workers", "1", "--storage-options", opts, "--overwrite"])
+        == 0
+    )
 
 
 def test_ingest_split_dirs_to_an_s3_prefix(photo_folder: Path, seaweedfs, bucket: str, tmp_path: Path) -> None:
@@ -100,8 +135,15 @@ def test_ingest_split_dirs_to_an_s3_prefix(photo_folder: Path, seaweedfs, bucket
         (root / split).mkdir(parents=True)
         for cls in ("astronaut", "rocket"):
             (root / split / cls).symlink_to(photo_folder / cls)
-    res = cs.from_directory(root, f"s3://{bucket}/ds", split_dirs=True, follow_links=True, workers=1,
-                            storage_options=seaweedfs.storage_options, tmp_dir=tmp_path)
+    res = cs.from_directory(
+        root,
+        f"s3://{bucket}/ds",
+        split_dirs=True,
+        follow_links=True,
+        workers=1,
+        storage_options=seaweedfs.storage_options,
+        tmp_dir=tmp_path,
+    )
     assert set(res) == {"train", "validation"}
     for split, r in res.items():
         assert r.path == f"s3://{bucket}/ds/{split}.b2nd"
@@ -122,8 +164,14 @@ def test_create_and_append_at_a_url(seaweedfs, bucket: str, tmp_path: Path) -> N
     x = _images(70)
     y = np.arange(70) % 5
     keys = [f"img/{i:03d}.png" for i in range(70)]
-    with cs.create(url, (24, 24, 3), chunk_images=16, class_names=list("abcde"),
-                   storage_options=seaweedfs.storage_options, tmp_dir=tmp_path) as w:
+    with cs.create(
+        url,
+        (24, 24, 3),
+        chunk_images=16,
+        class_names=list("abcde"),
+        storage_options=seaweedfs.storage_options,
+        tmp_dir=tmp_path,
+    ) as w:
         assert w.path == url
         w.append(x[:30], labels=y[:30], keys=keys[:30])
         assert not remote_exists(url, seaweedfs.storage_options)  # nothing at the URL before close
@@ -144,8 +192,9 @@ def test_create_and_append_at_a_url(seaweedfs, bucket: str, tmp_path: Path) -> N
 def test_a_large_store_is_uploaded_in_parts(seaweedfs, bucket: str, tmp_path: Path) -> None:
     url = f"s3://{bucket}/large.b2nd"
     x = _images(40, seed=5, shape=(1024, 1024, 1))  # 40 MB of noise: more than two 16 MiB parts
-    with cs.create(url, (1024, 1024, 1), codec="fast", chunk_images=4, storage_options=seaweedfs.storage_options,
-                   tmp_dir=tmp_path) as w:
+    with cs.create(
+        url, (1024, 1024, 1), codec="fast", chunk_images=4, storage_options=seaweedfs.storage_options, tmp_dir=tmp_path
+    ) as w:
         w.append(x)
     name, key = url[len("s3://") :].split("/", 1)
     etag = obstore.head(seaweedfs.s3_store(name), key)["e_tag"]
@@ -208,7 +257,9 @@ def test_killed_upload_leaves_nothing_at_the_url(seaweedfs, bucket: str, tmp_pat
                            storage_options={opts!r}, tmp_dir={str(tmp_path)!r}) as w:
                 w.append(x)
         """)
-        proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         try:
             deadline = time.monotonic() + 120
             while link.stats.bytes_up < 12_000_000:  # a quarter of the parts are on their way
@@ -241,8 +292,25 @@ def test_migrate_to_s3(photo_arrays, seaweedfs, bucket: str, tmp_path: Path) -> 
     opts = json.dumps(seaweedfs.storage_options)
     stage = tmp_path / "stage"
     stage.mkdir()
-    assert cli_main(["migrate", str(tmp_path / "old.npz"), url, "--images", "images", "--labels", "labels", "-q",
-                     "--storage-options", opts, "--tmp-dir", str(stage)]) == 0
+    assert (
+        cli_main(
+            [
+                "migrate",
+                str(tmp_path / "old.npz"),
+                url,
+                "--images",
+                "images",
+                "--labels",
+                "labels",
+                "-q",
+                "--storage-options",
+                opts,
+                "--tmp-dir",
+                str(stage),
+            ]
+        )
+        == 0
+    )
     assert _staging_dirs(stage) == []
     report = cs.migrate(tmp_path / "old.npz", tmp_path / "local.b2nd", images="images", labels="labels", progress=False)
     assert report.verified
@@ -352,8 +420,25 @@ def test_bench_loaders_on_a_store_url(seaweedfs, bucket: str, tmp_path: Path, ca
     with cs.open(src) as store:
         nchunks = store.nchunks
     opts = json.dumps(seaweedfs.storage_options)
-    assert cli_main(["bench", "loaders", url, "--storage-options", opts, "--epochs", "2", "--batch-size", "32", "-q",
-                     "--out", str(tmp_path / "out")]) == 0
+    assert (
+        cli_main(
+            [
+                "bench",
+                "loaders",
+                url,
+                "--storage-options",
+                opts,
+                "--epochs",
+                "2",
+                "--batch-size",
+                "32",
+                "-q",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert f"carraystore epochs from {url}" in text
     rows = json.loads((tmp_path / "out" / "store_epochs.json").read_text())["epochs"]
@@ -370,8 +455,27 @@ def test_bench_loaders_cache_size_takes_a_size_like_open(seaweedfs, bucket: str,
     cs.copy(src, url, dst_storage_options=seaweedfs.storage_options, verify=False)
     opts = json.dumps(seaweedfs.storage_options)
     cache = tmp_path / "cache"
-    assert cli_main(["bench", "loaders", url, "--storage-options", opts, "--epochs", "2", "-q", "--out", str(tmp_path / "out"),
-                     "--cache-dir", str(cache), "--cache-size", "10MB"]) == 0  # as cache_size="10MB"
+    assert (
+        cli_main(
+            [
+                "bench",
+                "loaders",
+                url,
+                "--storage-options",
+                opts,
+                "--epochs",
+                "2",
+                "-q",
+                "--out",
+                str(tmp_path / "out"),
+                "--cache-dir",
+                str(cache),
+                "--cache-size",
+                "10MB",
+            ]
+        )
+        == 0
+    )  # as cache_size="10MB"
     assert list(cache.rglob("*.chunk"))
     rows = json.loads((tmp_path / "out" / "store_epochs.json").read_text())["epochs"]
     # requests and MB are what crossed the network: the second epoch is served by the cache
@@ -387,7 +491,9 @@ def test_link_proxy_adds_latency_and_caps_bandwidth(seaweedfs, bucket: str) -> N
     direct = seaweedfs.s3_store(name)
     obstore.put(direct, f"{prefix}/blob", os.urandom(4_000_000))
     with NetProxy("127.0.0.1", seaweedfs.s3_port, rtt=0.1, bandwidth=80e6 / 8) as link:
-        store = S3Store(name, endpoint=link.url, region="us-east-1", skip_signature=True, client_options={"allow_http": True})
+        store = S3Store(
+            name, endpoint=link.url, region="us-east-1", skip_signature=True, client_options={"allow_http": True}
+        )
         obstore.get_range(store, f"{prefix}/blob", start=0, length=10)  # connect
         requests0 = link.stats.requests
         t0 = time.perf_counter()

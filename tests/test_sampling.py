@@ -36,7 +36,10 @@ def test_one_rank_visits_every_sample_once(n: int, k: int, shuffle: str | bool) 
 @pytest.mark.parametrize("n,k", [(100, 8), (1003, 37), (5, 2)])
 def test_shards_are_disjoint_equal_and_cover_everything(n: int, k: int, world: int, shuffle: str | bool) -> None:
     for drop in (False, True):
-        parts = [epoch_order(n, k, seed=1, epoch=2, window=3, rank=r, world_size=world, drop_remainder=drop, shuffle=shuffle) for r in range(world)]
+        parts = [
+            epoch_order(n, k, seed=1, epoch=2, window=3, rank=r, world_size=world, drop_remainder=drop, shuffle=shuffle)
+            for r in range(world)
+        ]
         lengths = {len(p) for p in parts}
         assert lengths == {shard_length(n, world, drop)}
         allp = np.concatenate(parts)

@@ -36,7 +36,9 @@ def _assert_same(spec: dict[str, Any], store: carraystore.Store) -> None:
     assert spec["chunk_images"] == store.chunk_images
     assert fmt.Codec.from_config(spec["codec"]) == store.codec
     assert spec["crc32"] == [int(c) for c in store.meta.crc32]
-    assert (None if spec["labels"] is None else spec["labels"].tolist()) == (None if store.labels is None else store.labels.tolist())
+    assert (None if spec["labels"] is None else spec["labels"].tolist()) == (
+        None if store.labels is None else store.labels.tolist()
+    )
     assert spec["keys"] == (None if store.keys is None else list(store.keys))
     assert spec["class_names"] == (None if store.class_names is None else list(store.class_names))
     assert spec["attrs"] == store.attrs and spec["provenance"] == store.provenance
@@ -74,8 +76,9 @@ def _carraystore_store(tmp_path: Path) -> tuple[Path, np.ndarray]:
     images = rng.integers(0, 256, (21, 8, 8, 3), dtype=np.uint8)
     images[:4] = 0  # chunk 0 is a special zero chunk: the frame holds no bytes for it
     path = tmp_path / "cs.b2nd"
-    with carraystore.create(path, (8, 8, 3), chunk_images=4, class_names=["a", "b", "c"],
-                            attrs={"nested": {"list": [1, 2.5, "ü"]}}) as w:
+    with carraystore.create(
+        path, (8, 8, 3), chunk_images=4, class_names=["a", "b", "c"], attrs={"nested": {"list": [1, 2.5, "ü"]}}
+    ) as w:
         w.append(images[:13], labels=np.arange(13) % 3, keys=[f"x/{i}.png" for i in range(13)])
         w.add_skipped("x/bad.png", "truncated")
     with carraystore.append(path) as w:  # an append rewrites the partial last chunk and the record
@@ -106,31 +109,81 @@ def test_spec_reader_refuses_what_carraystore_refuses(tmp_path: Path) -> None:
 
 
 CODECS = [
-    {"codec": "zstd", "clevel": 1, "filters": ["shuffle", "bytedelta"], "filters_meta": [0, 3], "typesize": 3,
-     "block_images": 2, "splitmode": "never"},
-    {"codec": "lz4", "clevel": 1, "filters": [], "filters_meta": [], "typesize": 3, "block_images": 4, "splitmode": "never"},
-    {"codec": "lz4hc", "clevel": 9, "filters": ["bitshuffle"], "filters_meta": [0], "typesize": 3, "block_images": 1,
-     "splitmode": "always"},
-    {"codec": "zlib", "clevel": 3, "filters": ["delta"], "filters_meta": [0], "typesize": 3, "block_images": 2,
-     "splitmode": "never"},
-    {"codec": "blosclz", "clevel": 5, "filters": ["shuffle"], "filters_meta": [0], "typesize": 3, "block_images": 4,
-     "splitmode": "always"},
+    {
+        "codec": "zstd",
+        "clevel": 1,
+        "filters": ["shuffle", "bytedelta"],
+        "filters_meta": [0, 3],
+        "typesize": 3,
+        "block_images": 2,
+        "splitmode": "never",
+    },
+    {
+        "codec": "lz4",
+        "clevel": 1,
+        "filters": [],
+        "filters_meta": [],
+        "typesize": 3,
+        "block_images": 4,
+        "splitmode": "never",
+    },
+    {
+        "codec": "lz4hc",
+        "clevel": 9,
+        "filters": ["bitshuffle"],
+        "filters_meta": [0],
+        "typesize": 3,
+        "block_images": 1,
+        "splitmode": "always",
+    },
+    {
+        "codec": "zlib",
+        "clevel": 3,
+        "filters": ["delta"],
+        "filters_meta": [0],
+        "typesize": 3,
+        "block_images": 2,
+        "splitmode": "never",
+    },
+    {
+        "codec": "blosclz",
+        "clevel": 5,
+        "filters": ["shuffle"],
+        "filters_meta": [0],
+        "typesize": 3,
+        "block_images": 4,
+        "splitmode": "always",
+    },
 ]
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: f"{c['codec']}-{'+'.join(c['filters']) or 'nofilter'}")
-def test_spec_writer_store_is_opened_verified_and_appended_to_by_carraystore(tmp_path: Path, codec: dict[str, Any]) -> None:
+def test_spec_writer_store_is_opened_verified_and_appended_to_by_carraystore(
+    tmp_path: Path, codec: dict[str, Any]
+) -> None:
     rng = np.random.default_rng(7)
     images = rng.integers(0, 64, (10, 8, 8, 3), dtype=np.uint8)
     images[:4] = 0  # special chunk 0: the chunk-0 header check must skip it
     path = tmp_path / "sw.b2nd"
     keys = [f"d/{i:02d}.png" for i in range(10)]
-    spec_writer.write_store(path, images, chunk_images=4, codec=codec, labels=[i % 2 for i in range(10)], keys=keys,
-                            class_names=["p", "q"], attrs={"by": "spec"})
+    spec_writer.write_store(
+        path,
+        images,
+        chunk_images=4,
+        codec=codec,
+        labels=[i % 2 for i in range(10)],
+        keys=keys,
+        class_names=["p", "q"],
+        attrs={"by": "spec"},
+    )
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     store = carraystore.open(path)
     assert store.verify() == []
-    assert np.array_equal(store[:], images) and list(store.keys) == keys and store.labels.tolist() == [i % 2 for i in range(10)]
+    assert (
+        np.array_equal(store[:], images)
+        and list(store.keys) == keys
+        and store.labels.tolist() == [i % 2 for i in range(10)]
+    )
     assert store.class_names == ("p", "q") and store.attrs == {"by": "spec"}
     assert store.codec == fmt.Codec.from_config({"id": "blosc2", **codec})
     assert store._frame.chunk_special.tolist() == [1, 0, 0]
@@ -148,15 +201,45 @@ def test_spec_writer_store_is_opened_verified_and_appended_to_by_carraystore(tmp
 @pytest.mark.parametrize(
     ("items", "codec", "layout"),
     [
-        (np.arange(7 * 4 * 4, dtype="<u2").reshape(7, 4, 4, 1) * 300,
-         {"codec": "zstd", "clevel": 1, "filters": ["shuffle", "bytedelta"], "filters_meta": [0, 2], "typesize": 2,
-          "block_images": 3, "splitmode": "never"}, "NHWC"),
-        (np.linspace(0, 1, 5 * 4 * 4 * 4, dtype="<f4").reshape(5, 4, 4, 4),
-         {"codec": "zstd", "clevel": 1, "filters": ["shuffle"], "filters_meta": [0], "typesize": 16,
-          "block_images": 2, "splitmode": "never"}, "NHWC"),
-        (np.arange(9 * 3, dtype="<f8").reshape(9, 3) / 7,
-         {"codec": "zstd", "clevel": 1, "filters": [], "filters_meta": [], "typesize": 8, "block_images": 4,
-          "splitmode": "never"}, "array"),
+        (
+            np.arange(7 * 4 * 4, dtype="<u2").reshape(7, 4, 4, 1) * 300,
+            {
+                "codec": "zstd",
+                "clevel": 1,
+                "filters": ["shuffle", "bytedelta"],
+                "filters_meta": [0, 2],
+                "typesize": 2,
+                "block_images": 3,
+                "splitmode": "never",
+            },
+            "NHWC",
+        ),
+        (
+            np.linspace(0, 1, 5 * 4 * 4 * 4, dtype="<f4").reshape(5, 4, 4, 4),
+            {
+                "codec": "zstd",
+                "clevel": 1,
+                "filters": ["shuffle"],
+                "filters_meta": [0],
+                "typesize": 16,
+                "block_images": 2,
+                "splitmode": "never",
+            },
+            "NHWC",
+        ),
+        (
+            np.arange(9 * 3, dtype="<f8").reshape(9, 3) / 7,
+            {
+                "codec": "zstd",
+                "clevel": 1,
+                "filters": [],
+                "filters_meta": [],
+                "typesize": 8,
+                "block_images": 4,
+                "splitmode": "never",
+            },
+            "array",
+        ),
     ],
     ids=["uint16-gray", "float32-rgba", "array-f8"],
 )
@@ -172,7 +255,9 @@ def test_spec_writer_other_dtypes(tmp_path: Path, items: np.ndarray, codec: dict
 def test_spec_writer_seal_is_carraystores_seal() -> None:
     rec = {"format": "carraystore", "format_version": 1, "attrs": {"a": [1, 2]}, "labels": b"\x00" * 8}
     assert spec_writer.seal(rec) == fmt.seal_record(rec)
-    assert msgpack.unpackb(fmt.seal_record(rec), raw=False)["meta_crc32"] == int.from_bytes(fmt.seal_record(rec)[-4:], "big")
+    assert msgpack.unpackb(fmt.seal_record(rec), raw=False)["meta_crc32"] == int.from_bytes(
+        fmt.seal_record(rec)[-4:], "big"
+    )
 
 
 def test_spec_reader_leaves_golden_files_untouched(tmp_path: Path) -> None:
@@ -187,7 +272,9 @@ def test_spec_reader_leaves_golden_files_untouched(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("splitmode", ["never", "always"])
 @pytest.mark.parametrize("codec", ["blosclz", "lz4", "lz4hc", "zlib", "zstd"])
-@pytest.mark.parametrize("filters", [(), ("shuffle",), ("bitshuffle",), ("delta",), ("shuffle", "bytedelta"), ("delta", "shuffle")])
+@pytest.mark.parametrize(
+    "filters", [(), ("shuffle",), ("bitshuffle",), ("delta",), ("shuffle", "bytedelta"), ("delta", "shuffle")]
+)
 def test_the_canonical_zero_chunk_is_what_blosc2_produces(codec: str, filters: tuple[str, ...], splitmode: str) -> None:
     """FORMAT.md 5.2's table, byte for byte, against the compressor."""
     resolved = fmt.Codec(codec, 5, filters=filters, splitmode=splitmode).resolve(np.dtype(np.uint8), (4, 4, 3))
@@ -196,7 +283,12 @@ def test_the_canonical_zero_chunk_is_what_blosc2_produces(codec: str, filters: t
     produced = blosc2.compress2(zeros, **resolved.cparams(blocksize))
     assert produced == fmt.zero_chunk(resolved, blocksize, zeros.nbytes)
     assert fmt.chunk_crc(produced, resolved, blocksize) == fmt.crc32(produced)
-    spec = {"codec": codec, "filters": list(resolved.filters), "filters_meta": list(resolved.filters_meta), "typesize": 3}
+    spec = {
+        "codec": codec,
+        "filters": list(resolved.filters),
+        "filters_meta": list(resolved.filters_meta),
+        "typesize": 3,
+    }
     assert spec_reader._zero_chunk(spec, blocksize, zeros.nbytes, splitmode == "never") == produced
 
 
@@ -219,8 +311,15 @@ def test_items_of_256_bytes_or_more_have_typesize_1(tmp_path: Path) -> None:
 def test_spec_writer_empty_store_then_appended(tmp_path: Path) -> None:
     """N = 0: no chunks and no offsets index (FORMAT.md A.4); carraystore opens and grows it."""
     path = tmp_path / "empty.b2nd"
-    codec = {"codec": "zstd", "clevel": 1, "filters": [], "filters_meta": [], "typesize": 3, "block_images": 2,
-             "splitmode": "never"}
+    codec = {
+        "codec": "zstd",
+        "clevel": 1,
+        "filters": [],
+        "filters_meta": [],
+        "typesize": 3,
+        "block_images": 2,
+        "splitmode": "never",
+    }
     spec_writer.write_store(path, np.zeros((0, 8, 8, 3), np.uint8), chunk_images=4, codec=codec)
     store = carraystore.open(path)
     assert len(store) == 0 and store.nchunks == 0 and store.verify() == []
@@ -236,11 +335,23 @@ def test_spec_writer_header_matches_what_blosc2_writes(tmp_path: Path) -> None:
     frame length (the metadata chunk compresses differently) and the decompression threads."""
     rng = np.random.default_rng(11)
     images = rng.integers(0, 256, (10, 8, 8, 3), dtype=np.uint8)
-    codec = {"codec": "zstd", "clevel": 1, "filters": ["shuffle", "bytedelta"], "filters_meta": [0, 3], "typesize": 3,
-             "block_images": 2, "splitmode": "never"}
+    codec = {
+        "codec": "zstd",
+        "clevel": 1,
+        "filters": ["shuffle", "bytedelta"],
+        "filters_meta": [0, 3],
+        "typesize": 3,
+        "block_images": 2,
+        "splitmode": "never",
+    }
     spec_writer.write_store(tmp_path / "s.b2nd", images, chunk_images=4, codec=codec)
-    with carraystore.create(tmp_path / "c.b2nd", (8, 8, 3), chunk_images=4, nthreads=1,  # blocks in order
-                            codec=fmt.Codec.from_config({"id": "blosc2", **codec})) as w:
+    with carraystore.create(
+        tmp_path / "c.b2nd",
+        (8, 8, 3),
+        chunk_images=4,
+        nthreads=1,  # blocks in order
+        codec=fmt.Codec.from_config({"id": "blosc2", **codec}),
+    ) as w:
         w.append(images)
     ours, theirs = (tmp_path / "s.b2nd").read_bytes(), (tmp_path / "c.b2nd").read_bytes()
     header_len = int.from_bytes(ours[11:15], "big")

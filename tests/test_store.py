@@ -38,7 +38,9 @@ def _luminance(rgb: np.ndarray) -> np.ndarray:
     return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).astype(np.uint8)[..., None]
 
 
-def make_images(patches: Callable[..., np.ndarray], mode: str, n: int, size: tuple[int, int] = SIZE, seed: int = 0) -> np.ndarray:
+def make_images(
+    patches: Callable[..., np.ndarray], mode: str, n: int, size: tuple[int, int] = SIZE, seed: int = 0
+) -> np.ndarray:
     """``n`` real-photo images in one of the colour modes / dtypes a store holds."""
     rgb = patches(n, size, seed)
     if mode == "rgb":
@@ -54,7 +56,9 @@ def make_images(patches: Callable[..., np.ndarray], mode: str, n: int, size: tup
     raise AssertionError(mode)
 
 
-def write_store(path: Path, images: np.ndarray, *, pieces: int = 3, seed: int = 0, **kwargs: Any) -> tuple[np.ndarray, list[str]]:
+def write_store(
+    path: Path, images: np.ndarray, *, pieces: int = 3, seed: int = 0, **kwargs: Any
+) -> tuple[np.ndarray, list[str]]:
     """Write ``images`` with labels and keys in ``pieces`` uneven appends; return (labels, keys)."""
     n = len(images)
     rng = np.random.default_rng(seed)
@@ -84,8 +88,13 @@ def count_chunk_reads(store: carraystore.Store) -> list[int]:
 # -- round trips ---------------------------------------------------------------------------------
 
 
-MODES = {"rgb": ((8, 8, 3), "uint8", "rgb"), "L": ((8, 8, 1), "uint8", "grayscale"), "rgba": ((8, 8, 4), "uint8", "rgba"),
-         "uint16": ((8, 8, 1), "uint16", "grayscale"), "float32": ((8, 8, 3), "float32", "rgb")}
+MODES = {
+    "rgb": ((8, 8, 3), "uint8", "rgb"),
+    "L": ((8, 8, 1), "uint8", "grayscale"),
+    "rgba": ((8, 8, 4), "uint8", "rgba"),
+    "uint16": ((8, 8, 1), "uint16", "grayscale"),
+    "float32": ((8, 8, 3), "float32", "rgb"),
+}
 
 
 @pytest.mark.parametrize("n", [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 10_000])
@@ -162,10 +171,14 @@ def test_every_preset_round_trips_with_several_blocks_per_chunk(
     assert store.verify() == []
 
 
-def test_a_store_of_photos_from_jpeg_files(photo_arrays: tuple[np.ndarray, np.ndarray, list[str]], tmp_path: Path) -> None:
+def test_a_store_of_photos_from_jpeg_files(
+    photo_arrays: tuple[np.ndarray, np.ndarray, list[str]], tmp_path: Path
+) -> None:
     """Decoded JPEG files (64x64 RGB), their labels and relative paths survive a round trip."""
     images, labels, keys = photo_arrays
-    with carraystore.create(tmp_path / "p.b2nd", images.shape[1:], chunk_images=10, class_names=["a", "b", "c", "d"]) as w:
+    with carraystore.create(
+        tmp_path / "p.b2nd", images.shape[1:], chunk_images=10, class_names=["a", "b", "c", "d"]
+    ) as w:
         w.append(images, labels=labels, keys=keys)
     store = carraystore.open(tmp_path / "p.b2nd")
     assert np.array_equal(store[:], images) and np.array_equal(store.labels, labels) and list(store.keys) == keys
@@ -229,7 +242,10 @@ def test_array_layout_structured_records(tmp_path: Path, photo_patches: Callable
 
 def test_array_layout_float64_nd_and_kept_shape(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
     p = photo_patches(300, (8, 8), 9).astype(np.float64) / 255
-    stats = np.stack([p.mean(axis=(1, 2)), p.std(axis=(1, 2)), p.min(axis=(1, 2)), p.max(axis=(1, 2)), np.median(p, axis=(1, 2))], axis=1)
+    stats = np.stack(
+        [p.mean(axis=(1, 2)), p.std(axis=(1, 2)), p.min(axis=(1, 2)), p.max(axis=(1, 2)), np.median(p, axis=(1, 2))],
+        axis=1,
+    )
     assert stats.shape == (300, 5, 3)
     with carraystore.create(tmp_path / "f.b2nd", (5, 3), dtype="float64", chunk_images=32) as w:
         w.append(stats)
@@ -263,7 +279,10 @@ def test_columns_round_trip_and_must_stay_consistent(tmp_path: Path, photo_patch
         with pytest.raises(InvalidInputError, match="columns"):
             w.append(images[20:25], columns={"mean": mean[20:25]})
         with pytest.raises(InvalidInputError, match="'mean'"):
-            w.append(images[20:25], columns={"mean": mean[20:25].astype(np.float64), "source": source[20:25], "frame": frame[20:25]})
+            w.append(
+                images[20:25],
+                columns={"mean": mean[20:25].astype(np.float64), "source": source[20:25], "frame": frame[20:25]},
+            )
         with pytest.raises(InvalidInputError, match="'frame'"):
             w.append(images[20:25], columns={"mean": mean[20:25], "source": source[20:25], "frame": frame[20:24]})
         w.append(images[20:], columns={"mean": mean[20:], "source": source[20:], "frame": frame[20:]})
@@ -273,9 +292,8 @@ def test_columns_round_trip_and_must_stay_consistent(tmp_path: Path, photo_patch
     for name, col in {"mean": mean, "source": source, "frame": frame}.items():
         assert store.columns[name].dtype == col.dtype and np.array_equal(store.columns[name], col)
     more = make_images(photo_patches, "rgb", 3, seed=4)
-    with pytest.raises(InvalidInputError, match="columns"):
-        with carraystore.append(path) as w:
-            w.append(more)
+    with pytest.raises(InvalidInputError, match="columns"), carraystore.append(path) as w:
+        w.append(more)
     with carraystore.append(path) as w:
         w.append(more, columns={"mean": mean[:3], "source": source[:3], "frame": frame[:3]})
     store = carraystore.open(path)
@@ -292,8 +310,9 @@ def test_a_copied_or_moved_store_opens_identically_and_holds_no_absolute_path(
     made = tmp_path / "made_here" / "deep"
     made.mkdir(parents=True)
     path = made / "train.b2nd"
-    with carraystore.create(path, images.shape[1:], chunk_images=8, class_names=["a", "b", "c", "d"],
-                            provenance={"source": "photos"}) as w:
+    with carraystore.create(
+        path, images.shape[1:], chunk_images=8, class_names=["a", "b", "c", "d"], provenance={"source": "photos"}
+    ) as w:
         w.append(images, labels=labels, keys=keys)
     raw = path.read_bytes()
     for needle in (str(tmp_path), str(made), "made_here", ".partial"):
@@ -314,15 +333,25 @@ def test_a_copied_or_moved_store_opens_identically_and_holds_no_absolute_path(
 
 @pytest.mark.parametrize(
     "bad_key",
-    ["/home/me/photos/cat/1.jpg", "C:\\data\\cat\\1.jpg", "c:/data/1.jpg", "~/photos/1.jpg", "../cat/1.jpg",
-     "cat/../../1.jpg", "cat\\..\\..\\1.jpg", "", "a\x00b"],
+    [
+        "/home/me/photos/cat/1.jpg",
+        "C:\\data\\cat\\1.jpg",
+        "c:/data/1.jpg",
+        "~/photos/1.jpg",
+        "../cat/1.jpg",
+        "cat/../../1.jpg",
+        "cat\\..\\..\\1.jpg",
+        "",
+        "a\x00b",
+    ],
 )
-def test_absolute_and_climbing_keys_are_refused(bad_key: str, tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+def test_absolute_and_climbing_keys_are_refused(
+    bad_key: str, tmp_path: Path, photo_patches: Callable[..., np.ndarray]
+) -> None:
     images = make_images(photo_patches, "rgb", 3)
     path = tmp_path / "k.b2nd"
-    with pytest.raises(InvalidInputError) as info:
-        with carraystore.create(path, images.shape[1:]) as w:
-            w.append(images, keys=["cat/0.jpg", bad_key, "cat/2.jpg"])
+    with pytest.raises(InvalidInputError) as info, carraystore.create(path, images.shape[1:]) as w:
+        w.append(images, keys=["cat/0.jpg", bad_key, "cat/2.jpg"])
     assert repr(bad_key) in str(info.value)
     assert not path.exists() and list(tmp_path.iterdir()) == []  # nothing half-written
 
@@ -360,10 +389,9 @@ def test_an_error_inside_with_leaves_the_old_store(tmp_path: Path, photo_patches
     before = path.read_bytes()
     with pytest.raises(StoreExistsError):
         carraystore.create(path, images.shape[1:])
-    with pytest.raises(RuntimeError, match="boom"):
-        with carraystore.create(path, images.shape[1:], overwrite=True) as w:
-            w.append(images[::-1])
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), carraystore.create(path, images.shape[1:], overwrite=True) as w:
+        w.append(images[::-1])
+        raise RuntimeError("boom")
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["s.b2nd"]
 
 
@@ -440,7 +468,9 @@ def test_append_keeps_the_pinned_codec_and_extends_checksums(
     assert store.verify() == []
 
 
-def test_append_to_an_empty_store_and_an_exact_chunk_boundary(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+def test_append_to_an_empty_store_and_an_exact_chunk_boundary(
+    tmp_path: Path, photo_patches: Callable[..., np.ndarray]
+) -> None:
     images = make_images(photo_patches, "uint16", 2 * CHUNK)
     path = tmp_path / "e.b2nd"
     with carraystore.create(path, images.shape[1:], dtype="uint16", chunk_images=CHUNK):
@@ -465,9 +495,8 @@ def test_append_enforces_labels_keys_and_shape(tmp_path: Path, photo_patches: Ca
         (dict(labels=[0, 9], keys=["a", "b"]), "class names"),
     ]
     for kwargs, match in cases:
-        with pytest.raises(InvalidInputError, match=match):
-            with carraystore.append(path) as w:
-                w.append(images[:2], **kwargs)
+        with pytest.raises(InvalidInputError, match=match), carraystore.append(path) as w:
+            w.append(images[:2], **kwargs)
     with pytest.raises(InvalidInputError, match="shape"):
         carraystore.create(path, (8, 9, 3), mode="a")
     with pytest.raises(InvalidInputError, match="uint16"):
@@ -476,12 +505,10 @@ def test_append_enforces_labels_keys_and_shape(tmp_path: Path, photo_patches: Ca
     unlabelled = tmp_path / "u.b2nd"
     with carraystore.create(unlabelled, images.shape[1:]) as w:
         w.append(images)
-    with pytest.raises(InvalidInputError, match="no labels"):
-        with carraystore.append(unlabelled) as w:
-            w.append(images[:1], labels=[0])
-    with pytest.raises(InvalidInputError, match="no keys"):
-        with carraystore.append(unlabelled) as w:
-            w.append(images[:1], keys=["x.jpg"])
+    with pytest.raises(InvalidInputError, match="no labels"), carraystore.append(unlabelled) as w:
+        w.append(images[:1], labels=[0])
+    with pytest.raises(InvalidInputError, match="no keys"), carraystore.append(unlabelled) as w:
+        w.append(images[:1], keys=["x.jpg"])
 
 
 APPEND_FOREVER = """
@@ -497,7 +524,9 @@ with carraystore.append(sys.argv[1]) as w:
 """
 
 
-def test_sigkill_during_append_keeps_the_stored_images(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
+def test_sigkill_during_append_keeps_the_stored_images(
+    tmp_path: Path, photo_patches: Callable[..., np.ndarray]
+) -> None:
     images = make_images(photo_patches, "rgb", 3 * CHUNK + 3)
     path = tmp_path / "s.b2nd"
     labels, keys = write_store(path, images, chunk_images=CHUNK)
@@ -505,7 +534,9 @@ def test_sigkill_during_append_keeps_the_stored_images(tmp_path: Path, photo_pat
     np.save(tmp_path / "more.npy", make_images(photo_patches, "rgb", 50, seed=3))
     proc = subprocess.Popen(
         [sys.executable, "-c", APPEND_FOREVER, str(path), str(tmp_path / "more.npy")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stdout.readline() if proc.stdout else ""
@@ -549,7 +580,9 @@ def _flip_byte_in_chunk(path: Path, out: Path, k: int, where: float = 0.5) -> No
 
 
 @pytest.mark.parametrize("k", [0, 2, 4])
-def test_verify_names_the_chunk_whose_byte_was_flipped(k: int, photo_store: tuple[Path, np.ndarray], tmp_path: Path) -> None:
+def test_verify_names_the_chunk_whose_byte_was_flipped(
+    k: int, photo_store: tuple[Path, np.ndarray], tmp_path: Path
+) -> None:
     path, images = photo_store
     bad = tmp_path / "bad.b2nd"
     _flip_byte_in_chunk(path, bad, k)

@@ -11,15 +11,17 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.sources import LocalFileSource
 from carraystore.errors import CorruptStoreError
 from carraystore.sample_data import load_photo, photo_crops
+from carraystore.sources import LocalFileSource
 
 
 @pytest.fixture(scope="module")
 def photo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(0)
-    imgs = np.stack(photo_crops(load_photo("coffee"), 150, (48, 48), rng) + photo_crops(load_photo("rocket"), 150, (48, 48), rng))
+    imgs = np.stack(
+        photo_crops(load_photo("coffee"), 150, (48, 48), rng) + photo_crops(load_photo("rocket"), 150, (48, 48), rng)
+    )
     imgs[40:60] = 0  # all-zero images: blosc2 may store a special (data-less) chunk
     path = tmp_path_factory.mktemp("io") / "s.b2nd"
     with carraystore.create(path, (48, 48, 3), chunk_images=20, class_names=["coffee", "rocket"]) as w:

@@ -81,7 +81,9 @@ def test_every_pass_is_a_new_epoch_visiting_every_sample_once(photo_store: Path)
     assert orders[0] != orders[1]
     # the first pass is epoch 0 of the loader, the second epoch 1
     for epoch, order in enumerate(orders):
-        want = [i for x, _ in store.batches(32, seed=3, window=2, epoch=epoch) for i in (table[img.tobytes()] for img in x)]
+        want = [
+            i for x, _ in store.batches(32, seed=3, window=2, epoch=epoch) for i in (table[img.tobytes()] for img in x)
+        ]
         assert order == want
 
 
@@ -102,7 +104,12 @@ def test_shards_through_input_contexts(photo_store: Path) -> None:
     shards = []
     for pipeline in range(3):
         ctx = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=pipeline, num_replicas_in_sync=3)
-        ds = to_dataset(photo_store, ctx.get_per_replica_batch_size(30), rank=ctx.input_pipeline_id, world_size=ctx.num_input_pipelines)
+        ds = to_dataset(
+            photo_store,
+            ctx.get_per_replica_batch_size(30),
+            rank=ctx.input_pipeline_id,
+            world_size=ctx.num_input_pipelines,
+        )
         shards.append([table[img.tobytes()] for xb, _ in ds for img in xb.numpy()])
     assert [len(s) for s in shards] == [50, 50, 50]
     assert sorted(i for s in shards for i in s) == list(range(150))

@@ -20,7 +20,9 @@ from carraystore.sample_data import make_photo_folder
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_photo_folder(tmp_path_factory.mktemp("vs") / "photos", n=50, size=(24, 24), classes=("astronaut", "coffee", "rocket"), seed=8)
+    return make_photo_folder(
+        tmp_path_factory.mktemp("vs") / "photos", n=50, size=(24, 24), classes=("astronaut", "coffee", "rocket"), seed=8
+    )
 
 
 def _keras_split(folder: Path, seed: int, shuffle: bool = True) -> tuple[set[str], set[str]]:
@@ -34,9 +36,29 @@ def _keras_split(folder: Path, seed: int, shuffle: bool = True) -> tuple[set[str
     return rel(train.file_paths), rel(val.file_paths)
 
 
-def test_both_subsets_in_one_call_pick_the_files_keras_picks(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_both_subsets_in_one_call_pick_the_files_keras_picks(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "stores"
-    assert main(["ingest", str(folder), str(out), "-q", "--workers", "1", "--validation-split", "0.2", "--subset", "both", "--seed", "123"]) == 0
+    assert (
+        main(
+            [
+                "ingest",
+                str(folder),
+                str(out),
+                "-q",
+                "--workers",
+                "1",
+                "--validation-split",
+                "0.2",
+                "--subset",
+                "both",
+                "--seed",
+                "123",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "training.b2nd: 40 images" in printed and "validation.b2nd: 10 images" in printed
     train = carraystore.open(out / "training.b2nd")
@@ -80,15 +102,19 @@ def test_bad_split_arguments(folder: Path, tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
-def test_an_output_folder_that_is_a_file_is_a_named_error(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_output_folder_that_is_a_file_is_a_named_error(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`--subset both` / `--split-dirs` into OUT that is a file: a FileExistsError traceback before."""
     out = tmp_path / "out"
     out.write_text("a file")
     splits = tmp_path / "splits"
     (splits / "train").mkdir(parents=True)
     os.symlink(folder / "coffee", splits / "train" / "coffee")
-    for argv in (["ingest", str(folder), str(out), "-q", "--validation-split", "0.2", "--subset", "both"],
-                 ["ingest", str(splits), str(out), "-q", "--split-dirs"]):
+    for argv in (
+        ["ingest", str(folder), str(out), "-q", "--validation-split", "0.2", "--subset", "both"],
+        ["ingest", str(splits), str(out), "-q", "--split-dirs"],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert f"{out} is a file" in err, err

@@ -45,12 +45,17 @@ def silently_damaged_copy(path: Path, out: Path, chunk: int) -> Path:
 
 
 @pytest.fixture(scope="module", params=["arena", "direct"])
-def damaged(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, photo_patches: Callable[..., np.ndarray]) -> Path:
+def damaged(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, photo_patches: Callable[..., np.ndarray]
+) -> Path:
     root = tmp_path_factory.mktemp("verify")
     if request.param == "direct":  # blocks of one image over 64 KiB: the engine's direct mode
         if not blocks.available():
             pytest.skip("libblosc2's getitem is not available in this blosc2 wheel")
-        images, codec = photo_patches(40, size=(160, 160), seed=1), carraystore.Codec("lz4", 1, filters=(), block_images=1)
+        images, codec = (
+            photo_patches(40, size=(160, 160), seed=1),
+            carraystore.Codec("lz4", 1, filters=(), block_images=1),
+        )
     else:
         images, codec = photo_patches(120, size=(24, 24), seed=1), None  # the default preset
     path = root / "good.b2nd"
@@ -69,7 +74,12 @@ def test_the_damage_is_silent_without_the_check(damaged: Path) -> None:
 def test_every_reader_refuses_the_damaged_chunk_by_default(damaged: Path) -> None:
     store = carraystore.open(damaged)
     k = store.chunk_images
-    for read in (lambda: store.read_chunk(BAD_CHUNK), lambda: store[BAD_CHUNK * k + 1], lambda: store[:], lambda: store.take(np.array([BAD_CHUNK * k]))):
+    for read in (
+        lambda: store.read_chunk(BAD_CHUNK),
+        lambda: store[BAD_CHUNK * k + 1],
+        lambda: store[:],
+        lambda: store.take(np.array([BAD_CHUNK * k])),
+    ):
         with pytest.raises(ChecksumError, match=rf"chunk {BAD_CHUNK}\b.*CRC32"):
             read()
     store[0], store[(BAD_CHUNK + 1) * k]  # the other chunks still read

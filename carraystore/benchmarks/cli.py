@@ -41,8 +41,19 @@ def register(sub: Any) -> None:
         default="full",
         help="full: the whole grid (a few minutes); quick: lz4/zstd, levels 1/5, two filters; presets: only the presets",
     )
-    c.add_argument("--read-mbs", type=float, default=None, help="your storage's read speed in MB/s (default: data in the page cache)")
-    c.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize images of a folder (default: all must agree)")
+    c.add_argument(
+        "--read-mbs",
+        type=float,
+        default=None,
+        help="your storage's read speed in MB/s (default: data in the page cache)",
+    )
+    c.add_argument(
+        "--image-size",
+        nargs=2,
+        type=int,
+        metavar=("H", "W"),
+        help="resize images of a folder (default: all must agree)",
+    )
     c.add_argument("--repeats", type=int, default=3, help="timing repeats, the median counts (default 3)")
     c.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
     c.add_argument("--out", help="also write codecs.md, codecs.json and codecs.png into this folder")
@@ -62,8 +73,19 @@ def register(sub: Any) -> None:
     )
     lo.add_argument("dir", nargs="?", help="folder of images in class sub-folders, or a store (.b2nd path or URL)")
     lo.add_argument("--limit", type=int, default=None, help="use a seeded random subset of this many images")
-    lo.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="resize every image, as ingest --image-size (default: all must agree)")
-    lo.add_argument("--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb", help="channels every loader delivers, as ingest --color-mode (default rgb)")
+    lo.add_argument(
+        "--image-size",
+        nargs=2,
+        type=int,
+        metavar=("H", "W"),
+        help="resize every image, as ingest --image-size (default: all must agree)",
+    )
+    lo.add_argument(
+        "--color-mode",
+        choices=["grayscale", "rgb", "rgba"],
+        default="rgb",
+        help="channels every loader delivers, as ingest --color-mode (default rgb)",
+    )
     lo.add_argument("--batch-size", type=int, default=32, help="images per batch (default 32)")
     lo.add_argument("--epochs", type=int, default=3, help="timed epochs per regime; the median counts (default 3)")
     lo.add_argument("--no-cold", action="store_true", help="skip the cold-cache epochs")
@@ -76,9 +98,16 @@ def register(sub: Any) -> None:
     lo.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     from carraystore.commands import storage_options_arg
 
-    lo.add_argument("--storage-options", type=storage_options_arg, metavar="JSON", help="options for a store URL (endpoint, credentials, knobs)")
+    lo.add_argument(
+        "--storage-options",
+        type=storage_options_arg,
+        metavar="JSON",
+        help="options for a store URL (endpoint, credentials, knobs)",
+    )
     lo.add_argument("--cache-dir", help="a store URL's local chunk cache folder (default: none)")
-    lo.add_argument("--cache-size", type=_size_arg, help="what the chunk cache may hold: bytes or a size such as 20GB, 512MiB")
+    lo.add_argument(
+        "--cache-size", type=_size_arg, help="what the chunk cache may hold: bytes or a size such as 20GB, 512MiB"
+    )
     lo.set_defaults(func=_cmd_loaders)
 
 
@@ -101,11 +130,17 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
 
     if args.sample < 1:
         raise InvalidInputError(f"--sample must be at least 1, got {args.sample}")
-    images = C.load_sample(args.path, n=args.sample, seed=args.seed, image_size=tuple(args.image_size) if args.image_size else None)
+    images = C.load_sample(
+        args.path, n=args.sample, seed=args.seed, image_size=tuple(args.image_size) if args.image_size else None
+    )
     say = _say(args.quiet)
     say(f"sample: {len(images)} images of {'x'.join(map(str, images.shape[1:]))} {images.dtype} from {args.path}")
     if args.grid != "presets":
-        grid = C.codec_grid() if args.grid == "full" else C.codec_grid(("lz4", "zstd"), (0, 1, 5), ("none", "shuffle+bytedelta"), (1, 4), False)
+        grid = (
+            C.codec_grid()
+            if args.grid == "full"
+            else C.codec_grid(("lz4", "zstd"), (0, 1, 5), ("none", "shuffle+bytedelta"), (1, 4), False)
+        )
         rows = C.run_suite({"yours": images}, grid, repeats=args.repeats, progress=say)
         front = C.pareto_front(rows)
         print("Pareto front (compression ratio against 1-thread decompression speed):\n")
@@ -122,8 +157,16 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
     print("|---|---|---:|---:|" + "---:|" * len(regimes))
     for name, vals in table.items():
         r = by[name]
-        print(f"| {name} | {r.label} | {r.ratio:.3f} | {r.decompress_mbs_1t:.0f} | " + " | ".join(f"{vals[k]:.0f}" for k in regimes) + " |")
-    where = f"reading at {args.read_mbs:g} MB/s" if args.read_mbs else "data in the page cache (use --read-mbs for slower storage)"
+        print(
+            f"| {name} | {r.label} | {r.ratio:.3f} | {r.decompress_mbs_1t:.0f} | "
+            + " | ".join(f"{vals[k]:.0f}" for k in regimes)
+            + " |"
+        )
+    where = (
+        f"reading at {args.read_mbs:g} MB/s"
+        if args.read_mbs
+        else "data in the page cache (use --read-mbs for slower storage)"
+    )
     print(f"\nrecommended preset for {where}: {best}")
     print(f"use it with: carraystore ingest SRC OUT.b2nd --preset {best}   or   carraystore.Codec.preset({best!r})")
     return 0
@@ -137,12 +180,19 @@ def _store_epochs(args: argparse.Namespace) -> int:
         raise InvalidInputError(f"--epochs must be at least 1, got {args.epochs}")
     say = _say(args.quiet)
     rows = store_epochs(
-        args.dir, args.storage_options, batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
-        cache_dir=args.cache_dir, cache_size=args.cache_size,
+        args.dir,
+        args.storage_options,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        seed=args.seed,
+        cache_dir=args.cache_dir,
+        cache_size=args.cache_size,
         report=lambda d: say(f"epoch {d['epoch']}: {d['images_per_s']:,.0f} images/s") if d["phase"] == "end" else None,
     )
     remote = "requests" in rows[0]
-    print(f"# carraystore epochs from {args.dir} (batches of {args.batch_size}, block shuffle; opened in {rows[0]['open_s']:.3f} s)\n")
+    print(
+        f"# carraystore epochs from {args.dir} (batches of {args.batch_size}, block shuffle; opened in {rows[0]['open_s']:.3f} s)\n"
+    )
     print("| epoch | images/s | first batch (s) |" + (" requests | MB |" if remote else "") + " peak RSS (MB) |")
     print("| ---: | ---: | ---: |" + (" ---: | ---: |" if remote else "") + " ---: |")
     for r in rows:
@@ -153,7 +203,9 @@ def _store_epochs(args: argparse.Namespace) -> int:
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "store_epochs.json").write_text(json.dumps({"store": args.dir, "batch_size": args.batch_size, "epochs": rows}, indent=2) + "\n")
+        (out / "store_epochs.json").write_text(
+            json.dumps({"store": args.dir, "batch_size": args.batch_size, "epochs": rows}, indent=2) + "\n"
+        )
         print(f"wrote {out / 'store_epochs.json'}")
     return 0
 

@@ -69,7 +69,12 @@ FILTERS: dict[str, tuple[str, ...]] = {
 BLOCKS: tuple[int, ...] = (1, 4, 16)
 #: Read speeds (MB/s of compressed bytes) of the regimes presets are judged in.
 #: ``None`` means "the page cache": the measured memory-copy speed.
-REGIMES: dict[str, float | None] = {"warm page cache": None, "NVMe 2000 MB/s": 2000.0, "SSD 500 MB/s": 500.0, "disk/network 50 MB/s": 50.0}
+REGIMES: dict[str, float | None] = {
+    "warm page cache": None,
+    "NVMe 2000 MB/s": 2000.0,
+    "SSD 500 MB/s": 500.0,
+    "disk/network 50 MB/s": 50.0,
+}
 #: Presets must compress at least this fast (MB/s, one thread) so that ingest stays practical.
 MIN_COMPRESS_MBS = 20.0
 #: ... and save at least this share of the bytes (otherwise: do not compress at all).
@@ -252,7 +257,9 @@ def run_suite(
             r = measure_codec(images, c, dataset=name, filters_name=label, repeats=repeats)
             out.append(r)
             if progress:
-                progress(f"{name}: {r.label} ratio {r.ratio:.3f} c {r.compress_mbs:.0f} d {r.decompress_mbs_1t:.0f} MB/s")
+                progress(
+                    f"{name}: {r.label} ratio {r.ratio:.3f} c {r.compress_mbs:.0f} d {r.decompress_mbs_1t:.0f} MB/s"
+                )
     return out
 
 
@@ -290,7 +297,10 @@ def _eligible(results: Sequence[CodecResult]) -> list[CodecResult]:
     return [
         r
         for r in results
-        if r.clevel > 0 and r.compress_mbs >= MIN_COMPRESS_MBS and r.filters != "shuffle-ts1" and r.ratio >= 1 / (1 - MIN_SAVING)
+        if r.clevel > 0
+        and r.compress_mbs >= MIN_COMPRESS_MBS
+        and r.filters != "shuffle-ts1"
+        and r.ratio >= 1 / (1 - MIN_SAVING)
     ]
 
 
@@ -321,7 +331,9 @@ def _mean_by_combo(results: Sequence[CodecResult]) -> list[CodecResult]:
     return out
 
 
-def choose_presets(results: Sequence[CodecResult], cores: int = 2, dataset: str | None = None) -> dict[str, CodecResult]:
+def choose_presets(
+    results: Sequence[CodecResult], cores: int = 2, dataset: str | None = None
+) -> dict[str, CodecResult]:
     """Pick ``fast``, ``balanced`` and ``small`` from measured rows.
 
     fast: best modelled throughput from the page cache; balanced: best at 500 MB/s
@@ -421,7 +433,14 @@ def plot_results(results: Sequence[CodecResult], path: str | os.PathLike[str], t
         rows = [r for r in results if r.dataset == ds]
         for r in rows:
             color = "black" if r.clevel == 0 else colors.get(r.codec, "gray")
-            ax.scatter(r.decompress_mbs_1t, r.ratio, c=color, marker=markers.get(r.filters, "o"), s=12 + 6 * r.block_images ** 0.5, alpha=0.6)
+            ax.scatter(
+                r.decompress_mbs_1t,
+                r.ratio,
+                c=color,
+                marker=markers.get(r.filters, "o"),
+                s=12 + 6 * r.block_images**0.5,
+                alpha=0.6,
+            )
         front = pareto_front(rows)
         ax.plot([r.decompress_mbs_1t for r in front], [r.ratio for r in front], "k--", lw=1, label="Pareto front")
         span = max(r.ratio for r in rows) - min(r.ratio for r in rows) or 1.0
@@ -429,20 +448,37 @@ def plot_results(results: Sequence[CodecResult], path: str | os.PathLike[str], t
         for r in front:  # label front points that do not crowd the previous label
             x, y = math.log10(r.decompress_mbs_1t), r.ratio
             if last is None or abs(x - last[0]) > 0.12 or abs(y - last[1]) > 0.06 * span:
-                ax.annotate(r.label, (r.decompress_mbs_1t, r.ratio), fontsize=6, xytext=(3, 3), textcoords="offset points")
+                ax.annotate(
+                    r.label, (r.decompress_mbs_1t, r.ratio), fontsize=6, xytext=(3, 3), textcoords="offset points"
+                )
                 last = (x, y)
         smallest_block = min(r.block_images for r in rows)
         for name, codec in PRESETS.items():  # the pinned presets (automatic blocks: shown at the smallest block size)
             hit = [
-                r for r in rows
+                r
+                for r in rows
                 if (r.codec, r.clevel, FILTERS.get(r.filters)) == (codec.codec, codec.clevel, codec.filters)
                 and r.block_images == smallest_block
             ]
             for r in hit:
-                ax.scatter(r.decompress_mbs_1t, r.ratio, marker="*", s=220, facecolors="none", edgecolors="black", linewidths=1.2)
+                ax.scatter(
+                    r.decompress_mbs_1t,
+                    r.ratio,
+                    marker="*",
+                    s=220,
+                    facecolors="none",
+                    edgecolors="black",
+                    linewidths=1.2,
+                )
                 offset = {"small": (-30, 10), "balanced": (-20, -16)}.get(name, (-10, -14))
-                ax.annotate(f"preset {name}", (r.decompress_mbs_1t, r.ratio), fontsize=8, fontweight="bold",
-                            xytext=offset, textcoords="offset points")
+                ax.annotate(
+                    f"preset {name}",
+                    (r.decompress_mbs_1t, r.ratio),
+                    fontsize=8,
+                    fontweight="bold",
+                    xytext=offset,
+                    textcoords="offset points",
+                )
         ax.set_xscale("log")
         ax.set_xlabel("decompression MB/s (1 thread, log)")
         ax.set_ylabel("compression ratio")
@@ -465,7 +501,10 @@ def plot_results(results: Sequence[CodecResult], path: str | os.PathLike[str], t
 
 
 def write_results(
-    results: Sequence[CodecResult], out_dir: str | os.PathLike[str], info: dict[str, Any] | None = None, stem: str = "codecs"
+    results: Sequence[CodecResult],
+    out_dir: str | os.PathLike[str],
+    info: dict[str, Any] | None = None,
+    stem: str = "codecs",
 ) -> dict[str, Path]:
     """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` under ``out_dir``; return their paths."""
     out = Path(out_dir)
@@ -509,7 +548,9 @@ def load_results(path: str | os.PathLike[str]) -> list[CodecResult]:
 # -- samples -----------------------------------------------------------------------------
 
 
-def load_sample(path: str | os.PathLike[str], n: int = 128, seed: int = 0, image_size: tuple[int, int] | None = None) -> np.ndarray:
+def load_sample(
+    path: str | os.PathLike[str], n: int = 128, seed: int = 0, image_size: tuple[int, int] | None = None
+) -> np.ndarray:
     """Up to ``n`` images from a folder of images or a ``.b2nd`` store, as (n, H, W, C).
 
     A folder gives a seeded random subset decoded with Pillow (RGB); a store gives
@@ -527,7 +568,9 @@ def load_sample(path: str | os.PathLike[str], n: int = 128, seed: int = 0, image
 
         store = open_store(p)
         if store.meta.layout != "NHWC":
-            raise InvalidInputError(f"{p}: the codec suite needs an image store (layout NHWC), this one is {store.meta.layout!r}")
+            raise InvalidInputError(
+                f"{p}: the codec suite needs an image store (layout NHWC), this one is {store.meta.layout!r}"
+            )
         total = len(store)
         n = min(n, total)
         k = store.chunk_images

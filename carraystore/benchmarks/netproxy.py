@@ -35,7 +35,7 @@ __all__ = ["NetProxy", "ProxyStats"]
 
 _BUF = 64 * 1024
 _SLOWDOWN = (
-    b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
 )
 

@@ -40,7 +40,16 @@ from carraystore.benchmarks.procstats import cpu_seconds, peak_rss_mb
 
 __all__ = ["store_epochs", "run_contender", "CONTENDERS", "TORCH_PEERS", "SKIPPED_PEERS"]
 
-CONTENDERS = ("carraystore", "carraystore_fast", "carraystore_local", "jpeg_get", "webdataset", "zarr", "mds", "litdata")
+CONTENDERS = (
+    "carraystore",
+    "carraystore_fast",
+    "carraystore_local",
+    "jpeg_get",
+    "webdataset",
+    "zarr",
+    "mds",
+    "litdata",
+)
 #: The peers that need PyTorch (run by the peers' environment's Python, not carraystore's)
 TORCH_PEERS = ("mds", "litdata")
 #: Why each of :data:`TORCH_PEERS` is not run when the peers' environment is absent.
@@ -66,8 +75,14 @@ def _timed(batches: Iterator[Any]) -> dict[str, float]:
     cpu = cpu_seconds() - c0
     first = first or 0.0
     steady = (n - n_first) / (dt - first) if dt > first and n > n_first else float("nan")
-    return {"images": n, "seconds": dt, "images_per_s": n / dt if dt > 0 else float("nan"), "first_batch_s": first,
-            "after_first_images_per_s": steady, "cpu_s": cpu}
+    return {
+        "images": n,
+        "seconds": dt,
+        "images_per_s": n / dt if dt > 0 else float("nan"),
+        "first_batch_s": first,
+        "after_first_images_per_s": steady,
+        "cpu_s": cpu,
+    }
 
 
 def store_epochs(
@@ -105,7 +120,11 @@ def store_epochs(
             r0 = (stats.requests, stats.bytes) if stats is not None else (0, 0)
             if report:
                 report({"epoch": e, "phase": "start"})
-            row: dict[str, Any] = {"epoch": e, "open_s": open_s, **_timed(x for x, _ in store.batches(batch_size, seed=seed, epoch=e))}
+            row: dict[str, Any] = {
+                "epoch": e,
+                "open_s": open_s,
+                **_timed(x for x, _ in store.batches(batch_size, seed=seed, epoch=e)),
+            }
             if stats is not None:
                 row["requests"] = stats.requests - r0[0]
                 row["mb"] = (stats.bytes - r0[1]) / 1e6
@@ -126,7 +145,9 @@ def store_epochs(
 def _s3(endpoint: str, bucket: str) -> Any:
     from obstore.store import S3Store
 
-    return S3Store(bucket, endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True})
+    return S3Store(
+        bucket, endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True}
+    )
 
 
 def _decode_jpeg(data: bytes) -> np.ndarray:
@@ -172,7 +193,9 @@ def _webdataset_epoch(spec: dict[str, Any], e: int) -> Iterator[np.ndarray]:
     import webdataset as wds
 
     ds = (
-        wds.WebDataset(spec["shard_urls"], shardshuffle=len(spec["shard_urls"]), seed=spec["seed"] + e, empty_check=False)
+        wds.WebDataset(
+            spec["shard_urls"], shardshuffle=len(spec["shard_urls"]), seed=spec["seed"] + e, empty_check=False
+        )
         .shuffle(1000)
         .decode("rgb8")
         .to_tuple("jpg", "cls")
@@ -210,8 +233,14 @@ def run_contender(spec: dict[str, Any], emit: Any = None) -> list[dict[str, Any]
     if kind in ("carraystore", "carraystore_fast", "carraystore_local"):
         if kind == "carraystore_local":  # the local warm rate: one untimed epoch fills the page cache
             store_epochs(spec["location"], None, batch_size=spec["batch_size"], epochs=1, seed=spec["seed"] + 1000)
-        return store_epochs(spec["location"], spec.get("storage_options"), batch_size=spec["batch_size"], epochs=epochs,
-                            seed=spec["seed"], report=emit)
+        return store_epochs(
+            spec["location"],
+            spec.get("storage_options"),
+            batch_size=spec["batch_size"],
+            epochs=epochs,
+            seed=spec["seed"],
+            report=emit,
+        )
     rows = []
     with ThreadPoolExecutor(spec.get("threads", 32)) as pool:
         if kind == "jpeg_get":

@@ -199,7 +199,9 @@ def _start_seaweedfs(workdir: Path, timeout: float) -> SeaweedFS:
         "-volume.preStopSeconds=0",  # stop at once when told to
     ]  # fmt: skip
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     server = SeaweedFS(proc=proc, s3_port=ports["s3"], dir=workdir, log=log)
     try:
         _wait_port(ports["s3"], proc, timeout, "weed server's S3 gateway")

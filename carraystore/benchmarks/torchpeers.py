@@ -108,8 +108,9 @@ def _litdata_item(item: tuple[str, int]) -> dict[str, Any]:
     return {"jpg": Path(item[0]).read_bytes(), "cls": int(item[1])}
 
 
-def build(fmt: str, out: str | os.PathLike[str], files: list[str], labels: list[int], *, shard_images: int,
-          shard_bytes: int) -> Path:
+def build(
+    fmt: str, out: str | os.PathLike[str], files: list[str], labels: list[int], *, shard_images: int, shard_bytes: int
+) -> Path:
     """Write ``files`` (JPEG paths, in this order) with ``labels`` as an MDS or LitData folder ``out``.
 
     Written into ``out.tmp`` and renamed when complete, so a half-built folder is never used.
@@ -124,8 +125,16 @@ def build(fmt: str, out: str | os.PathLike[str], files: list[str], labels: list[
     elif fmt == "litdata":
         from litdata import optimize
 
-        optimize(fn=_litdata_item, inputs=list(zip(files, labels)), output_dir=str(tmp), chunk_size=shard_images,
-                 num_workers=1, keep_data_ordered=True, verbose=False, mode="overwrite")
+        optimize(
+            fn=_litdata_item,
+            inputs=list(zip(files, labels)),
+            output_dir=str(tmp),
+            chunk_size=shard_images,
+            num_workers=1,
+            keep_data_ordered=True,
+            verbose=False,
+            mode="overwrite",
+        )
     else:
         raise ValueError(f"unknown peer format {fmt!r} (mds or litdata)")
     tmp.rename(out)
@@ -159,10 +168,20 @@ def mds_epoch(spec: dict[str, Any], e: int) -> Iterator[np.ndarray]:
     clean_stale_shared_memory()
     local = tempfile.mkdtemp(prefix="carraystore-mds-")
     try:
-        ds = JpegMDS(remote=f"s3://{spec['bucket']}/{spec['mds_prefix']}", local=local, shuffle=True,
-                     shuffle_seed=spec["seed"] + e, batch_size=spec["batch_size"])
-        loader = streaming.StreamingDataLoader(ds, batch_size=spec["batch_size"], num_workers=NUM_WORKERS,
-                                               collate_fn=collate, multiprocessing_context=_mds_context())
+        ds = JpegMDS(
+            remote=f"s3://{spec['bucket']}/{spec['mds_prefix']}",
+            local=local,
+            shuffle=True,
+            shuffle_seed=spec["seed"] + e,
+            batch_size=spec["batch_size"],
+        )
+        loader = streaming.StreamingDataLoader(
+            ds,
+            batch_size=spec["batch_size"],
+            num_workers=NUM_WORKERS,
+            collate_fn=collate,
+            multiprocessing_context=_mds_context(),
+        )
         yield from loader
         del loader, ds
     finally:
@@ -189,9 +208,14 @@ def litdata_epoch(spec: dict[str, Any], e: int) -> Iterator[np.ndarray]:
     _litdata_allow_http()
     cache = tempfile.mkdtemp(prefix="carraystore-litdata-")
     try:
-        ds = StreamingDataset(f"s3://{spec['bucket']}/{spec['litdata_prefix']}", cache_dir=cache, shuffle=True,
-                              seed=spec["seed"] + e, storage_options=spec["storage_options"],
-                              transform=_decode_sample)
+        ds = StreamingDataset(
+            f"s3://{spec['bucket']}/{spec['litdata_prefix']}",
+            cache_dir=cache,
+            shuffle=True,
+            seed=spec["seed"] + e,
+            storage_options=spec["storage_options"],
+            transform=_decode_sample,
+        )
         loader = StreamingDataLoader(ds, batch_size=spec["batch_size"], num_workers=NUM_WORKERS, collate_fn=collate)
         yield from loader
         del loader, ds
@@ -204,8 +228,14 @@ def _main(argv: list[str]) -> int:
         print("usage: python -m carraystore.benchmarks.torchpeers build SPEC.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[1]).read_text())
-    build(spec["format"], spec["out"], spec["files"], spec["labels"], shard_images=spec["shard_images"],
-          shard_bytes=spec["shard_bytes"])
+    build(
+        spec["format"],
+        spec["out"],
+        spec["files"],
+        spec["labels"],
+        shard_images=spec["shard_images"],
+        shard_bytes=spec["shard_bytes"],
+    )
     return 0
 
 

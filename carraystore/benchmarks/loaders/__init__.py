@@ -44,7 +44,13 @@ from carraystore.benchmarks.loaders.file_peers import KerasLoadImg, PillowThread
 from carraystore.benchmarks.loaders.machine import library_versions, machine_info
 from carraystore.benchmarks.loaders.peer import PEER_CHUNK, Batch, Context, Peer, chunk_shuffle, index_batches
 from carraystore.benchmarks.loaders.registry import ON_DISK, PEER_BY_NAME, PEERS, available_peers
-from carraystore.benchmarks.loaders.report import goals_text, markdown_report, plot_results, results_table, write_results
+from carraystore.benchmarks.loaders.report import (
+    goals_text,
+    markdown_report,
+    plot_results,
+    results_table,
+    write_results,
+)
 from carraystore.benchmarks.loaders.results import Comparison, PeerResult, check_goals
 
 #: the name of the chunk-shuffle generator before the split (tests and bench/ use it)

@@ -66,13 +66,21 @@ def run_comparison(
             say(f"{peer.name}: building")
             dest, build_s = build_artifact(peer, ctx, workp)
         except Exception as exc:  # a broken peer must not stop the comparison
-            results[peer.name] = PeerResult(peer.name, peer.label, "error", f"build failed: {exc!r}"[:500], on_disk=peer.on_disk)
+            results[peer.name] = PeerResult(
+                peer.name, peer.label, "error", f"build failed: {exc!r}"[:500], on_disk=peer.on_disk
+            )
             say(f"{peer.name}: build failed: {exc!r}")
             continue
         size = jpeg_bytes if not peer.builds else (path_size(dest) if peer.on_disk else path_size(dest / "x.npy"))
         results[peer.name] = PeerResult(
-            peer.name, peer.label, "ok", n_images=n, bytes_on_disk=size, build_s=build_s if peer.builds else None,
-            on_disk=peer.on_disk, peak_rss_mb=0.0,
+            peer.name,
+            peer.label,
+            "ok",
+            n_images=n,
+            bytes_on_disk=size,
+            build_s=build_s if peer.builds else None,
+            on_disk=peer.on_disk,
+            peak_rss_mb=0.0,
         )
         runnable.append((peer, dest, build_s))
     # Rounds: every peer once per round, so that other work on the machine falls on all alike.

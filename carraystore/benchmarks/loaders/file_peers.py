@@ -32,7 +32,9 @@ class KerasLoadImg(Peer):
 
         def epoch(e: int) -> Iterator[Batch]:
             for idx in index_batches(len(files), ctx.batch_size, ctx.seed, e):
-                x = np.stack([img_to_array(load_img(files[i], color_mode=ctx.color_mode, target_size=size)) for i in idx])
+                x = np.stack(
+                    [img_to_array(load_img(files[i], color_mode=ctx.color_mode, target_size=size)) for i in idx]
+                )
                 yield x, labels[idx]
 
         return epoch
@@ -87,9 +89,12 @@ def _tf() -> Any:
 
 def _tf_decode(tf: Any, data: Any, size: tuple[int, int] | None, channels: int = 3) -> Any:
     if channels == 4:  # JPEG has no alpha: decode RGB and add an opaque alpha, as Pillow's convert("RGBA") does
+
         def jpeg() -> Any:
             rgb = tf.io.decode_jpeg(data, channels=3)
-            return tf.concat([rgb, tf.fill(tf.concat([tf.shape(rgb)[:2], [1]], 0), tf.constant(255, tf.uint8))], axis=-1)
+            return tf.concat(
+                [rgb, tf.fill(tf.concat([tf.shape(rgb)[:2], [1]], 0), tf.constant(255, tf.uint8))], axis=-1
+            )
 
         img = tf.cond(tf.io.is_jpeg(data), jpeg, lambda: tf.io.decode_image(data, channels=4, expand_animations=False))
     else:
@@ -160,7 +165,11 @@ class TfRecord(Peer):
                         buf = BytesIO()
                         img = ctx.images[i]
                         pil = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img, ctx.pil_mode)
-                        pil.save(buf, format="PNG" if ctx.color_mode == "rgba" else "JPEG", **({} if ctx.color_mode == "rgba" else {"quality": 90}))
+                        pil.save(
+                            buf,
+                            format="PNG" if ctx.color_mode == "rgba" else "JPEG",
+                            **({} if ctx.color_mode == "rgba" else {"quality": 90}),
+                        )
                         data = buf.getvalue()
                     ex = tf.train.Example(
                         features=tf.train.Features(

@@ -36,7 +36,18 @@ def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for dist in ("carraystore", "blosc2", "numpy", "pillow", "tensorflow-cpu", "tensorflow", "keras", "h5py", "zarr", "numcodecs"):
+    for dist in (
+        "carraystore",
+        "blosc2",
+        "numpy",
+        "pillow",
+        "tensorflow-cpu",
+        "tensorflow",
+        "keras",
+        "h5py",
+        "zarr",
+        "numcodecs",
+    ):
         try:
             out[dist] = version(dist)
         except PackageNotFoundError:

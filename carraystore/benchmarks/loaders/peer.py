@@ -110,7 +110,13 @@ def index_batches(n: int, batch_size: int, seed: int, epoch: int) -> Iterator[np
 
 
 def chunk_shuffle(
-    n: int, chunk: int, batch_size: int, seed: int, epoch: int, read: Callable[[int, int], np.ndarray], labels: np.ndarray
+    n: int,
+    chunk: int,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    read: Callable[[int, int], np.ndarray],
+    labels: np.ndarray,
 ) -> Iterator[Batch]:
     """The chunk-shuffle generator: chunks in random order, images shuffled inside each chunk."""
     rng = np.random.default_rng([seed, epoch])

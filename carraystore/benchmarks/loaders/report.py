@@ -77,7 +77,10 @@ def plot_results(cmp: Comparison, path: str | os.PathLike[str]) -> Path | None:
     y = np.arange(len(rows))
     warm = [r.images_per_s_warm or 0 for r in rows]
     cold = [r.images_per_s_cold or 0 for r in rows]
-    colors = ["tab:purple" if r.name.startswith("carraystore") else ("tab:gray" if not r.on_disk else "tab:blue") for r in rows]
+    colors = [
+        "tab:purple" if r.name.startswith("carraystore") else ("tab:gray" if not r.on_disk else "tab:blue")
+        for r in rows
+    ]
     ax.barh(y - 0.2, warm, height=0.4, color=colors, label="warm page cache")
     ax.barh(y + 0.2, cold, height=0.4, color=colors, alpha=0.45, label="cold (evicted before each epoch)")
     for yi, w in zip(y, warm):
@@ -87,8 +90,11 @@ def plot_results(cmp: Comparison, path: str | os.PathLike[str]) -> Path | None:
     ax.set_xscale("log")
     ax.set_xlabel("images/s (log scale; higher is better)")
     shape = "x".join(str(s) for s in cmp.info.get("image_shape", []))
-    ax.set_title(f"{cmp.info.get('images')} images of {shape}, batch {cmp.info.get('batch_size')}, "
-                 f"median of {cmp.info.get('epochs')} rounds, {cmp.info.get('machine', {}).get('cpus')} cores", fontsize=9)
+    ax.set_title(
+        f"{cmp.info.get('images')} images of {shape}, batch {cmp.info.get('batch_size')}, "
+        f"median of {cmp.info.get('epochs')} rounds, {cmp.info.get('machine', {}).get('cpus')} cores",
+        fontsize=9,
+    )
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
@@ -129,8 +135,12 @@ def markdown_report(cmp: Comparison, heading: str = "# Loader comparison") -> st
         "",
         f"Machine: {m.get('cpus')} cores ({m.get('cpu')}), {m.get('memory_gb')} GB RAM, {m.get('system')}, Python {m.get('python')}; "
         f"measured {i.get('date')}"
-        + (f"; 1-minute load average {i['load_average_before_after'][0]} before, {i['load_average_before_after'][1]} after "
-           "(the machine was shared: loads above the core count slow every row)" if i.get("load_average_before_after") else "")
+        + (
+            f"; 1-minute load average {i['load_average_before_after'][0]} before, {i['load_average_before_after'][1]} after "
+            "(the machine was shared: loads above the core count slow every row)"
+            if i.get("load_average_before_after")
+            else ""
+        )
         + ".",
         "",
         f"Libraries: {vers}.",

@@ -93,7 +93,9 @@ class NpzSource(Source):
 
     kind = ".npz"
 
-    def __init__(self, path: Path, *, images: str | None = None, labels: str | None = None, no_labels: bool = False) -> None:
+    def __init__(
+        self, path: Path, *, images: str | None = None, labels: str | None = None, no_labels: bool = False
+    ) -> None:
         super().__init__()
         self.path = path
         try:
@@ -117,7 +119,9 @@ class NpzSource(Source):
             self._init_arrays(images, labels, no_labels)
         else:
             if labels is not None:
-                raise MigrationError(f"{path}: a cache of images keyed by path takes its labels from the class folders; drop --labels")
+                raise MigrationError(
+                    f"{path}: a cache of images keyed by path takes its labels from the class folders; drop --labels"
+                )
             self._init_cache()
 
     # -- a cache {path: image} -------------------------------------------------------------
@@ -149,7 +153,9 @@ class NpzSource(Source):
             self._labels = np.array([index[posixpath.basename(p)] for p in parents], dtype="<i8")
             self.class_names = tuple(classes)
             self.has_labels = True
-            self.notes.append(f"labels from the parent folder of each path: {len(classes)} classes {classes[:10]}{' ...' if len(classes) > 10 else ''}")
+            self.notes.append(
+                f"labels from the parent folder of each path: {len(classes)} classes {classes[:10]}{' ...' if len(classes) > 10 else ''}"
+            )
         else:
             self.notes.append("no labels: the paths do not look like class folders (<class>/<file>)")
         self.provenance = {"npz": {"mode": "cache", "members": len(names), "member_dtype": str(dtype)}}
@@ -185,8 +191,7 @@ class NpzSource(Source):
         if labels is None and not no_labels:
             rows = heads[images][0][0] if heads[images][0] else -1
             fits = [
-                n for n in names
-                if n != images and heads[n][0] in ((rows,), (rows, 1)) and heads[n][1].kind in "iub"
+                n for n in names if n != images and heads[n][0] in ((rows,), (rows, 1)) and heads[n][1].kind in "iub"
             ]
             labels = infer_labels(fits, images, str(self.path), self.notes)
         with self._zip.open(self._members[images]) as f:
@@ -201,7 +206,9 @@ class NpzSource(Source):
         if labels is not None:
             lab = self._load(labels)
             if len(lab) != self.nrows:
-                raise MigrationError(f"{self.path}: {len(lab)} labels in {labels!r} for {self.nrows} rows in {images!r}")
+                raise MigrationError(
+                    f"{self.path}: {len(lab)} labels in {labels!r} for {self.nrows} rows in {images!r}"
+                )
             self._labels, self.class_names, how = labels_from_array(lab, f"{self.path}, array {labels!r}")
             self.has_labels = True
             self.notes.append(f"labels from {labels!r}: {how}")
@@ -233,7 +240,9 @@ class NpzSource(Source):
             if len(shape) != 1 or dtype.kind not in "US":
                 continue
             if self._labels is None:
-                self.notes.append(f"member {n!r} looks like class names, but there are no labels (--labels NAME) to name")
+                self.notes.append(
+                    f"member {n!r} looks like class names, but there are no labels (--labels NAME) to name"
+                )
                 return n
             values = self._load(n)
             text = tuple(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values.tolist())

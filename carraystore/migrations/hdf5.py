@@ -26,6 +26,7 @@ from carraystore.migrations.base import (
 
 __all__ = ["Hdf5Source", "jsonable", "LABEL_NAMES", "CLASS_NAME_DATASETS"]
 
+
 #: Dataset names (last path part, lower case) preferred as labels when several could be.
 def _h5py() -> Any:
     try:
@@ -74,7 +75,9 @@ class Hdf5Source(Source):
 
     kind = "HDF5 dataset"
 
-    def __init__(self, path: Path, *, dataset: str | None = None, labels: str | None = None, no_labels: bool = False) -> None:
+    def __init__(
+        self, path: Path, *, dataset: str | None = None, labels: str | None = None, no_labels: bool = False
+    ) -> None:
         super().__init__()
         h5py = _h5py()
         self.path = path
@@ -100,7 +103,9 @@ class Hdf5Source(Source):
                 dataset = two[0]
                 self.notes.append(f"dataset inferred: {dataset!r} (the only one with 2+ dimensions)")
             else:
-                raise MigrationError(f"{path}: holds datasets {found[:20]}; choose one with --dataset NAME (and --labels NAME)")
+                raise MigrationError(
+                    f"{path}: holds datasets {found[:20]}; choose one with --dataset NAME (and --labels NAME)"
+                )
         for name in (dataset, labels):
             if name is not None and (name not in f or not isinstance(f[name], h5py.Dataset)):
                 raise MigrationError(f"{path}: no dataset {name!r}; the file holds {found[:20]}")
@@ -121,7 +126,9 @@ class Hdf5Source(Source):
         if labels is not None:
             lab = f[labels]
             if lab.shape[:1] != (self.nrows,):
-                raise MigrationError(f"{path}: dataset {labels!r} has shape {lab.shape} for {self.nrows} rows of {dataset!r}")
+                raise MigrationError(
+                    f"{path}: dataset {labels!r} has shape {lab.shape} for {self.nrows} rows of {dataset!r}"
+                )
             self._labels, self.class_names, how = labels_from_array(lab[...], f"{path}, dataset {labels!r}")
             self.has_labels = True
             self.notes.append(f"labels from {labels!r}: {how}")
@@ -134,7 +141,9 @@ class Hdf5Source(Source):
                         "names; give the right ones with --class-names A,B,C"
                     )
         #: bytes of the migrated datasets in the file (the images and the labels), not the whole file
-        self._cbytes = int(d.id.get_storage_size()) + (int(f[labels].id.get_storage_size()) if labels is not None else 0)
+        self._cbytes = int(d.id.get_storage_size()) + (
+            int(f[labels].id.get_storage_size()) if labels is not None else 0
+        )
         attrs: dict[str, Any] = {}
         inexact = []
         for k, v in d.attrs.items():
@@ -154,7 +163,9 @@ class Hdf5Source(Source):
         if d.shuffle:
             comp += " shuffle"
         self.codec = f"hdf5 {comp}" + (f" chunks {list(d.chunks)}" if d.chunks else " contiguous")
-        self.provenance = {"hdf5": {"dataset": dataset, "labels": labels, "chunks": list(d.chunks) if d.chunks else None}}
+        self.provenance = {
+            "hdf5": {"dataset": dataset, "labels": labels, "chunks": list(d.chunks) if d.chunks else None}
+        }
 
     @property
     def cbytes(self) -> int:
@@ -165,7 +176,8 @@ class Hdf5Source(Source):
         """The labels dataset beside ``dataset`` when exactly one fits (1-D integers, one per row); else stop."""
         f = self._file
         fits = [
-            n for n in found
+            n
+            for n in found
             if n != dataset and f[n].shape in ((self.nrows,), (self.nrows, 1)) and f[n].dtype.kind in "iub"
         ]
         return infer_labels(fits, dataset, str(self.path), self.notes)
@@ -175,12 +187,18 @@ class Hdf5Source(Source):
         h5py = _h5py()
         f = self._file
         group = labels.rsplit("/", 1)[0] if "/" in labels else ""
-        names = [n for n in found if n.rsplit("/", 1)[-1].lower() in CLASS_NAME_DATASETS and _is_text(h5py, f[n]) and f[n].ndim == 1]
+        names = [
+            n
+            for n in found
+            if n.rsplit("/", 1)[-1].lower() in CLASS_NAME_DATASETS and _is_text(h5py, f[n]) and f[n].ndim == 1
+        ]
         if not names:
             return None
         names.sort(key=lambda n: (n.rsplit("/", 1)[0] if "/" in n else "") != group)
         values = tuple(str(v) for v in f[names[0]].asstr()[...].tolist())
-        self.notes.append(f"class names from dataset {names[0]!r}: {list(values)[:10]}{' ...' if len(values) > 10 else ''}")
+        self.notes.append(
+            f"class names from dataset {names[0]!r}: {list(values)[:10]}{' ...' if len(values) > 10 else ''}"
+        )
         return values
 
     @property

@@ -38,21 +38,53 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", nargs="?", metavar="SRC", help="the source (leave out with --images X.bc --labels Y.bc)")
-    p.add_argument("out", metavar="OUT.b2nd", help="the store to write: a path, or a URL such as s3://bucket/train.b2nd")
-    p.add_argument("--images", metavar="NAME", help="ctable column / HDF5 dataset / npz member with the images; or, without SRC, a bcolz carray folder")
-    p.add_argument("--labels", metavar="NAME", help="column / dataset / member with the labels (HDF5, npz: inferred when exactly one "
-                   "integer array has one value per row); or, without SRC, a bcolz carray folder of labels")
+    p.add_argument(
+        "out", metavar="OUT.b2nd", help="the store to write: a path, or a URL such as s3://bucket/train.b2nd"
+    )
+    p.add_argument(
+        "--images",
+        metavar="NAME",
+        help="ctable column / HDF5 dataset / npz member with the images; or, without SRC, a bcolz carray folder",
+    )
+    p.add_argument(
+        "--labels",
+        metavar="NAME",
+        help="column / dataset / member with the labels (HDF5, npz: inferred when exactly one "
+        "integer array has one value per row); or, without SRC, a bcolz carray folder of labels",
+    )
     p.add_argument("--dataset", metavar="NAME", help="HDF5: the dataset to migrate (inferred when the file holds one)")
-    p.add_argument("--class-names", metavar="A,B,C", help="names of the label values, comma-separated, label 0 first "
-                   "(default: a class_names / classes / label_names dataset or member, when the source has one)")
-    p.add_argument("--no-labels", action="store_true", help="HDF5, npz: migrate without labels (by default a labels "
-                   "array beside the images is inferred when exactly one fits)")
-    p.add_argument("--allow-pickle", action="store_true", help="allow object-dtype bcolz arrays (unpickling runs code from the file: only for files you trust)")
-    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip re-reading the store and comparing it with the source")
+    p.add_argument(
+        "--class-names",
+        metavar="A,B,C",
+        help="names of the label values, comma-separated, label 0 first "
+        "(default: a class_names / classes / label_names dataset or member, when the source has one)",
+    )
+    p.add_argument(
+        "--no-labels",
+        action="store_true",
+        help="HDF5, npz: migrate without labels (by default a labels "
+        "array beside the images is inferred when exactly one fits)",
+    )
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="allow object-dtype bcolz arrays (unpickling runs code from the file: only for files you trust)",
+    )
+    p.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="skip re-reading the store and comparing it with the source",
+    )
     p.add_argument("--preset", metavar="NAME", help="codec preset of the new store: fast, balanced (default) or small")
     p.add_argument("--overwrite", action="store_true", help="replace OUT.b2nd if it exists")
-    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                   help="while another writer holds OUT.b2nd, wait up to SECONDS (default: fail at once)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="while another writer holds OUT.b2nd, wait up to SECONDS (default: fail at once)",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_write_arguments(p)
     p.set_defaults(func=run)

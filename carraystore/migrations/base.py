@@ -20,8 +20,15 @@ from carraystore.errors import MigrationError
 from carraystore.format import COLOR_MODES, DTYPES, Codec
 
 __all__ = [
-    "Block", "Source", "MIGRATION_BLOCK_BYTES", "CLASS_NAME_DATASETS", "LABEL_NAMES", "disk_size", "infer_labels",
-    "labels_from_array", "store_layout",
+    "Block",
+    "Source",
+    "MIGRATION_BLOCK_BYTES",
+    "CLASS_NAME_DATASETS",
+    "LABEL_NAMES",
+    "disk_size",
+    "infer_labels",
+    "labels_from_array",
+    "store_layout",
 ]
 
 #: Rows per block read from a source aim at about this many uncompressed bytes (a few
@@ -123,7 +130,7 @@ def disk_size(path: Path) -> int:
 
 
 def store_layout(item_shape: Sequence[int], dtype: np.dtype) -> str:
-    """"NHWC" for (H, W, C) images (C in 1/3/4, an image dtype), else "array" (shape kept exactly)."""
+    """ "NHWC" for (H, W, C) images (C in 1/3/4, an image dtype), else "array" (shape kept exactly)."""
     dt = np.dtype(dtype)
     shape = tuple(item_shape)
     if len(shape) == 3 and shape[2] in COLOR_MODES and dt.name in DTYPES and dt.isnative and min(shape) >= 1:
@@ -142,13 +149,25 @@ def labels_from_array(values: np.ndarray, where: str) -> tuple[np.ndarray, tuple
     n = len(a)
     hint = "; leave it out of --labels to keep it as a metadata column instead"
     if a.dtype.kind in "SU" and a.ndim == 1:
-        text = a.astype(str) if a.dtype.kind == "U" else np.array([s.decode("utf-8", "replace") for s in a.tolist()], dtype=str)
+        text = (
+            a.astype(str)
+            if a.dtype.kind == "U"
+            else np.array([s.decode("utf-8", "replace") for s in a.tolist()], dtype=str)
+        )
         names, inv = np.unique(text, return_inverse=True)
-        return inv.astype("<i8").reshape(-1), tuple(str(s) for s in names), f"class names {list(names)[:10]}{' ...' if len(names) > 10 else ''} from strings"
+        return (
+            inv.astype("<i8").reshape(-1),
+            tuple(str(s) for s in names),
+            f"class names {list(names)[:10]}{' ...' if len(names) > 10 else ''} from strings",
+        )
     if a.ndim == 2 and a.shape[1] > 1 and a.dtype.kind in "biuf":
         ones = a == 1
         if n and bool(np.all(ones.sum(axis=1) == 1)) and bool(np.all((a == 0) | ones)):
-            return np.argmax(a, axis=1).astype("<i8"), None, f"one-hot labels ({a.shape[1]} classes) turned into class indices"
+            return (
+                np.argmax(a, axis=1).astype("<i8"),
+                None,
+                f"one-hot labels ({a.shape[1]} classes) turned into class indices",
+            )
         raise MigrationError(f"{where}: labels of shape {a.shape} are not one-hot rows{hint}")
     if a.ndim == 2 and a.shape[1] == 1:
         a = a[:, 0]

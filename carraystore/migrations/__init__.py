@@ -1,6 +1,6 @@
 """Migrations: turn other formats (legacy bcolz, npz caches, HDF5, older store versions) into stores.
 
-This folder sits at the top of the repository and installs as ``carraystore.migrations``.
+This package is ``carraystore.migrations`` (the ``carraystore.migrate`` of the facade).
 
 ``migrate(src, out)`` detects the source, streams it into a store chunk by chunk, re-reads
 the store and compares it bit for bit with the source, and only then renames it into

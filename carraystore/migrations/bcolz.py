@@ -72,7 +72,9 @@ def parse_dtype(text: str, where: str) -> np.dtype:
         spec = ast.literal_eval(text)  # literals only: nothing is executed
         return np.dtype(spec)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
-        raise MigrationError(f"{where}: meta/storage has a dtype that numpy does not understand: {text!r} ({exc})") from exc
+        raise MigrationError(
+            f"{where}: meta/storage has a dtype that numpy does not understand: {text!r} ({exc})"
+        ) from exc
 
 
 def read_attrs(rootdir: Path) -> dict[str, Any]:
@@ -86,7 +88,9 @@ def read_attrs(rootdir: Path) -> dict[str, Any]:
     try:
         attrs = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MigrationError(f"{p}: not valid JSON ({exc}); fix or delete this file (it only holds user attributes)") from exc
+        raise MigrationError(
+            f"{p}: not valid JSON ({exc}); fix or delete this file (it only holds user attributes)"
+        ) from exc
     if not isinstance(attrs, dict):
         raise MigrationError(f"{p}: holds a {type(attrs).__name__}, not a JSON object")
     return attrs
@@ -96,7 +100,9 @@ def describe_cparams(cparams: dict[str, Any]) -> str:
     """bcolz cparams as text, e.g. ``lz4-5 shuffle``."""
     cname = cparams.get("cname", "blosclz")  # bcolz < 0.7.1 had no cname: always blosclz
     shuffle = cparams.get("shuffle", 1)
-    mode = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle", True: "shuffle", False: "noshuffle"}.get(shuffle, str(shuffle))
+    mode = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle", True: "shuffle", False: "noshuffle"}.get(
+        shuffle, str(shuffle)
+    )
     text = f"{cname}-{cparams.get('clevel', 5)} {mode}"
     if cparams.get("quantize"):
         text += f" quantize={cparams['quantize']}"
@@ -281,7 +287,9 @@ class CarrayReader:
                 f"called); migrated the last flushed state ({self.nrows} rows), as bcolz itself reads it"
             )
         if stale:
-            self.notes.append(f"{self.rootdir}: ignored stale file(s) beyond the flushed rows (left by trim()): {', '.join(stale)}")
+            self.notes.append(
+                f"{self.rootdir}: ignored stale file(s) beyond the flushed rows (left by trim()): {', '.join(stale)}"
+            )
 
     def _rows_in_file(self, i: int) -> int:
         """Rows a chunk file holds according to its Blosc header (0 if unreadable)."""
@@ -303,7 +311,9 @@ class CarrayReader:
         except FileNotFoundError:
             raise MigrationError(f"{p}: chunk file missing; restore it from a backup") from None
         if not raw:
-            raise MigrationError(f"{p}: the chunk file is empty (0 bytes); the write was interrupted - restore it from a backup")
+            raise MigrationError(
+                f"{p}: the chunk file is empty (0 bytes); the write was interrupted - restore it from a backup"
+            )
         if raw[:4] != _BLP_MAGIC:
             raise MigrationError(f"{p}: not a bcolz chunk file (it does not start with b'blpk')")
         if len(raw) < len(BLP_HEADER) + blosc1.HEADER_SIZE:
@@ -372,7 +382,9 @@ def _records(a: np.ndarray) -> np.ndarray:
     return a.view(np.dtype((np.void, a.dtype.itemsize))) if a.dtype.fields is not None else a
 
 
-def _rebatch(chunks: Iterator[np.ndarray], rows: int, item_shape: tuple[int, ...], dtype: np.dtype) -> Iterator[np.ndarray]:
+def _rebatch(
+    chunks: Iterator[np.ndarray], rows: int, item_shape: tuple[int, ...], dtype: np.dtype
+) -> Iterator[np.ndarray]:
     """Copy a stream of row chunks into fresh blocks of exactly ``rows`` rows (last shorter)."""
     if rows < 1:
         raise InvalidInputError(f"rows must be positive, got {rows}")
@@ -427,7 +439,9 @@ class CtableReader:
         table = cls(root, list(names), cols, read_attrs(root))
         ignored = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in names)
         if ignored:
-            table.notes.append(f"{root}: ignored folder(s) not listed in __rootdirs__ (deleted columns): {', '.join(ignored)}")
+            table.notes.append(
+                f"{root}: ignored folder(s) not listed in __rootdirs__ (deleted columns): {', '.join(ignored)}"
+            )
         return table
 
     @property

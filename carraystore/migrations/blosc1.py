@@ -95,7 +95,9 @@ def parse_header(chunk: bytes | memoryview, where: str = "chunk", complete: bool
             "the file is damaged or not written by bcolz"
         )
     if h.nbytes and h.blocksize == 0 and not h.memcpyed:
-        raise MigrationError(f"{where}: inconsistent Blosc header (nbytes {h.nbytes}, blocksize 0); the file is damaged")
+        raise MigrationError(
+            f"{where}: inconsistent Blosc header (nbytes {h.nbytes}, blocksize 0); the file is damaged"
+        )
     if complete and len(chunk) < h.cbytes:
         raise MigrationError(
             f"{where}: truncated: the Blosc header says {h.cbytes} compressed bytes but only {len(chunk)} are there; "
@@ -144,7 +146,9 @@ def decompress_into(
         return 0
     if h.memcpyed:
         if h.cbytes < HEADER_SIZE + h.nbytes:
-            raise MigrationError(f"{where}: truncated: a stored (uncompressed) chunk of {h.nbytes} bytes has only {h.cbytes - HEADER_SIZE}")
+            raise MigrationError(
+                f"{where}: truncated: a stored (uncompressed) chunk of {h.nbytes} bytes has only {h.cbytes - HEADER_SIZE}"
+            )
         dst[: h.nbytes] = np.frombuffer(chunk, dtype=np.uint8, count=h.nbytes, offset=HEADER_SIZE)
         return h.nbytes
     if h.codec == "snappy":
@@ -211,7 +215,9 @@ def _decompress_streams(
             csize = int.from_bytes(buf[pos : pos + 4], "little", signed=True)
             pos += 4
             if csize <= 0 or pos + csize > h.cbytes:
-                raise MigrationError(f"{where}: block {j} stream {s} has a bad size {csize}; the file is damaged or truncated")
+                raise MigrationError(
+                    f"{where}: block {j} stream {s} has a bad size {csize}; the file is damaged or truncated"
+                )
             part = block[s * neblock : (s + 1) * neblock]
             if csize == neblock:  # stored uncompressed
                 part[:] = np.frombuffer(buf, dtype=np.uint8, count=csize, offset=pos)
@@ -221,7 +227,9 @@ def _decompress_streams(
                 except Exception as exc:
                     raise MigrationError(f"{where}: {codec} stream {s} of block {j} does not decode ({exc})") from exc
                 if len(raw) != neblock:
-                    raise MigrationError(f"{where}: {codec} stream {s} of block {j} gave {len(raw)} bytes, expected {neblock}")
+                    raise MigrationError(
+                        f"{where}: {codec} stream {s} of block {j} gave {len(raw)} bytes, expected {neblock}"
+                    )
                 part[:] = np.frombuffer(raw, dtype=np.uint8)
             pos += csize
         out = dst[j * h.blocksize : j * h.blocksize + bsize]

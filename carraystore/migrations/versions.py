@@ -60,7 +60,9 @@ class FormatMigration:
 FORMAT_MIGRATIONS: dict[int, FormatMigration] = {}
 
 
-def register_format_migration(from_version: int, description: str) -> Callable[[Callable[[dict[str, Any]], dict[str, Any]]], Callable[[dict[str, Any]], dict[str, Any]]]:
+def register_format_migration(
+    from_version: int, description: str
+) -> Callable[[Callable[[dict[str, Any]], dict[str, Any]]], Callable[[dict[str, Any]], dict[str, Any]]]:
     """Decorator: register ``fn(record) -> record`` as the upgrade from ``from_version``."""
 
     def deco(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -84,7 +86,9 @@ def upgrade_record(
     if not isinstance(version, int):
         raise MigrationError("store metadata has no integer format_version")
     if version > target:
-        raise FormatVersionError(f"store format version {version} is newer than this carraystore ({target}); upgrade carraystore")
+        raise FormatVersionError(
+            f"store format version {version} is newer than this carraystore ({target}); upgrade carraystore"
+        )
     steps = []
     while version < target:
         step = registry.get(version)
@@ -94,13 +98,17 @@ def upgrade_record(
             )
         rec = step.upgrade(dict(rec))
         if rec.get("format_version") != version + 1:
-            raise MigrationError(f"format migration from version {version} produced version {rec.get('format_version')}")
+            raise MigrationError(
+                f"format migration from version {version} produced version {rec.get('format_version')}"
+            )
         steps.append(f"v{version} -> v{version + 1}: {step.description}")
         version += 1
     return rec, steps
 
 
-@register_format_migration(0, "field names of format 1, labels as int64, keys from paths, codec as a Codec, layout NHWC")
+@register_format_migration(
+    0, "field names of format 1, labels as int64, keys from paths, codec as a Codec, layout NHWC"
+)
 def _v0_to_v1(rec: dict[str, Any]) -> dict[str, Any]:
     try:
         name, _, level = str(rec.get("codec") or "zstd:1").partition(":")
@@ -193,10 +201,14 @@ class OldStoreSource(Source):
         old = _read_record(_frame(path), path)
         self.old_version = int(old.get("format_version", -1))
         if self.old_version == FORMAT_VERSION:
-            raise MigrationError(f"{path}: already at the current store format version {FORMAT_VERSION}; nothing to migrate")
+            raise MigrationError(
+                f"{path}: already at the current store format version {FORMAT_VERSION}; nothing to migrate"
+            )
         rec, steps = upgrade_record(old)
         self.kind = f"carraystore store (format version {self.old_version})"
-        self.codec = f"{old.get('codec')}" if isinstance(old.get("codec"), str) else Codec.from_config(rec["codec"]).describe()
+        self.codec = (
+            f"{old.get('codec')}" if isinstance(old.get("codec"), str) else Codec.from_config(rec["codec"]).describe()
+        )
         self.item_shape = tuple(int(x) for x in rec["image_shape"])
         self.dtype = dtype_from_record(rec["dtype"])
         self.nrows = int(rec["nimages"])

@@ -17,7 +17,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,10 +28,10 @@ from carraystore.errors import InvalidInputError, MigrationError, StoreExistsErr
 from carraystore.format import Codec
 from carraystore.journal import rollback
 from carraystore.lock import WriterLock
+from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
 from carraystore.reader import is_url, open_store
 from carraystore.upload import RemoteTarget
 from carraystore.writer import create, publish, refuse_folder_target, remove_stale_temps, temp_path
-from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
 
 __all__ = [
     "Block",
@@ -43,7 +43,6 @@ __all__ = [
     "labels_from_array",
     "store_layout",
 ]
-
 
 
 class MigrationVerifyError(MigrationError):
@@ -134,7 +133,9 @@ def open_source(
 
     if src is None:
         if images is None:
-            raise InvalidInputError("give a source to migrate, or --images X.bc (and --labels Y.bc) for two bcolz arrays")
+            raise InvalidInputError(
+                "give a source to migrate, or --images X.bc (and --labels Y.bc) for two bcolz arrays"
+            )
         if not bz.is_carray(images):
             raise MigrationError(f"{images}: --images without a SRC must be a bcolz carray folder")
         from carraystore.migrations.bcolz_sources import TwoArraySource
@@ -154,7 +155,9 @@ def open_source(
             return bs.CtableSource(p, images=_name(images), labels=_name(labels), allow_pickle=allow_pickle)
         if bz.is_carray(p):
             if images is not None:
-                raise InvalidInputError(f"{p} is a carray: --images names a column of a ctable (or use --images X.bc without SRC)")
+                raise InvalidInputError(
+                    f"{p} is a carray: --images names a column of a ctable (or use --images X.bc without SRC)"
+                )
             if labels is not None:
                 if not bz.is_carray(labels):
                     raise MigrationError(f"{labels}: --labels for a carray must be a bcolz carray folder of labels")
@@ -248,9 +251,21 @@ def migrate(
     if is_url(out):
         target = RemoteTarget(str(out), storage_options, overwrite=overwrite, tmp_dir=tmp_dir)
         try:
-            report = migrate(src, target.local_path, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle,
-                             verify=verify, codec=codec, preset=preset, progress=progress, chunk_images=chunk_images,
-                             class_names=class_names, no_labels=no_labels)
+            report = migrate(
+                src,
+                target.local_path,
+                images=images,
+                labels=labels,
+                dataset=dataset,
+                allow_pickle=allow_pickle,
+                verify=verify,
+                codec=codec,
+                preset=preset,
+                progress=progress,
+                chunk_images=chunk_images,
+                class_names=class_names,
+                no_labels=no_labels,
+            )
             target.upload()
         finally:
             target.cleanup()
@@ -267,8 +282,23 @@ def migrate(
     lock = WriterLock(Path(os.path.realpath(out_p)), purpose="migrate", timeout=lock_timeout)
     lock.acquire()
     try:
-        return _migrate_locked(src, out_p, images, labels, dataset, allow_pickle, verify, codec, preset, overwrite,
-                               progress, chunk_images, class_names, no_labels, t0)
+        return _migrate_locked(
+            src,
+            out_p,
+            images,
+            labels,
+            dataset,
+            allow_pickle,
+            verify,
+            codec,
+            preset,
+            overwrite,
+            progress,
+            chunk_images,
+            class_names,
+            no_labels,
+            t0,
+        )
     finally:
         lock.release()
 
@@ -299,14 +329,18 @@ def _migrate_locked(
     chosen = _resolve_codec(codec, preset)
     if no_labels and labels is not None:
         raise InvalidInputError("give either labels or no_labels (--no-labels), not both")
-    source = open_source(src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle, no_labels=no_labels)
+    source = open_source(
+        src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle, no_labels=no_labels
+    )
     if class_names is not None:
         _set_class_names(source, class_names)
     rollback(Path(os.path.realpath(out_p)))  # an append to out_p that died half-way is undone before anything else
     remove_stale_temps(out_p)  # dead: we hold the lock every writer of out_p holds
     tmp = temp_path(out_p, "migrating")
     try:
-        store_codec = _write(source, tmp, chosen if chosen is not None else source.default_codec, progress, chunk_images)
+        store_codec = _write(
+            source, tmp, chosen if chosen is not None else source.default_codec, progress, chunk_images
+        )
         if verify:
             _verify(source, tmp, progress)
         if out_p.exists() and not overwrite:
@@ -351,7 +385,9 @@ def _set_class_names(source: Source, class_names: Sequence[str]) -> None:
     labels = getattr(source, "_labels", None)
     if labels is not None and len(labels) and int(np.max(labels)) >= len(names):
         source.close()
-        raise InvalidInputError(f"{where}: the labels go up to {int(np.max(labels))}, so {int(np.max(labels)) + 1} names are needed")
+        raise InvalidInputError(
+            f"{where}: the labels go up to {int(np.max(labels))}, so {int(np.max(labels)) + 1} names are needed"
+        )
     if source.class_names is not None and source.class_names != names:
         source.notes.append(f"class names {list(source.class_names)[:10]} from the source replaced by --class-names")
     source.class_names = names
@@ -405,7 +441,11 @@ def _verify(source: Source, path: Path, progress: bool) -> None:
     """Compare the store at ``path`` with a fresh pass over the source, chunk by chunk."""
     store = open_store(path)
     try:
-        if len(store) != source.nrows or tuple(store.item_shape) != tuple(source.item_shape) or store.dtype != source.dtype:
+        if (
+            len(store) != source.nrows
+            or tuple(store.item_shape) != tuple(source.item_shape)
+            or store.dtype != source.dtype
+        ):
             raise MigrationVerifyError(
                 f"{source.path}: the store reads back as {len(store)} x {store.item_shape} {store.dtype}, "
                 f"the source is {source.nrows} x {source.item_shape} {source.dtype}"
@@ -435,17 +475,27 @@ def _verify(source: Source, path: Path, progress: bool) -> None:
                             f"(store chunk {c}); nothing was kept"
                         )
                     got += take
-                if block.labels is not None and (labels is None or not np.array_equal(labels[pos : pos + n], block.labels)):
-                    raise MigrationVerifyError(f"{source.path}: labels of rows {pos}..{pos + n - 1} differ in the store")
+                if block.labels is not None and (
+                    labels is None or not np.array_equal(labels[pos : pos + n], block.labels)
+                ):
+                    raise MigrationVerifyError(
+                        f"{source.path}: labels of rows {pos}..{pos + n - 1} differ in the store"
+                    )
                 if block.keys is not None and (keys is None or list(keys[pos : pos + n]) != list(block.keys)):
                     raise MigrationVerifyError(f"{source.path}: keys of rows {pos}..{pos + n - 1} differ in the store")
                 for name, col in (block.columns or {}).items():
-                    if name not in columns or not np.array_equal(_as_bytes(columns[name][pos : pos + n]), _as_bytes(col)):
-                        raise MigrationVerifyError(f"{source.path}: column {name!r} of rows {pos}..{pos + n - 1} differs in the store")
+                    if name not in columns or not np.array_equal(
+                        _as_bytes(columns[name][pos : pos + n]), _as_bytes(col)
+                    ):
+                        raise MigrationVerifyError(
+                            f"{source.path}: column {name!r} of rows {pos}..{pos + n - 1} differs in the store"
+                        )
                 pos += n
                 bar.update(n)
         if pos != len(store):
-            raise MigrationVerifyError(f"{source.path}: the source gave {pos} rows on re-reading, the store holds {len(store)}")
+            raise MigrationVerifyError(
+                f"{source.path}: the source gave {pos} rows on re-reading, the store holds {len(store)}"
+            )
         if store.attrs != source.attrs:
             raise MigrationVerifyError(f"{source.path}: attrs differ in the store")
     finally:

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from carraystore.errors import MigrationError
-from carraystore.migrations.bcolz import CarrayReader, CtableReader
 from carraystore.migrations.base import Block, Source, disk_size, labels_from_array
+from carraystore.migrations.bcolz import CarrayReader, CtableReader
 
 __all__ = ["CarraySource", "TwoArraySource", "CtableSource", "object_conversion"]
 
@@ -32,7 +32,9 @@ def _bcolz_provenance(r: CarrayReader) -> dict[str, Any]:
 # -- object-dtype carrays ------------------------------------------------------------------
 
 
-def object_conversion(reader: CarrayReader) -> tuple[np.dtype, tuple[int, ...], Callable[[np.ndarray], np.ndarray], str]:
+def object_conversion(
+    reader: CarrayReader,
+) -> tuple[np.dtype, tuple[int, ...], Callable[[np.ndarray], np.ndarray], str]:
     """Scan an object carray and pick a fixed-size dtype that holds every element exactly.
 
     All str -> unicode 'U<n>'; all bytes -> 'S<n>'; all bool -> bool; all int -> int64;
@@ -78,7 +80,12 @@ def object_conversion(reader: CarrayReader) -> tuple[np.dtype, tuple[int, ...], 
     )
     if not kinds:  # empty carray
         return np.dtype("V1"), (), lambda b: np.empty((len(b),), "V1"), "empty object array"
-    if "other" in kinds or "hugeint" in kinds or len(kinds - {"int", "float"}) > 1 or (kinds & {"int", "float"} and kinds - {"int", "float"}):
+    if (
+        "other" in kinds
+        or "hugeint" in kinds
+        or len(kinds - {"int", "float"}) > 1
+        or (kinds & {"int", "float"} and kinds - {"int", "float"})
+    ):
         raise fail
     kind = next(iter(kinds)) if len(kinds) == 1 else "float"
     if kind == "float" and "int" in kinds and big_int:
@@ -96,7 +103,9 @@ def object_conversion(reader: CarrayReader) -> tuple[np.dtype, tuple[int, ...], 
         dt = np.dtype("<f8")
     else:
         if len(shapes) != 1:
-            raise MigrationError(f"{reader.rootdir}: the arrays in this object carray differ in shape or dtype: {sorted(shapes)[:5]}")
+            raise MigrationError(
+                f"{reader.rootdir}: the arrays in this object carray differ in shape or dtype: {sorted(shapes)[:5]}"
+            )
         shape, dts = next(iter(shapes))
         item_shape, dt = tuple(shape), np.dtype(dts)
 
@@ -167,7 +176,9 @@ class TwoArraySource(Source):
         if labels is not None:
             lab = CarrayReader.open(labels)
             if lab.nrows != self.nrows:
-                raise MigrationError(f"{labels}: {lab.nrows} labels for {self.nrows} images in {images}; they must match")
+                raise MigrationError(
+                    f"{labels}: {lab.nrows} labels for {self.nrows} images in {images}; they must match"
+                )
             self._labels, self.class_names, how = labels_from_array(lab.read(), str(labels))
             self.has_labels = True
             self.notes.append(f"labels from {labels.name}: {how}")
@@ -216,7 +227,9 @@ class CtableSource(Source):
         if images is None:
             multi = [n for n in t.names if len(t.columns[n].item_shape) >= 2 and n != labels]
             if len(multi) > 1:
-                raise MigrationError(f"{path}: several columns could be the images ({multi}); choose one with --images NAME")
+                raise MigrationError(
+                    f"{path}: several columns could be the images ({multi}); choose one with --images NAME"
+                )
             if multi:
                 images = multi[0]
                 self.notes.append(f"images column inferred: {images!r} (the only column with 2+ dimensions per row)")
@@ -230,7 +243,9 @@ class CtableSource(Source):
         self.images_name, self.labels_name = images, labels
         self._labels: np.ndarray | None = None
         if labels is not None:
-            self._labels, self.class_names, how = labels_from_array(t.columns[labels].read(), f"{path}, column {labels!r}")
+            self._labels, self.class_names, how = labels_from_array(
+                t.columns[labels].read(), f"{path}, column {labels!r}"
+            )
             self.has_labels = True
             self.notes.append(f"labels from column {labels!r}: {how}")
         others = [n for n in t.names if n not in (images, labels)]
@@ -246,7 +261,12 @@ class CtableSource(Source):
                 raise MigrationError(f"{path}: nothing left to store besides the labels column {labels!r}")
             self.item_shape = ()
             self.dtype = np.dtype(
-                [(n, t.columns[n].dtype, t.columns[n].item_shape) if t.columns[n].item_shape else (n, t.columns[n].dtype) for n in others]
+                [
+                    (n, t.columns[n].dtype, t.columns[n].item_shape)
+                    if t.columns[n].item_shape
+                    else (n, t.columns[n].dtype)
+                    for n in others
+                ]
             )
             self.data_names = others
             self.column_names = []
