@@ -9,11 +9,12 @@ PYTEST_ARGS ?=
 
 PEERS_VENV ?= .venv-peers
 
-.PHONY: demo test bench bench-peers-env venv clean help
+.PHONY: demo test lint bench bench-peers-env venv clean help
 
 help:
 	@echo "make demo   - create .venv, install, ingest a small real-photo dataset, print results"
 	@echo "make test   - install the test extras and run the test suite"
+	@echo "make lint   - ruff (lint and format check) and mypy over the package"
 	@echo "make bench  - run the benchmarks (codec suite, loader comparison, store, migration)"
 	@echo "make bench-peers-env - .venv-peers: PyTorch (CPU), MosaicML Streaming and LitData for bench_remote"
 
@@ -33,6 +34,11 @@ demo: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # The bench files write their results under bench/results/; report.py copies them into
 # docs/ even when a goal assertion failed (the exit status is pytest's).
