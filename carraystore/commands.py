@@ -58,7 +58,7 @@ def write_file_safely(target: Path, save: Callable[[BinaryIO], None]) -> None:
     a link or file planted in the folder is never followed or written through. A failed write
     (disk full, ...) raises a named error and leaves no temporary file.
     """
-    from carraystore.writer import named_write_errors, temp_path
+    from carraystore.atomic import named_write_errors, temp_path
 
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     with named_write_errors(target, target.name):

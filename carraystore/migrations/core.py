@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from carraystore.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
 from carraystore.errors import InvalidInputError, MigrationError, StoreExistsError
 from carraystore.format import Codec
 from carraystore.journal import rollback
@@ -31,7 +32,7 @@ from carraystore.lock import WriterLock
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
 from carraystore.reader import is_url, open_store
 from carraystore.upload import RemoteTarget
-from carraystore.writer import create, publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.writer import create
 
 __all__ = [
     "Block",
