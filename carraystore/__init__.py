@@ -5,9 +5,10 @@ from __future__ import annotations
 from carraystore import loader as _loader  # noqa: E402,F401  (gives Store.batches its implementation)
 from carraystore import reader as _reader  # noqa: E402
 from carraystore._version import __version__  # noqa: E402
+from carraystore.codec import PRESETS, Codec  # noqa: E402
 from carraystore.errors import *  # noqa: E402,F401,F403
 from carraystore.errors import __all__ as _errors_all  # noqa: E402
-from carraystore.format import FORMAT_VERSION, PRESETS, Codec  # noqa: E402
+from carraystore.format import FORMAT_VERSION  # noqa: E402
 from carraystore.ingest import from_directory  # noqa: E402  (the real signature, for help() and IDEs)
 from carraystore.migrations import migrate  # noqa: E402
 from carraystore.reader import ChunkProblem, Store  # noqa: E402

@@ -16,8 +16,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from carraystore.codec import PRESETS, Codec
 from carraystore.errors import CarrayStoreError, InvalidInputError, MissingDependencyError, NotAStoreError
-from carraystore.format import PRESETS, Codec
 
 __all__ = [
     "register",

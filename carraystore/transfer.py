@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from carraystore.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.codec import chunk_crc_ok, crc32
 from carraystore.errors import ChecksumError, CorruptStoreError, InvalidInputError, StoreExistsError
-from carraystore.format import chunk_crc_ok, crc32
 from carraystore.reader import Store, is_url, open_store
 from carraystore.upload import check_writable, delete_remote, put_stream, remote_exists
 

@@ -32,6 +32,14 @@ import numpy as np
 
 from carraystore._version import __version__
 from carraystore.atomic import named_write_errors, publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.codec import (
+    Codec,
+    check_codec_against_header,
+    chunk_crc,
+    chunk_crc_ok,
+    default_chunk_images,
+    parse_chunk_header,
+)
 from carraystore.errors import CorruptStoreError, InvalidInputError, StoreExistsError
 from carraystore.format import (
     COLOR_MODES,
@@ -42,17 +50,11 @@ from carraystore.format import (
     LAYOUTS,
     META_CRC_KEY,
     META_KEY,
-    Codec,
     StoreMeta,
     StringTable,
     as_records,
-    check_codec_against_header,
-    chunk_crc,
-    chunk_crc_ok,
-    default_chunk_images,
     dtype_to_record,
     json_attrs,
-    parse_chunk_header,
     validate_key,
 )
 from carraystore.inplace import _InPlaceWrite, _write_meta

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from carraystore.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.codec import Codec
 from carraystore.errors import InvalidInputError, MigrationError, StoreExistsError
-from carraystore.format import Codec
 from carraystore.journal import rollback
 from carraystore.lock import WriterLock
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
