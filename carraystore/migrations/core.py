@@ -40,7 +40,7 @@ __all__ = [
     "MigrationReport",
     "MigrationVerifyError",
     "migrate",
-    "open_source",
+    "open_migration_source",
     "labels_from_array",
     "store_layout",
 ]
@@ -120,7 +120,7 @@ def _looks_like_path(value: str | os.PathLike[str] | None) -> bool:
     return value is not None and Path(value).exists()
 
 
-def open_source(
+def open_migration_source(
     src: str | os.PathLike[str] | None,
     *,
     images: str | os.PathLike[str] | None = None,
@@ -129,7 +129,12 @@ def open_source(
     allow_pickle: bool = False,
     no_labels: bool = False,
 ) -> Source:
-    """Detect what ``src`` is and open it as a Source (see ``migrate`` for the arguments)."""
+    """Detect what ``src`` is and open it as a migration Source (see ``migrate`` for the arguments).
+
+    Named apart from :func:`carraystore.reader.open_source` (a store's bytes); it was
+    ``carraystore.migrations.open_source`` until 0.1 (that name still works, with a
+    DeprecationWarning, until 0.2).
+    """
     from carraystore.migrations import bcolz as bz
 
     if src is None:
@@ -330,7 +335,7 @@ def _migrate_locked(
     chosen = _resolve_codec(codec, preset)
     if no_labels and labels is not None:
         raise InvalidInputError("give either labels or no_labels (--no-labels), not both")
-    source = open_source(
+    source = open_migration_source(
         src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle, no_labels=no_labels
     )
     if class_names is not None:
