@@ -60,6 +60,7 @@ from carraystore.format import (
 from carraystore.inplace import _InPlaceWrite, _write_meta
 from carraystore.journal import rollback
 from carraystore.lock import WriterLock
+from carraystore.options import WriteOptions
 from carraystore.reader import check_local_store_path, is_url, open_store, open_unguarded
 from carraystore.upload import RemoteTarget
 
@@ -506,6 +507,7 @@ def create(
     lock_timeout: float | None = 0.0,
     storage_options: Mapping[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
+    options: WriteOptions | None = None,
 ) -> StoreWriter:
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
@@ -520,7 +522,31 @@ def create(
     as for ``carraystore.open``): the store is written in a staging folder under
     ``tmp_dir`` (default ``TMPDIR``) and uploaded at ``close()``; it appears at the URL
     only when complete. Appending to a URL downloads the store, appends, uploads it again.
+
+    ``options`` (a :class:`~carraystore.options.WriteOptions`) holds ``codec``,
+    ``chunk_images``, ``class_names``, ``attrs``, ``overwrite``, ``lock_timeout``,
+    ``storage_options`` and ``tmp_dir`` in one value; the keywords of the same names still
+    work, and one that contradicts ``options`` is an InvalidInputError.
     """
+    opts = WriteOptions.merged(
+        options,
+        str(path),
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        attrs=attrs,
+        overwrite=overwrite,
+        lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
+    )
+    codec, chunk_images, class_names, attrs = opts.codec, opts.chunk_images, opts.class_names, opts.attrs
+    overwrite, lock_timeout, storage_options, tmp_dir = (
+        opts.overwrite,
+        opts.lock_timeout,
+        opts.storage_options,
+        opts.tmp_dir,
+    )
     if is_url(path):
         return _create_remote(
             str(path),
@@ -771,21 +797,37 @@ def append(
     *,
     storage_options: Mapping[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
+    options: WriteOptions | None = None,
 ) -> StoreWriter:
     """Open an existing store (a path or URL) to append images; same as ``create(path, mode="a")``.
 
     Appending costs what it adds (the store is extended in place; docs/appends.md).
     ``lock_timeout``: seconds to wait while another writer holds the store (None: for
     ever); after that :class:`~carraystore.errors.StoreLockedError` names the holder.
+    ``options`` (:class:`~carraystore.options.WriteOptions`): its ``lock_timeout``,
+    ``storage_options`` and ``tmp_dir`` are used, its ``codec`` must match the store's pinned
+    one; ``chunk_images``, ``class_names`` and ``attrs`` are refused (the store keeps its
+    own); ``overwrite`` and ``progress`` do not apply.
     """
+    where = str(path)
+    opts = WriteOptions.merged(
+        options, where, lock_timeout=lock_timeout, storage_options=storage_options, tmp_dir=tmp_dir
+    )
+    opts.refuse(
+        ("chunk_images", "class_names", "attrs"),
+        where,
+        "an append keeps the store's chunk size, class names and attrs; leave them out of the options "
+        "(class names and attrs change with update_metadata, CLI: carraystore meta)",
+    )
     return create(
         path,
         mode="a",
         dtype=None,
+        codec=opts.codec,
         nthreads=nthreads,
-        lock_timeout=lock_timeout,  # type: ignore[arg-type]
-        storage_options=storage_options,
-        tmp_dir=tmp_dir,
+        lock_timeout=opts.lock_timeout,  # type: ignore[arg-type]
+        storage_options=opts.storage_options,
+        tmp_dir=opts.tmp_dir,
     )
 
 
