@@ -18,7 +18,7 @@ from benchpaths import data_dir, results_dir
 import carraystore
 from carraystore.benchmarks import codecs as C
 from carraystore.benchmarks.datasets import cached_photo_folder, cached_video_folder, decode_images, list_image_folder
-from carraystore.format import PRESETS, Codec
+from carraystore.codec import PRESETS, Codec
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent

@@ -24,7 +24,7 @@ from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
-from carraystore.format import crc32
+from carraystore.codec import crc32
 from carraystore.loader import default_threads
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")

@@ -5,11 +5,13 @@ from __future__ import annotations
 from carraystore import loader as _loader  # noqa: E402,F401  (gives Store.batches its implementation)
 from carraystore import reader as _reader  # noqa: E402
 from carraystore._version import __version__  # noqa: E402
+from carraystore.codec import PRESETS, Codec  # noqa: E402
 from carraystore.errors import *  # noqa: E402,F401,F403
 from carraystore.errors import __all__ as _errors_all  # noqa: E402
-from carraystore.format import FORMAT_VERSION, PRESETS, Codec  # noqa: E402
+from carraystore.format import FORMAT_VERSION  # noqa: E402
 from carraystore.ingest import from_directory  # noqa: E402  (the real signature, for help() and IDEs)
 from carraystore.migrations import migrate  # noqa: E402
+from carraystore.options import WriteOptions  # noqa: E402
 from carraystore.reader import ChunkProblem, Store  # noqa: E402
 from carraystore.reader import open_store as open  # noqa: E402,A001
 from carraystore.writer import StoreWriter, append, create, update_metadata  # noqa: E402
@@ -25,10 +27,20 @@ def _store_to_dask(store: Store):  # type: ignore[no-untyped-def]
 _reader.TO_DASK = _store_to_dask
 
 
-def copy(src, dst, *, storage_options=None, dst_storage_options=None, overwrite=False, verify=True, progress=False):  # type: ignore[no-untyped-def]
+def copy(  # type: ignore[no-untyped-def]
+    src,
+    dst,
+    *,
+    storage_options=None,
+    dst_storage_options=None,
+    overwrite=False,
+    verify=True,
+    progress=False,
+    options=None,
+):
     """Copy a store between two locations (paths or URLs), streamed and verified chunk by chunk.
 
-    See ``carraystore.transfer.copy_store``; returns a CopyResult.
+    See ``carraystore.transfer.copy_store`` (``options``: a WriteOptions); returns a CopyResult.
     """
     from carraystore.transfer import copy_store
 
@@ -40,6 +52,7 @@ def copy(src, dst, *, storage_options=None, dst_storage_options=None, overwrite=
         overwrite=overwrite,
         verify=verify,
         progress=progress,
+        options=options,
     )
 
 
@@ -58,5 +71,6 @@ __all__ = [
     "from_directory",
     "migrate",
     "copy",
+    "WriteOptions",
     *_errors_all,
 ]

@@ -16,8 +16,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from carraystore.codec import PRESETS, Codec
 from carraystore.errors import CarrayStoreError, InvalidInputError, MissingDependencyError, NotAStoreError
-from carraystore.format import PRESETS, Codec
+from carraystore.options import WriteOptions
 
 __all__ = [
     "register",
@@ -58,7 +59,7 @@ def write_file_safely(target: Path, save: Callable[[BinaryIO], None]) -> None:
     a link or file planted in the folder is never followed or written through. A failed write
     (disk full, ...) raises a named error and leaves no temporary file.
     """
-    from carraystore.writer import named_write_errors, temp_path
+    from carraystore.atomic import named_write_errors, temp_path
 
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     with named_write_errors(target, target.name):
@@ -440,7 +441,7 @@ def _cmd_meta(args: argparse.Namespace) -> int:
     attrs = dict(_parse_attr(a) for a in args.attr)
     if names is not None or attrs or args.remove_attr:
         update_metadata(
-            path, class_names=names, attrs=attrs or None, remove_attrs=args.remove_attr, lock_timeout=args.wait
+            path, class_names=names, attrs=attrs or None, remove_attrs=args.remove_attr, lock_timeout=args.lock_timeout
         )
     with open_for_cli(path) as store:
         info = store_info(store)
@@ -718,15 +719,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_copy(args: argparse.Namespace) -> int:
     from carraystore.transfer import copy_store
 
-    result = copy_store(
-        args.src,
-        args.dst,
-        storage_options=args.storage_options,
-        dst_storage_options=args.dst_storage_options,
-        overwrite=args.overwrite,
-        verify=args.verify,
-        progress=not args.quiet and sys.stderr.isatty(),
-    )
+    # --storage-options is SRC's here: the written store's (WriteOptions.storage_options) is --dst-storage-options
+    options = WriteOptions.from_args(args, storage_options=args.dst_storage_options)
+    result = copy_store(args.src, args.dst, storage_options=args.storage_options, verify=args.verify, options=options)
     print(result.summary())
     return 0
 
@@ -885,12 +880,13 @@ def register(sub: Any) -> None:
         help="set an attr (repeatable); VALUE is read as JSON when it parses (3, true, [1,2]), else as text",
     )
     p.add_argument("--remove-attr", action="append", default=[], metavar="KEY", help="delete an attr (repeatable)")
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="while another writer holds the store, wait up to SECONDS (default: fail at once)",
+    WriteOptions.add_arguments(
+        p,
+        ("lock_timeout",),
+        helps={
+            "lock_timeout": "while another writer holds the store, wait up to SECONDS (default: fail at once); "
+            "--wait is the same flag"
+        },
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_meta)
@@ -967,9 +963,8 @@ def register(sub: Any) -> None:
         metavar="JSON",
         help="options for DST when they differ from SRC's",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip re-reading the published copy")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    WriteOptions.add_arguments(p, ("overwrite", "progress"), helps={"overwrite": "replace DST if it exists"})
     p.set_defaults(func=_cmd_copy)
 
 

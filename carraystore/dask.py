@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from carraystore.codec import Codec
 from carraystore.errors import CorruptStoreError, InvalidInputError, MissingDependencyError
-from carraystore.format import Codec, StoreMeta
+from carraystore.format import StoreMeta
 from carraystore.reader import Store, is_url, open_store
 from carraystore.writer import compress_chunk, create
 

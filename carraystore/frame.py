@@ -20,8 +20,8 @@ import blosc2
 import msgpack
 import numpy as np
 
+from carraystore.codec import check_chunk_layout
 from carraystore.errors import CorruptStoreError, MetadataTooLargeError, NotAStoreError
-from carraystore.format import check_chunk_layout
 
 __all__ = ["ByteSource", "Frame", "read_frame", "HEAD_READ_BYTES", "special_chunk_header"]
 

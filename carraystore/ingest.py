@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from carraystore.codec import Codec
 from carraystore.errors import CarrayStoreError, ImageDecodeError, IngestError, InvalidInputError
-from carraystore.format import Codec, validate_key
+from carraystore.format import validate_key
 from carraystore.reader import is_url
 from carraystore.writer import StoreWriter, check_class_names, compress_chunk, create
 

@@ -34,12 +34,12 @@ from typing import Any
 
 import keras
 
+from carraystore.atomic import publish, temp_path
 from carraystore.engine import EpochDecoder, LoaderOptions, LoaderSpec, make_spec, warn_out_of_order
 from carraystore.errors import InvalidInputError
 from carraystore.forksafe import at_fork_in_child
 from carraystore.reader import open_store
 from carraystore.sampling import EpochPlan
-from carraystore.writer import publish, temp_path
 
 __all__ = ["StoreDataset", "TrainingPosition", "KERAS_THREAD_PREFIX"]
 

@@ -22,6 +22,7 @@ import blosc2
 import msgpack
 import numpy as np
 
+from carraystore.codec import Codec, check_codec_against_header, chunk_crc_ok, crc32, parse_chunk_header
 from carraystore.errors import (
     CarrayStoreError,
     ChecksumError,
@@ -39,15 +40,10 @@ from carraystore.format import (
     FORMAT_VERSION,
     META_CRC_KEY,
     META_KEY,
-    Codec,
     StoreMeta,
     StringTable,
     as_records,
-    check_codec_against_header,
-    chunk_crc_ok,
-    crc32,
     metadata_limit,
-    parse_chunk_header,
 )
 from carraystore.frame import Frame, read_frame, special_chunk_header
 from carraystore.journal import JournalSource, journal_path, load_journal, rollback_if_abandoned

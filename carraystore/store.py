@@ -5,7 +5,7 @@ The reader lives in :mod:`carraystore.reader`, the writer in :mod:`carraystore.w
 
 from __future__ import annotations
 
-from carraystore.format import TARGET_CHUNK_BYTES, default_chunk_images
+from carraystore.codec import TARGET_CHUNK_BYTES, default_chunk_images
 from carraystore.reader import ChunkProblem, Store, open_store
 from carraystore.writer import StoreWriter, append, create
 

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from carraystore.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.codec import chunk_crc_ok, crc32
 from carraystore.errors import ChecksumError, CorruptStoreError, InvalidInputError, StoreExistsError
-from carraystore.format import chunk_crc_ok, crc32
+from carraystore.options import WriteOptions
 from carraystore.reader import Store, is_url, open_store
 from carraystore.upload import check_writable, delete_remote, put_stream, remote_exists
-from carraystore.writer import publish, refuse_folder_target, remove_stale_temps, temp_path
 
 __all__ = ["copy_store", "stream_verified", "CopyResult", "COPY_READ_BYTES", "COPY_READS_IN_FLIGHT"]
 
@@ -154,6 +155,7 @@ def copy_store(
     overwrite: bool = False,
     verify: bool = True,
     progress: bool = False,
+    options: WriteOptions | None = None,
 ) -> CopyResult:
     """Copy the store at ``src`` to ``dst`` (each a path or URL), streamed and verified.
 
@@ -162,9 +164,24 @@ def copy_store(
     damaged chunk raises ChecksumError naming the source, the chunk and its byte range,
     and nothing appears at ``dst``. ``verify`` re-reads the published copy and compares
     its metadata and every chunk with the source (for a URL this reads the copy once more).
+
+    ``options`` (:class:`~carraystore.options.WriteOptions`): its ``overwrite``, ``progress``
+    and ``storage_options`` (the destination's: ``dst_storage_options``) are used; a codec,
+    chunk size, class names or attrs are refused (a copy is byte for byte); ``lock_timeout``
+    and ``tmp_dir`` do not apply. A keyword that contradicts it is an InvalidInputError.
     """
     t0 = time.perf_counter()
     src_s, dst_s = str(src), str(dst)
+    opts = WriteOptions.merged(
+        options, dst_s, overwrite=overwrite, progress=progress, storage_options=dst_storage_options
+    )
+    opts.refuse(
+        ("codec", "chunk_images", "class_names", "attrs"),
+        dst_s,
+        "a copy is the source byte for byte; to change the codec or chunk size use migrate or create, "
+        "to change class names or attrs use update_metadata (CLI: carraystore meta) on the copy",
+    )
+    overwrite, progress, dst_storage_options = opts.overwrite, opts.progress, opts.storage_options
     if dst_storage_options is None and is_url(src_s) and is_url(dst_s):
         dst_storage_options = storage_options
     dst_remote = is_url(dst_s)

@@ -1,16 +1,14 @@
-"""Writing a store: create, append, temporary files and the atomic rename (layer 4).
+"""Writing a store: create, append, metadata updates (layer 4).
 
 carraystore compresses every chunk itself with the pinned codec (``blosc2.compress2``)
 and puts it in place with ``update_chunk``, so the chunk headers carry exactly the
 recorded parameters, whatever blosc2's defaults are. Until ``close()`` a store lives in
 a temporary file beside its path (``.NAME.b2nd.partial-PID-RANDOM``); ``close()``
-fsyncs it and renames it into place, so a store is never seen half-written. A store
-bound for a URL (``s3://...``) is written the same way in a local staging folder and
-then uploaded atomically (:mod:`carraystore.upload`).
-:func:`temp_path`, :func:`remove_stale_temps` and :func:`publish` are the same steps
-for other writers (migrations).
+fsyncs it and renames it into place, so a store is never seen half-written
+(:mod:`carraystore.atomic`). A store bound for a URL (``s3://...``) is written the same
+way in a local staging folder and then uploaded atomically (:mod:`carraystore.upload`).
 
-Appending to a store that holds images writes in place (:class:`_InPlaceWrite`): new
+Appending to a store that holds images writes in place (:mod:`carraystore.inplace`): new
 chunks after the old ones, then a new offsets index, trailer and header, guarded by a
 rollback journal (:mod:`carraystore.journal`); :func:`update_metadata` is the same write
 with no chunk added. Every writer holds the store's writer lock (:mod:`carraystore.lock`)
@@ -22,14 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import json
 import math
 import os
-import re
-import secrets
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +31,16 @@ import blosc2
 import numpy as np
 
 from carraystore._version import __version__
-from carraystore.errors import (
-    CarrayStoreError,
-    CorruptStoreError,
-    InvalidInputError,
-    NoSpaceError,
-    StoreExistsError,
-    WriteError,
+from carraystore.atomic import named_write_errors, publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.codec import (
+    Codec,
+    check_codec_against_header,
+    chunk_crc,
+    chunk_crc_ok,
+    default_chunk_images,
+    parse_chunk_header,
 )
+from carraystore.errors import CorruptStoreError, InvalidInputError, StoreExistsError
 from carraystore.format import (
     COLOR_MODES,
     DTYPES,
@@ -54,32 +50,17 @@ from carraystore.format import (
     LAYOUTS,
     META_CRC_KEY,
     META_KEY,
-    Codec,
     StoreMeta,
     StringTable,
     as_records,
-    check_codec_against_header,
-    chunk_crc,
-    chunk_crc_ok,
-    default_chunk_images,
     dtype_to_record,
     json_attrs,
-    metadata_limit,
-    parse_chunk_header,
     validate_key,
 )
-from carraystore.frame import (
-    CBYTES_AT,
-    FRAME_LEN_AT,
-    NBYTES_AT,
-    Frame,
-    encode_offsets,
-    raw_offsets,
-    shape0_position,
-    special_chunk_header,
-)
-from carraystore.journal import Journal, remove_journal, rollback, write_journal
+from carraystore.inplace import _InPlaceWrite, _write_meta
+from carraystore.journal import rollback
 from carraystore.lock import WriterLock
+from carraystore.options import WriteOptions
 from carraystore.reader import check_local_store_path, is_url, open_store, open_unguarded
 from carraystore.upload import RemoteTarget
 
@@ -88,112 +69,9 @@ __all__ = [
     "create",
     "append",
     "compress_chunk",
-    "temp_path",
-    "remove_stale_temps",
-    "publish",
-    "fsync_path",
-    "write_error",
-    "named_write_errors",
     "check_class_names",
     "update_metadata",
 ]
-
-# ``.NAME.partial-PID-RANDOM`` (stores) and ``.NAME.migrating-PID-RANDOM.b2nd`` (migrations)
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?:partial|migrating)-(?P<pid>\d+)-[0-9a-f]+(?:\.b2nd)?$")
-
-
-def refuse_folder_target(path: Path) -> None:
-    """A store is a file: an output path that is a folder is refused, overwrite or not."""
-    if path.is_dir():
-        raise StoreExistsError(
-            f"{path} is a folder; a store is a file and overwrite replaces only a file: choose another name"
-        )
-
-
-def temp_path(path: Path, kind: str = "partial") -> Path:
-    """A fresh hidden temporary name beside ``path`` for a writer of this process."""
-    suffix = ".b2nd" if kind != "partial" else ""
-    return path.with_name(f".{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
-
-
-def remove_stale_temps(path: Path) -> None:
-    """Remove temporary files that writers killed mid-write left next to ``path``.
-
-    Call it holding ``path``'s writer lock (:class:`~carraystore.lock.WriterLock`): every
-    writer of ``path`` holds that lock while its temporary file lives, so while we hold
-    it every such file is dead, whatever host or process made it.
-    """
-    with contextlib.suppress(OSError):
-        for p in path.parent.iterdir():
-            m = _TEMP.match(p.name)
-            if m and m.group("name") == path.name:
-                with contextlib.suppress(OSError):
-                    p.unlink()
-
-
-def fsync_path(path: Path, directory: bool = False) -> None:
-    """fsync a file (or a folder, so that a rename in it is durable); errors are ignored."""
-    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def publish(tmp: Path, path: Path) -> None:
-    """Make the finished temporary file ``tmp`` the store at ``path``: fsync, rename, fsync the folder."""
-    fsync_path(tmp)
-    os.replace(tmp, path)
-    fsync_path(path.parent, directory=True)
-
-
-#: A write that fails while its folder has less free space than this (plus what it wrote) failed for lack of space.
-_SPACE_MARGIN = 1 << 20
-
-
-def write_error(exc: BaseException, target: Path, what: str, need: int = 0) -> WriteError:
-    """The named error for a failed write of ``what`` into ``target``.
-
-    blosc2 reports a failed write as a bare ``RuntimeError`` (no errno), so "no space left"
-    is also recognised from the folder's free space: less than ``need`` bytes plus 1 MiB.
-    """
-    folder = target.parent
-    free: int | None = None
-    with contextlib.suppress(OSError):
-        st = os.statvfs(folder)
-        free = st.f_bavail * st.f_frsize
-    code = getattr(exc, "errno", None)
-    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) or (
-        code is None and free is not None and free < need + _SPACE_MARGIN
-    ):
-        left = f" ({free} bytes free)" if free is not None else ""
-        error: WriteError = NoSpaceError(
-            f"no space left on {folder}{left} while writing {what} to {target}; "
-            "free some space or write elsewhere (the unfinished file is removed)"
-        )
-    else:
-        error = WriteError(
-            f"could not write {what} to {target} ({exc}); check the folder's permissions, quota and file size limit"
-        )
-    error.errno = code or (errno.ENOSPC if isinstance(error, NoSpaceError) else errno.EIO)
-    return error
-
-
-@contextlib.contextmanager
-def named_write_errors(target: Path, what: str, need: int = 0) -> Iterator[None]:
-    """Turn a failed write inside the block (``OSError``, blosc2's ``RuntimeError``) into :func:`write_error`."""
-    try:
-        yield
-    except CarrayStoreError:
-        raise
-    except (RuntimeError, OSError) as exc:
-        raise write_error(exc, target, what, need) from exc
 
 
 def check_class_names(names: Sequence[str] | None, where: str) -> tuple[str, ...] | None:
@@ -226,146 +104,6 @@ def _frame_cparams(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
         cp["filters"] = [blosc2.Filter.NOFILTER]
         cp["filters_meta"] = [0]
     return cp
-
-
-def _write_meta(array: Any, meta: StoreMeta) -> None:
-    """Store the sealed metadata record (FORMAT.md 4.3) as the vlmeta entry ``carraystore``."""
-    raw = meta.to_bytes()
-    limit = metadata_limit(meta.nimages)
-    if len(raw) > limit:
-        raise InvalidInputError(
-            f"the metadata of {meta.nimages} items takes {len(raw)} bytes, more than the {limit} a store may hold "
-            "(FORMAT.md, Limits): keep large per-item data in the images or a separate file, not in attrs or columns"
-        )
-    array.schunk.vlmeta.set_vlmeta(META_KEY, raw, typesize=1)
-
-
-#: Special chunks (zeros, NaNs, uninitialised) that a frame keeps as an offsets-index flag.
-_STORED_AS_FLAG = (1, 2, 4)
-
-
-class _InPlaceWrite:
-    """Changes an existing store file in place, guarded by a rollback journal: appends
-    chunks (``put_chunk``) and/or rewrites the metadata (``commit``).
-
-    Data chunks are only ever written after the existing ones (a rewritten partial last
-    chunk too: its old bytes stay where they are, unreferenced), so a reader that opened
-    the store before keeps reading the old chunks. The journal saves the header and the
-    old offsets index and trailer (everything up to the old length this write overwrites)
-    before the first write; :meth:`commit` writes the new offsets index (when chunks were
-    added), the trailer (through blosc2's vlmeta) and the header's sizes, fsyncs, checks
-    the result and removes the journal. A metadata update (:func:`update_metadata`) is a
-    commit with no chunk added.
-    """
-
-    def __init__(self, path: Path, frame: Frame, nitems: int) -> None:
-        self.path = path
-        try:
-            self._fd: int | None = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-        except PermissionError as exc:
-            raise InvalidInputError(
-                f"{path}: the store is not writable ({exc}); it cannot be changed in place"
-            ) from exc
-        self._old_len = frame.frame_len
-        self._h = frame.header_len
-        self._head = bytearray(os.pread(self._fd, self._h, 0))
-        self._shape0_at = shape0_position(bytes(self._head), nitems, str(path))
-        tail_at = self._h + frame.cbytes
-        tail = os.pread(self._fd, self._old_len - tail_at, tail_at)
-        trailer_len = int.from_bytes(tail[-22:-18], "big")
-        self._journal = Journal(
-            self._old_len, ((0, bytes(self._head)), (tail_at, tail)), Journal.guard_of(self._fd, self._h, tail_at)
-        )
-        self._trailer = tail[len(tail) - trailer_len :]
-        self._offsets = list(raw_offsets(frame))
-        self._chunk_nbytes = frame.chunksize
-        self._end = tail_at  # where the next data chunk goes
-        self._journaled = False
-        self._grown = False  # chunks were written: the offsets index and the header's sizes change
-        self._frame = frame
-
-    def read_chunk(self, i: int) -> bytes:
-        f = self._frame
-        offset, length = int(f.chunk_offsets[i]), int(f.chunk_lengths[i])
-        if offset < 0:
-            return special_chunk_header(int(f.chunk_special[i]), f.chunksize, f.blocksize, f.typesize)
-        assert self._fd is not None
-        data = os.pread(self._fd, length, offset)
-        return data[: int.from_bytes(data[12:16], "little")] if len(data) >= 16 else data
-
-    def _begin(self) -> None:
-        if not self._journaled:
-            write_journal(self.path, self._journal)  # durable before the store's first change
-            self._journaled = True
-
-    def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
-        assert self._fd is not None
-        view = memoryview(data)
-        while view:
-            n = os.pwrite(self._fd, view, offset)
-            view, offset = view[n:], offset + n
-
-    def put_chunk(self, i: int, data: bytes) -> None:
-        """Write chunk ``i`` (new, or the partial last one again) after all data so far."""
-        self._begin()
-        self._grown = True
-        special = (data[31] >> 4) & 0x7 if len(data) >= 32 else 0
-        if special in _STORED_AS_FLAG:  # as blosc2 does: a flag in the offsets index, no bytes
-            entry = int(np.array([(1 << 63) | (special << 56)], dtype=np.uint64).view(np.int64)[0])
-        else:
-            self._pwrite(data, self._end)
-            entry = self._end - self._h
-            self._end += len(data)
-        if i < len(self._offsets):
-            self._offsets[i] = entry
-        elif i == len(self._offsets):
-            self._offsets.append(entry)
-        else:
-            raise InvalidInputError(f"{self.path}: chunk {i} written before chunk {len(self._offsets)}")
-
-    def commit(self, meta: StoreMeta) -> None:
-        """Write the offsets index and header sizes (if chunks were added), the trailer; fsync; check; drop the journal."""
-        self._begin()
-        assert self._fd is not None
-        if self._grown:
-            index = encode_offsets(np.asarray(self._offsets, dtype="<i8"))
-            self._pwrite(index, self._end)
-            new_len = self._end + len(index) + len(self._trailer)
-            self._pwrite(self._trailer, self._end + len(index))  # the old trailer, replaced below
-            head = self._head
-            head[FRAME_LEN_AT : FRAME_LEN_AT + 8] = new_len.to_bytes(8, "big")
-            head[NBYTES_AT : NBYTES_AT + 8] = (len(self._offsets) * self._chunk_nbytes).to_bytes(8, "big", signed=True)
-            head[CBYTES_AT : CBYTES_AT + 8] = (self._end - self._h).to_bytes(8, "big", signed=True)
-            head[self._shape0_at : self._shape0_at + 8] = meta.nimages.to_bytes(8, "big", signed=True)
-            self._pwrite(bytes(head), 0)
-            os.ftruncate(self._fd, new_len)
-        array = blosc2.open(str(self.path), mode="a")  # never pass cparams here
-        _write_meta(array, meta)  # blosc2 rewrites the trailer (and the header's frame length)
-        del array
-        frame_len = int.from_bytes(os.pread(self._fd, 8, FRAME_LEN_AT), "big")
-        if os.fstat(self._fd).st_size > frame_len:  # a shorter trailer than the one before
-            os.ftruncate(self._fd, frame_len)
-        os.fsync(self._fd)
-        check = open_unguarded(self.path)  # the journal goes only once the new store reads back whole
-        try:
-            got = (check.meta.nimages, check.nchunks, check.meta.class_names, json.dumps(check.meta.attrs))
-            if got != (meta.nimages, len(self._offsets), meta.class_names, json.dumps(meta.attrs)):  # NaN == NaN
-                raise CorruptStoreError(f"{self.path}: the changed store reads back wrong; the change was undone")
-        finally:
-            check.close()
-        remove_journal(self.path)
-        self.close()
-
-    def abort(self) -> None:
-        """Undo everything written (the store is again exactly as it was)."""
-        self.close()
-        if self._journaled:
-            rollback(self.path)
-
-    def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
 
 
 class StoreWriter:
@@ -769,6 +507,7 @@ def create(
     lock_timeout: float | None = 0.0,
     storage_options: Mapping[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
+    options: WriteOptions | None = None,
 ) -> StoreWriter:
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
@@ -783,7 +522,31 @@ def create(
     as for ``carraystore.open``): the store is written in a staging folder under
     ``tmp_dir`` (default ``TMPDIR``) and uploaded at ``close()``; it appears at the URL
     only when complete. Appending to a URL downloads the store, appends, uploads it again.
+
+    ``options`` (a :class:`~carraystore.options.WriteOptions`) holds ``codec``,
+    ``chunk_images``, ``class_names``, ``attrs``, ``overwrite``, ``lock_timeout``,
+    ``storage_options`` and ``tmp_dir`` in one value; the keywords of the same names still
+    work, and one that contradicts ``options`` is an InvalidInputError.
     """
+    opts = WriteOptions.merged(
+        options,
+        str(path),
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        attrs=attrs,
+        overwrite=overwrite,
+        lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
+    )
+    codec, chunk_images, class_names, attrs = opts.codec, opts.chunk_images, opts.class_names, opts.attrs
+    overwrite, lock_timeout, storage_options, tmp_dir = (
+        opts.overwrite,
+        opts.lock_timeout,
+        opts.storage_options,
+        opts.tmp_dir,
+    )
     if is_url(path):
         return _create_remote(
             str(path),
@@ -1034,21 +797,37 @@ def append(
     *,
     storage_options: Mapping[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
+    options: WriteOptions | None = None,
 ) -> StoreWriter:
     """Open an existing store (a path or URL) to append images; same as ``create(path, mode="a")``.
 
     Appending costs what it adds (the store is extended in place; docs/appends.md).
     ``lock_timeout``: seconds to wait while another writer holds the store (None: for
     ever); after that :class:`~carraystore.errors.StoreLockedError` names the holder.
+    ``options`` (:class:`~carraystore.options.WriteOptions`): its ``lock_timeout``,
+    ``storage_options`` and ``tmp_dir`` are used, its ``codec`` must match the store's pinned
+    one; ``chunk_images``, ``class_names`` and ``attrs`` are refused (the store keeps its
+    own); ``overwrite`` and ``progress`` do not apply.
     """
+    where = str(path)
+    opts = WriteOptions.merged(
+        options, where, lock_timeout=lock_timeout, storage_options=storage_options, tmp_dir=tmp_dir
+    )
+    opts.refuse(
+        ("chunk_images", "class_names", "attrs"),
+        where,
+        "an append keeps the store's chunk size, class names and attrs; leave them out of the options "
+        "(class names and attrs change with update_metadata, CLI: carraystore meta)",
+    )
     return create(
         path,
         mode="a",
         dtype=None,
+        codec=opts.codec,
         nthreads=nthreads,
-        lock_timeout=lock_timeout,  # type: ignore[arg-type]
-        storage_options=storage_options,
-        tmp_dir=tmp_dir,
+        lock_timeout=opts.lock_timeout,  # type: ignore[arg-type]
+        storage_options=opts.storage_options,
+        tmp_dir=opts.tmp_dir,
     )
 
 

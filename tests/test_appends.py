@@ -408,13 +408,13 @@ w.close()
 """
 
 HOLD_META = """
-import json, sys, carraystore.writer as w
-real = w._write_meta
+import json, sys, carraystore.inplace as ip, carraystore.writer as w
+real = ip._write_meta
 def paused(array, meta):
     real(array, meta)  # the new trailer is written; the journal and the lock are still there
     print("go", flush=True)
     sys.stdin.readline()
-w._write_meta = paused
+ip._write_meta = paused
 w.update_metadata(sys.argv[1], **json.loads(sys.argv[2]))
 """
 BLOB = np.random.default_rng(5).bytes(20000).hex()
@@ -631,8 +631,8 @@ def test_a_link_at_the_journal_name_is_never_written_through(tmp_path: Path) -> 
 
 _DIE_IN_COMMIT = r"""
 import os, sys, numpy as np, carraystore
-import carraystore.writer as w
-w._InPlaceWrite.commit = lambda self, meta: os.kill(os.getpid(), 9)  # die after the chunks, journal hot
+import carraystore.inplace as ip
+ip._InPlaceWrite.commit = lambda self, meta: os.kill(os.getpid(), 9)  # die after the chunks, journal hot
 a = carraystore.append(sys.argv[1])
 a.append(np.zeros((9, 16, 16, 3), np.uint8), labels=np.zeros(9, int), keys=[f"n/{i}.png" for i in range(9)])
 a.close()

@@ -110,11 +110,11 @@ def test_library_modules_never_import_the_facade() -> None:
 # The layers, lowest first (docs/architecture.md). A module may import modules of its own
 # layer or of lower ones, never of a higher one.
 LAYERS: list[set[str]] = [
-    {"carraystore._version", "carraystore.errors", "carraystore.forksafe", "carraystore.lock"},
-    {"carraystore.format"},
+    {"carraystore._version", "carraystore.errors", "carraystore.forksafe", "carraystore.lock", "carraystore.atomic"},
+    {"carraystore.codec", "carraystore.format", "carraystore.options"},
     {"carraystore.frame", "carraystore.blocks"},
     {"carraystore.sources", "carraystore.remote", "carraystore.cache", "carraystore.journal"},
-    {"carraystore.reader", "carraystore.writer", "carraystore.upload", "carraystore.store"},
+    {"carraystore.reader", "carraystore.inplace", "carraystore.writer", "carraystore.upload", "carraystore.store"},
     {"carraystore.sampling"},
     {"carraystore.engine"},
 ]
@@ -143,3 +143,9 @@ def test_the_checker_sees_cycles_and_function_level_imports(tmp_path: Path) -> N
     tree = ast.parse(src)
     found = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert found == ["carraystore.loader"]
+
+
+def test_atomic_files_need_only_the_errors() -> None:
+    """``atomic`` (temporary names, fsync-and-rename, named write errors) sits below everything that writes a file."""
+    deps = import_graph()["carraystore.atomic"]
+    assert deps <= {"carraystore.errors"}, f"carraystore.atomic imports {sorted(deps)}; it may import only errors"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import carraystore
+from carraystore.codec import PRESETS, Codec, parse_chunk_header
 from carraystore.errors import (
     CodecMismatchError,
     FormatError,
@@ -26,13 +27,10 @@ from carraystore.errors import (
 from carraystore.format import (
     FORMAT_VERSION,
     META_KEY,
-    PRESETS,
-    Codec,
     StoreMeta,
     StringTable,
     dtype_from_record,
     dtype_to_record,
-    parse_chunk_header,
     seal_record,
     validate_key,
 )
@@ -356,7 +354,7 @@ def test_a_later_chunk_with_other_parameters_is_reported_by_verify(store_path: P
 
     def fix_crc(rec: dict[str, Any]) -> None:
         crc = np.frombuffer(rec["crc32"], dtype="<u4").copy()
-        crc[1] = carraystore.format.crc32(data)
+        crc[1] = carraystore.codec.crc32(data)
         rec["crc32"] = crc.tobytes()
 
     fixed = _rewrite(bad, tmp_path / "fixed.b2nd", fix_crc)

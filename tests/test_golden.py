@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.format import Codec, dtype_from_record
+from carraystore.codec import Codec
+from carraystore.format import dtype_from_record
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
 FOLDERS = sorted(d for d in GOLDEN.iterdir() if (d / "MANIFEST.json").is_file())

@@ -21,6 +21,7 @@ import pytest
 
 import carraystore
 from carraystore.cli import main
+from carraystore.codec import chunk_crc_ok, crc32, zero_chunk
 from carraystore.errors import (
     ChecksumError,
     CorruptStoreError,
@@ -30,7 +31,7 @@ from carraystore.errors import (
     MetadataChecksumError,
     MetadataTooLargeError,
 )
-from carraystore.format import META_KEY, chunk_crc_ok, crc32, seal_record, zero_chunk
+from carraystore.format import META_KEY, seal_record
 from carraystore.frame import read_frame, special_chunk_header
 from carraystore.sources import LocalFileSource
 

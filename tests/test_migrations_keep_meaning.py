@@ -223,8 +223,9 @@ def test_meta_refuses_too_few_class_names(store_path: Path, capsys) -> None:
 
 _CRASH = r"""
 import os, signal, sys
+import carraystore.inplace as ip
 import carraystore.writer as w
-real = w._write_meta
+real = ip._write_meta
 def torn(array, meta):
     real(array, meta)
     del array
@@ -235,7 +236,7 @@ def torn(array, meta):
         f.write(os.urandom(40))
         f.truncate(size - 7)
     os.kill(os.getpid(), signal.SIGKILL)
-w._write_meta = torn
+ip._write_meta = torn
 w.update_metadata(sys.argv[1], class_names=["a", "b", "c", "d"], attrs={"x": os.urandom(3000).hex()})
 """
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import carraystore
+from carraystore import codec as cdc
 from carraystore import format as fmt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,7 +35,7 @@ def _assert_same(spec: dict[str, Any], store: carraystore.Store) -> None:
     assert spec["items"].tobytes() == store[:].tobytes()
     assert spec["layout"] == store.layout and spec["color_mode"] == store.color_mode
     assert spec["chunk_images"] == store.chunk_images
-    assert fmt.Codec.from_config(spec["codec"]) == store.codec
+    assert cdc.Codec.from_config(spec["codec"]) == store.codec
     assert spec["crc32"] == [int(c) for c in store.meta.crc32]
     assert (None if spec["labels"] is None else spec["labels"].tolist()) == (
         None if store.labels is None else store.labels.tolist()
@@ -49,18 +50,18 @@ def _assert_same(spec: dict[str, Any], store: carraystore.Store) -> None:
 
 
 def test_the_spec_tables_are_the_codes_tables() -> None:
-    assert spec_reader.CODEC_IDS == spec_writer.CODEC_IDS == fmt.CODECS
-    assert spec_reader.CODEC_FORMATS == fmt._CODEC_FORMAT
-    assert spec_reader.FILTER_IDS == spec_writer.FILTER_IDS == {k: v for k, v in fmt.FILTERS.items() if v}
-    assert spec_writer.SPLITMODES == fmt.SPLITMODES
-    for name, ident in fmt.CODECS.items():
+    assert spec_reader.CODEC_IDS == spec_writer.CODEC_IDS == cdc.CODECS
+    assert spec_reader.CODEC_FORMATS == cdc._CODEC_FORMAT
+    assert spec_reader.FILTER_IDS == spec_writer.FILTER_IDS == {k: v for k, v in cdc.FILTERS.items() if v}
+    assert spec_writer.SPLITMODES == cdc.SPLITMODES
+    for name, ident in cdc.CODECS.items():
         assert blosc2.Codec[name.upper()].value == ident
-    for name, ident in fmt.FILTERS.items():
+    for name, ident in cdc.FILTERS.items():
         assert blosc2.Filter[name.upper()].value == ident
     text = (Path(__file__).resolve().parents[1] / "FORMAT.md").read_text(encoding="utf-8")
-    for name, ident in fmt.CODECS.items():
-        assert f"| `{name}` | {ident} | {fmt._CODEC_FORMAT[name]}" in text
-    for name, ident in fmt.FILTERS.items():
+    for name, ident in cdc.CODECS.items():
+        assert f"| `{name}` | {ident} | {cdc._CODEC_FORMAT[name]}" in text
+    for name, ident in cdc.FILTERS.items():
         if ident:
             assert f"| `{name}` | {ident} |" in text
 
@@ -185,7 +186,7 @@ def test_spec_writer_store_is_opened_verified_and_appended_to_by_carraystore(
         and store.labels.tolist() == [i % 2 for i in range(10)]
     )
     assert store.class_names == ("p", "q") and store.attrs == {"by": "spec"}
-    assert store.codec == fmt.Codec.from_config({"id": "blosc2", **codec})
+    assert store.codec == cdc.Codec.from_config({"id": "blosc2", **codec})
     assert store._frame.chunk_special.tolist() == [1, 0, 0]
     plain = blosc2.open(str(path))  # c-blosc2 itself accepts the hand-built frame
     assert np.array_equal(plain[:], images)
@@ -277,12 +278,12 @@ def test_spec_reader_leaves_golden_files_untouched(tmp_path: Path) -> None:
 )
 def test_the_canonical_zero_chunk_is_what_blosc2_produces(codec: str, filters: tuple[str, ...], splitmode: str) -> None:
     """FORMAT.md 5.2's table, byte for byte, against the compressor."""
-    resolved = fmt.Codec(codec, 5, filters=filters, splitmode=splitmode).resolve(np.dtype(np.uint8), (4, 4, 3))
+    resolved = cdc.Codec(codec, 5, filters=filters, splitmode=splitmode).resolve(np.dtype(np.uint8), (4, 4, 3))
     blocksize = resolved.block_images * 48
     zeros = np.zeros((resolved.block_images * 2, 4, 4, 3), np.uint8)
     produced = blosc2.compress2(zeros, **resolved.cparams(blocksize))
-    assert produced == fmt.zero_chunk(resolved, blocksize, zeros.nbytes)
-    assert fmt.chunk_crc(produced, resolved, blocksize) == fmt.crc32(produced)
+    assert produced == cdc.zero_chunk(resolved, blocksize, zeros.nbytes)
+    assert cdc.chunk_crc(produced, resolved, blocksize) == cdc.crc32(produced)
     spec = {
         "codec": codec,
         "filters": list(resolved.filters),
@@ -302,7 +303,7 @@ def test_items_of_256_bytes_or_more_have_typesize_1(tmp_path: Path) -> None:
         w.append(items)
     store = carraystore.open(path)
     assert store.codec.typesize == 1 and store.codec.filters == ()
-    assert fmt.parse_chunk_header(store.read_chunk_bytes(0)).typesize == 1
+    assert cdc.parse_chunk_header(store.read_chunk_bytes(0)).typesize == 1
     assert store._frame.typesize == 320  # the frame header keeps the itemsize (int32)
     assert store.verify() == [] and store[:].tobytes() == items.tobytes()
     assert spec_reader.read_store(path)["items"].tobytes() == items.tobytes()
@@ -350,7 +351,7 @@ def test_spec_writer_header_matches_what_blosc2_writes(tmp_path: Path) -> None:
         (8, 8, 3),
         chunk_images=4,
         nthreads=1,  # blocks in order
-        codec=fmt.Codec.from_config({"id": "blosc2", **codec}),
+        codec=cdc.Codec.from_config({"id": "blosc2", **codec}),
     ) as w:
         w.append(images)
     ours, theirs = (tmp_path / "s.b2nd").read_bytes(), (tmp_path / "c.b2nd").read_bytes()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import carraystore
+from carraystore.codec import PRESETS, Codec, crc32, parse_chunk_header
 from carraystore.errors import (
     ChecksumError,
     CorruptStoreError,
@@ -25,7 +26,6 @@ from carraystore.errors import (
     NotAStoreError,
     StoreExistsError,
 )
-from carraystore.format import PRESETS, Codec, crc32, parse_chunk_header
 
 CHUNK = 16  # images per chunk in the round-trip matrix
 SIZE = (8, 8)  # pixels: small, so that the 10,000-image case stays fast

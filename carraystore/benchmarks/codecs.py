@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from carraystore.codec import PRESETS, Codec
 from carraystore.errors import InvalidInputError
-from carraystore.format import PRESETS, Codec
 
 __all__ = [
     "CODECS",
@@ -179,7 +179,7 @@ def measure_codec(
     """Compress ``images`` (N, H, W, C) chunk by chunk with ``codec`` as a store would; time both ways."""
     import blosc2
 
-    from carraystore.format import default_chunk_images
+    from carraystore.codec import default_chunk_images
 
     images = np.ascontiguousarray(images)
     if images.ndim != 4:

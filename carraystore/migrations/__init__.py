@@ -15,13 +15,33 @@ place. ``carraystore migrate SRC OUT.b2nd`` is the command line front end.
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from carraystore.migrations.core import (
     Block,
     MigrationReport,
     MigrationVerifyError,
     Source,
     migrate,
-    open_source,
+    open_migration_source,
 )
 
-__all__ = ["migrate", "open_source", "MigrationReport", "MigrationVerifyError", "Source", "Block"]
+__all__ = ["migrate", "open_migration_source", "MigrationReport", "MigrationVerifyError", "Source", "Block"]
+
+#: Old names kept working for one minor version (removed in 0.2), each with its new name.
+_DEPRECATED = {"open_source": "open_migration_source"}
+
+
+def __getattr__(name: str) -> Any:
+    """``carraystore.migrations.open_source``: the old name of :func:`open_migration_source`, with a warning."""
+    new = _DEPRECATED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"carraystore.migrations.{name} is renamed carraystore.migrations.{new} (reader.open_source opens a "
+        f"store's bytes, a different thing); the old name goes in carraystore 0.2: use {new}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]

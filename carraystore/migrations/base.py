@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from carraystore.codec import Codec
 from carraystore.errors import MigrationError
-from carraystore.format import COLOR_MODES, DTYPES, Codec
+from carraystore.format import COLOR_MODES, DTYPES
 
 __all__ = [
     "Block",
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 #: Rows per block read from a source aim at about this many uncompressed bytes (a few
-#: store chunks at most; not the store's chunk size, see format.TARGET_CHUNK_BYTES).
+#: store chunks at most; not the store's chunk size, see codec.TARGET_CHUNK_BYTES).
 MIGRATION_BLOCK_BYTES = 8 * 1024 * 1024
 
 #: Names (an HDF5 dataset's last path part, an npz member; lower case) read as class names.

@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from carraystore.commands import add_write_arguments
 from carraystore.errors import InvalidInputError
+from carraystore.options import WriteOptions
 
 __all__ = ["register", "run"]
 
@@ -54,12 +54,6 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--dataset", metavar="NAME", help="HDF5: the dataset to migrate (inferred when the file holds one)")
     p.add_argument(
-        "--class-names",
-        metavar="A,B,C",
-        help="names of the label values, comma-separated, label 0 first "
-        "(default: a class_names / classes / label_names dataset or member, when the source has one)",
-    )
-    p.add_argument(
         "--no-labels",
         action="store_true",
         help="HDF5, npz: migrate without labels (by default a labels "
@@ -76,17 +70,17 @@ def register(subparsers: Any) -> None:
         action="store_false",
         help="skip re-reading the store and comparing it with the source",
     )
-    p.add_argument("--preset", metavar="NAME", help="codec preset of the new store: fast, balanced (default) or small")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT.b2nd if it exists")
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="while another writer holds OUT.b2nd, wait up to SECONDS (default: fail at once)",
+    WriteOptions.add_arguments(
+        p,
+        ("codec", "chunk_images", "class_names", "overwrite", "lock_timeout", "storage_options", "tmp_dir", "progress"),
+        helps={
+            "class_names": "names of the label values, comma-separated, label 0 first "
+            "(default: a class_names / classes / label_names dataset or member, when the source has one)",
+            "overwrite": "replace OUT.b2nd if it exists",
+            "lock_timeout": "while another writer holds OUT.b2nd, wait up to SECONDS (default: fail at once); "
+            "--wait is the same flag",
+        },
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    add_write_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -106,14 +100,8 @@ def run(args: argparse.Namespace) -> int:
             dataset=args.dataset,
             allow_pickle=args.allow_pickle,
             verify=args.verify,
-            preset=args.preset,
-            overwrite=args.overwrite,
-            progress=not args.quiet and sys.stderr.isatty(),
-            class_names=[c.strip() for c in args.class_names.split(",")] if args.class_names else None,
             no_labels=args.no_labels,
-            lock_timeout=args.wait,
-            storage_options=args.storage_options,
-            tmp_dir=args.tmp_dir,
+            options=WriteOptions.from_args(args),
         )
     except MigrationVerifyError as exc:
         print(f"carraystore migrate: verification failed: {exc}", file=sys.stderr)

@@ -17,6 +17,7 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,14 +25,16 @@ from typing import Any
 
 import numpy as np
 
+from carraystore.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.codec import Codec
 from carraystore.errors import InvalidInputError, MigrationError, StoreExistsError
-from carraystore.format import Codec
 from carraystore.journal import rollback
 from carraystore.lock import WriterLock
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
+from carraystore.options import WriteOptions
 from carraystore.reader import is_url, open_store
 from carraystore.upload import RemoteTarget
-from carraystore.writer import create, publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.writer import create
 
 __all__ = [
     "Block",
@@ -39,7 +42,7 @@ __all__ = [
     "MigrationReport",
     "MigrationVerifyError",
     "migrate",
-    "open_source",
+    "open_migration_source",
     "labels_from_array",
     "store_layout",
 ]
@@ -119,7 +122,7 @@ def _looks_like_path(value: str | os.PathLike[str] | None) -> bool:
     return value is not None and Path(value).exists()
 
 
-def open_source(
+def open_migration_source(
     src: str | os.PathLike[str] | None,
     *,
     images: str | os.PathLike[str] | None = None,
@@ -128,7 +131,12 @@ def open_source(
     allow_pickle: bool = False,
     no_labels: bool = False,
 ) -> Source:
-    """Detect what ``src`` is and open it as a Source (see ``migrate`` for the arguments)."""
+    """Detect what ``src`` is and open it as a migration Source (see ``migrate`` for the arguments).
+
+    Named apart from :func:`carraystore.reader.open_source` (a store's bytes); it was
+    ``carraystore.migrations.open_source`` until 0.1 (that name still works, with a
+    DeprecationWarning, until 0.2).
+    """
     from carraystore.migrations import bcolz as bz
 
     if src is None:
@@ -198,12 +206,6 @@ def _name(value: str | os.PathLike[str] | None) -> str | None:
 # ---------------------------------------------------------------------------------------
 
 
-def _resolve_codec(codec: Codec | str | None, preset: str | None) -> Codec | str | None:
-    if codec is not None and preset is not None:
-        raise InvalidInputError("give either codec= or preset=, not both")
-    return preset if preset is not None else codec
-
-
 def migrate(
     src: str | os.PathLike[str] | None,
     out: str | os.PathLike[str],
@@ -216,13 +218,14 @@ def migrate(
     codec: Codec | str | None = None,
     preset: str | None = None,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool = False,
     chunk_images: int | None = None,
     class_names: Sequence[str] | None = None,
     no_labels: bool = False,
     lock_timeout: float | None = 0.0,
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
+    options: WriteOptions | None = None,
 ) -> MigrationReport:
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path).
 
@@ -233,8 +236,10 @@ def migrate(
     ``.npz`` of arrays ``images`` / ``labels`` name members. ``allow_pickle`` lets
     object-dtype bcolz arrays be unpickled (this runs code from the file: only for files
     you trust). ``verify`` re-reads the store and compares it bit for bit with the source
-    before the store is renamed into place. ``codec`` / ``preset`` pick the store's codec
-    (default: the ``balanced`` preset). ``class_names`` names the label values (label 0
+    before the store is renamed into place. ``codec`` (a Codec or a preset name) picks the
+    store's codec (default: the ``balanced`` preset); ``preset=NAME`` is its old spelling,
+    deprecated (a DeprecationWarning; it goes in 0.2). ``progress`` draws a progress bar on
+    stderr (default: none). ``class_names`` names the label values (label 0
     first); without it, an HDF5 dataset or npz member named ``class_names``, ``classes``
     or ``label_names`` gives them. In an HDF5 file or an npz of arrays the labels are inferred
     when exactly one array fits (integers, one per row); ``no_labels=True`` migrates without labels.
@@ -242,14 +247,46 @@ def migrate(
     then StoreLockedError names the holder).
     ``out`` may be a URL (``s3://bucket/x.b2nd``, with ``storage_options``): the store is
     built and verified in a staging folder under ``tmp_dir`` (default ``TMPDIR``), then
-    uploaded. Returns a MigrationReport.
+    uploaded. ``options`` (:class:`~carraystore.options.WriteOptions`) holds ``codec``,
+    ``chunk_images``, ``class_names``, ``overwrite``, ``progress``, ``lock_timeout``,
+    ``storage_options`` and ``tmp_dir`` in one value (its ``attrs`` are refused: a migration
+    keeps the source's); a keyword that contradicts it is an InvalidInputError.
+    Returns a MigrationReport.
     """
     t0 = time.perf_counter()
+    if preset is not None:
+        warnings.warn(
+            "migrate(preset=NAME) is spelled migrate(codec=NAME) now (codec takes a preset name or a Codec); "
+            "preset= goes in carraystore 0.2",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if codec is not None:
+            raise InvalidInputError("give either codec= or preset=, not both (preset= is the old spelling of codec=)")
+        codec = preset
+    opts = WriteOptions.merged(
+        options,
+        str(out),
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        overwrite=overwrite,
+        progress=progress,
+        lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
+    )
+    opts.refuse(
+        ("attrs",),
+        str(out),
+        "a migration keeps the source's attrs (it is verified against them); change them afterwards with "
+        "update_metadata (CLI: carraystore meta --attr)",
+    )
     for given in (src, images if src is None else None, labels if src is None else None):
         if given is not None and not Path(given).exists():
             raise MigrationError(f"{given}: no such file or folder")
     if is_url(out):
-        target = RemoteTarget(str(out), storage_options, overwrite=overwrite, tmp_dir=tmp_dir)
+        target = RemoteTarget(str(out), opts.storage_options, overwrite=opts.overwrite, tmp_dir=opts.tmp_dir)
         try:
             report = migrate(
                 src,
@@ -259,12 +296,8 @@ def migrate(
                 dataset=dataset,
                 allow_pickle=allow_pickle,
                 verify=verify,
-                codec=codec,
-                preset=preset,
-                progress=progress,
-                chunk_images=chunk_images,
-                class_names=class_names,
                 no_labels=no_labels,
+                options=opts.replace(overwrite=False, lock_timeout=0.0, storage_options=None, tmp_dir=None),
             )
             target.upload()
         finally:
@@ -272,14 +305,14 @@ def migrate(
         report.output = str(out)
         report.seconds = time.perf_counter() - t0
         return report
-    if storage_options:
+    if opts.storage_options:
         raise InvalidInputError(f"{out}: storage_options apply to URLs only, not to local paths")
     out_p = Path(out)
     if out_p.suffix != ".b2nd":
         raise InvalidInputError(f"{out_p}: the output store's name must end in .b2nd")
     if not out_p.parent.is_dir():
         raise InvalidInputError(f"{out_p}: folder {out_p.parent} does not exist")
-    lock = WriterLock(Path(os.path.realpath(out_p)), purpose="migrate", timeout=lock_timeout)
+    lock = WriterLock(Path(os.path.realpath(out_p)), purpose="migrate", timeout=opts.lock_timeout)
     lock.acquire()
     try:
         return _migrate_locked(
@@ -290,12 +323,11 @@ def migrate(
             dataset,
             allow_pickle,
             verify,
-            codec,
-            preset,
-            overwrite,
-            progress,
-            chunk_images,
-            class_names,
+            opts.codec,
+            opts.overwrite,
+            opts.progress,
+            opts.chunk_images,
+            opts.class_names,
             no_labels,
             t0,
         )
@@ -311,8 +343,7 @@ def _migrate_locked(
     dataset: str | None,
     allow_pickle: bool,
     verify: bool,
-    codec: Codec | str | None,
-    preset: str | None,
+    chosen: Codec | str | None,
     overwrite: bool,
     progress: bool,
     chunk_images: int | None,
@@ -326,10 +357,9 @@ def _migrate_locked(
     for s in (src, images if src is None else None, labels if src is None else None):
         if s is not None and Path(s).exists() and out_p.exists() and out_p.resolve() == Path(s).resolve():
             raise InvalidInputError(f"{out_p}: the output would replace the source; write to a new file")
-    chosen = _resolve_codec(codec, preset)
     if no_labels and labels is not None:
         raise InvalidInputError("give either labels or no_labels (--no-labels), not both")
-    source = open_source(
+    source = open_migration_source(
         src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle, no_labels=no_labels
     )
     if class_names is not None:

@@ -29,8 +29,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from carraystore.codec import Codec
 from carraystore.errors import CarrayStoreError, FormatError, FormatVersionError, MigrationError
-from carraystore.format import FORMAT_NAME, FORMAT_VERSION, META_KEY, Codec, dtype_from_record, dtype_to_record
+from carraystore.format import FORMAT_NAME, FORMAT_VERSION, META_KEY, dtype_from_record, dtype_to_record
 from carraystore.frame import Frame, read_frame
 from carraystore.migrations.base import Block, Source
 from carraystore.sources import LocalFileSource

@@ -190,7 +190,7 @@ class CarrayStore(Peer):
         self.artifact = f"carraystore_{preset}"
 
     def key(self) -> dict[str, Any]:
-        from carraystore.format import Codec
+        from carraystore.codec import Codec
 
         return {"codec": Codec.preset(self.preset).to_config()}
 
