@@ -137,7 +137,7 @@ def describe_non_store(path: str | os.PathLike[str]) -> str | None:
 
 def _holds_images(folder: Path, limit: int = 200) -> bool:
     """Whether image files sit in ``folder`` or its sub-folders (looks at ``limit`` entries of each at most)."""
-    from carraystore.ingest import IMAGE_EXTENSIONS
+    from carraystore.images import IMAGE_EXTENSIONS
 
     def entries(d: Path) -> list[os.DirEntry[str]]:
         with os.scandir(d) as it:
@@ -203,17 +203,10 @@ def add_write_arguments(p: argparse.ArgumentParser) -> None:
 # -- ingest ----------------------------------------------------------------------------------
 
 
-def _cmd_ingest(args: argparse.Namespace) -> int:
-    from carraystore.ingest import from_directory
-
-    if getattr(args, "dask_scheduler", None) and getattr(args, "client", None) is None:
-        return _cmd_ingest_on_cluster(args)
-
-    labels: Any = "inferred" if args.labels == "inferred" else None
-    result = from_directory(
-        args.src,
-        args.out,
-        labels=labels,
+def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``from_directory`` arguments of ``carraystore ingest`` (all but the cluster)."""
+    return dict(
+        labels="inferred" if args.labels == "inferred" else None,
         class_names=args.class_names,
         image_size=tuple(args.image_size) if args.image_size else None,
         interpolation=args.interpolation,
@@ -237,15 +230,24 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         lock_timeout=args.wait,
         storage_options=args.storage_options,
         tmp_dir=args.tmp_dir,
-        client=getattr(args, "client", None),
     )
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    options = _ingest_options(args)
+    if args.dask_scheduler:
+        result = _ingest_on_cluster(args, options)
+    else:
+        from carraystore.ingest import from_directory
+
+        result = from_directory(args.src, args.out, **options)
     results = result if isinstance(result, dict) else {"": result}
     for r in results.values():
         print(r.summary())
     return 0
 
 
-def _cmd_ingest_on_cluster(args: argparse.Namespace) -> int:
+def _ingest_on_cluster(args: argparse.Namespace, options: dict[str, Any]) -> Any:
     """``ingest --dask-scheduler ADDRESS``: the same ingest, decoded on a dask.distributed cluster."""
     try:
         from distributed import Client
@@ -253,6 +255,8 @@ def _cmd_ingest_on_cluster(args: argparse.Namespace) -> int:
         raise MissingDependencyError(
             "--dask-scheduler needs dask.distributed: pip install 'carraystore[dask]'"
         ) from exc
+    from carraystore.dask import from_directory
+
     try:
         client = Client(args.dask_scheduler, timeout=args.dask_timeout)
     except (OSError, TimeoutError) as exc:
@@ -261,8 +265,7 @@ def _cmd_ingest_on_cluster(args: argparse.Namespace) -> int:
             "or check the address (e.g. tcp://10.0.0.5:8786)"
         ) from exc
     with client:
-        args.client = client
-        return _cmd_ingest(args)
+        return from_directory(args.src, args.out, client=client, **options)
 
 
 def _max_skipped(text: str) -> float | int:
@@ -761,7 +764,7 @@ def register(sub: Any) -> None:
         metavar=("H", "W"),
         help="resize every image (default: keep size; all must agree)",
     )
-    from carraystore.ingest import INTERPOLATIONS
+    from carraystore.images import INTERPOLATIONS
 
     p.add_argument(
         "--interpolation",
