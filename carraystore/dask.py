@@ -32,10 +32,10 @@ import numpy as np
 from carraystore.badfiles import shape_error
 from carraystore.errors import (
     CarrayStoreError,
-    CorruptStoreError,
     IngestError,
     InvalidInputError,
     MissingDependencyError,
+    StoreChangedError,
 )
 from carraystore.format import Codec, StoreMeta
 from carraystore.images import MODES, DecodeOptions, decode_files
@@ -111,9 +111,10 @@ class _ChunkReader:
                     store = open_store(r["location"], r.get("storage_options") or None, **r.get("open_kwargs", {}))
                     if _fingerprint(store) != self.fingerprint:
                         store.close()
-                        raise CorruptStoreError(
+                        raise StoreChangedError(
                             f"{store.location}: the store changed since to_dask was called on it (replaced or appended "
-                            "to); call to_dask again to compute on the store as it is now"
+                            "to) and this graph describes the old one; call to_dask again (or Store.to_dask) to build "
+                            "the graph on the store as it is now"
                         )
                     self._store = store
         return self._store
