@@ -207,7 +207,7 @@ def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``from_directory`` arguments of ``carraystore ingest`` (all but the cluster)."""
     return dict(
         labels="inferred" if args.labels == "inferred" else None,
-        class_names=args.class_names,
+        class_names=_ingest_class_names(args.class_names),
         image_size=tuple(args.image_size) if args.image_size else None,
         interpolation=args.interpolation,
         color_mode=args.color_mode,
@@ -231,6 +231,19 @@ def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
         storage_options=args.storage_options,
         tmp_dir=args.tmp_dir,
     )
+
+
+def _ingest_class_names(values: list[str] | None) -> list[str] | None:
+    """``ingest --class-names a,b,c``; the space-separated form of 0.1 (``a b c``) still works, with a note."""
+    if values is None:
+        return None
+    if len(values) > 1:
+        print(
+            "carraystore ingest: warning: --class-names with space-separated names is deprecated and stops working "
+            f"in 0.2; write them comma-separated, as meta and migrate take them: --class-names {','.join(values)}",
+            file=sys.stderr,
+        )
+    return [c.strip() for v in values for c in v.split(",")]
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
@@ -756,7 +769,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--labels", choices=["inferred", "none"], default="inferred", help="labels from class sub-folders, or none"
     )
-    p.add_argument("--class-names", nargs="+", metavar="NAME", help="class folders to use, in label order")
+    p.add_argument(
+        "--class-names",
+        nargs="+",  # one value A,B,C; the space-separated form of 0.1 is deprecated (a note on stderr)
+        metavar="A,B,C",
+        help="comma-separated class folders to use, in label order (label 0 first)",
+    )
     p.add_argument(
         "--image-size",
         nargs=2,
