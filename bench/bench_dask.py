@@ -67,7 +67,7 @@ def cluster(n):
     cl = LocalCluster(processes=True, n_workers=n, threads_per_worker=1, dashboard_address='127.0.0.1:0', silence_logs=logging.ERROR)
     client = Client(cl)
     client.wait_for_workers(n)
-    client.run(lambda: [__import__(m) for m in ("carraystore.ingest", "carraystore.dask", "PIL.Image")])
+    client.run(lambda: [__import__(m) for m in ("carraystore.images", "carraystore.dask", "PIL.Image")])
     return cl, client
 
 def main():

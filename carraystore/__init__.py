@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect as _inspect
+
+from carraystore import ingest as _ingest  # noqa: E402
 from carraystore import loader as _loader  # noqa: E402,F401  (gives Store.batches its implementation)
 from carraystore import reader as _reader  # noqa: E402
 from carraystore._version import __version__  # noqa: E402
@@ -9,7 +12,6 @@ from carraystore.codec import PRESETS, Codec  # noqa: E402
 from carraystore.errors import *  # noqa: E402,F401,F403
 from carraystore.errors import __all__ as _errors_all  # noqa: E402
 from carraystore.format import FORMAT_VERSION  # noqa: E402
-from carraystore.ingest import from_directory  # noqa: E402  (the real signature, for help() and IDEs)
 from carraystore.migrations import migrate  # noqa: E402
 from carraystore.options import WriteOptions  # noqa: E402
 from carraystore.reader import ChunkProblem, Store  # noqa: E402
@@ -25,6 +27,34 @@ def _store_to_dask(store: Store):  # type: ignore[no-untyped-def]
 
 
 _reader.TO_DASK = _store_to_dask
+
+
+def from_directory(directory, output, *, client=None, **options):  # type: ignore[no-untyped-def]
+    """Set below from ``carraystore.ingest.from_directory`` (its docstring and parameters) plus ``client``."""
+    if client is not None:  # the dask adapter (and dask) only when asked for
+        from carraystore.dask import from_directory as on_cluster
+
+        return on_cluster(directory, output, client=client, **options)
+    return _ingest.from_directory(directory, output, **options)
+
+
+def _facade_of_ingest() -> None:
+    """Give ``from_directory`` the ingest's real parameters and docstring, with ``client`` in place of ``runner``."""
+    ingest_signature = _inspect.signature(_ingest.from_directory)
+    params = [p for p in ingest_signature.parameters.values() if p.name != "runner"]
+    client = _inspect.Parameter("client", _inspect.Parameter.KEYWORD_ONLY, default=None, annotation="Any")
+    from_directory.__signature__ = ingest_signature.replace(parameters=[*params, client])  # type: ignore[attr-defined]
+    doc = _inspect.getdoc(_ingest.from_directory) or ""
+    doc = doc.partition("\n\n``runner``")[0]
+    from_directory.__doc__ = doc + (
+        "\n\n``client`` (a ``dask.distributed.Client``) decodes on its cluster instead of local\n"
+        "processes (``workers`` is then unused; ``carraystore.dask.from_directory``); the store is\n"
+        "byte for byte the one a local ingest writes (docs/dask.md). The workers read the files at\n"
+        "the same path, so ``directory`` must be on a file system they all see."
+    )
+
+
+_facade_of_ingest()
 
 
 def copy(  # type: ignore[no-untyped-def]

@@ -7,8 +7,10 @@
   is computed (on the workers); only compressed bytes and their CRC32 travel to the one
   writer, which places them in order through a bounded window, so its memory stays a few
   chunks whatever the array's size.
-- :func:`in_order`: that bounded, ordered window over ``dask.distributed`` futures, also
-  used by the distributed ingest (``carraystore.ingest``).
+- :func:`from_directory`: a folder of images ingested on a ``dask.distributed`` cluster
+  (workers decode and compress whole chunks; the same store as a local ingest).
+- :func:`in_order`: that bounded, ordered window over ``dask.distributed`` futures, used by
+  ``from_dask`` and ``from_directory``.
 
 Needs the ``dask`` extra: ``pip install 'carraystore[dask]'``.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,9 +29,19 @@ from typing import Any
 
 import numpy as np
 
+from carraystore.badfiles import shape_error
+from carraystore.errors import (
+    CarrayStoreError,
+    IngestError,
+    InvalidInputError,
+    MissingDependencyError,
+    StoreChangedError,
+)
 from carraystore.codec import Codec
-from carraystore.errors import CorruptStoreError, InvalidInputError, MissingDependencyError
 from carraystore.format import StoreMeta
+from carraystore.images import MODES, DecodeOptions, decode_files
+from carraystore.ingest import IngestResult, StoreJob
+from carraystore.ingest import from_directory as ingest_directory
 from carraystore.reader import Store, is_url, open_store
 from carraystore.writer import compress_chunk, create
 
@@ -39,7 +52,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the dask extra is not installed
     raise MissingDependencyError("carraystore.dask needs dask: pip install 'carraystore[dask]'") from exc
 
-__all__ = ["to_dask", "labels", "from_dask", "in_order"]
+__all__ = ["to_dask", "labels", "from_dask", "from_directory", "in_order"]
 
 
 # -- stores as dask arrays -------------------------------------------------------------------
@@ -99,9 +112,10 @@ class _ChunkReader:
                     store = open_store(r["location"], r.get("storage_options") or None, **r.get("open_kwargs", {}))
                     if _fingerprint(store) != self.fingerprint:
                         store.close()
-                        raise CorruptStoreError(
+                        raise StoreChangedError(
                             f"{store.location}: the store changed since to_dask was called on it (replaced or appended "
-                            "to); call to_dask again to compute on the store as it is now"
+                            "to) and this graph describes the old one; call to_dask again (or Store.to_dask) to build "
+                            "the graph on the store as it is now"
                         )
                     self._store = store
         return self._store
@@ -208,6 +222,154 @@ def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> 
     finally:
         if alive:
             client.cancel(list(alive))
+
+
+# -- folders of images ingested on a cluster ----------------------------------------------------
+
+
+def from_directory(
+    directory: str | os.PathLike[str], output: str | os.PathLike[str], *, client: Any, **options: Any
+) -> IngestResult | dict[str, IngestResult]:
+    """``carraystore.ingest.from_directory`` with the decoding on a ``dask.distributed`` cluster.
+
+    ``client`` is a ``dask.distributed.Client``; every other argument is the local
+    ingest's (``workers`` is unused). The store is byte for byte the one a local ingest
+    writes (docs/dask.md). The workers read the files at the same path, so ``directory``
+    must be on a file system they all see. ``carraystore.from_directory(..., client=)``
+    and ``carraystore ingest --dask-scheduler`` call this.
+    """
+    if client is None:
+        raise InvalidInputError(
+            "client must be a dask.distributed Client; without one, ingest locally with carraystore.from_directory"
+        )
+    return ingest_directory(directory, output, runner=functools.partial(_ingest_on_cluster, client), **options)
+
+
+def _chunk_task(
+    root: str, rels: list[str], opts: DecodeOptions, shape: tuple[int, ...], first_rel: str, meta: Any
+) -> tuple[bytes, int, int, list[tuple[int, str]]]:
+    """On a cluster worker: decode the files of one planned chunk exactly as a local ingest
+    does (``images.decode_files``, ``badfiles.shape_error``) and compress the good ones as one store chunk.
+
+    Returns (compressed chunk, number of good images, CRC32, [(index in ``rels``, reason)]).
+    """
+    good: list[np.ndarray] = []
+    errors: list[tuple[int, str]] = []
+    for j, (arr, err) in enumerate(decode_files(root, rels, opts)):
+        err = err or shape_error(arr, shape, first_rel)
+        if err is None and arr is not None:
+            good.append(arr)
+        else:
+            errors.append((j, err or "not decoded"))
+    items = np.stack(good) if good else np.zeros((0, *shape), dtype=meta.np_dtype)
+    data, crc = compress_chunk(meta, items)
+    return data, len(good), crc, errors
+
+
+def _ingest_on_cluster(client: Any, job: StoreJob) -> IngestResult:
+    """An ingest runner (``ingest.Runner``): ``ingest.run_locally`` with the decoding on a
+    dask.distributed cluster (same order, same bytes).
+
+    This process plans: the item shape (``image_size``, or the first file that decodes, as
+    locally; the files before it are bad ones, handled here), then the files of each chunk.
+    Workers decode, resize and compress whole chunks (``_chunk_task``); this process places
+    them in order (:func:`in_order`, a bounded window) with the keys and labels it already
+    knows, and treats bad files as the local ingest does (``badfiles.BadFiles``: the same
+    ``on_error``, ``max_skipped`` and messages). A chunk with bad files comes back short: the
+    plan then gives the next task fewer files so that later chunks line up again, and chunks
+    already under way are decompressed and appended here (same bytes).
+    """
+    import blosc2
+
+    root, rels, labels, opts, bad = job.root, job.rels, job.labels, job.opts, job.bad
+    sees = client.run(os.path.isdir, str(root))
+    if not sees:  # the tasks would wait for a worker for ever
+        raise IngestError(
+            f"{root}: the dask cluster at {client.scheduler.address} has no workers; start workers "
+            "(`dask worker ADDRESS`) or ingest without --dask-scheduler / client"
+        )
+    blind = sorted(w for w, ok in sees.items() if not ok)
+    if blind:
+        raise IngestError(
+            f"{root}: worker(s) {', '.join(blind)} cannot see this folder; a distributed ingest reads the files "
+            "on the workers, so the folder must be at the same path on every worker (a shared file system)"
+        )
+    _, channels = MODES[opts.color_mode]
+    first_rel = ""
+    begin = 0  # the files before the first one that decodes are bad: handled here, not sent out
+    if opts.image_size is not None:
+        shape: tuple[int, ...] = (*opts.image_size, channels)
+    else:  # the first image that decodes fixes the shape, as in the local ingest
+        for begin, rel in enumerate(rels):
+            arr, err = decode_files(str(root), [rel], opts)[0]
+            if err is None and arr is not None:
+                shape, first_rel = arr.shape, rel
+                break
+            bad.add(begin, rel, err or "not decoded", None, "")
+        else:
+            raise bad.none_decoded()
+    writer = job.open_writer(shape)  # as the local ingest: the same bytes
+    meta = writer.meta
+    k = meta.chunk_images
+    window = max(4, 2 * sum(client.nthreads().values()))
+    groups: list[tuple[int, int]] = []  # the planned (start, stop) file range of every task, in order
+    bad_seen = [begin]  # bad files among the groups already placed (and before them)
+    tag = f"carraystore-ingest-{secrets.token_hex(4)}"
+
+    def plan() -> Any:
+        pos = begin
+        while pos < len(rels):
+            # images before `pos` if every file in flight decodes; fill up to the next chunk boundary
+            size = k - (pos - bad_seen[0]) % k
+            start, pos = pos, min(pos + size, len(rels))
+            groups.append((start, pos))
+            yield lambda a=start, b=pos: client.submit(
+                _chunk_task, str(root), rels[a:b], opts, shape, first_rel, meta, key=f"{tag}-{a}-{b}"
+            )
+
+    results = in_order(client, plan(), window)
+    bar = None
+    try:
+        bar = job.progress_bar(initial=begin)
+        for g in range(len(rels)):  # at most one task per file; the plan ends the loop
+            try:
+                data, ngood, crc, errors = next(results)
+            except StopIteration:
+                break
+            except CarrayStoreError:
+                raise
+            except Exception as exc:  # the cluster gave up on a task (e.g. it killed several workers)
+                start, stop = groups[g]
+                raise IngestError(
+                    f"{root}: the cluster could not decode the chunk of files {rels[start]} .. {rels[stop - 1]} "
+                    f"({type(exc).__name__}: {exc}); ingest those files locally to find the one at fault"
+                ) from exc
+            start, stop = groups[g]
+            for j, err in errors:
+                bad.add(start + j, rels[start + j], err, shape, first_rel)
+            bad_seen[0] += len(errors)
+            failed = {j for j, _ in errors}
+            idx = [i for i in range(start, stop) if i - start not in failed]
+            lab = labels[idx] if labels is not None else None
+            keys = [rels[i] for i in idx]
+            if ngood and writer.nimages % k == 0:
+                writer.append_compressed_chunk(data, ngood, crc, labels=lab, keys=keys)
+            elif ngood:  # a chunk planned before an earlier bad file shifted the boundaries
+                items = np.frombuffer(blosc2.decompress2(data), dtype=meta.np_dtype).reshape(k, *shape)[:ngood]
+                writer.append(items, labels=lab, keys=keys)
+            if bar is not None:
+                bar.update(stop - start)
+        for rel, reason in bad.skipped:
+            writer.add_skipped(rel, reason)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        results.close()  # cancels the tasks still under way, now rather than at garbage collection
+        if bar is not None:
+            bar.close()
+    return job.result(writer, shape)
 
 
 # -- dask arrays as stores -------------------------------------------------------------------

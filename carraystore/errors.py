@@ -13,6 +13,7 @@ __all__ = [
     "ChecksumError",
     "MetadataChecksumError",
     "MetadataTooLargeError",
+    "StoreChangedError",
     "StoreExistsError",
     "InvalidInputError",
     "ImageDecodeError",
@@ -68,6 +69,11 @@ class MetadataChecksumError(ChecksumError):
 
 class MetadataTooLargeError(CorruptStoreError):
     """The metadata record would decompress to more than the format allows for the store's size."""
+
+
+class StoreChangedError(CarrayStoreError):
+    """The store changed (was appended to or replaced) after something was built on it, e.g. a
+    dask graph by ``to_dask``; nothing is damaged: build it again on the store as it is now."""
 
 
 class StoreExistsError(CarrayStoreError, FileExistsError):

@@ -117,6 +117,21 @@ LAYERS: list[set[str]] = [
     {"carraystore.reader", "carraystore.inplace", "carraystore.writer", "carraystore.upload", "carraystore.store"},
     {"carraystore.sampling"},
     {"carraystore.engine"},
+    # ingest's parts, one job each: image files, the decoding processes, the bad-file policy
+    {"carraystore.images", "carraystore.decodepool", "carraystore.badfiles"},
+    # library tools over stores: ingest, the streaming loader, copy, info and export
+    {
+        "carraystore.ingest",
+        "carraystore.loader",
+        "carraystore.transfer",
+        "carraystore.summary",
+        "carraystore.export",
+        "carraystore.sample_data",
+    },
+    # the adapters: ingest never imports them (the facade and the CLI pick the dask path)
+    {"carraystore.keras", "carraystore.tf", "carraystore.dask"},
+    # the command line, on top of everything above
+    {"carraystore.cli", "carraystore.commands", "carraystore.demo"},
 ]
 
 
@@ -124,7 +139,7 @@ def _layer(mod: str) -> int:
     for i, names in enumerate(LAYERS):
         if mod in names:
             return i
-    return len(LAYERS)  # adapters, ingest, CLI, migrations, benchmarks: the top
+    return len(LAYERS)  # migrations, benchmarks, the facade: the top
 
 
 def test_layers_import_only_downward() -> None:
@@ -133,6 +148,13 @@ def test_layers_import_only_downward() -> None:
         f"{m} -> {d}" for m, deps in graph.items() for d in deps if _layer(m) < len(LAYERS) and _layer(d) > _layer(m)
     )
     assert not upward, f"lower layers importing higher ones: {upward}"
+
+
+def test_ingest_never_imports_the_adapters() -> None:
+    # the cluster ingest lives in the dask adapter, which passes ingest a runner: no upward import
+    graph = import_graph()
+    assert not graph["carraystore.ingest"] & {"carraystore.dask", "carraystore.keras", "carraystore.tf"}
+    assert _layer("carraystore.ingest") < _layer("carraystore.dask") < _layer("carraystore.commands")
 
 
 def test_the_checker_sees_cycles_and_function_level_imports(tmp_path: Path) -> None:

@@ -117,10 +117,10 @@ def test_max_skipped_as_share_and_count(tmp_path: Path) -> None:
 
 
 def test_one_lister_for_ingest_and_the_benchmarks(tmp_path: Path) -> None:
-    from carraystore import ingest
+    from carraystore import images
     from carraystore.benchmarks import datasets
 
-    assert datasets.IMAGE_EXTENSIONS is ingest.IMAGE_EXTENSIONS
+    assert datasets.IMAGE_EXTENSIONS is images.IMAGE_EXTENSIONS
     src = tmp_path / "src"
     for cls, ext in (("a", ".webp"), ("a", ".PNG"), ("b", ".tiff"), ("b", ".jpg")):
         (src / cls).mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,7 @@ def test_a_flag_typo_gets_the_subcommands_usage_and_a_suggestion(
 def test_extra_words_after_a_one_value_flag_say_what_it_takes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`ingest --class-names a b c` is right, `meta`/`migrate --class-names a b c` is not: say so."""
+    """`meta`/`migrate --class-names a b c` is wrong (they take a,b,c): say so."""
     for argv in (
         ["meta", "s.b2nd", "--class-names", "cat", "dog", "bird"],
         ["migrate", "d.h5", "o.b2nd", "--class-names", "cat", "dog"],
@@ -83,6 +83,32 @@ def test_extra_words_after_a_one_value_flag_say_what_it_takes(
         err = capsys.readouterr().err
         assert f"usage: carraystore {argv[0]}" in err
         assert "--class-names takes one value (A,B,C)" in err, err
+
+
+def test_ingest_takes_class_names_comma_separated_and_the_old_form_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One form for `--class-names` everywhere (a,b,c); `ingest`'s space-separated form of 0.1 still works
+    for one minor version, with a deprecation note on stderr."""
+    folder = make_photo_folder(
+        tmp_path / "p", n=9, size=(16, 16), classes=("astronaut", "chelsea", "coffee"), fmt="png"
+    )
+    common = ["-q", "--workers", "1", "--keep-order"]
+    assert main(["ingest", str(folder), str(tmp_path / "new.b2nd"), "--class-names", "coffee,astronaut", *common]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+    assert (
+        main(["ingest", str(folder), str(tmp_path / "old.b2nd"), "--class-names", "coffee", "astronaut", *common]) == 0
+    )
+    err = capsys.readouterr().err
+    assert "--class-names with space-separated names is deprecated" in err and "--class-names coffee,astronaut" in err
+    new, old = carraystore.open(tmp_path / "new.b2nd"), carraystore.open(tmp_path / "old.b2nd")
+    assert new.class_names == old.class_names == ("coffee", "astronaut")
+    assert len(new) == 6 and list(new.keys) == list(old.keys)
+    assert {k.split("/")[0] for k, lab in zip(new.keys, new.labels, strict=True) if lab == 0} == {"coffee"}
+    np.testing.assert_array_equal(new.labels, old.labels)
+    assert main(["ingest", str(folder), str(tmp_path / "one.b2nd"), "--class-names", "chelsea", *common]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+    assert carraystore.open(tmp_path / "one.b2nd").class_names == ("chelsea",)
 
 
 def test_a_path_the_os_refuses_is_an_error_line_not_a_traceback(small_store: Path, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from carraystore.errors import (
     CorruptStoreError,
     IngestError,
     InvalidInputError,
+    StoreChangedError,
     StoreExistsError,
     StoreLockedError,
 )
@@ -123,9 +124,26 @@ def test_a_store_replaced_after_to_dask_fails_on_the_workers_instead_of_mixing(
     _store_of(path, photo_patches(64, (8, 8), seed=1), chunk_images=16)
     x = cdask.to_dask(path)
     _store_of(path, photo_patches(64, (8, 8), seed=2), chunk_images=16, overwrite=True)  # same shape, other pixels
-    with pytest.raises(CorruptStoreError, match=r"changed since to_dask.*call to_dask again"):
+    with pytest.raises(StoreChangedError, match=r"changed since to_dask.*call to_dask again"):
         client.compute(x.sum()).result()  # type: ignore[attr-defined]
     np.testing.assert_array_equal(client.compute(cdask.to_dask(path)).result(), photo_patches(64, (8, 8), seed=2))  # type: ignore[attr-defined]
+
+
+def test_a_graph_built_before_an_append_names_the_change_not_corruption(
+    tmp_path: Path, client: object, photo_patches: Callable[..., np.ndarray]
+) -> None:
+    # nothing is damaged: the store grew after to_dask; the workers (which reopen it) say so and what to do
+    path = tmp_path / "g.b2nd"
+    images = photo_patches(40, (8, 8), seed=3)
+    _store_of(path, images[:32], chunk_images=16)
+    x = cdask.to_dask(path)
+    with cs.append(path) as w:
+        w.append(images[32:])
+    with pytest.raises(StoreChangedError, match=r"g\.b2nd: the store changed since to_dask.*call to_dask again") as exc:
+        client.compute(x.sum()).result()  # type: ignore[attr-defined]
+    assert not isinstance(exc.value, CorruptStoreError) and isinstance(exc.value, cs.CarrayStoreError)
+    assert cs.open(path).verify() == []
+    np.testing.assert_array_equal(client.compute(cdask.to_dask(path)).result(), images)  # type: ignore[attr-defined]
 
 
 def test_the_graph_opens_the_store_only_where_a_chunk_is_read(

@@ -33,7 +33,7 @@ CHILD = r"""
 import hashlib, json, sys, traceback
 import numpy as np
 import carraystore
-from carraystore.commands import store_info
+from carraystore.summary import store_info
 
 def digest(store):
     m = store.meta

@@ -27,6 +27,7 @@ from PIL import Image
 import carraystore
 from carraystore.cli import main
 from carraystore.errors import IngestError, InvalidInputError
+from carraystore.export import make_contact_sheet
 from carraystore.ingest import from_directory
 from carraystore.sample_data import make_photo_folder
 
@@ -130,7 +131,7 @@ def test_preview_sizes_are_bounded_with_a_named_limit(tmp_path: Path, capsys: py
         assert time.perf_counter() - t0 < 5  # refused before drawing anything
         assert not out.exists()
     with pytest.raises(InvalidInputError, match="limit"):
-        carraystore.commands.make_contact_sheet(carraystore.open(path), n=100, cell=1024)
+        make_contact_sheet(carraystore.open(path), n=100, cell=1024)
 
 
 def test_export_into_an_existing_file_or_fifo_is_a_named_error(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 from pathlib import Path
@@ -12,7 +13,8 @@ from PIL import Image
 
 import carraystore
 from carraystore.errors import IngestError, InvalidInputError
-from carraystore.ingest import from_directory, list_images
+from carraystore.images import INTERPOLATIONS, list_images
+from carraystore.ingest import from_directory
 from carraystore.sample_data import make_photo_folder
 
 CLASSES = ["astronaut", "chelsea", "coffee", "rocket"]
@@ -75,7 +77,7 @@ def test_resize_and_color_modes_follow_pillow(photos: Path, tmp_path: Path, inte
     from_directory(photos, out, workers=1, image_size=(32, 48), color_mode="grayscale", interpolation=interpolation)
     store = carraystore.open(out)
     assert store.image_shape == (32, 48, 1) and store.color_mode == "grayscale"
-    resample = carraystore.ingest.INTERPOLATIONS[interpolation]
+    resample = INTERPOLATIONS[interpolation]
     for i in (0, 5, len(store) - 1):
         with Image.open(photos / store.keys[i]) as img:
             want = np.asarray(img.convert("L").resize((48, 32), resample=resample))
@@ -211,3 +213,37 @@ def test_bad_options_are_clear(photos: Path, tmp_path: Path) -> None:
     with pytest.raises(carraystore.StoreExistsError):
         from_directory(photos, tmp_path / "y.b2nd", workers=1)
     assert (tmp_path / "y.b2nd").read_bytes() == before
+
+
+def test_the_facade_shows_the_ingest_parameters_plus_client() -> None:
+    # carraystore.from_directory dispatches to ingest or to the dask adapter (client=); help() and
+    # IDEs still see every real parameter and the ingest's documentation
+    from carraystore import ingest
+
+    facade = inspect.signature(carraystore.from_directory).parameters
+    own = inspect.signature(ingest.from_directory).parameters
+    assert list(facade) == [p for p in own if p != "runner"] + ["client"]
+    assert all(facade[p] == own[p] for p in own if p != "runner")
+    assert facade["client"].kind is inspect.Parameter.KEYWORD_ONLY and facade["client"].default is None
+    doc = carraystore.from_directory.__doc__ or ""
+    assert doc.startswith("Ingest a folder of images into a store") and "``client``" in doc and "runner" not in doc
+
+
+def test_a_runner_writes_each_planned_store(photos: Path, tmp_path: Path) -> None:
+    # the hook the dask adapter uses: one StoreJob per store, the files already in write order
+    from carraystore.ingest import StoreJob, run_locally
+
+    jobs: list[StoreJob] = []
+
+    def runner(job: StoreJob) -> carraystore.ingest.IngestResult:
+        jobs.append(job)
+        return run_locally(job)
+
+    out = tmp_path / "both"
+    res = from_directory(photos, out, workers=1, validation_split=0.25, subset="both", seed=3, runner=runner)
+    assert [j.output for j in jobs] == [out / "training.b2nd", out / "validation.b2nd"]
+    for job, part in zip(jobs, ("training", "validation"), strict=True):
+        store = carraystore.open(job.output)
+        assert list(store.keys) == job.rels and res[part].nimages == len(job.rels)  # type: ignore[index]
+    all_rels = list_images(photos)[0]
+    assert not set(jobs[0].rels) & set(jobs[1].rels) and sorted(jobs[0].rels + jobs[1].rels) == sorted(all_rels)

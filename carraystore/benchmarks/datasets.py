@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from carraystore.errors import InvalidInputError
-from carraystore.ingest import IMAGE_EXTENSIONS, DecodeOptions, decode_image, image_files
+from carraystore.images import IMAGE_EXTENSIONS, DecodeOptions, decode_image, image_files
 
 __all__ = [
     "IMAGE_EXTENSIONS",
