@@ -20,7 +20,7 @@ from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
-from carraystore.ingest import decode_image, image_files
+from carraystore.images import decode_image, image_files
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 SCALES = {
@@ -62,7 +62,13 @@ def test_presets_on_noisy_photos(benchmark, tmp_path: Path) -> None:
                 seconds = _write(x, preset, out)
                 size = out.stat().st_size
                 rows.append(
-                    dict(noise_sd=sd, preset=preset, bytes=size, ratio=x.nbytes / size, write_mb_s=x.nbytes / seconds / 1e6)
+                    dict(
+                        noise_sd=sd,
+                        preset=preset,
+                        bytes=size,
+                        ratio=x.nbytes / size,
+                        write_mb_s=x.nbytes / seconds / 1e6,
+                    )
                 )
 
     benchmark.pedantic(run, rounds=1, iterations=1)

@@ -16,7 +16,6 @@ from typing import Any
 
 from carraystore.codec import PRESETS, Codec
 from carraystore.errors import CarrayStoreError, InvalidInputError, MissingDependencyError, NotAStoreError
-from carraystore.options import WriteOptions
 from carraystore.export import (
     check_preview_output,
     check_sheet_size,
@@ -24,7 +23,7 @@ from carraystore.export import (
     make_contact_sheet,
     write_file_safely,
 )
-from carraystore.codec import PRESETS, Codec
+from carraystore.options import WriteOptions
 from carraystore.summary import describe_non_store, info_rows, store_info
 
 __all__ = [
