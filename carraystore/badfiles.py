@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from carraystore.errors import IngestError, InvalidInputError
-from carraystore.format import validate_key
+from carraystore.format import key_problem
 from carraystore.images import shown_name
 
 __all__ = [
@@ -136,11 +136,9 @@ def drop_bad_names(
     keep: list[int] = []
     skipped: list[tuple[str, str]] = []
     for i, rel in enumerate(rels):
-        try:
-            validate_key(rel)
-        except InvalidInputError as exc:
-            reason = "file name is not valid UTF-8" if "UTF-8" in str(exc) else "file name holds a NUL or newline"
-            reason += ", so it cannot be a key (FORMAT.md, keys)"
+        problem = key_problem(rel)
+        if problem is not None:
+            reason = f"file name {problem.split(';')[0]}, so it cannot be a key (FORMAT.md, keys)"
             if on_error == "fail":
                 raise IngestError(
                     f"{root / shown_name(rel)}: {reason} (non-ASCII bytes shown as \\xNN). Rename the file, or pass "

@@ -342,7 +342,9 @@ def check_chunk_layout(chunk: bytes | memoryview, what: str, max_nbytes: int) ->
     for j, start in enumerate(starts.tolist()):
         size = bsize if j < nblocks - 1 or header.nbytes % bsize == 0 else header.nbytes % bsize
         split = not header.dont_split and size == bsize  # a shorter last block is one stream
-        nstreams = typesize if (split and typesize <= 16) else 1
+        # c-blosc2 writes one stream per byte of the type whenever the split flag is set,
+        # whatever the typesize (split mode "always" splits typesizes over 16 too)
+        nstreams = typesize if split else 1
         pos = start
         for _ in range(nstreams):
             if pos + 4 > n:

@@ -214,6 +214,11 @@ def export_images(
                 if lab is not None
                 else ""
             )
+            if "\x00" in sub:
+                raise InvalidInputError(
+                    f"{store.path}: class name {sub!r} (item {i}) holds a NUL byte and cannot be a folder name; "
+                    "rename the class with `carraystore meta STORE --class-names ...`, then export again"
+                )
             rel = Path(sub) / f"{i:08d}{ext}"
         target = (root / rel).resolve()
         if rel.is_absolute() or ".." in rel.parts or not target.is_relative_to(root_resolved):

@@ -135,23 +135,50 @@ def validate_key(key: str) -> str:
     kept as it is; on Windows, where it separates folders, it becomes '/'. Either way a key
     must not be absolute or climb with '..' when a backslash is read as a separator.
     """
+    k, problem = _key_problem(key)
+    if problem is None:
+        return k
+    if problem.startswith("is not valid UTF-8"):
+        raise InvalidInputError(f"key {ascii(key)} {problem}")
+    raise InvalidInputError(f"key {key!r} {problem}")
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a key (the phrase after the key in ``validate_key``'s error), or None."""
+    return _key_problem(key)[1]
+
+
+def _key_problem(key: Any) -> tuple[str, str | None]:
     if not isinstance(key, str) or not key:
-        raise InvalidInputError(f"key {key!r}: keys must be non-empty strings")
+        return "", "is not a non-empty string: keys must be non-empty strings"
     k = key.replace("\\", "/") if os.sep == "\\" else key
     if "\x00" in k or "\n" in k:
-        raise InvalidInputError(f"key {key!r}: keys may not contain NUL or newline characters")
+        return k, "holds a NUL or newline character, which keys may not contain"
     try:
         k.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"key {ascii(key)} is not valid UTF-8 (an undecodable file name?)") from exc
-    if k.startswith(("/", "\\")) or (len(k) > 1 and k[1] == ":") or k.startswith("~"):
-        raise InvalidInputError(
-            f"key {key!r} is an absolute path; stores hold relative paths or ids only so that they can be "
+    except UnicodeEncodeError:
+        return k, "is not valid UTF-8 (an undecodable file name?)"
+    if k.startswith(("/", "\\")):
+        return k, (
+            "is an absolute path; stores hold relative paths or ids only so that they can be "
             "moved and shared (make it relative to the dataset's root folder)"
         )
+    if len(k) > 1 and k[1] == ":":
+        return k, (
+            f"starts with the drive letter {k[:2]!r}, an absolute path on Windows; stores hold relative paths "
+            "that mean the same on every system (rename the folder or file)"
+        )
+    if k.startswith("~"):
+        return k, (
+            "starts with '~', a home folder to shells and to export; stores hold relative paths that mean the "
+            "same everywhere (rename the folder or file)"
+        )
     if any(part == ".." for part in k.replace("\\", "/").split("/")):
-        raise InvalidInputError(f"key {key!r} climbs out of its folder with '..'; give a path relative to the root")
-    return k
+        return k, (
+            "climbs out of its folder with '..' (a backslash separates folders on Windows); "
+            "give a path relative to the root"
+        )
+    return k, None
 
 
 def _check_key_bytes(blob: bytes, offsets: np.ndarray, what: str) -> None:

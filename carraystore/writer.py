@@ -75,12 +75,19 @@ __all__ = [
 
 
 def check_class_names(names: Sequence[str] | None, where: str) -> tuple[str, ...] | None:
-    """``names`` as a tuple of strings; refuses a name listed twice (two labels would mean one class)."""
+    """``names`` as a tuple of strings; refuses a name listed twice (two labels would mean one class)
+    and control characters (a class name becomes a folder name on export)."""
     if names is None:
         return None
     out = tuple(str(c) for c in names)
     seen: set[str] = set()
     for c in out:
+        bad = next((ch for ch in c if ord(ch) < 32 or ord(ch) == 127), None)
+        if bad is not None:
+            raise InvalidInputError(
+                f"{where}: class name {c!r} holds the control character {bad!r}; class names are printed and "
+                "exported as folder names, so they may not hold NUL, newline, tab or other control characters"
+            )
         if c in seen:
             raise InvalidInputError(
                 f"{where}: class name {c!r} is listed twice in {list(out)}; class names must be unique"
