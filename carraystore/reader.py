@@ -92,9 +92,9 @@ def open_source(
         if storage_options:
             raise InvalidInputError(f"{location}: storage_options apply to URLs only, not to local paths")
         return LocalFileSource(check_local_store_path(location))
-    from carraystore.remote import open_source as open_remote_source  # the layer below this one
+    from carraystore.remote import open_remote  # the layer below this one
 
-    source: ByteSource = open_remote_source(str(location), storage_options)
+    source: ByteSource = open_remote(str(location), storage_options)
     if cache_dir is not None:
         from carraystore.cache import CachedSource
 

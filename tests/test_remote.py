@@ -25,9 +25,11 @@ from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs
 
 import carraystore
 from carraystore.benchmarks.netproxy import NetProxy
+from carraystore.buffers import BufferPool
 from carraystore.cache import CachedSource, parse_size
 from carraystore.errors import InvalidInputError, LoaderError, RemoteReadError
-from carraystore.remote import BufferPool, RemoteSource, make_object_store
+from carraystore.remote import RemoteSource
+from carraystore.remoteconfig import make_object_store
 
 pytest.importorskip("obstore")
 
@@ -703,7 +705,7 @@ def test_buffer_pool_lets_free_buffers_go_beyond_its_budget() -> None:
 
 _ALLOCATE = r"""
 import resource, sys
-from carraystore.remote import tune_malloc
+from carraystore.benchmarks.malloc import tune_malloc
 tuned = tune_malloc() if sys.argv[1] == "tune" else None
 r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for i in range(60):
