@@ -423,6 +423,20 @@ class RemoteSource:
                         self._pump()
         return self._get(offset, length)
 
+    def discard(self, offset: int, length: int) -> None:
+        """Forget any bytes of this range fetched ahead: they failed a check, so the next
+        read sends a fresh GET."""
+        r = (int(offset), int(length))
+        with self._lock:
+            self._pending.pop(r, None)
+            hit = self._ahead.pop(r, None)
+            if hit is not None:
+                run = hit[0]
+                run.unclaimed -= 1
+                if run.unclaimed == 0:
+                    self._forget_run(run)
+                    self._pump()
+
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | memoryview]:
         """Every range's bytes, in order; fetched concurrently, adjacent ranges coalesced."""
         self._check_process()
