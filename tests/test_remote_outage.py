@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -308,3 +311,20 @@ def test_model_fit_rides_out_a_storage_node_restart(node: tuple[SeaweedFS, str],
     want = sorted(digests(to_float(local[:], local.labels)[0]))
     got = sorted(d for batch in seen.values() for d in batch)
     assert got == want  # every sample exactly once, the pixels of the local file
+
+
+def test_the_cli_says_what_failed_in_one_line() -> None:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        closed = s.getsockname()[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "carraystore.cli", "info", URL, "--storage-options", '{"retry_timeout": 1}'],
+        env={**os.environ, "AWS_ENDPOINT_URL": f"http://{LOOPBACK}:{closed}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("carraystore info: error: " + URL), out.stderr
+    assert "connection was refused" in lines[0] and "bytes 0-" in lines[0] and "Traceback" not in out.stderr
