@@ -37,8 +37,8 @@ from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
+from carraystore.benchmarks.malloc import TUNED_MALLOC_ENV
 from carraystore.benchmarks.procstats import cpu_seconds
-from carraystore.remote import TUNED_MALLOC_ENV
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ PRESETS = ("balanced", "fast")
 #: glibc's malloc, as it comes, and tuned to keep large freed blocks in its heap (before the
 #: receive buffers, every fetched chunk landed in freshly mapped pages that the kernel had to
 #: fault in and zero: the tuning was the workaround)
-MALLOCS = {"default": {}, "tuned": TUNED_MALLOC_ENV}  # tuned: what carraystore.remote.tune_malloc() sets
+MALLOCS = {"default": {}, "tuned": TUNED_MALLOC_ENV}  # tuned: what carraystore.benchmarks.malloc.tune_malloc() sets
 
 
 def _cores() -> tuple[set[int], set[int]]:

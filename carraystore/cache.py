@@ -75,21 +75,32 @@ def parse_size(value: int | str | None) -> int | None:
 
 class CacheStats:
     """Counters: ``hits``/``misses`` (ranges), ``fetched_bytes`` (from the inner source),
-    ``stored``/``evicted`` (files), ``bad`` (damaged files found and deleted)."""
+    ``stored``/``evicted`` (files), ``bad`` (damaged files found and deleted); and the inner
+    (remote) source's own ``requests``, ``bytes``, ``retries`` and ``coalesced``, so that code
+    reading those works with and without a cache (0 for a source that does not count them)."""
 
-    def __init__(self) -> None:
+    _INNER = ("requests", "bytes", "retries", "coalesced")
+
+    def __init__(self, inner: Any = None) -> None:
         self.hits = 0
         self.misses = 0
         self.fetched_bytes = 0
         self.stored = 0
         self.evicted = 0
         self.bad = 0
+        self._inner = inner
+
+    requests = property(lambda self: int(getattr(self._inner, "requests", 0)), doc="GETs the inner source sent")
+    bytes = property(lambda self: int(getattr(self._inner, "bytes", 0)), doc="bytes the inner source received")
+    retries = property(lambda self: int(getattr(self._inner, "retries", 0)), doc="retries of the inner source")
+    coalesced = property(lambda self: int(getattr(self._inner, "coalesced", 0)), doc="ranges served by coalesced GETs")
 
     def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
+        own = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return {**own, **{k: getattr(self, k) for k in self._INNER}}
 
     def __repr__(self) -> str:
-        return f"CacheStats({', '.join(f'{k}={v}' for k, v in vars(self).items())})"
+        return f"CacheStats({', '.join(f'{k}={v}' for k, v in self.as_dict().items())})"
 
 
 class CachedSource:
@@ -117,7 +128,7 @@ class CachedSource:
                 f"cache_dir {cache_dir}: cannot hold the chunk cache of {source.location} ({type(exc).__name__}: {exc}); "
                 "give a writable folder on a local disk, or no cache_dir"
             ) from exc
-        self.stats = CacheStats()
+        self.stats = CacheStats(getattr(source, "stats", None))
         self._lock = threading.Lock()
         self._admit_lock = threading.Lock()
         #: the lowest score turned away for lack of room: the kept ranges are those below it
@@ -230,6 +241,19 @@ class CachedSource:
             self.stats.fetched_bytes += len(data)
         self._maybe_store(offset, length, data)
         return data
+
+    def discard(self, offset: int, length: int) -> None:
+        """Forget this range (its cache file and anything the inner source holds of it): its
+        bytes failed a check, so the next read fetches them afresh."""
+        with self._lock:
+            self._entries.pop((offset, length), None)
+        try:
+            self.path_of(offset, length).unlink()
+        except OSError:
+            pass
+        discard = getattr(self.inner, "discard", None)
+        if discard is not None:
+            discard(offset, length)
 
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | memoryview]:
         self.prefetch(ranges)

@@ -131,6 +131,9 @@ class LoaderOptions:
     - ``num_threads``: decoder threads (default: the cpu count, 2 to 8), each
       decompressing whole chunks with one blosc2 thread.
     - ``queue_size``: finished batches waiting for the consumer.
+    - ``retry_timeout``: remote stores: seconds a failing server is tried again before the
+      epoch fails (default: the store's storage option ``retry_timeout``, 120 s); the
+      loader waits meanwhile and resumes at the same batch, losing and repeating nothing.
     """
 
     shuffle: Shuffle = "block"
@@ -151,6 +154,7 @@ class LoaderOptions:
     prefetch: int | None = None
     num_threads: int | None = None
     queue_size: int = 2
+    retry_timeout: float | None = None
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -186,6 +190,14 @@ class LoaderOptions:
             default_threads() if self.num_threads is None else _int_arg("num_threads", self.num_threads, 1),
         )
         s(self, "queue_size", _int_arg("queue_size", self.queue_size, 1))
+        if self.retry_timeout is not None:
+            try:
+                seconds = float(self.retry_timeout)
+            except (TypeError, ValueError):
+                seconds = -1.0
+            if not seconds >= 0:
+                raise InvalidInputError(f"retry_timeout must be seconds >= 0, got {self.retry_timeout!r}")
+            s(self, "retry_timeout", seconds)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> LoaderOptions:
@@ -374,6 +386,15 @@ def _open(store_or_path: Any) -> Store:
     )
 
 
+def _set_retry_timeout(source: Any, seconds: float) -> None:
+    """Give the remote source under ``source`` (behind a cache, say) its retry budget."""
+    while source is not None:
+        if hasattr(type(source), "retry_timeout"):
+            source.retry_timeout = seconds
+            return
+        source = getattr(source, "inner", None)
+
+
 def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None = None, **kwargs: Any) -> LoaderSpec:
     """Resolve loader options (an options value, or keyword arguments) against a store."""
     if options is None:
@@ -381,6 +402,8 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
     elif kwargs:
         options = options.replace(**kwargs)
     store = _open(store_or_path)
+    if options.retry_timeout is not None:
+        _set_retry_timeout(store.source, options.retry_timeout)
     batch_size = _int_arg("batch_size", batch_size, 1)
     labels = store.labels
     if store.class_names:

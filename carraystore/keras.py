@@ -66,7 +66,7 @@ class StoreDataset(keras.utils.PyDataset):
     :func:`carraystore.loader.batches` (``shuffle``, ``seed``, ``epoch``, ``start_batch``,
     ``window``, ``rank``, ``world_size``, ``drop_remainder``, ``transform``,
     ``label_mode``, ``sequence_length``, ``verify``, ``prefetch``, ``num_threads``,
-    ``queue_size``), plus ``cache_windows`` (decoded windows kept per process) and Keras's
+    ``queue_size``, ``retry_timeout``), plus ``cache_windows`` (decoded windows kept per process) and Keras's
     ``workers``, ``use_multiprocessing``, ``max_queue_size``.
 
     - ``start_batch=b`` resumes the first epoch served (``epoch``) at batch ``b``: that

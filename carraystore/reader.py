@@ -10,6 +10,7 @@ decompressed chunk is the chunk's images in row order.
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import threading
 import time
@@ -48,6 +49,10 @@ from carraystore.format import (
 from carraystore.frame import Frame, read_frame, special_chunk_header
 from carraystore.journal import JournalSource, journal_path, load_journal, rollback_if_abandoned
 from carraystore.sources import ByteSource, LocalFileSource
+
+#: Times a chunk fetched over a network that fails its CRC32 is fetched again before it is an error.
+CRC_REFETCHES = 2
+_log = logging.getLogger("carraystore.remote")  # the refetches are the remote reader's business
 
 __all__ = ["Store", "ChunkProblem", "open_store", "open_source", "is_url", "open_unguarded"]
 
@@ -88,9 +93,9 @@ def open_source(
         if storage_options:
             raise InvalidInputError(f"{location}: storage_options apply to URLs only, not to local paths")
         return LocalFileSource(check_local_store_path(location))
-    from carraystore.remote import open_source as open_remote_source  # the layer below this one
+    from carraystore.remote import open_remote  # the layer below this one
 
-    source: ByteSource = open_remote_source(str(location), storage_options)
+    source: ByteSource = open_remote(str(location), storage_options)
     if cache_dir is not None:
         from carraystore.cache import CachedSource
 
@@ -285,6 +290,31 @@ class Store:
             typesize = int(self.codec.typesize or 1) if items else f.typesize
             return special_chunk_header(special, self.chunk_nbytes, f.blocksize, typesize)
         offset, length = int(f.chunk_offsets[i]), int(f.chunk_lengths[i])
+        data = self._fetch_chunk(i, offset, length, copy)
+        if self.check_reads:
+            # bytes that crossed a network and fail their CRC are fetched again (a source
+            # that can forget a range: remote, cached) before the chunk counts as damaged
+            discard = getattr(self._source, "discard", None)
+            for attempt in range(CRC_REFETCHES + 1):
+                try:
+                    self.check_chunk_bytes(i, data)
+                    break
+                except ChecksumError as exc:
+                    if discard is None or attempt == CRC_REFETCHES:
+                        if attempt:
+                            raise ChecksumError(f"{exc} (fetched {attempt + 1} times)") from exc
+                        raise
+                    _log.warning(
+                        "%s: chunk %d (bytes %d-%d) failed its CRC32 check as fetched; fetching it again (%d of %d)",
+                        self.location, i, offset, offset + length, attempt + 1, CRC_REFETCHES,
+                    )  # fmt: skip
+                    del data
+                    discard(offset, length)
+                    data = self._fetch_chunk(i, offset, length, copy)
+        return data
+
+    def _fetch_chunk(self, i: int, offset: int, length: int, copy: bool) -> bytes | memoryview:
+        """Chunk ``i``'s bytes as read (trimmed to its compressed size), unchecked."""
         try:
             if not copy and isinstance(self._source, LocalFileSource):
                 data: bytes | memoryview = self._source.view(offset, length)
@@ -303,10 +333,7 @@ class Store:
         if len(data) >= 16:
             cbytes = int.from_bytes(bytes(data[12:16]), "little")
             if cbytes <= len(data):
-                data = data[:cbytes] if cbytes < len(data) else data
-                if self.check_reads:
-                    self.check_chunk_bytes(i, data)
-                return data
+                return data[:cbytes] if cbytes < len(data) else data
         raise CorruptStoreError(
             f"{self.location}: chunk {i} is truncated ({len(data)} of {length} bytes readable at offset {offset}); "
             f"the file is damaged: run `carraystore verify {self.location}`"

@@ -10,16 +10,19 @@ waits in Rust with the GIL released, and many are in flight from a few threads
 - Opening costs one request: the first ranged GET brings the frame header and, from its
   ``Content-Range``, the object's size, ETag and modification time (the identity a chunk
   cache keys on). Reads inside those first bytes are served from memory.
-- Every request has a timeout. Transient failures (timeouts, connection resets, bodies cut
-  short, 5xx, 429, 503 SlowDown) are retried with exponential backoff and full jitter;
-  each retry is logged at DEBUG on the ``carraystore.remote`` logger and counted in
-  :attr:`RemoteSource.stats`. A permanent failure raises :class:`RemoteReadError` naming
-  the URL and the byte range.
+- Every request has a timeout. Transient failures (timeouts, refused or dropped
+  connections, bodies cut short, 5xx, 429, 503 SlowDown) are tried again for up to
+  ``retry_timeout`` seconds (default 120: a storage node that restarts is waited for),
+  with capped exponential backoff and full jitter (:mod:`carraystore.retry`); each retry
+  is logged at DEBUG on the ``carraystore.remote`` logger and counted in
+  :attr:`RemoteSource.stats`, and a server failing for longer is reported at WARNING once
+  per 10 s. A permanent failure raises :class:`RemoteReadError` naming the URL and the
+  byte range. The storage options are read by :mod:`carraystore.remoteconfig`.
 - :meth:`RemoteSource.prefetch` is a bounded read-ahead: the ranges it is told about are
   fetched in the background, ``max_inflight`` requests at a time, runs of ranges adjacent in
   the file and in the order given coalesced into one GET, and handed to :meth:`read` when
   asked for (each range once). Unclaimed bytes are bounded by ``readahead_bytes``.
-- Bodies land in reused receive buffers (:class:`BufferPool`): a chunk's bytes are a
+- Bodies land in reused receive buffers (:class:`carraystore.buffers.BufferPool`): a chunk's bytes are a
   read-only view of one, and a buffer is written again only when no view of it is left. A
   fresh allocation per chunk (MBs) would have the kernel fault in and zero its pages for
   every chunk, which on a fast link cost more than anything else beyond a local read.
@@ -35,67 +38,44 @@ from __future__ import annotations
 import http.client
 import logging
 import os
-import random
-import re
-import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import urlsplit
 
-import numpy as np
-
-from carraystore.errors import CorruptStoreError, InvalidInputError, MissingDependencyError, RemoteReadError
+from carraystore.buffers import BufferPool
+from carraystore.errors import CorruptStoreError, InvalidInputError, RemoteReadError
 from carraystore.forksafe import at_fork_in_child
 from carraystore.frame import HEAD_READ_BYTES
+from carraystore.remoteconfig import (
+    DEFAULT_COALESCE_BYTES,
+    DEFAULT_MAX_INFLIGHT,
+    DEFAULT_READAHEAD_BYTES,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    make_object_store,
+    plain_http_url,
+    split_options,
+)
+from carraystore.retry import HTTPStatusError, Retrier, RetryPolicy, ShortRead
 
-__all__ = [
-    "RemoteSource",
-    "BufferPool",
-    "RemoteStats",
-    "open_source",
-    "make_object_store",
-    "split_options",
-    "DEFAULT_MAX_INFLIGHT",
-    "DEFAULT_TIMEOUT",
-    "DEFAULT_RETRIES",
-    "SOURCE_OPTIONS",
-    "tune_malloc",
-]
+__all__ = ["RemoteSource", "RemoteStats", "open_remote"]
 
 log = logging.getLogger("carraystore.remote")
 
-#: Requests in flight at once (read-ahead and ``read_many``). Enough to hide a link's
-#: latency when ``max_inflight * chunk bytes >= bandwidth * round trip``: 16 chunks of
-#: 1 MiB cover 400 Mbit/s at 300 ms.
-DEFAULT_MAX_INFLIGHT = 16
-#: Seconds one request may take (connect, headers and body) before it counts as failed.
-DEFAULT_TIMEOUT = 30.0
-#: Retries of a transient failure before the read fails.
-DEFAULT_RETRIES = 6
-#: Largest GET made of adjacent ranges.
-DEFAULT_COALESCE_BYTES = 4 << 20
-#: Bytes fetched ahead and not yet asked for (the read-ahead's memory bound).
-DEFAULT_READAHEAD_BYTES = 256 << 20
-#: First and longest pause between retries (seconds; each pause is drawn from [0, cap]).
 #: Hinted ranges remembered beyond the read-ahead bound.
 _MAX_PENDING = 1 << 16
-#: Receive buffers are made in multiples of this (a store's chunks differ in length).
-_BUFFER_STEP = 1 << 20
+#: Longest time (seconds) the opening request is tried again: a wrong endpoint or a server
+#: that is down fails within half a minute rather than the whole ``retry_timeout``.
+OPEN_RETRY_TIMEOUT = 30.0
 #: Smallest piece of a body handed from obstore to Python while it is copied into place.
 _STREAM_PIECE = 64 << 10
-BACKOFF_BASE = 0.1
-BACKOFF_MAX = 5.0
 
-#: storage_options keys that tune the source itself (not passed to the object store).
-SOURCE_OPTIONS = ("max_inflight", "timeout", "retries", "coalesce_bytes", "readahead_bytes", "connect_timeout")
-
-_SCHEMES = ("s3", "s3a", "gs", "gcs", "http", "https", "file")
 #: obstore made a request in this process (its Rust runtime runs here)
 _RUNTIME_STARTED = False
 #: this process was forked after obstore's runtime started (in it or an ancestor): obstore
@@ -109,342 +89,6 @@ def _after_fork_in_child() -> None:
 
 
 at_fork_in_child(_after_fork_in_child)
-
-
-# ---------------------------------------------------------------------------------------
-# URLs and storage options -> an obstore store
-# ---------------------------------------------------------------------------------------
-
-
-def split_options(storage_options: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(source knobs, object-store options) out of ``storage_options``."""
-    opts = dict(storage_options or {})
-    knobs = {k: opts.pop(k) for k in SOURCE_OPTIONS if k in opts}
-    return knobs, opts
-
-
-def _truthy(v: Any) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() in ("1", "true", "yes", "on")
-    return bool(v)
-
-
-def _aws_has_credentials(config: Mapping[str, Any]) -> bool:
-    if any(config.get(k) for k in ("access_key_id", "session_token", "role_arn", "web_identity_token_file")):
-        return True
-    env = os.environ
-    return any(
-        env.get(k)
-        for k in (
-            "AWS_ACCESS_KEY_ID",
-            "AWS_PROFILE",
-            "AWS_WEB_IDENTITY_TOKEN_FILE",
-            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        )
-    )
-
-
-def _client_options(knobs: Mapping[str, Any], client_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    timeout = float(knobs.get("timeout", DEFAULT_TIMEOUT))
-    connect = float(knobs.get("connect_timeout", min(10.0, timeout)))
-    out: dict[str, Any] = {
-        "allow_http": True,  # an http:// endpoint (a storage node on the LAN) works without flags
-        "timeout": timedelta(seconds=timeout),
-        "connect_timeout": timedelta(seconds=connect),
-        "pool_idle_timeout": timedelta(seconds=60),
-    }
-    for k, v in client_kwargs.items():  # obstore ClientConfig keys given in client_kwargs
-        if k not in ("endpoint_url", "region_name", "verify"):
-            out[k] = v
-    if client_kwargs.get("verify") is False:
-        out["allow_invalid_certificates"] = True
-    return out
-
-
-def _import_obstore() -> Any:
-    try:
-        import obstore.store
-    except ImportError as exc:  # pragma: no cover - obstore is in the remote and test extras
-        raise MissingDependencyError(
-            "reading stores from URLs needs obstore: pip install 'carraystore[remote]'"
-        ) from exc
-    return obstore.store
-
-
-def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
-    """An obstore store for ``url`` and the object's key in it.
-
-    ``storage_options`` are fsspec-style (as pandas, zarr and dask take them):
-    ``endpoint_url`` (or ``client_kwargs={"endpoint_url": ...}``), ``key``, ``secret``,
-    ``token``, ``anon``, ``region`` (or ``client_kwargs={"region_name": ...}``); any
-    other key is passed to obstore as a config value (``S3Config``, ``GCSConfig``,
-    ``ClientConfig`` names). The standard environment (``AWS_ENDPOINT_URL``,
-    ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ...) is read by obstore.
-    Without credentials anywhere, S3 requests are anonymous (unsigned).
-    """
-    knobs, opts = split_options(storage_options)
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in _SCHEMES:
-        raise InvalidInputError(f"{url}: unsupported URL scheme {scheme!r}; use s3://, gs://, http(s):// or file://")
-    st = _import_obstore()
-    client_kwargs = dict(opts.pop("client_kwargs", None) or {})
-    client = _client_options(knobs, client_kwargs)
-    for k in list(opts):  # ClientConfig keys given at the top level
-        if k in (
-            "allow_http",
-            "allow_invalid_certificates",
-            "proxy_url",
-            "user_agent",
-            "default_headers",
-            "http2_only",
-            "http1_only",
-        ):
-            client[k] = opts.pop(k)
-    retry = {"max_retries": 0}  # retries are ours: counted, logged, and bounded by `retries`
-    anon = opts.pop("anon", None)
-    provider = opts.pop("credential_provider", None)  # e.g. obstore.auth.boto3.Boto3CredentialProvider()
-    extra = {"credential_provider": provider} if provider is not None else {}
-    try:
-        if scheme in ("s3", "s3a"):
-            bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
-            if not bucket or not key:
-                raise InvalidInputError(f"{url}: an S3 URL is s3://bucket/key")
-            config: dict[str, Any] = {}
-            endpoint = opts.pop("endpoint_url", None) or client_kwargs.get("endpoint_url")
-            if endpoint:
-                config["endpoint"] = endpoint
-            for fs_name, name in (
-                ("key", "access_key_id"),
-                ("secret", "secret_access_key"),
-                ("token", "session_token"),
-            ):
-                if opts.get(fs_name) is not None:
-                    config[name] = opts.pop(fs_name)
-            region = opts.pop("region", None) or opts.pop("region_name", None) or client_kwargs.get("region_name")
-            if region:
-                config["region"] = region
-            config.update(opts)
-            if anon is None:
-                anon = (
-                    provider is None
-                    and not _aws_has_credentials(config)
-                    and not _truthy(config.get("skip_signature", False))
-                )
-                anon = anon or None
-            if anon is not None:
-                config["skip_signature"] = _truthy(anon) or _truthy(config.get("skip_signature", False))
-            store = st.S3Store(bucket, config=config, client_options=client, retry_config=retry, **extra)
-            return store, key
-        if scheme in ("gs", "gcs"):
-            bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
-            if not bucket or not key:
-                raise InvalidInputError(f"{url}: a GCS URL is gs://bucket/key")
-            config = {}
-            token = opts.pop("token", None)
-            if token == "anon":
-                anon = True
-            elif isinstance(token, str) and token not in ("google_default", "cloud", "browser"):
-                config["application_credentials"] = token
-            opts.pop("project", None)
-            config.update(opts)
-            if anon:
-                config["skip_signature"] = True
-            return st.GCSStore(bucket, config=config, client_options=client, retry_config=retry, **extra), key
-        if scheme in ("http", "https"):
-            if opts:
-                raise InvalidInputError(f"{url}: storage options {sorted(opts)} do not apply to HTTP URLs")
-            path = parts.path
-            if not path or path.endswith("/"):
-                raise InvalidInputError(f"{url}: the URL must name a file")
-            base, _, name = path.rpartition("/")
-            store = st.HTTPStore.from_url(
-                f"{scheme}://{parts.netloc}{base}/", client_options=client, retry_config=retry
-            )
-            return store, unquote(name)
-        # file://
-        path = unquote(parts.path)
-        if parts.netloc and parts.netloc != "localhost":
-            raise InvalidInputError(f"{url}: a file URL is file:///absolute/path")
-        directory, _, name = path.rpartition("/")
-        return st.LocalStore(directory or "/"), name
-    except (InvalidInputError, MissingDependencyError):
-        raise
-    except Exception as exc:
-        raise InvalidInputError(f"{url}: the storage options cannot be used ({type(exc).__name__}: {exc})") from exc
-
-
-def plain_http_url(url: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
-    """The object's URL for an unsigned plain-HTTP GET, or None when requests must be signed.
-
-    Used in processes forked after obstore's runtime started (obstore cannot run there):
-    ``http(s)://`` URLs, anonymous S3 (path-style, on the configured endpoint) and
-    anonymous GCS can still be read with Python's own HTTP client.
-    """
-    _, opts = split_options(storage_options)
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme in ("http", "https"):
-        return url
-    client_kwargs = dict(opts.get("client_kwargs") or {})
-    anon = opts.get("anon")
-    if opts.get("credential_provider") is not None:
-        return None
-    if scheme in ("s3", "s3a"):
-        config = {"access_key_id": opts.get("key"), "session_token": opts.get("token")}
-        config.update({k: v for k, v in opts.items() if k in ("access_key_id", "role_arn", "web_identity_token_file")})
-        if anon is None:
-            anon = _truthy(
-                opts.get("skip_signature", os.environ.get("AWS_SKIP_SIGNATURE", False))
-            ) or not _aws_has_credentials(config)
-        if not _truthy(anon):
-            return None
-        endpoint = (
-            opts.get("endpoint_url")
-            or opts.get("endpoint")
-            or client_kwargs.get("endpoint_url")
-            or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL")
-            or os.environ.get("AWS_ENDPOINT")
-        )
-        if not endpoint:
-            region = (
-                opts.get("region")
-                or client_kwargs.get("region_name")
-                or os.environ.get("AWS_REGION")
-                or os.environ.get("AWS_DEFAULT_REGION")
-                or "us-east-1"
-            )
-            endpoint = f"https://s3.{region}.amazonaws.com"
-        return f"{endpoint.rstrip('/')}/{parts.netloc}{quote(unquote(parts.path))}"
-    if scheme in ("gs", "gcs"):
-        if _truthy(anon) or opts.get("token") == "anon":
-            return f"https://storage.googleapis.com/{parts.netloc}{quote(unquote(parts.path))}"
-        return None
-    return None
-
-
-class _HTTPStatusError(Exception):
-    """A plain-HTTP GET answered with an error status."""
-
-
-# ---------------------------------------------------------------------------------------
-# which failures are worth retrying
-# ---------------------------------------------------------------------------------------
-
-_STATUS = re.compile(r"status(?: code)?:? *(\d{3})", re.IGNORECASE)
-_TRANSIENT_TEXT = (
-    "timed out",
-    "timeout",
-    "connection",
-    "connect error",
-    "error sending request",
-    "error decoding response body",
-    "error reading a body",
-    "body from connection",
-    "broken pipe",
-    "reset by peer",
-    "incomplete",
-    "unexpected eof",
-    "end of file",
-    "slowdown",
-    "slow down",
-    "service unavailable",
-    "internal server error",
-    "bad gateway",
-    "gateway timeout",
-    "too many requests",
-    "dispatch task is gone",
-    "hyper",
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether a failed request may succeed when tried again."""
-    if isinstance(exc, (_ShortRead, TimeoutError, ConnectionError, http.client.HTTPException)):
-        return True
-    if isinstance(exc, (FileNotFoundError, PermissionError)):
-        return False
-    name = type(exc).__name__
-    if name in (
-        "NotFoundError",
-        "PermissionDeniedError",
-        "UnauthenticatedError",
-        "InvalidPathError",
-        "NotSupportedError",
-        "PreconditionError",
-    ):
-        return False
-    text = str(exc)
-    m = _STATUS.search(text)
-    if m:
-        code = int(m.group(1))
-        return code >= 500 or code in (408, 429)
-    low = text.lower()
-    return any(t in low for t in _TRANSIENT_TEXT)
-
-
-class _ShortRead(Exception):
-    """The server sent fewer bytes than the range holds (a body cut short)."""
-
-
-# ---------------------------------------------------------------------------------------
-# the source
-# ---------------------------------------------------------------------------------------
-
-
-class BufferPool:
-    """Receive buffers used again and again, so that a chunk's body lands in memory that is
-    already mapped.
-
-    Without it every body (MBs) is a fresh allocation that glibc maps afresh, and the kernel
-    faults in and zeroes its pages for every chunk: on a fast link that was the largest part
-    of what a remote reader spends beyond a local one (docs/remote.md, "Receive buffers").
-    A buffer is handed out again only when nothing else refers to it (no view of it, no
-    array over it is left), so bytes someone still holds are never overwritten. Free
-    buffers beyond ``keep_bytes`` in all are let go.
-    """
-
-    def __init__(self, keep_bytes: int) -> None:
-        self.keep_bytes = int(keep_bytes)
-        #: buffers made so far (a reused buffer is not counted again)
-        self.allocated = 0
-        self._lock = threading.Lock()
-        self._bufs: list[np.ndarray] = [np.empty(0, np.uint8)]
-        # what "held by this pool alone" reads as, measured the way take() measures it
-        self._free_refs = sys.getrefcount(self._bufs[0])
-        self._bufs.clear()
-
-    def take(self, n: int) -> np.ndarray:
-        """A uint8 buffer of at least ``n`` bytes that no one else holds."""
-        with self._lock:
-            bufs = self._bufs
-            for i in range(len(bufs)):
-                if len(bufs[i]) >= n and sys.getrefcount(bufs[i]) == self._free_refs:
-                    return bufs[i]
-            size = -(-max(n, 1) // _BUFFER_STEP) * _BUFFER_STEP
-            held = sum(len(b) for b in bufs)
-            for i in reversed(range(len(bufs))):  # over the budget: let free buffers go
-                if held + size <= self.keep_bytes:
-                    break
-                if sys.getrefcount(bufs[i]) == self._free_refs:
-                    held -= len(bufs[i])
-                    del bufs[i]
-            bufs.append(np.empty(size, np.uint8))
-            self.allocated += 1
-            return bufs[-1]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the buffers the pool holds (free or in use)."""
-        with self._lock:
-            return sum(len(b) for b in self._bufs)
-
-    def clear(self) -> None:
-        """Forget every buffer (those still in use live on with their users)."""
-        with self._lock:
-            self._bufs = []
 
 
 @dataclass
@@ -479,9 +123,11 @@ class RemoteSource:
     """A store file at a URL, read by ranged GETs (the ``ByteSource`` protocol).
 
     Knobs (keyword arguments, or the same names in ``storage_options``): ``max_inflight``
-    (requests at once, default 16), ``timeout`` (seconds per request, 30), ``retries``
-    (of a transient failure, 6), ``coalesce_bytes`` (largest GET of adjacent ranges,
-    4 MiB), ``readahead_bytes`` (fetched ahead and not yet read, 256 MiB).
+    (requests at once, default 16), ``timeout`` (seconds per request, 30),
+    ``retry_timeout`` (seconds a failing request is tried again, from its first failure,
+    120), ``retries`` (at most this many retries as well; default None, no count),
+    ``coalesce_bytes`` (largest GET of adjacent ranges, 4 MiB), ``readahead_bytes``
+    (fetched ahead and not yet read, 256 MiB).
     """
 
     def __init__(
@@ -492,6 +138,7 @@ class RemoteSource:
         max_inflight: int | None = None,
         timeout: float | None = None,
         retries: int | None = None,
+        retry_timeout: float | None = None,
         coalesce_bytes: int | None = None,
         readahead_bytes: int | None = None,
     ) -> None:
@@ -503,6 +150,7 @@ class RemoteSource:
             "max_inflight": max_inflight,
             "timeout": timeout,
             "retries": retries,
+            "retry_timeout": retry_timeout,
             "coalesce_bytes": coalesce_bytes,
             "readahead_bytes": readahead_bytes,
         }
@@ -512,9 +160,18 @@ class RemoteSource:
         self.timeout = float(knobs.get("timeout", DEFAULT_TIMEOUT))
         if not self.timeout > 0:
             raise InvalidInputError(f"{url}: timeout must be > 0 seconds, got {self.timeout!r}")
-        self.retries = int(knobs.get("retries", DEFAULT_RETRIES))
-        if self.retries < 0:
-            raise InvalidInputError(f"{url}: retries must be >= 0, got {self.retries!r}")
+        retries_given = knobs.get("retries", DEFAULT_RETRIES)
+        self.retries: int | None = None if retries_given is None else int(retries_given)
+        if self.retries is not None and self.retries < 0:
+            raise InvalidInputError(f"{url}: retries must be >= 0 (or None: no count), got {self.retries!r}")
+        self._policy = RetryPolicy(
+            retry_timeout=_retry_timeout(knobs.get("retry_timeout", DEFAULT_RETRY_TIMEOUT), url),
+            retries=self.retries,
+            timeout=self.timeout,
+        )
+        self._retrier = Retrier(
+            url, self._policy, on_attempt=self._count_request, on_retry=self._count_retry, closed=self._is_closed
+        )
         self.coalesce_bytes = int(knobs.get("coalesce_bytes", DEFAULT_COALESCE_BYTES))
         self.readahead_bytes = int(knobs.get("readahead_bytes", DEFAULT_READAHEAD_BYTES))
         opts = dict(self.storage_options)
@@ -533,14 +190,43 @@ class RemoteSource:
         self._runs: list[_Run] = []
         self._ahead_bytes = 0
         self._closed = False
-        # the first request: the frame header, and the object's size and identity
-        self._head, meta = self._fetch_first(HEAD_READ_BYTES)
+        # the first request: the frame header, and the object's size and identity (tried
+        # for at most OPEN_RETRY_TIMEOUT s: a wrong endpoint fails within half a minute)
+        opening = Retrier(
+            url,
+            RetryPolicy(min(self._policy.retry_timeout, OPEN_RETRY_TIMEOUT), self.retries, self.timeout),
+            on_attempt=self._count_request,
+            on_retry=self._count_retry,
+            closed=self._is_closed,
+        )
+        self._head, meta = self._fetch_first(HEAD_READ_BYTES, opening)
         self._size = int(meta["size"])
         self.etag: str | None = meta.get("e_tag")
         last = meta.get("last_modified")
         self.last_modified: str | None = (
             last.isoformat() if hasattr(last, "isoformat") else (str(last) if last else None)
         )
+
+    @property
+    def retry_timeout(self) -> float:
+        """Seconds a failing request is tried again, from its first failure."""
+        return self._policy.retry_timeout
+
+    @retry_timeout.setter
+    def retry_timeout(self, seconds: float) -> None:
+        self._policy.retry_timeout = _retry_timeout(seconds, self.url)
+        self._knobs["retry_timeout"] = self._policy.retry_timeout  # travels with a pickled source
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _count_request(self) -> None:
+        with self._lock:
+            self.stats.requests += 1
+
+    def _count_retry(self) -> None:
+        with self._lock:
+            self.stats.retries += 1
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -608,7 +294,7 @@ class RemoteSource:
         if resp.status in (401, 403):
             raise PermissionError(f"GET {self._plain_url}: status {resp.status}")
         if resp.status not in (200, 206):
-            raise _HTTPStatusError(f"GET {self._plain_url}: status {resp.status}: {body[:200]!r}")
+            raise HTTPStatusError(f"GET {self._plain_url}: status {resp.status}: {body[:200]!r}")
         return resp
 
     def _plain_drop(self) -> None:
@@ -639,22 +325,22 @@ class RemoteSource:
             if resp.status == 200:  # the server ignored Range: the whole body, then the part asked for
                 body = resp.read()[start : start + length]
                 if len(body) != length:
-                    raise _ShortRead(f"{len(body)} of {length} bytes arrived")
+                    raise ShortRead(f"{len(body)} of {length} bytes arrived")
                 out[:] = body
                 return
             if resp.length is not None and resp.length != length:
-                raise _ShortRead(f"the server sends {resp.length} bytes for a range of {length}")
+                raise ShortRead(f"the server sends {resp.length} bytes for a range of {length}")
             pos = 0
             while pos < length:
                 n = resp.readinto(out[pos:])
                 if not n:
-                    raise _ShortRead(f"{pos} of {length} bytes arrived")
+                    raise ShortRead(f"{pos} of {length} bytes arrived")
                 pos += n
         except BaseException:
             self._plain_drop()
             raise
 
-    def _fetch_first(self, n: int) -> tuple[bytes, dict[str, Any]]:
+    def _fetch_first(self, n: int, retrier: Retrier) -> tuple[bytes, dict[str, Any]]:
         def once() -> tuple[bytes, dict[str, Any]]:
             if self._plain_only():
                 data, meta = self._plain_get(0, n)
@@ -662,10 +348,10 @@ class RemoteSource:
                 res = _obstore().get(self._store, self.key, options={"range": (0, n)})
                 data, meta = bytes(res.bytes()), dict(res.meta)
             if len(data) < min(n, int(meta["size"])):
-                raise _ShortRead(f"{len(data)} of {min(n, int(meta['size']))} bytes arrived")
+                raise ShortRead(f"{len(data)} of {min(n, int(meta['size']))} bytes arrived")
             return data, meta
 
-        return self._with_retries(once, 0, n)
+        return self._call(retrier, once, 0, n)
 
     def _get(self, offset: int, length: int) -> memoryview:
         """``length`` bytes at ``offset``, as a read-only view of a pooled receive buffer."""
@@ -686,70 +372,23 @@ class RemoteSource:
                 ):
                     n = len(piece)
                     if pos + n > length:
-                        raise _ShortRead(f"more than the {length} bytes asked for arrived")
+                        raise ShortRead(f"more than the {length} bytes asked for arrived")
                     out[pos : pos + n] = piece
                     pos += n
                 if pos != length:
-                    raise _ShortRead(f"{pos} of {length} bytes arrived")
+                    raise ShortRead(f"{pos} of {length} bytes arrived")
             return out.toreadonly()
 
-        return self._with_retries(once, offset, length)
+        return self._call(self._retrier, once, offset, length)
 
-    def _with_retries(self, once: Any, offset: int, length: int) -> Any:
+    def _call(self, retrier: Retrier, once: Any, offset: int, length: int) -> Any:
+        """``once()`` under ``retrier``'s policy; the bytes received are counted."""
         self._check_process()
-        attempt = 0
-        while True:
-            with self._lock:
-                self.stats.requests += 1
-            try:
-                out = once()
-            except Exception as exc:
-                if isinstance(exc, RemoteReadError):
-                    raise
-                transient = is_transient(exc)
-                if not transient or attempt >= self.retries or self._closed:
-                    raise self._failure(exc, offset, length, attempt + 1, transient) from exc
-                attempt += 1
-                pause = random.uniform(0, min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (attempt - 1)))
-                with self._lock:
-                    self.stats.retries += 1
-                log.debug(
-                    "%s: bytes %d-%d: retry %d of %d in %.2f s after %s: %s",
-                    self.url, offset, offset + length, attempt, self.retries, pause, type(exc).__name__, _short(exc),
-                )  # fmt: skip
-                time.sleep(pause)
-                continue
-            n = len(out[0]) if isinstance(out, tuple) else len(out)
-            with self._lock:
-                self.stats.bytes += n
-            return out
-
-    def _failure(self, exc: BaseException, offset: int, length: int, attempts: int, transient: bool) -> RemoteReadError:
-        if type(exc).__name__ == "PreconditionError":
-            why = "the object was replaced since the store was opened (its ETag changed); open it again"
-        elif isinstance(exc, FileNotFoundError) or type(exc).__name__ == "NotFoundError":
-            why = "the object does not exist (check the URL, bucket and endpoint)"
-        elif type(exc).__name__ == "NotSupportedError" and "range" in str(exc).lower():
-            why = (
-                "the server ignores Range requests (it sends the whole file); serve the store from one that honours "
-                f"them (nginx, Apache, caddy, an object store), or download it whole (curl -O {self.url}) and open the file"
-            )
-        elif isinstance(exc, PermissionError) or type(exc).__name__ in (
-            "PermissionDeniedError",
-            "UnauthenticatedError",
-        ):
-            why = "access was denied (check the credentials: storage_options key/secret, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
-        elif transient:
-            why = f"the server kept failing ({attempts} attempts, timeout {self.timeout:g} s each); check that it is up and reachable"
-        else:
-            why = "the server refused the request"
-        return RemoteReadError(
-            f"{self.url}: reading bytes {offset}-{offset + length} failed: {why}: {type(exc).__name__}: {_short(exc)}",
-            url=self.url,
-            offset=offset,
-            length=length,
-            attempts=attempts,
-        )
+        out = retrier.call(once, offset, length)
+        n = len(out[0]) if isinstance(out, tuple) else len(out)
+        with self._lock:
+            self.stats.bytes += n
+        return out
 
     # -- ByteSource -------------------------------------------------------------------------------
     def read(self, offset: int, length: int) -> bytes | memoryview:
@@ -783,6 +422,20 @@ class RemoteSource:
                         self._forget_run(run)
                         self._pump()
         return self._get(offset, length)
+
+    def discard(self, offset: int, length: int) -> None:
+        """Forget any bytes of this range fetched ahead: they failed a check, so the next
+        read sends a fresh GET."""
+        r = (int(offset), int(length))
+        with self._lock:
+            self._pending.pop(r, None)
+            hit = self._ahead.pop(r, None)
+            if hit is not None:
+                run = hit[0]
+                run.unclaimed -= 1
+                if run.unclaimed == 0:
+                    self._forget_run(run)
+                    self._pump()
 
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | memoryview]:
         """Every range's bytes, in order; fetched concurrently, adjacent ranges coalesced."""
@@ -925,6 +578,16 @@ def _obstore() -> Any:
     return obstore
 
 
+def _retry_timeout(value: Any, url: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = -1.0
+    if not v >= 0:
+        raise InvalidInputError(f"{url}: retry_timeout must be seconds >= 0, got {value!r}")
+    return v
+
+
 def _positive(name: str, value: Any, url: str) -> int:
     try:
         v = int(value)
@@ -935,51 +598,6 @@ def _positive(name: str, value: Any, url: str) -> int:
     return v
 
 
-def _short(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-#: glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-#: what :func:`tune_malloc` sets, as the environment variables that would set it
-TUNED_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
-
-
-def tune_malloc(
-    mmap_threshold: int = int(TUNED_MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]),
-    trim_threshold: int = int(TUNED_MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]),
-) -> bool:
-    """Keep large freed blocks in glibc malloc's heap, for this whole process (opt-in).
-
-    glibc maps each large block (above its mmap threshold) afresh and unmaps it when freed,
-    so a program that allocates and frees MB-sized buffers over and over pays page faults
-    for each. This raises glibc's mmap threshold and trim threshold, as the environment
-    variables ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` would, at the cost of
-    freed memory going back to the system less eagerly (up to ``trim_threshold``).
-    carraystore's remote reads no longer need it: their bodies land in reused buffers
-    (:class:`BufferPool`), and in the storage-node benchmark the tuning no longer changed the
-    rate (docs/remote.md, "Receive buffers"). Returns False and changes nothing when either
-    variable is set (the environment's choice stands: Dask's nanny sets a small trim
-    threshold on purpose) or when the C library is not glibc.
-    """
-    if any(name in os.environ for name in TUNED_MALLOC_ENV):
-        return False
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(
-        mallopt(_M_TRIM_THRESHOLD, int(trim_threshold))
-    )
-
-
-def open_source(url: str, storage_options: Mapping[str, Any] | None = None) -> RemoteSource:
+def open_remote(url: str, storage_options: Mapping[str, Any] | None = None) -> RemoteSource:
     """The byte source of a store at ``url`` (one request: the frame header and the size)."""
     return RemoteSource(url, storage_options)

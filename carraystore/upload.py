@@ -46,14 +46,14 @@ _STAGE = re.compile(r"^carraystore-upload-(?P<pid>\d+)-[0-9a-f]+$")
 
 def _object_store(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     """(obstore store, key) for ``url``: the same store the reader uses."""
-    from carraystore.remote import make_object_store
+    from carraystore.remoteconfig import make_object_store
 
     return make_object_store(url, storage_options)
 
 
 def _attempts(fn: Callable[[], Any]) -> Any:
     """``fn()``, tried again (backoff with jitter) while it fails transiently."""
-    from carraystore.remote import is_transient
+    from carraystore.retry import is_transient
 
     for attempt in range(1, UPLOAD_ATTEMPTS + 1):
         try:

@@ -25,9 +25,11 @@ from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs
 
 import carraystore
 from carraystore.benchmarks.netproxy import NetProxy
+from carraystore.buffers import BufferPool
 from carraystore.cache import CachedSource, parse_size
 from carraystore.errors import InvalidInputError, LoaderError, RemoteReadError
-from carraystore.remote import BufferPool, RemoteSource, make_object_store
+from carraystore.remote import RemoteSource
+from carraystore.remoteconfig import make_object_store
 
 pytest.importorskip("obstore")
 
@@ -703,7 +705,7 @@ def test_buffer_pool_lets_free_buffers_go_beyond_its_budget() -> None:
 
 _ALLOCATE = r"""
 import resource, sys
-from carraystore.remote import tune_malloc
+from carraystore.benchmarks.malloc import tune_malloc
 tuned = tune_malloc() if sys.argv[1] == "tune" else None
 r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for i in range(60):
@@ -739,3 +741,79 @@ def test_tune_malloc_reuses_freed_blocks_and_respects_the_environment() -> None:
     assert faults * 4 < plain, (faults, plain)
     # the environment's choice stands (Dask's nanny sets a small trim threshold on purpose)
     assert run("tune", {"MALLOC_TRIM_THRESHOLD_": "65536"})[0] == "False"
+
+
+# -- one stats type, a chunk that fails its CRC ------------------------------------------------------
+
+
+def test_stats_count_requests_and_retries_with_and_without_the_cache(
+    s3_url: str, proxy: NetProxy, local_store: Path, tmp_path: Path
+) -> None:
+    for cache in (None, tmp_path / "cache"):
+        kw = {"cache_dir": cache} if cache else {}
+        with carraystore.open(s3_url, _options(proxy, max_inflight=2), **kw) as store:
+            proxy.inject_503(2)
+            _epoch(store, seed=2)
+            stats = store.source.stats
+            assert stats.requests > stats.retries >= 2, (cache, stats)  # coalesced GETs: fewer than chunks
+            assert stats.bytes > 0 and stats.as_dict()["retries"] == stats.retries
+            if cache:
+                assert stats.misses >= store.nchunks and "requests" in repr(stats)
+
+
+def _flip_cached_chunk(store: Any, chunk: int) -> Path:
+    """Damage chunk ``chunk``'s bytes in its cache file, the file's own CRC made to match (as
+    bytes damaged before they were cached would be)."""
+    import struct
+    import zlib
+
+    offset, length = store.chunk_byte_range(chunk)
+    path = store.source.path_of(offset, length)
+    blob = bytearray(path.read_bytes())
+    blob[-length // 2] ^= 0xFF
+    struct.pack_into("<4sIQ", blob, 0, b"CSCH", zlib.crc32(blob[16:]), length)
+    path.write_bytes(bytes(blob))
+    return path
+
+
+def test_a_chunk_that_fails_its_crc_is_fetched_again(
+    s3_url: str, seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    local = carraystore.open(local_store)
+    with carraystore.open(s3_url, seaweedfs.storage_options, cache_dir=tmp_path / "c") as store:
+        first = _epoch(store, seed=6, window=2)
+        _flip_cached_chunk(store, 5)
+        misses = store.source.stats.misses
+        with caplog.at_level(logging.WARNING, logger="carraystore.remote"):
+            again = _epoch(store, seed=6, window=2)
+        assert store.source.stats.misses == misses + 1  # chunk 5 came from the server again
+    want = _epoch(local, seed=6, window=2)
+    _same(first, want)
+    _same(again, want)  # the epoch's order and pixels kept
+    logged = [r.getMessage() for r in caplog.records if "CRC32" in r.getMessage()]
+    assert len(logged) == 1 and "chunk 5" in logged[0] and "fetching it again" in logged[0]
+
+
+def test_a_chunk_that_keeps_failing_its_crc_is_an_error_after_two_refetches(
+    s3_url: str, seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from carraystore.errors import ChecksumError
+
+    with carraystore.open(s3_url, seaweedfs.storage_options) as store:
+        offset, length = store.chunk_byte_range(3)
+        source = store.source
+        real, calls = source.read, []
+
+        def damaged(o: int, n: int) -> Any:
+            data = real(o, n)
+            if (o, n) != (offset, length):
+                return data
+            calls.append(o)
+            out = bytearray(data)
+            out[n // 2] ^= 0xFF
+            return bytes(out)
+
+        monkeypatch.setattr(source, "read", damaged)
+        with pytest.raises(ChecksumError, match=r"chunk 3 .*fetched 3 times"):
+            store.read_chunk(3)
+        assert len(calls) == 3

@@ -102,6 +102,8 @@ class SeaweedFS:
     dir: Path
     log: Path
     buckets: set[str] = field(default_factory=set)
+    #: the command line that started it (``restart`` runs it again: same ports, same data)
+    cmd: list[str] = field(default_factory=list)
 
     @property
     def endpoint(self) -> str:
@@ -142,6 +144,42 @@ class SeaweedFS:
         self.make_bucket(bucket)
         obstore.put(self.s3_store(bucket), key, Path(path))
         return f"s3://{bucket}/{key}"
+
+    def restart(self, timeout: float = 60) -> None:
+        """Start the server again after it was stopped or killed: the same ports and data
+        folder (its buckets and objects are there again); returns once it serves."""
+        if self.proc.poll() is None:
+            raise RuntimeError("SeaweedFS is still running: stop it first")
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        try:
+            _wait_ready(self, timeout)
+        except BaseException:
+            stop_process(self.proc, kill=True)
+            raise
+
+
+def _wait_ready(server: SeaweedFS, timeout: float) -> None:
+    """Wait until the S3 gateway serves a small object round trip (the whole chain works)."""
+    _wait_port(server.s3_port, server.proc, timeout, "weed server's S3 gateway")
+    # the gateway listens before the filer and volumes are ready: a bucket and a
+    # small object round trip prove the whole chain works
+    import obstore
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            server.make_bucket("ready-check")
+            obstore.put(server.s3_store("ready-check"), "probe", b"ok")
+            if bytes(obstore.get(server.s3_store("ready-check"), "probe").bytes()) == b"ok":
+                return
+        except Exception as exc:
+            if time.monotonic() > deadline or server.proc.poll() is not None:
+                raise RuntimeError(f"SeaweedFS did not become ready ({exc}); log: {server.log}") from exc
+            server.buckets.discard("ready-check")
+            time.sleep(0.3)
 
 
 def start_seaweedfs(workdir: Path, timeout: float = 60, attempts: int = 3) -> SeaweedFS:
@@ -202,25 +240,9 @@ def _start_seaweedfs(workdir: Path, timeout: float) -> SeaweedFS:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
-    server = SeaweedFS(proc=proc, s3_port=ports["s3"], dir=workdir, log=log)
+    server = SeaweedFS(proc=proc, s3_port=ports["s3"], dir=workdir, log=log, cmd=cmd)
     try:
-        _wait_port(ports["s3"], proc, timeout, "weed server's S3 gateway")
-        # the gateway listens before the filer and volumes are ready: a bucket and a
-        # small object round trip prove the whole chain works
-        import obstore
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                server.make_bucket("ready-check")
-                obstore.put(server.s3_store("ready-check"), "probe", b"ok")
-                if bytes(obstore.get(server.s3_store("ready-check"), "probe").bytes()) == b"ok":
-                    break
-            except Exception as exc:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"SeaweedFS did not become ready ({exc}); log: {log}") from exc
-                server.buckets.discard("ready-check")
-                time.sleep(0.3)
+        _wait_ready(server, timeout)
         return server
     except BaseException:
         stop_process(proc)
