@@ -13,6 +13,7 @@ __all__ = [
     "ChecksumError",
     "MetadataChecksumError",
     "MetadataTooLargeError",
+    "StaleJournalError",
     "StoreExistsError",
     "InvalidInputError",
     "ImageDecodeError",
@@ -68,6 +69,11 @@ class MetadataChecksumError(ChecksumError):
 
 class MetadataTooLargeError(CorruptStoreError):
     """The metadata record would decompress to more than the format allows for the store's size."""
+
+
+class StaleJournalError(CorruptStoreError):
+    """A rollback journal beside a store was not made for the file now there (it was replaced
+    after the write died); it is never applied. Delete the journal if the file is the one wanted."""
 
 
 class StoreExistsError(CarrayStoreError, FileExistsError):
