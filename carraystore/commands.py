@@ -726,6 +726,7 @@ def _cmd_copy(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         verify=args.verify,
         progress=not args.quiet and sys.stderr.isatty(),
+        lock_timeout=args.wait,
     )
     print(result.summary())
     return 0
@@ -969,6 +970,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip re-reading the published copy")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="while another writer holds a local DST, wait up to SECONDS (default: fail at once)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_copy)
 

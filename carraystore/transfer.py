@@ -22,6 +22,8 @@ from typing import Any
 
 from carraystore.errors import ChecksumError, CorruptStoreError, InvalidInputError, StoreExistsError
 from carraystore.format import chunk_crc_ok, crc32
+from carraystore.journal import rollback
+from carraystore.lock import WriterLock
 from carraystore.reader import Store, is_url, open_store
 from carraystore.upload import check_writable, delete_remote, put_stream, remote_exists
 from carraystore.writer import publish, refuse_folder_target, remove_stale_temps, temp_path
@@ -154,6 +156,7 @@ def copy_store(
     overwrite: bool = False,
     verify: bool = True,
     progress: bool = False,
+    lock_timeout: float | None = 0.0,
 ) -> CopyResult:
     """Copy the store at ``src`` to ``dst`` (each a path or URL), streamed and verified.
 
@@ -162,6 +165,9 @@ def copy_store(
     damaged chunk raises ChecksumError naming the source, the chunk and its byte range,
     and nothing appears at ``dst``. ``verify`` re-reads the published copy and compares
     its metadata and every chunk with the source (for a URL this reads the copy once more).
+    A local ``dst`` is written under its writer lock, like every writer of a store
+    (``lock_timeout``: seconds to wait for another writer, None for ever; then
+    :class:`~carraystore.errors.StoreLockedError` names the holder).
     """
     t0 = time.perf_counter()
     src_s, dst_s = str(src), str(dst)
@@ -202,7 +208,7 @@ def copy_store(
                         delete_remote(dst_s, dst_storage_options)
                     raise
         else:
-            _copy_to_local(store, Path(dst_s.removeprefix("file://")), overwrite, verify, bar)
+            _copy_to_local(store, Path(dst_s.removeprefix("file://")), overwrite, verify, bar, lock_timeout)
         return CopyResult(
             src_s, dst_s, store.source.size(), store.nchunks, len(store), time.perf_counter() - t0, verify
         )
@@ -212,10 +218,21 @@ def copy_store(
         store.close()
 
 
-def _copy_to_local(store: Store, out: Path, overwrite: bool, verify: bool, bar: Any) -> None:
+def _copy_to_local(
+    store: Store, out: Path, overwrite: bool, verify: bool, bar: Any, lock_timeout: float | None = 0.0
+) -> None:
     if not out.parent.is_dir():
         raise InvalidInputError(f"{out}: folder {out.parent} does not exist")
     refuse_folder_target(out)
+    # one writer at a time: an append or metadata update of ``out`` in progress is waited for
+    # (or named), never broken; the lock and the journal sit beside the real file
+    real = Path(os.path.realpath(out))
+    with WriterLock(real, purpose="copy", timeout=lock_timeout):
+        rollback(real)  # a write to out that died half-way is undone first, as every writer does
+        _copy_locked(store, out, overwrite, verify, bar)
+
+
+def _copy_locked(store: Store, out: Path, overwrite: bool, verify: bool, bar: Any) -> None:
     if out.exists() and not overwrite:
         raise StoreExistsError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
     if not is_url(store.location) and out.exists() and out.resolve() == Path(store.location).resolve():
