@@ -183,3 +183,52 @@ def test_copy_overwrite_takes_the_destinations_writer_lock(tmp_path: Path) -> No
     with carraystore.open(dst) as s:
         assert len(s) == 6 and s.verify() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst.b2nd", "src.b2nd"]
+
+
+def test_migrate_never_reads_hdf5_data_stored_outside_the_file(tmp_path: Path) -> None:
+    """Issue 22.2: external storage pointed the store's pixels at /etc/passwd."""
+    h5py = pytest.importorskip("h5py")
+    from carraystore.errors import MigrationError
+    from carraystore.migrations import migrate
+
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n" * 30)
+    n = secret.stat().st_size // 48
+    with h5py.File(tmp_path / "p.h5", "w") as f:
+        f.create_dataset("images", shape=(n, 4, 4, 3), dtype="u1", external=[(str(secret), 0, n * 48)])
+    with pytest.raises(MigrationError, match="outside the file"):
+        migrate(tmp_path / "p.h5", tmp_path / "p.b2nd")
+    # a virtual dataset mapping another file
+    with h5py.File(tmp_path / "src.h5", "w") as f:
+        f.create_dataset("x", data=np.arange(n * 48, dtype="u1").reshape(n, 4, 4, 3))
+    layout = h5py.VirtualLayout(shape=(n, 4, 4, 3), dtype="u1")
+    layout[:] = h5py.VirtualSource(str(tmp_path / "src.h5"), "x", shape=(n, 4, 4, 3))
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_virtual_dataset("images", layout)
+    with pytest.raises(MigrationError, match="virtual dataset"):
+        migrate(tmp_path / "v.h5", tmp_path / "v.b2nd")
+    # labels stored outside the file: refused too
+    lab = tmp_path / "lab.bin"
+    lab.write_bytes(bytes(n))
+    with h5py.File(tmp_path / "l.h5", "w") as f:
+        f.create_dataset("images", data=np.zeros((n, 4, 4, 3), "u1"))
+        f.create_dataset("labels", shape=(n,), dtype="u1", external=[(str(lab), 0, n)])
+    with pytest.raises(MigrationError, match="outside the file"):
+        migrate(tmp_path / "l.h5", tmp_path / "l.b2nd", labels="labels")
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".b2nd" or p.name.startswith(".")]
+
+
+def test_migrate_never_follows_a_link_inside_a_bcolz_folder(tmp_path: Path) -> None:
+    pytest.importorskip("numcodecs", reason="write_carray uses numcodecs' c-blosc 1.x")
+    from carraystore.errors import MigrationError
+    from carraystore.migrations import migrate
+    from carraystore.migrations.bcolz import write_carray
+
+    write_carray(tmp_path / "a.bc", np.zeros((20, 4, 4, 3), np.uint8), chunklen=10)
+    write_carray(tmp_path / "other.bc", np.full((20, 4, 4, 3), 7, np.uint8), chunklen=10)
+    chunk = sorted((tmp_path / "a.bc" / "data").iterdir())[0]
+    chunk.unlink()
+    chunk.symlink_to(tmp_path / "other.bc" / "data" / chunk.name)  # data from outside the folder
+    with pytest.raises(MigrationError, match="symbolic link inside the bcolz folder"):
+        migrate(tmp_path / "a.bc", tmp_path / "a.b2nd")
+    assert not (tmp_path / "a.b2nd").exists()
