@@ -14,6 +14,7 @@ __all__ = [
     "MetadataChecksumError",
     "MetadataTooLargeError",
     "StaleJournalError",
+    "CacheFolderError",
     "StoreExistsError",
     "InvalidInputError",
     "ImageDecodeError",
@@ -82,6 +83,11 @@ class StoreExistsError(CarrayStoreError, FileExistsError):
 
 class InvalidInputError(CarrayStoreError, ValueError):
     """Arguments or data handed to carraystore are not acceptable."""
+
+
+class CacheFolderError(InvalidInputError, OSError):
+    """A chunk-cache folder that is not this user's own: a symbolic link, not a folder, another
+    user's, or writable by others (something planted at its predictable name)."""
 
 
 class ImageDecodeError(CarrayStoreError):

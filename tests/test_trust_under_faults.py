@@ -232,3 +232,37 @@ def test_migrate_never_follows_a_link_inside_a_bcolz_folder(tmp_path: Path) -> N
     with pytest.raises(MigrationError, match="symbolic link inside the bcolz folder"):
         migrate(tmp_path / "a.bc", tmp_path / "a.b2nd")
     assert not (tmp_path / "a.b2nd").exists()
+
+
+def test_the_chunk_cache_never_writes_through_a_planted_link(tmp_path: Path) -> None:
+    """Issue 22.7: the cache folder's name is predictable (a hash of the URL and size): a link
+    planted there in a shared cache_dir made the cache write its files wherever it pointed."""
+    import hashlib
+    import os
+
+    from carraystore.cache import CachedSource
+    from carraystore.errors import CacheFolderError
+    from carraystore.sources import LocalFileSource
+
+    store = tmp_path / "s.b2nd"
+    _store(store, 8)
+    cache, victim = tmp_path / "cache", tmp_path / "victim"
+    cache.mkdir()
+    victim.mkdir()
+    src = LocalFileSource(store)
+    identity = f"{src.location}|{src.size()}"
+    folder = cache / hashlib.sha256(identity.encode()).hexdigest()[:32]
+    folder.symlink_to(victim)
+    with pytest.raises(CacheFolderError, match="symbolic link"):
+        CachedSource(src, cache)
+    assert list(victim.iterdir()) == []
+    folder.unlink()
+    folder.mkdir(mode=0o777)
+    os.chmod(folder, 0o777)  # writable by anyone: another user could plant files in it
+    with pytest.raises(CacheFolderError, match="writable by other users"):
+        CachedSource(src, cache)
+    folder.rmdir()
+    cached = CachedSource(src, cache)  # a fresh folder: this user's only
+    assert bytes(cached.read(0, 64)) == store.read_bytes()[:64]
+    assert folder.is_dir() and not folder.is_symlink() and (folder.stat().st_mode & 0o077) == 0
+    cached.close()
