@@ -27,9 +27,11 @@ ETag (or modification time): a changed object gets a new directory, never stale 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import threading
@@ -38,9 +40,6 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import errno
-import stat
 
 from carraystore.errors import CacheFolderError, InvalidInputError
 from carraystore.frame import ByteSource
