@@ -244,7 +244,10 @@ def _belongs(path: Path, journal: Journal) -> bool:
         if journal.version == 3 and journal.mark_at:
             if _pread_path(path, journal.mark_at, MARK_BYTES) == journal.marker:
                 return True  # the write reached its marker: this is the file it changed
-            return _is_old_state(path, journal)  # it died before: nothing changed (rollback is a no-op)
+            if _is_old_state(path, journal):
+                return True  # it died before (or is about to write it): nothing changed yet
+            # a live writer may have put its marker between the two reads (old -> marked, never back)
+            return _pread_path(path, journal.mark_at, MARK_BYTES) == journal.marker
         if journal.version == 3:  # no marker (a store with no chunk): its header, but for what blosc2 rewrites
             head = next((d for o, d in journal.regions if o == 0), b"")
             now = _pread_path(path, 0, len(head))
