@@ -26,9 +26,12 @@ ETag (or modification time): a changed object gets a new directory, never stale 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import threading
@@ -38,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from carraystore.errors import InvalidInputError
+from carraystore.errors import CacheFolderError, InvalidInputError
 from carraystore.frame import ByteSource
 
 __all__ = ["CachedSource", "CacheStats", "parse_size"]
@@ -118,12 +121,15 @@ class CachedSource:
         self._salt = hashlib.blake2b(identity.encode(), digest_size=16).digest()
         self.dir = Path(cache_dir).expanduser() / hashlib.sha256(identity.encode()).hexdigest()[:32]
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            self.dir.parent.mkdir(parents=True, exist_ok=True)
+            _own_folder(self.dir, source.location)
             marker = self.dir / "SOURCE"
             if not marker.exists():
                 _atomic_write(self.dir, marker, identity.encode() + b"\n")
                 _remove_replaced(self.dir.parent, identity)
         except OSError as exc:
+            if isinstance(exc, CacheFolderError):
+                raise
             raise InvalidInputError(
                 f"cache_dir {cache_dir}: cannot hold the chunk cache of {source.location} ({type(exc).__name__}: {exc}); "
                 "give a writable folder on a local disk, or no cache_dir"
@@ -346,6 +352,36 @@ class CachedSource:
 
     def __repr__(self) -> str:
         return f"<CachedSource {self.location!r} in {str(self.dir)!r} size={self.cache_size}>"
+
+
+def _own_folder(folder: Path, location: str) -> None:
+    """Create ``folder`` (mode 0700) or check the one there: a real folder (a symbolic link
+    planted at this predictable name is never followed), owned by this user, writable by
+    nobody else. Raises CacheFolderError otherwise."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    why = ""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        why = "a symbolic link" if stat.S_ISLNK(os.lstat(folder).st_mode) else "not a folder"
+    else:
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            why = f"owned by another user (uid {st.st_uid})"
+        elif st.st_mode & 0o022:
+            why = f"writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    if why:
+        raise CacheFolderError(
+            f"{folder}: the chunk cache folder of {location} is {why}; the cache never writes through one "
+            "(someone else could plant or read its files). Remove it, or give a cache_dir of your own "
+            "(e.g. under your home folder)"
+        )
 
 
 def _url_of(identity: str) -> str:

@@ -601,7 +601,9 @@ def register(sub: Any) -> None:
         help="options for DST when they differ from SRC's",
     )
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip re-reading the published copy")
-    WriteOptions.add_arguments(p, ("overwrite", "progress"), helps={"overwrite": "replace DST if it exists"})
+    WriteOptions.add_arguments(
+        p, ("overwrite", "lock_timeout", "progress"), helps={"overwrite": "replace DST if it exists"}
+    )
     p.set_defaults(func=_cmd_copy)
 
 

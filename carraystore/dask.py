@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from carraystore.badfiles import shape_error
+from carraystore.codec import Codec
 from carraystore.errors import (
     CarrayStoreError,
     IngestError,
@@ -37,7 +38,6 @@ from carraystore.errors import (
     MissingDependencyError,
     StoreChangedError,
 )
-from carraystore.codec import Codec
 from carraystore.format import StoreMeta
 from carraystore.images import MODES, DecodeOptions, decode_files
 from carraystore.ingest import IngestResult, StoreJob

@@ -14,6 +14,8 @@ __all__ = [
     "MetadataChecksumError",
     "MetadataTooLargeError",
     "StoreChangedError",
+    "StaleJournalError",
+    "CacheFolderError",
     "StoreExistsError",
     "InvalidInputError",
     "ImageDecodeError",
@@ -76,12 +78,22 @@ class StoreChangedError(CarrayStoreError):
     dask graph by ``to_dask``; nothing is damaged: build it again on the store as it is now."""
 
 
+class StaleJournalError(CorruptStoreError):
+    """A rollback journal beside a store was not made for the file now there (it was replaced
+    after the write died); it is never applied. Delete the journal if the file is the one wanted."""
+
+
 class StoreExistsError(CarrayStoreError, FileExistsError):
     """The output path already exists and overwriting was not asked for."""
 
 
 class InvalidInputError(CarrayStoreError, ValueError):
     """Arguments or data handed to carraystore are not acceptable."""
+
+
+class CacheFolderError(InvalidInputError, OSError):
+    """A chunk-cache folder that is not this user's own: a symbolic link, not a folder, another
+    user's, or writable by others (something planted at its predictable name)."""
 
 
 class ImageDecodeError(CarrayStoreError):

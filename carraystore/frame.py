@@ -29,6 +29,16 @@ __all__ = ["ByteSource", "Frame", "read_frame", "HEAD_READ_BYTES", "special_chun
 #: header is about 260 bytes; a longer one costs a second read).
 HEAD_READ_BYTES = 4096
 _MAGIC = b"b2frame\x00"
+#: A frame header longer than this is refused (a store's is about 260 bytes; structured
+#: dtypes with many fields make it longer, never near this).
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+#: A frame may list at most max(MAX_CHUNKS, file size // 8) chunks: the offsets index of
+#: that many entries decompresses to at most max(64 MiB, the file's size) bytes.
+MAX_CHUNKS = 2**23
+#: The tail (offsets index and trailer) is read in one request when it is at most this
+#: much longer than the offsets index can be; a longer one is checked (its trailer's
+#: length read from the file's last bytes) before it is read.
+_TAIL_READ_SLACK = 1024 * 1024
 #: Offsets-index entries with bit 63 set are chunks the frame stores as a special value
 #: without data; bits 56-61 say which value (1: zeros, 2: NaNs, 4: uninitialised).
 _SPECIAL_BIT = 1 << 63
@@ -174,7 +184,7 @@ def read_frame(source: ByteSource) -> Frame:
     cbytes = int.from_bytes(head[39:47], "big")
     if frame_len != size:
         raise _damaged(loc, f"the frame header says {frame_len} bytes, the file has {size}")
-    if not 64 <= header_len <= size or cbytes < 0 or header_len + cbytes > size:
+    if not 64 <= header_len <= min(size, MAX_HEADER_BYTES) or cbytes < 0 or header_len + cbytes > size:
         raise _damaged(loc, f"frame header sizes out of range (header {header_len}, chunks {cbytes}, file {size})")
     if header_len > len(head):
         head = source.read(0, header_len)
@@ -195,8 +205,25 @@ def read_frame(source: ByteSource) -> Frame:
             f"frame header fields out of range (nbytes {nbytes}, typesize {typesize}, "
             f"blocksize {blocksize}, chunksize {chunksize})",
         )
-    # everything after the data chunks: the offsets index, then the trailer
+    nchunks = -(-nbytes // chunksize) if chunksize > 0 else 0
+    if nchunks > max(MAX_CHUNKS, size // 8):
+        raise _damaged(
+            loc, f"the frame header's sizes make {nchunks} chunks, more than a file of {size} bytes can index"
+        )
+    # everything after the data chunks: the offsets index, then the trailer. Its length
+    # comes from the header's cbytes, which is bounded first: a damaged one (0, say) would
+    # make this one read the whole file.
     tail_start = header_len + cbytes
+    index_max = _index_max_bytes(nchunks)
+    if size - tail_start > index_max + _TAIL_READ_SLACK:
+        last = source.read(size - 23, 23) if size - tail_start >= 23 else b""
+        trailer_len = int.from_bytes(last[1:5], "big") if len(last) == 23 and last[0] == 0xCE else 0
+        if not 23 <= trailer_len <= size - tail_start or size - tail_start - trailer_len > index_max:
+            raise _damaged(
+                loc,
+                f"{size - tail_start} bytes after the data chunks (compressed size {cbytes}), more than the offsets "
+                f"index of {nchunks} chunks and the trailer take",
+            )
     tail = source.read(tail_start, size - tail_start)
     if len(tail) < 23 or tail[-23] != 0xCE:
         raise _damaged(loc, "the frame trailer is missing")
@@ -204,6 +231,8 @@ def read_frame(source: ByteSource) -> Frame:
     if not 23 <= trailer_len <= len(tail):
         raise _damaged(loc, f"trailer length {trailer_len} out of range")
     index_bytes = tail[: len(tail) - trailer_len]
+    if len(index_bytes) > index_max:
+        raise _damaged(loc, f"the offsets index takes {len(index_bytes)} bytes, more than {nchunks} chunks need")
     try:
         trailer = _unpack_first(tail[len(tail) - trailer_len :])
         vlmeta_raw = _named_contents(trailer[1], "frame trailer's metadata", loc)
@@ -237,6 +266,11 @@ def read_frame(source: ByteSource) -> Frame:
         chunk_special=special,
         vlmeta_raw=vlmeta_raw,
     )
+
+
+def _index_max_bytes(nchunks: int) -> int:
+    """The most bytes an offsets index of ``nchunks`` entries takes (stored raw, plus blosc2's overhead)."""
+    return 2 * 8 * nchunks + 16 * 1024
 
 
 def _parse_offsets(index_bytes: bytes, nbytes: int, chunksize: int, cbytes: int, loc: str) -> np.ndarray:

@@ -27,9 +27,9 @@ import numpy as np
 from PIL import Image
 
 from carraystore.badfiles import DEFAULT_MAX_SKIPPED, BadFiles, allowed_skips, drop_bad_names, shape_error
+from carraystore.codec import Codec
 from carraystore.decodepool import decoded
 from carraystore.errors import IngestError, InvalidInputError
-from carraystore.codec import Codec
 from carraystore.images import (
     DEPTH_RULE,
     IMAGE_EXTENSIONS,

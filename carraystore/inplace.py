@@ -31,7 +31,7 @@ from carraystore.frame import (
     shape0_position,
     special_chunk_header,
 )
-from carraystore.journal import Journal, remove_journal, rollback, write_journal
+from carraystore.journal import Journal, begin_write, remove_journal, rollback
 from carraystore.reader import open_unguarded
 
 __all__: list[str] = []  # internal to the writer: _InPlaceWrite, _write_meta
@@ -82,8 +82,8 @@ class _InPlaceWrite:
         tail_at = self._h + frame.cbytes
         tail = os.pread(self._fd, self._old_len - tail_at, tail_at)
         trailer_len = int.from_bytes(tail[-22:-18], "big")
-        self._journal = Journal(
-            self._old_len, ((0, bytes(self._head)), (tail_at, tail)), Journal.guard_of(self._fd, self._h, tail_at)
+        self._journal = Journal.for_write(
+            self._old_len, ((0, bytes(self._head)), (tail_at, tail)), tail_at if frame.nchunks else None
         )
         self._trailer = tail[len(tail) - trailer_len :]
         self._offsets = list(raw_offsets(frame))
@@ -104,8 +104,11 @@ class _InPlaceWrite:
 
     def _begin(self) -> None:
         if not self._journaled:
-            write_journal(self.path, self._journal)  # durable before the store's first change
+            assert self._fd is not None  # journal durable, then the write's marker, before any other change
+            end = begin_write(self.path, self._fd, self._journal)
             self._journaled = True
+            if end is not None:  # the marker sits in the data region: the offsets index moves after it
+                self._end, self._grown = end, True
 
     def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
         assert self._fd is not None
@@ -134,6 +137,9 @@ class _InPlaceWrite:
 
     def commit(self, meta: StoreMeta) -> None:
         """Write the offsets index and header sizes (if chunks were added), the trailer; fsync; check; drop the journal."""
+        if not self._journaled and self._frame.vlmeta(META_KEY) == meta.to_bytes():
+            self.close()  # nothing changes (an append of nothing): nothing is written
+            return
         self._begin()
         assert self._fd is not None
         if self._grown:

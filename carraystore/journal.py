@@ -10,12 +10,24 @@ journal. A journal that is present and complete ("hot") means a write died half-
 :func:`rollback` puts the saved bytes back and truncates the file to its old length,
 which is the store as it was before that write, byte for byte.
 
-Journal file: ``b"CSJRNL02"``, old length (u64 LE), region count (u32 LE), the guard
-(offset u64, length u64, CRC32 u32 of the last old data bytes, which the write never
-changes: a file whose bytes there differ was replaced and is never rolled back), then per
-region offset (u64 LE), length (u64 LE) and the bytes; last a CRC32 (u32 LE) of all that
-precedes it. A journal that is short or fails its CRC was never completed, so the store
-was not touched yet: it is removed, nothing is restored.
+Journal file (``CSJRNL03``; docs/appends.md and FORMAT.md appendix C give every byte): the
+old length, the saved regions, and the write's **mark**: a random 16-byte nonce and the offset
+(the old end of the data chunks, ``H+C``) where the write puts its 32-byte marker
+(``CSWRITE1`` + nonce + 8 zero bytes) right after the journal is durable and before any
+other change (:func:`begin_write`); the write's chunks then follow the marker, which stays
+in the data region as unreferenced bytes. A journal is rolled back onto a file only when
+the file holds that marker (the write reached it: the file is the one it changed), or when
+the file is still byte for byte the old store (nothing to undo). Any other file (a newer
+copy restored over the store, an older one, another store) was put there after the write
+died: the journal is never applied to it (:class:`~carraystore.errors.StaleJournalError`,
+naming the journal to delete). A journal that is short or fails its CRC was never
+completed, so the store was not touched yet: it is removed, nothing is restored.
+
+Older journals (development builds): a ``CSJRNL02`` journal (a CRC guard over the last old
+data bytes) and a ``CSJRNL01`` one (no guard) are applied only when the file's header is
+still the saved old header byte for byte (and, for 02, the guard bytes match): the write
+died before its commit, the only window their writers could be told apart in. Otherwise
+they are refused like a stale 03 journal.
 
 Readers do not take locks: a reader that finds a hot journal while a writer is still at
 work (or cannot write to roll back) reads the old store through :class:`JournalSource`,
@@ -28,13 +40,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from carraystore.errors import CorruptStoreError, WriteError
+from carraystore.errors import CorruptStoreError, StaleJournalError, WriteError
+from carraystore.frame import FRAME_LEN_AT
 from carraystore.lock import WriterLock
 from carraystore.sources import LocalFileSource
 
@@ -43,16 +57,23 @@ __all__ = [
     "journal_path",
     "load_journal",
     "write_journal",
+    "begin_write",
     "rollback",
     "remove_journal",
     "JournalSource",
     "rollback_if_abandoned",
 ]
 
-MAGIC = b"CSJRNL02"  # 02 adds the guard; a CSJRNL01 journal (no guard) is still rolled back
+MAGIC = b"CSJRNL03"  # 03: the write's mark (nonce + marker offset) instead of 02's data-tail guard
+_MAGIC_02 = b"CSJRNL02"
 _MAGIC_01 = b"CSJRNL01"
-#: Bytes of the old data region, just before its end, whose CRC ties a journal to its file.
+_MAGICS = (MAGIC, _MAGIC_02, _MAGIC_01)
+#: Bytes of the old data region, just before its end, whose CRC ties a CSJRNL02 journal to its file.
 GUARD_BYTES = 65536
+#: The marker a write puts at its mark offset before its first other change: magic, nonce, zeros.
+MARK_MAGIC = b"CSWRITE1"
+MARK_BYTES = 32
+NONCE_BYTES = 16
 
 
 def journal_path(path: Path) -> Path:
@@ -66,18 +87,35 @@ class Journal:
 
     old_len: int
     regions: tuple[tuple[int, bytes], ...]
-    #: (offset, length, crc32) of bytes the write never changes (the end of the old data
-    #: chunks): a file whose bytes there differ is not the one this journal was made for
+    #: CSJRNL02 only: (offset, length, crc32) of the last old data bytes
     guard: tuple[int, int, int] = (0, 0, 0)
+    #: where the write puts its marker (the old end of the data chunks), and its nonce
+    mark_at: int = 0
+    nonce: bytes = b""
+    #: the journal's version: 3 (this one), 2 or 1 (loaded from development builds)
+    version: int = 3
 
-    @staticmethod
-    def guard_of(fd: int, data_start: int, data_end: int) -> tuple[int, int, int]:
-        """The guard of a file whose data chunks lie in [data_start, data_end)."""
-        start = max(data_start, data_end - GUARD_BYTES)
-        return start, data_end - start, zlib.crc32(os.pread(fd, data_end - start, start)) & 0xFFFFFFFF
+    @classmethod
+    def for_write(cls, old_len: int, regions: tuple[tuple[int, bytes], ...], mark_at: int | None) -> Journal:
+        """The journal of a write that overwrites ``regions`` of a file ``old_len`` bytes long
+        and puts its marker at ``mark_at`` (a fresh random nonce). ``None``: the write puts
+        no marker (a metadata update of a store with no chunk, whose frame cannot hold one)."""
+        return cls(old_len, regions, mark_at=mark_at or 0, nonce=secrets.token_bytes(NONCE_BYTES))
+
+    @property
+    def marker(self) -> bytes:
+        """The 32 bytes :func:`begin_write` puts at ``mark_at``."""
+        return MARK_MAGIC + self.nonce + bytes(MARK_BYTES - len(MARK_MAGIC) - NONCE_BYTES)
 
     def encode(self) -> bytes:
-        parts = [MAGIC, struct.pack("<QI", self.old_len, len(self.regions)), struct.pack("<QQI", *self.guard)]
+        if len(self.nonce) != NONCE_BYTES:
+            raise ValueError("a journal is written with its write's nonce (Journal.for_write)")
+        parts = [
+            MAGIC,
+            struct.pack("<QI", self.old_len, len(self.regions)),
+            struct.pack("<Q", self.mark_at),
+            self.nonce,
+        ]
         for offset, data in self.regions:
             parts.append(struct.pack("<QQ", offset, len(data)))
             parts.append(data)
@@ -87,8 +125,10 @@ class Journal:
     @classmethod
     def decode(cls, raw: bytes) -> Journal | None:
         """The journal in ``raw``, or None when it is incomplete or damaged (never completed)."""
-        if len(raw) < len(MAGIC) + 16 or raw[: len(MAGIC)] not in (MAGIC, _MAGIC_01):
+        magic = raw[: len(MAGIC)]
+        if len(raw) < len(MAGIC) + 16 or magic not in _MAGICS:
             return None
+        version = 3 - _MAGICS.index(magic)
         body, crc = raw[:-4], struct.unpack("<I", raw[-4:])[0]
         if zlib.crc32(body) & 0xFFFFFFFF != crc:
             return None
@@ -96,7 +136,16 @@ class Journal:
         old_len, n = struct.unpack_from("<QI", body, pos)
         pos += 12
         guard = (0, 0, 0)
-        if raw[: len(MAGIC)] == MAGIC:
+        mark_at, nonce = 0, b""
+        if version == 3:
+            if pos + 8 + NONCE_BYTES > len(body):
+                return None
+            (mark_at,) = struct.unpack_from("<Q", body, pos)
+            nonce = bytes(body[pos + 8 : pos + 8 + NONCE_BYTES])
+            pos += 8 + NONCE_BYTES
+            if mark_at + MARK_BYTES > 2**63:
+                return None
+        elif version == 2:
             if pos + 20 > len(body):
                 return None
             guard = struct.unpack_from("<QQI", body, pos)
@@ -113,7 +162,7 @@ class Journal:
             pos += length
         if pos != len(body):
             return None
-        return cls(old_len, tuple(regions), guard)
+        return cls(old_len, tuple(regions), guard, mark_at, nonce, version)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -152,12 +201,77 @@ def write_journal(path: Path, journal: Journal) -> None:
     _fsync_dir(path.parent)
 
 
+def begin_write(path: Path, fd: int, journal: Journal) -> int | None:
+    """Before a write's first change to the store ``path`` (open as ``fd``): write its journal
+    durably, then put the write's marker at ``journal.mark_at`` and fsync it, so that from
+    here on the file says which write changed it. Returns where the write's data continues
+    (right after the marker), or None for a journal without a marker."""
+    write_journal(path, journal)
+    if not journal.mark_at:
+        return None
+    view, pos = memoryview(journal.marker), journal.mark_at
+    while view:
+        n = os.pwrite(fd, view, pos)
+        view, pos = view[n:], pos + n
+    os.fsync(fd)  # durable before any later change: a crash never leaves a changed file without it
+    return journal.mark_at + MARK_BYTES
+
+
+def _pread_path(path: Path, offset: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
+def _is_old_state(path: Path, journal: Journal) -> bool:
+    """Whether the file is still, byte for byte where the journal saved it, the store before the write."""
+    if os.path.getsize(path) != journal.old_len:
+        return False
+    return all(_pread_path(path, offset, len(data)) == data for offset, data in journal.regions)
+
+
+#: Header bytes blosc2 rewrites on a metadata update: the frame length and the two thread counts.
+_THREADS_AT, _THREADS_END = 62, 68
+
+
+def _masked(head: bytes) -> bytes:
+    return head[:FRAME_LEN_AT] + head[FRAME_LEN_AT + 8 : _THREADS_AT] + head[_THREADS_END:]
+
+
+def _belongs(path: Path, journal: Journal) -> bool:
+    """Whether ``journal`` was made for the file now at ``path`` (so rolling it back is right)."""
+    try:
+        if journal.version == 3 and journal.mark_at:
+            if _pread_path(path, journal.mark_at, MARK_BYTES) == journal.marker:
+                return True  # the write reached its marker: this is the file it changed
+            if _is_old_state(path, journal):
+                return True  # it died before (or is about to write it): nothing changed yet
+            # a live writer may have put its marker between the two reads (old -> marked, never back)
+            return _pread_path(path, journal.mark_at, MARK_BYTES) == journal.marker
+        if journal.version == 3:  # no marker (a store with no chunk): its header, but for what blosc2 rewrites
+            head = next((d for o, d in journal.regions if o == 0), b"")
+            now = _pread_path(path, 0, len(head))
+            return len(now) == len(head) > _THREADS_END and _masked(now) == _masked(head)
+        # development builds' journals: only while the old header is still in place
+        head = next((d for o, d in journal.regions if o == 0), None)
+        if head is None or _pread_path(path, 0, len(head)) != head:
+            return False
+        if journal.version == 2 and journal.guard[1]:
+            start, length, crc = journal.guard
+            return zlib.crc32(_pread_path(path, start, length)) & 0xFFFFFFFF == crc
+        return True
+    except OSError:
+        return False
+
+
 def load_journal(path: Path) -> Journal | None:
     """The hot journal of ``path`` (present and complete), or None.
 
-    Raises CorruptStoreError when the journal's guard bytes differ from the file's: the
-    file was replaced (a copy restored over it) after the write died, and rolling this
-    journal back would write another file's header and trailer into it.
+    Raises StaleJournalError (a CorruptStoreError) when the journal was not made for the
+    file now at ``path`` (it lacks the write's marker and is not the old store either): the
+    file was replaced (a newer or older copy restored over it, another store renamed onto
+    it) after the write died, and rolling this journal back would lose that file's newer
+    items or write another file's header and trailer into it. It is never applied.
     """
     try:
         raw = journal_path(path).read_bytes()
@@ -166,20 +280,13 @@ def load_journal(path: Path) -> Journal | None:
     except OSError:
         return None
     journal = Journal.decode(raw)
-    if journal is not None and journal.guard[1]:
-        start, length, crc = journal.guard
-        try:
-            with open(path, "rb") as f:
-                f.seek(start)
-                same = zlib.crc32(f.read(length)) & 0xFFFFFFFF == crc
-        except OSError:
-            same = False
-        if not same:
-            raise CorruptStoreError(
-                f"{path}: its journal {journal_path(path).name} was left by an interrupted write to another file "
-                f"(this one was replaced since, e.g. restored from a copy); rolling it back would damage this file. "
-                f"If {path.name} is the store you want, delete {journal_path(path)}"
-            )
+    if journal is not None and not _belongs(path, journal):
+        raise StaleJournalError(
+            f"{path}: its journal {journal_path(path).name} was left by an interrupted write to another file "
+            "(this one was replaced since, e.g. a newer or older copy restored over it); it is not applied, "
+            f"rolling it back would damage this file or lose its newer items. If {path.name} is the store you want, "
+            f"delete {journal_path(path)} (then run `carraystore verify {path.name}`)"
+        )
     return journal
 
 

@@ -606,8 +606,17 @@ def _read_meta(frame: Frame, location: str) -> StoreMeta:
             f"{location}: format version {fixed_version} is newer than this carraystore reads ({FORMAT_VERSION}); "
             "upgrade carraystore (pip install -U carraystore)"
         )
-    shape, _, _ = frame.b2nd()
-    raw = frame.vlmeta(META_KEY, metadata_limit(shape[0] if shape else 0))
+    shape, chunks, _ = frame.b2nd()
+    n = shape[0] if shape else 0
+    # The cap on the record grows with N, which the header states: bound N by the chunks the
+    # frame holds first, so a damaged first dimension (2**40) cannot raise the cap.
+    rows = chunks[0] if chunks else 0
+    if n < 0 or (n > frame.nchunks * max(rows, 0)):
+        raise CorruptStoreError(
+            f"{location}: the array's first dimension {n} does not fit its {frame.nchunks} chunks of {rows} items; "
+            "the file is damaged"
+        )
+    raw = frame.vlmeta(META_KEY, metadata_limit(n))
     if raw is None:
         raise FormatError(f"{location}: the {META_KEY!r} variable-length metadata is missing")
     rec = StoreMeta.unpack_record(raw, location, require_crc=fixed_rec.get(META_CRC_KEY) is True)

@@ -23,6 +23,8 @@ from typing import Any
 from carraystore.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
 from carraystore.codec import chunk_crc_ok, crc32
 from carraystore.errors import ChecksumError, CorruptStoreError, InvalidInputError, StoreExistsError
+from carraystore.journal import rollback
+from carraystore.lock import WriterLock
 from carraystore.options import WriteOptions
 from carraystore.reader import Store, is_url, open_store
 from carraystore.upload import check_writable, delete_remote, put_stream, remote_exists
@@ -155,6 +157,7 @@ def copy_store(
     overwrite: bool = False,
     verify: bool = True,
     progress: bool = False,
+    lock_timeout: float | None = 0.0,
     options: WriteOptions | None = None,
 ) -> CopyResult:
     """Copy the store at ``src`` to ``dst`` (each a path or URL), streamed and verified.
@@ -165,15 +168,23 @@ def copy_store(
     and nothing appears at ``dst``. ``verify`` re-reads the published copy and compares
     its metadata and every chunk with the source (for a URL this reads the copy once more).
 
-    ``options`` (:class:`~carraystore.options.WriteOptions`): its ``overwrite``, ``progress``
-    and ``storage_options`` (the destination's: ``dst_storage_options``) are used; a codec,
-    chunk size, class names or attrs are refused (a copy is byte for byte); ``lock_timeout``
-    and ``tmp_dir`` do not apply. A keyword that contradicts it is an InvalidInputError.
+    ``options`` (:class:`~carraystore.options.WriteOptions`): its ``overwrite``, ``progress``,
+    ``lock_timeout`` and ``storage_options`` (the destination's: ``dst_storage_options``) are
+    used; a codec, chunk size, class names or attrs are refused (a copy is byte for byte);
+    ``tmp_dir`` does not apply. A keyword that contradicts it is an InvalidInputError.
+    A local ``dst`` is written under its writer lock, like every writer of a store
+    (``lock_timeout``: seconds to wait for another writer, None for ever; then
+    :class:`~carraystore.errors.StoreLockedError` names the holder).
     """
     t0 = time.perf_counter()
     src_s, dst_s = str(src), str(dst)
     opts = WriteOptions.merged(
-        options, dst_s, overwrite=overwrite, progress=progress, storage_options=dst_storage_options
+        options,
+        dst_s,
+        overwrite=overwrite,
+        progress=progress,
+        storage_options=dst_storage_options,
+        lock_timeout=lock_timeout,
     )
     opts.refuse(
         ("codec", "chunk_images", "class_names", "attrs"),
@@ -182,6 +193,7 @@ def copy_store(
         "to change class names or attrs use update_metadata (CLI: carraystore meta) on the copy",
     )
     overwrite, progress, dst_storage_options = opts.overwrite, opts.progress, opts.storage_options
+    lock_timeout = opts.lock_timeout
     if dst_storage_options is None and is_url(src_s) and is_url(dst_s):
         dst_storage_options = storage_options
     dst_remote = is_url(dst_s)
@@ -219,7 +231,7 @@ def copy_store(
                         delete_remote(dst_s, dst_storage_options)
                     raise
         else:
-            _copy_to_local(store, Path(dst_s.removeprefix("file://")), overwrite, verify, bar)
+            _copy_to_local(store, Path(dst_s.removeprefix("file://")), overwrite, verify, bar, lock_timeout)
         return CopyResult(
             src_s, dst_s, store.source.size(), store.nchunks, len(store), time.perf_counter() - t0, verify
         )
@@ -229,10 +241,21 @@ def copy_store(
         store.close()
 
 
-def _copy_to_local(store: Store, out: Path, overwrite: bool, verify: bool, bar: Any) -> None:
+def _copy_to_local(
+    store: Store, out: Path, overwrite: bool, verify: bool, bar: Any, lock_timeout: float | None = 0.0
+) -> None:
     if not out.parent.is_dir():
         raise InvalidInputError(f"{out}: folder {out.parent} does not exist")
     refuse_folder_target(out)
+    # one writer at a time: an append or metadata update of ``out`` in progress is waited for
+    # (or named), never broken; the lock and the journal sit beside the real file
+    real = Path(os.path.realpath(out))
+    with WriterLock(real, purpose="copy", timeout=lock_timeout):
+        rollback(real)  # a write to out that died half-way is undone first, as every writer does
+        _copy_locked(store, out, overwrite, verify, bar)
+
+
+def _copy_locked(store: Store, out: Path, overwrite: bool, verify: bool, bar: Any) -> None:
     if out.exists() and not overwrite:
         raise StoreExistsError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
     if not is_url(store.location) and out.exists() and out.resolve() == Path(store.location).resolve():

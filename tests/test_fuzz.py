@@ -224,3 +224,90 @@ def test_mutated_golden_stores_never_crash_or_hang(tmp_path: Path, name: str) ->
     unexpected = {p: r["unexpected"] for p, r in results.items() if "unexpected" in r}
     assert not unexpected, f"errors that are not CarrayStoreError: {unexpected}"
     assert len(results) == len(paths)
+
+
+# -- header sizes and counts, with peak memory (issue 22, point 4) ------------------------------
+# Opens the file and prints the error and the peak memory the open and verify took (KiB;
+# tracemalloc sees numpy's and Python's buffers, where every read and decompressed byte lands).
+_PEAK = r"""
+import json, sys, tracemalloc
+import carraystore
+tracemalloc.start()
+try:
+    with carraystore.open(sys.argv[1]) as s:
+        s.verify()
+    err = None
+except carraystore.CarrayStoreError as exc:
+    err = type(exc).__name__ + ": " + str(exc)[:300]
+print(json.dumps({"error": err, "grew_kib": tracemalloc.get_traced_memory()[1] // 1024}))
+"""
+
+
+def _peak(path: Path) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-c", _PEAK, str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _with_record(raw: bytes, content: bytes) -> bytes:
+    """The frame ``raw`` with its trailer rebuilt to hold ``content`` as the carraystore vlmeta chunk."""
+    import msgpack
+
+    f = read_frame(_BytesSource(raw))
+    tail_at = f.header_len + f.cbytes
+    trailer_len = int.from_bytes(raw[-22:-18], "big")
+    index = raw[tail_at : len(raw) - trailer_len]
+    body = b"\x94" + msgpack.packb(1) + msgpack.packb([0, {"carraystore": 0}, [content]], use_bin_type=True)
+    n = len(body) + 23
+    trailer = body + b"\xce" + n.to_bytes(4, "big") + b"\xd8\x00" + bytes(16)
+    out = bytearray(raw[:tail_at] + index + trailer)
+    out[16:24] = len(out).to_bytes(8, "big")
+    return bytes(out)
+
+
+class _BytesSource:
+    def __init__(self, raw: bytes) -> None:
+        self.raw, self.location = raw, "<bytes>"
+
+    def size(self) -> int:
+        return len(self.raw)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.raw[offset : offset + length]
+
+
+def test_header_sizes_are_bounded_before_they_are_trusted(tmp_path: Path) -> None:
+    """A first dimension of 2**40 raised the metadata cap so that a 1 GiB record was decompressed
+    (the issue: 1,565 MB peak for a 188 KB file); a compressed size of 0 read the whole file; a
+    huge chunk count was trusted. Each is now refused with a named error, in bounded memory."""
+    from carraystore.frame import shape0_position
+
+    path = tmp_path / "s.b2nd"
+    rng = np.random.default_rng(SEED)
+    with carraystore.create(path, (64, 64, 3), chunk_images=16, codec="fast") as w:
+        w.append(rng.integers(0, 256, (512, 64, 64, 3), dtype=np.uint8))  # ~6 MB of noise
+    raw = path.read_bytes()
+    h = int.from_bytes(raw[11:15], "big")
+    sound = _peak(path)
+    assert sound["error"] is None, sound
+
+    # 1. the first dimension 2**40, and a record chunk that decompresses to 1 GiB (a special
+    #    zero chunk: 32 bytes)
+    zeros = bytes.fromhex("0501050100000040000001002000000000000000000000000000000000000010")  # blosc2's own
+    big = bytearray(_with_record(raw, zeros))
+    at = shape0_position(bytes(big[:h]), 512, "s")
+    big[at : at + 8] = (2**40).to_bytes(8, "big")
+    (tmp_path / "big.b2nd").write_bytes(big)
+    # 2. a compressed size of 0: the "offsets index" would be the whole data region
+    zero = bytearray(raw)
+    zero[39:47] = (0).to_bytes(8, "big")
+    (tmp_path / "zero.b2nd").write_bytes(zero)
+    # 3. uncompressed size 2**62 with chunk size 1: 2**62 chunks
+    many = bytearray(raw)
+    many[30:38] = (2**62).to_bytes(8, "big")
+    many[58:62] = (1).to_bytes(4, "big")
+    (tmp_path / "many.b2nd").write_bytes(many)
+    for name in ("big", "zero", "many"):
+        got = _peak(tmp_path / f"{name}.b2nd")
+        assert str(got["error"]).startswith(("CorruptStoreError", "MetadataTooLargeError")), (name, got)
+        assert got["grew_kib"] < 3 * 1024, (name, got)  # the bugs: 1 GiB, the whole file (6 MB)

@@ -22,6 +22,7 @@ import ast
 import json
 import os
 import pickle
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,22 @@ def describe_cparams(cparams: dict[str, Any]) -> str:
     return text
 
 
+def refuse_links_inside(root: Path) -> None:
+    """Refuse a bcolz folder holding a symbolic link (or anything but files and folders): a
+    migration reads only inside the folder named on the command line, and a link planted
+    there (``data/__0.blp -> /etc/passwd``) would make it read, and store, another file."""
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in [*dirs, *files]:
+            p = Path(folder, name)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode) or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+                raise MigrationError(
+                    f"{p}: {what} inside the bcolz folder {root}; a migration reads only the folder it is given, "
+                    "never what a link points at. Copy the folder with the links resolved (cp -rL) and migrate the copy"
+                )
+
+
 @dataclass
 class CarrayReader:
     """A bcolz carray on disk, read chunk by chunk. Open with ``CarrayReader.open(rootdir)``.
@@ -137,6 +154,7 @@ class CarrayReader:
         storage = root / "meta" / "storage"
         if not root.is_dir():
             raise MigrationError(f"{root}: no such bcolz rootdir (a bcolz carray is a folder)")
+        refuse_links_inside(root)
         if not storage.is_file():
             raise MigrationError(f"{root}: not a bcolz carray (no meta/storage file)")
         text = storage.read_text(encoding="utf-8").strip()
@@ -418,6 +436,8 @@ class CtableReader:
     @classmethod
     def open(cls, rootdir: str | os.PathLike[str], *, allow_pickle: bool = False) -> CtableReader:
         root = Path(rootdir)
+        if root.is_dir():
+            refuse_links_inside(root)
         spec = root / "__rootdirs__"
         try:
             names = json.loads(spec.read_text(encoding="utf-8"))["names"]

@@ -70,6 +70,24 @@ def _is_text(h5py: Any, d: Any) -> bool:
     return d.dtype.kind in "SU" or h5py.check_string_dtype(d.dtype) is not None
 
 
+def _check_inside(path: Path, name: str, d: Any) -> None:
+    """Refuse a dataset whose bytes live outside the file: external storage (raw bytes of any
+    file the user can read) or a virtual dataset (mapped from other files). A migration reads
+    only the file named on the command line."""
+    if d.external:
+        files = sorted({str(e[0]) for e in d.external})
+        raise MigrationError(
+            f"{path}, dataset {name!r}: its data is stored outside the file (HDF5 external storage in {files[:3]}); "
+            "a migration reads only the file it is given, never other files it points at. Copy the data into the "
+            "file (e.g. h5py: create a dataset from its values) and migrate that"
+        )
+    if d.is_virtual:
+        raise MigrationError(
+            f"{path}, dataset {name!r}: a virtual dataset (its data is mapped from other files or datasets); "
+            "a migration reads only the file it is given. Copy the data into a regular dataset and migrate that"
+        )
+
+
 class Hdf5Source(Source):
     """One HDF5 dataset (rows along the first axis) with optional labels from another dataset."""
 
@@ -109,6 +127,9 @@ class Hdf5Source(Source):
         for name in (dataset, labels):
             if name is not None and (name not in f or not isinstance(f[name], h5py.Dataset)):
                 raise MigrationError(f"{path}: no dataset {name!r}; the file holds {found[:20]}")
+        for name in (dataset, labels):
+            if name is not None:
+                _check_inside(path, name, f[name])
         d = f[dataset]
         self._dataset = d
         self.dataset_name = dataset
@@ -195,6 +216,7 @@ class Hdf5Source(Source):
         if not names:
             return None
         names.sort(key=lambda n: (n.rsplit("/", 1)[0] if "/" in n else "") != group)
+        _check_inside(self.path, names[0], f[names[0]])
         values = tuple(str(v) for v in f[names[0]].asstr()[...].tolist())
         self.notes.append(
             f"class names from dataset {names[0]!r}: {list(values)[:10]}{' ...' if len(values) > 10 else ''}"
