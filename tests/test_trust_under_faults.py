@@ -37,7 +37,7 @@ def _append(path: Path, start: int, n: int) -> None:
 # die once the journal is hot: after the chunks (in commit), or right after the journal and marker
 _DIE = r"""
 import os, sys, numpy as np, carraystore
-import carraystore.writer as w
+import carraystore.inplace as w
 if sys.argv[2] == "commit":
     w._InPlaceWrite.commit = lambda self, meta: os.kill(os.getpid(), 9)
 elif sys.argv[2] == "vlmeta":  # the header and offsets index rewritten, the trailer not yet
