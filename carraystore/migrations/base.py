@@ -10,8 +10,9 @@ import contextlib
 import math
 import numbers
 import os
+import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,10 @@ FIELD_MAX_ROW_BYTES = 4096
 FIELDS_MAX_ROW_BYTES = 8192
 
 
+#: Names (last path part, lower case) of ids and indices: integers one per row, but never inferred as labels.
+_ID_NAME = re.compile(r"(^|_)(id|ids|index|idx|indices|uid|key)$")
+
+
 class OneHotLabelsError(MigrationError):
     """``--onehot-to-class`` met rows that are not one-hot (exactly one 1, the rest 0)."""
 
@@ -108,7 +113,7 @@ def _looks_onehot(shape: tuple[int, ...], dtype: np.dtype, nrows: int) -> bool:
 
 
 def plan_arrays(
-    heads: dict[str, tuple[tuple[int, ...], np.dtype | None]],
+    heads: Mapping[str, tuple[tuple[int, ...], np.dtype | None]],
     images: str,
     nrows: int,
     *,
@@ -146,7 +151,22 @@ def plan_arrays(
             for n in per_row
             if heads[n][0] in ((nrows,), (nrows, 1)) and (dt := heads[n][1]) is not None and dt.kind in "iub"
         ]
-        labels = infer_labels(fits, images, where, notes)
+        ids = [
+            n
+            for n in fits
+            if _ID_NAME.search(n.rsplit("/", 1)[-1].lower()) and n.rsplit("/", 1)[-1].lower() not in LABEL_NAMES
+        ]
+        named_elsewhere = [n for n in per_row if n not in fits and n.rsplit("/", 1)[-1].lower() in LABEL_NAMES]
+        unnamed = [n for n in fits if n.rsplit("/", 1)[-1].lower() not in LABEL_NAMES]
+        # ids alone are no labels (among other candidates they still make the choice ambiguous)
+        drop = (set(ids) if len(ids) == len(fits) else set()) | (set(unnamed) if named_elsewhere else set())
+        for n in sorted(drop):
+            notes.append(
+                f"{n!r} not taken as the labels ("
+                + ("an id" if n in ids else f"{named_elsewhere[0]!r} is named like the labels")
+                + "): kept as a field; --labels NAME takes it"
+            )
+        labels = infer_labels([n for n in fits if n not in drop], images, where, notes)
         if labels is None and onehot:
             hot = [n for n in per_row if (dt := heads[n][1]) is not None and _looks_onehot(heads[n][0], dt, nrows)]
             named = [n for n in hot if n.rsplit("/", 1)[-1].lower() in LABEL_NAMES]

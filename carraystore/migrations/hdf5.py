@@ -7,6 +7,7 @@ chunking when it has one, so memory stays at a few chunks whatever the file size
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,7 @@ def split_groups(h5py: Any, f: Any) -> list[str]:
     return []
 
 
-def hdf5_split_groups(path: str | Path) -> list[str]:
+def hdf5_split_groups(path: str | os.PathLike[str]) -> list[str]:
     """:func:`split_groups` of the HDF5 file at ``path`` ([] when it is not HDF5 or holds no splits)."""
     h5py = _h5py()
     try:
