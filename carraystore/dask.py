@@ -52,7 +52,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the dask extra is not installed
     raise MissingDependencyError("carraystore.dask needs dask: pip install 'carraystore[dask]'") from exc
 
-__all__ = ["to_dask", "labels", "from_dask", "from_directory", "in_order"]
+__all__ = ["to_dask", "labels", "Labels", "from_dask", "from_directory", "in_order"]
 
 
 # -- stores as dask arrays -------------------------------------------------------------------
@@ -160,8 +160,29 @@ def to_dask(store_or_url: Store | str | os.PathLike[str], storage_options: dict[
     return da.from_array(_ChunkReader(store), chunks=chunks, name=name, meta=meta, lock=False, inline_array=False)
 
 
-def labels(store_or_url: Store | str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> np.ndarray:
-    """The store's labels as a **numpy** int64 array (one per item, in memory).
+class Labels(np.ndarray):
+    """A store's int64 labels that carry its ``class_names`` (None when it has none), so that
+    ``from_dask(x, out, labels=labels(path))`` keeps the names. A plain numpy array otherwise;
+    slices keep the names, results of arithmetic or comparisons are plain arrays."""
+
+    class_names: tuple[str, ...] | None
+
+    def __new__(cls, values: np.ndarray, class_names: tuple[str, ...] | None) -> Labels:
+        out = np.asarray(values, dtype=np.int64).view(cls)
+        out.class_names = class_names
+        return out
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.class_names = getattr(obj, "class_names", None)
+
+    def __array_wrap__(self, arr: np.ndarray, context: Any = None, return_scalar: bool = False) -> Any:
+        out = np.asarray(arr)  # ufunc results (labels == 3, labels + 1) are plain arrays: no names to carry
+        return out[()] if return_scalar else out
+
+
+def labels(store_or_url: Store | str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Labels:
+    """The store's labels as a **numpy** int64 array (one per item, in memory): a :class:`Labels`,
+    whose ``class_names`` are the store's (``from_dask`` takes them from it).
 
     Labels live in the store's metadata, so they are small and already read; a numpy array
     also indexes a dask array directly (``x[labels(s) == 3]``). Raises InvalidInputError
@@ -170,7 +191,7 @@ def labels(store_or_url: Store | str | os.PathLike[str], storage_options: dict[s
     store = _as_store(store_or_url, storage_options)
     if store.labels is None:
         raise InvalidInputError(f"{store.location}: the store has no labels")
-    return np.array(store.labels, dtype=np.int64)
+    return Labels(np.array(store.labels, dtype=np.int64), store.class_names)
 
 
 # -- the ordered window ---------------------------------------------------------------------
@@ -407,7 +428,8 @@ def from_dask(
     ``window`` chunks are under way (default: 8 per cluster thread, at least 32). With a
     ``dask.distributed`` client that is the cluster; otherwise dask's current scheduler
     computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask,
-    one integer per item) and ``keys`` (strings; a list, numpy or dask array) are optional. Atomic: the store appears
+    one integer per item) and ``keys`` (strings; a list, numpy or dask array) are optional; ``class_names``
+    defaults to the names ``labels`` carries (``labels(path)`` of a store). Atomic: the store appears
     only when complete. ``lock_timeout``: seconds to wait while another writer holds ``path``
     (None: for ever), then :class:`~carraystore.errors.StoreLockedError`. A URL
     (``s3://bucket/out.b2nd``, with ``storage_options``) is written in a staging file under
@@ -420,6 +442,8 @@ def from_dask(
         raise InvalidInputError("the array's chunk sizes along axis 0 are unknown; call x.compute_chunk_sizes() first")
     n = int(x.shape[0])
     lab = None
+    if class_names is None:
+        class_names = getattr(labels, "class_names", None)
     if labels is not None:
         lab = np.asarray(labels.compute() if isinstance(labels, da.Array) else labels)
         if lab.shape != (n,):

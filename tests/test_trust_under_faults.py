@@ -266,3 +266,22 @@ def test_the_chunk_cache_never_writes_through_a_planted_link(tmp_path: Path) -> 
     assert bytes(cached.read(0, 64)) == store.read_bytes()[:64]
     assert folder.is_dir() and not folder.is_symlink() and (folder.stat().st_mode & 0o077) == 0
     cached.close()
+
+
+def test_an_external_per_row_dataset_is_not_carried_as_a_field(tmp_path: Path) -> None:
+    """A per-row dataset beside the images would become a field; with external storage it
+    would read another file, so it is left out with a note and the secret never enters the store."""
+    h5py = pytest.importorskip("h5py")
+    from carraystore.migrations import migrate
+
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"TOP-SECRET-BYTES" * 4)
+    src = tmp_path / "p.h5"
+    with h5py.File(src, "w") as f:
+        f.create_dataset("images", data=np.zeros((8, 4, 4, 3), np.uint8))
+        f.create_dataset("sample_id", shape=(8,), dtype="<u8", external=[(str(secret), 0, 64)])
+    report = migrate(src, tmp_path / "o.b2nd")
+    assert any("sample_id" in n and "outside the file" in n for n in report.notes)
+    with carraystore.open(tmp_path / "o.b2nd") as s:
+        assert "sample_id" not in s.columns
+    assert b"TOP-SECRET" not in (tmp_path / "o.b2nd").read_bytes()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +9,15 @@ from typing import Any
 import numpy as np
 
 from carraystore.errors import MigrationError
-from carraystore.migrations.base import Block, Source, disk_size, labels_from_array
+from carraystore.migrations.base import (
+    Block,
+    OneHotLabelsError,
+    Source,
+    disk_size,
+    labels_from_array,
+    object_conversion_of,
+    onehot_to_class,
+)
 from carraystore.migrations.bcolz import CarrayReader, CtableReader
 
 __all__ = ["CarraySource", "TwoArraySource", "CtableSource", "object_conversion"]
@@ -35,87 +41,13 @@ def _bcolz_provenance(r: CarrayReader) -> dict[str, Any]:
 def object_conversion(
     reader: CarrayReader,
 ) -> tuple[np.dtype, tuple[int, ...], Callable[[np.ndarray], np.ndarray], str]:
-    """Scan an object carray and pick a fixed-size dtype that holds every element exactly.
-
-    All str -> unicode 'U<n>'; all bytes -> 'S<n>'; all bool -> bool; all int -> int64;
-    ints and floats -> float64 (when every int is exact as a float); arrays of one shape and
-    dtype -> stacked. Anything else is a MigrationError listing the element types.
-    Returns (dtype, item_shape, convert(block) -> array, description).
-    """
-    types: Counter[str] = Counter()
-    kinds: set[str] = set()
-    maxlen = 0
-    shapes: set[tuple[Any, ...]] = set()
-    big_int = False
-    for chunk in reader.iter_chunks():
-        for x in chunk.reshape(-1):
-            types[type(x).__name__] += 1
-            if isinstance(x, (bool, np.bool_)):
-                kinds.add("bool")
-            elif isinstance(x, str):
-                kinds.add("str")
-                maxlen = max(maxlen, len(x))
-            elif isinstance(x, bytes):
-                kinds.add("bytes")
-                maxlen = max(maxlen, len(x))
-            elif isinstance(x, numbers.Integral):
-                kinds.add("int")
-                v = int(x)
-                if not -(2**63) <= v < 2**63:
-                    kinds.add("hugeint")
-                if abs(v) > 2**53:
-                    big_int = True
-            elif isinstance(x, numbers.Real):
-                kinds.add("float")
-            elif isinstance(x, np.ndarray) and not x.dtype.hasobject:
-                kinds.add("array")
-                shapes.add((x.shape, x.dtype.str))
-            else:
-                kinds.add("other")
-    what = ", ".join(f"{n} x {t}" for t, n in types.most_common())
-    fail = MigrationError(
-        f"{reader.rootdir}: an object-dtype carray whose elements ({what}) have no common fixed-size type; "
-        "a store holds fixed-size items only (it never pickles). Convert them in Python first, e.g. "
-        "carraystore.migrations.bcolz.CarrayReader.open(path, allow_pickle=True).read()"
+    """Scan an object carray and pick a fixed-size dtype that holds every element exactly
+    (:func:`carraystore.migrations.base.object_conversion_of`)."""
+    return object_conversion_of(
+        reader.iter_chunks,
+        str(reader.rootdir),
+        "carraystore.migrations.bcolz.CarrayReader.open(path, allow_pickle=True).read()",
     )
-    if not kinds:  # empty carray
-        return np.dtype("V1"), (), lambda b: np.empty((len(b),), "V1"), "empty object array"
-    if (
-        "other" in kinds
-        or "hugeint" in kinds
-        or len(kinds - {"int", "float"}) > 1
-        or (kinds & {"int", "float"} and kinds - {"int", "float"})
-    ):
-        raise fail
-    kind = next(iter(kinds)) if len(kinds) == 1 else "float"
-    if kind == "float" and "int" in kinds and big_int:
-        raise MigrationError(f"{reader.rootdir}: mixes floats with integers too large to be exact as float64 ({what})")
-    item_shape: tuple[int, ...] = ()
-    if kind == "str":
-        dt = np.dtype(f"<U{max(1, maxlen)}")
-    elif kind == "bytes":
-        dt = np.dtype(f"S{max(1, maxlen)}")
-    elif kind == "bool":
-        dt = np.dtype(bool)
-    elif kind == "int":
-        dt = np.dtype("<i8")
-    elif kind == "float":
-        dt = np.dtype("<f8")
-    else:
-        if len(shapes) != 1:
-            raise MigrationError(
-                f"{reader.rootdir}: the arrays in this object carray differ in shape or dtype: {sorted(shapes)[:5]}"
-            )
-        shape, dts = next(iter(shapes))
-        item_shape, dt = tuple(shape), np.dtype(dts)
-
-    def convert(block: np.ndarray) -> np.ndarray:
-        out = np.empty((len(block), *item_shape), dtype=dt)
-        for i, x in enumerate(block.reshape(-1)):
-            out[i] = x
-        return out
-
-    return dt, item_shape, convert, f"object elements ({what}) stored as {dt}{list(item_shape) if item_shape else ''}"
 
 
 # -- sources -------------------------------------------------------------------------------
@@ -210,7 +142,15 @@ class CtableSource(Source):
 
     kind = "bcolz ctable"
 
-    def __init__(self, path: Path, *, images: str | None, labels: str | None, allow_pickle: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        images: str | None,
+        labels: str | None,
+        allow_pickle: bool = False,
+        onehot: bool = False,
+    ) -> None:
         super().__init__()
         self.path = path
         self.table = t = CtableReader.open(path, allow_pickle=allow_pickle)
@@ -233,21 +173,39 @@ class CtableSource(Source):
             if multi:
                 images = multi[0]
                 self.notes.append(f"images column inferred: {images!r} (the only column with 2+ dimensions per row)")
+        inferred = False
         if images is not None and labels is None:
             named = [n for n in t.names if n.lower() in LABEL_NAMES and n != images]
             if len(named) == 1:
-                labels = named[0]
-                self.notes.append(f"labels column inferred: {labels!r}")
+                labels, inferred = named[0], True
             else:
                 self.notes.append("no labels column inferred (pass --labels NAME to choose one)")
-        self.images_name, self.labels_name = images, labels
+        self.images_name = images
         self._labels: np.ndarray | None = None
         if labels is not None:
-            self._labels, self.class_names, how = labels_from_array(
-                t.columns[labels].read(), f"{path}, column {labels!r}"
-            )
+            where = f"{path}, column {labels!r}"
+            values = t.columns[labels].read()
+            try:
+                if onehot:
+                    self._labels, how = onehot_to_class(values, where), "one-hot rows turned into class indices"
+                else:
+                    self._labels, self.class_names, how = labels_from_array(values, where)
+            except MigrationError as exc:
+                if not inferred or isinstance(exc, OneHotLabelsError):
+                    raise
+                # a column named like labels that holds no class labels (floats, vectors): a target field
+                self.notes.append(
+                    f"column {labels!r} ({values.dtype}{list(values.shape[1:])}) is not integer class labels: kept as "
+                    f"the target field {labels!r}"
+                    + ("; --onehot-to-class makes class labels of one-hot rows" if values.ndim == 2 else "")
+                )
+                labels = None
+        if labels is not None:
+            if inferred:
+                self.notes.append(f"labels column inferred: {labels!r}")
             self.has_labels = True
             self.notes.append(f"labels from column {labels!r}: {how}")
+        self.labels_name = labels
         others = [n for n in t.names if n not in (images, labels)]
         if images is not None:
             col = t.columns[images]

@@ -42,6 +42,8 @@ __all__ = [
     "MigrationReport",
     "MigrationVerifyError",
     "migrate",
+    "migrate_splits",
+    "split_outputs",
     "open_migration_source",
     "labels_from_array",
     "store_layout",
@@ -75,6 +77,8 @@ class MigrationReport:
     seconds: float
     verified: bool
     labels: bool = False
+    #: the fields (per-item columns) written: name -> dtype and row shape, e.g. ``float32[8]``
+    fields: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -94,6 +98,8 @@ class MigrationReport:
             f"  time:    {self.seconds:.2f} s ({self.mb_per_s:,.1f} MB/s), "
             + ("verified bit-exact against the source" if self.verified else "NOT verified (--no-verify)"),
         ]
+        if self.fields:
+            lines.append("  fields:  " + ", ".join(f"{n} {d}" for n, d in self.fields.items()))
         lines += [f"  note:    {n}" for n in self.notes]
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
@@ -130,6 +136,8 @@ def open_migration_source(
     dataset: str | None = None,
     allow_pickle: bool = False,
     no_labels: bool = False,
+    group: str | None = None,
+    onehot_to_class: bool = False,
 ) -> Source:
     """Detect what ``src`` is and open it as a migration Source (see ``migrate`` for the arguments).
 
@@ -152,6 +160,8 @@ def open_migration_source(
     p = Path(src)
     if not p.exists():
         raise MigrationError(f"{p}: no such file or folder")
+    if group is not None and (p.is_dir() or _head(p) != _HDF5_MAGIC):
+        raise InvalidInputError(f"{p}: --group names a group (a split) of an HDF5 file; {p} is not one")
     if not p.is_dir() and not p.is_file():  # reading a FIFO's first bytes would block for ever
         raise MigrationError(f"{p} is not a regular file (a FIFO or device?); migrate reads files and bcolz folders")
     if p.is_dir():
@@ -160,7 +170,9 @@ def open_migration_source(
         if dataset is not None:
             raise InvalidInputError(f"{p}: --dataset names an HDF5 dataset; {p} is a folder")
         if bz.is_ctable(p):
-            return bs.CtableSource(p, images=_name(images), labels=_name(labels), allow_pickle=allow_pickle)
+            return bs.CtableSource(
+                p, images=_name(images), labels=_name(labels), allow_pickle=allow_pickle, onehot=onehot_to_class
+            )
         if bz.is_carray(p):
             if images is not None:
                 raise InvalidInputError(
@@ -182,19 +194,48 @@ def open_migration_source(
 
         if dataset is not None:
             raise InvalidInputError(f"{p}: --dataset is for HDF5 files; for an .npz use --images NAME")
-        return NpzSource(p, images=_name(images), labels=_name(labels), no_labels=no_labels)
+        return NpzSource(
+            p,
+            images=_name(images),
+            labels=_name(labels),
+            no_labels=no_labels,
+            allow_pickle=allow_pickle,
+            onehot=onehot_to_class,
+        )
     if head == _HDF5_MAGIC:
         from carraystore.migrations.hdf5 import Hdf5Source
 
-        return Hdf5Source(p, dataset=dataset or _name(images), labels=_name(labels), no_labels=no_labels)
+        return Hdf5Source(
+            p,
+            dataset=dataset or _name(images),
+            labels=_name(labels),
+            no_labels=no_labels,
+            group=group,
+            onehot=onehot_to_class,
+        )
+    from carraystore.migrations import npy
+
+    if head[:6] == npy.NPY_MAGIC or npy.is_pickle(p, head):
+        if dataset is not None or images is not None:
+            raise InvalidInputError(f"{p}: a single array; --dataset / --images name arrays inside a file")
+        if labels is not None and not Path(labels).is_file():
+            raise InvalidInputError(f"{p}: --labels for a single array is a second .npy file, got {labels}")
+        lab = Path(labels) if labels is not None else None
+        cls = npy.NpySource if head[:6] == npy.NPY_MAGIC else npy.PickleSource
+        return cls(p, labels=lab, allow_pickle=allow_pickle, onehot=onehot_to_class)
     from carraystore.migrations.versions import open_old_store, store_format_version
 
     if store_format_version(p) is not None:
         return open_old_store(p)  # a store of the current version gets "nothing to migrate"
     raise MigrationError(
         f"{p}: not a format carraystore can migrate; it reads bcolz carray/ctable folders, .npz files, "
-        "HDF5 files and carraystore stores of an older format version"
+        "HDF5 files, .npy files (pickles with --allow-pickle) and carraystore stores of an older format version"
     )
+
+
+def _head(p: Path) -> bytes:
+    with open(p, "rb") as f:
+        return f.read(8)
 
 
 def _name(value: str | os.PathLike[str] | None) -> str | None:
@@ -226,6 +267,8 @@ def migrate(
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
     options: WriteOptions | None = None,
+    group: str | None = None,
+    onehot_to_class: bool = False,
 ) -> MigrationReport:
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path).
 
@@ -251,6 +294,15 @@ def migrate(
     ``chunk_images``, ``class_names``, ``overwrite``, ``progress``, ``lock_timeout``,
     ``storage_options`` and ``tmp_dir`` in one value (its ``attrs`` are refused: a migration
     keeps the source's); a keyword that contradicts it is an InvalidInputError.
+    Every other array with one row per item (HDF5 dataset, npz member, ctable column) comes
+    along as a field (``store.columns``); what does not (not one row per item, a type a store
+    cannot hold, too large per item) is named in ``report.notes`` with the reason. Non-integer
+    label candidates (one-hot rows, float targets) become fields, with a note;
+    ``onehot_to_class=True`` makes one-hot rows the class labels instead (every row must have
+    exactly one 1: else OneHotLabelsError). ``group`` migrates one group (a split such as
+    ``train``) of an HDF5 file; :func:`migrate_splits` migrates all of them. ``src`` may be a
+    ``.npy`` (``labels``: a second ``.npy``); pickled data (object arrays, pickle files) needs
+    ``allow_pickle=True`` (else PickleNotAllowedError), because unpickling runs code from the file.
     Returns a MigrationReport.
     """
     t0 = time.perf_counter()
@@ -297,6 +349,8 @@ def migrate(
                 allow_pickle=allow_pickle,
                 verify=verify,
                 no_labels=no_labels,
+                group=group,
+                onehot_to_class=onehot_to_class,
                 options=opts.replace(overwrite=False, lock_timeout=0.0, storage_options=None, tmp_dir=None),
             )
             target.upload()
@@ -330,9 +384,73 @@ def migrate(
             opts.class_names,
             no_labels,
             t0,
+            group,
+            onehot_to_class,
         )
     finally:
         lock.release()
+
+
+def split_outputs(out: str | os.PathLike[str], groups: Sequence[str]) -> dict[str, str]:
+    """Where each group's store goes: ``out`` with ``{group}`` in it is a name pattern
+    (``data_{group}.b2nd``); else ``out`` is a folder (a local path not ending in ``.b2nd``,
+    or a URL ending in ``/``) that gets ``GROUP.b2nd`` (a nested group's ``/`` becomes ``_``)."""
+    text = str(out)
+    names = {g: g.strip("/").replace("/", "_") for g in groups}
+    if "{group}" in text:
+        return {g: text.replace("{group}", n) for g, n in names.items()}
+    if is_url(text):
+        if not text.endswith("/"):
+            raise InvalidInputError(
+                f"{text}: one store per group needs OUT as a folder URL ending in / or a name with {{group}}"
+            )
+        return {g: f"{text}{n}.b2nd" for g, n in names.items()}
+    if text.endswith(".b2nd"):
+        raise InvalidInputError(
+            f"the source holds one split per group {list(groups)}: give OUT as a folder (OUT/ gets "
+            f"{', '.join(n + '.b2nd' for n in names.values())}) or a name with {{group}} (data_{{group}}.b2nd), "
+            "or migrate one split with --group NAME"
+        )
+    return {g: str(Path(text) / f"{n}.b2nd") for g, n in names.items()}
+
+
+def migrate_splits(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    groups: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> dict[str, MigrationReport]:
+    """Migrate every split of an HDF5 file (groups ``train/``, ``val/``, ... that each hold
+    their images, labels and fields) into one store per group; return each group's report.
+
+    ``out`` is a folder (created when missing; ``OUT/train.b2nd``, ...) or a name pattern with
+    ``{group}`` (see :func:`split_outputs`); ``groups`` picks some (default: all found). The other
+    keywords are :func:`migrate`'s; the stores are written one after the other, each atomic,
+    and none is started while any output exists (unless ``overwrite``).
+    """
+    from carraystore.migrations.hdf5 import hdf5_split_groups
+
+    found = hdf5_split_groups(src)
+    if not found:
+        raise MigrationError(f"{src}: not an HDF5 file with one group per split (train/images, val/images, ...)")
+    for g in groups or ():
+        if g.strip("/") not in found:
+            raise MigrationError(f"{src}: no split {g!r}; its splits are {found}")
+    targets = split_outputs(out, [g.strip("/") for g in groups] if groups else found)
+    options = kwargs.get("options")
+    overwrite = bool(kwargs.get("overwrite")) or bool(options is not None and options.overwrite)
+    local = not is_url(str(out))
+    if local:
+        existing = [t for t in targets.values() if Path(t).exists()]
+        if existing and not overwrite:
+            raise StoreExistsError(f"{existing} already exist; pass --overwrite (overwrite=True) to replace them")
+        folder = Path(next(iter(targets.values()))).parent
+        if "{group}" not in str(out) and not folder.is_dir():
+            if not folder.parent.is_dir():
+                raise InvalidInputError(f"{out}: folder {folder.parent} does not exist")
+            folder.mkdir()
+    return {g: migrate(src, t, group=g, **kwargs) for g, t in targets.items()}
 
 
 def _migrate_locked(
@@ -350,6 +468,8 @@ def _migrate_locked(
     class_names: Sequence[str] | None,
     no_labels: bool,
     t0: float,
+    group: str | None = None,
+    onehot_to_class: bool = False,
 ) -> MigrationReport:
     refuse_folder_target(out_p)
     if out_p.exists() and not overwrite:
@@ -360,7 +480,14 @@ def _migrate_locked(
     if no_labels and labels is not None:
         raise InvalidInputError("give either labels or no_labels (--no-labels), not both")
     source = open_migration_source(
-        src, images=images, labels=labels, dataset=dataset, allow_pickle=allow_pickle, no_labels=no_labels
+        src,
+        images=images,
+        labels=labels,
+        dataset=dataset,
+        allow_pickle=allow_pickle,
+        no_labels=no_labels,
+        group=group,
+        onehot_to_class=onehot_to_class,
     )
     if class_names is not None:
         _set_class_names(source, class_names)
@@ -368,7 +495,7 @@ def _migrate_locked(
     remove_stale_temps(out_p)  # dead: we hold the lock every writer of out_p holds
     tmp = temp_path(out_p, "migrating")
     try:
-        store_codec = _write(
+        store_codec, fields = _write(
             source, tmp, chosen if chosen is not None else source.default_codec, progress, chunk_images
         )
         if verify:
@@ -397,6 +524,7 @@ def _migrate_locked(
         seconds=time.perf_counter() - t0,
         verified=verify,
         labels=source.has_labels,
+        fields=fields,
         warnings=list(source.warnings),
         notes=list(source.notes),
     )
@@ -429,7 +557,9 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="rows", unit_scale=True, disable=not enabled, file=sys.stderr, leave=False)
 
 
-def _write(source: Source, tmp: Path, codec: Codec | str | None, progress: bool, chunk_images: int | None) -> Codec:
+def _write(
+    source: Source, tmp: Path, codec: Codec | str | None, progress: bool, chunk_images: int | None
+) -> tuple[Codec, dict[str, str]]:
     layout = store_layout(source.item_shape, source.dtype)
     provenance = {"migrated_from": {"kind": source.kind, "name": source.path.name, **source.provenance}}
     writer = create(
@@ -445,14 +575,17 @@ def _write(source: Source, tmp: Path, codec: Codec | str | None, progress: bool,
     )
     with writer, _bar(source.nrows, f"migrate {source.path.name}", progress) as bar:
         rows = 0
+        fields: dict[str, str] = {}
         for block in source.blocks():
+            for name, col in (block.columns or {}).items():
+                fields.setdefault(name, f"{col.dtype}{list(col.shape[1:]) if col.ndim > 1 else ''}")
             writer.append(block.data, labels=block.labels, keys=block.keys, columns=block.columns)
             rows += len(block.data)
             bar.update(len(block.data))
         if rows != source.nrows:
             raise MigrationError(f"{source.path}: read {rows} rows, the source says {source.nrows}")
         resolved = writer.meta.codec
-    return resolved
+    return resolved, fields
 
 
 def _as_bytes(a: np.ndarray) -> np.ndarray:

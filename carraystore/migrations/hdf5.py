@@ -7,6 +7,7 @@ chunking when it has one, so memory stays at a few chunks whatever the file size
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,12 @@ from carraystore.migrations.base import (
     MIGRATION_BLOCK_BYTES,
     Block,
     Source,
-    infer_labels,
     labels_from_array,
+    onehot_to_class,
+    plan_arrays,
 )
 
-__all__ = ["Hdf5Source", "jsonable", "LABEL_NAMES", "CLASS_NAME_DATASETS"]
+__all__ = ["Hdf5Source", "hdf5_split_groups", "split_groups", "jsonable", "LABEL_NAMES", "CLASS_NAME_DATASETS"]
 
 
 #: Dataset names (last path part, lower case) preferred as labels when several could be.
@@ -65,6 +67,28 @@ def jsonable(value: Any) -> tuple[Any, bool]:
     return repr(value), False
 
 
+def _in_group(f: Any, prefix: str, name: str | None) -> str | None:
+    """``name`` inside the group ``prefix`` when it is there, else as given (a path from the file's root)."""
+    if name is None or name.startswith(prefix):
+        return name
+    return prefix + name if prefix + name in f or name not in f else name
+
+
+def _parent(name: str) -> str:
+    return name.rsplit("/", 1)[0] if "/" in name else ""
+
+
+def _near(names: list[str], group: str | None) -> list[str]:
+    """``names`` that belong to ``group`` (in it, or in a group above it); all of them when group is None."""
+    if group is None:
+        return list(names)
+    return [
+        n
+        for n in names
+        if (p := _parent(n)) == "" or group == p or group.startswith(p + "/") or p.startswith(group + "/")
+    ]
+
+
 def _is_text(h5py: Any, d: Any) -> bool:
     """Whether an HDF5 dataset holds strings (fixed-length bytes or variable-length text)."""
     return d.dtype.kind in "SU" or h5py.check_string_dtype(d.dtype) is not None
@@ -88,13 +112,57 @@ def _check_inside(path: Path, name: str, d: Any) -> None:
         )
 
 
+def split_groups(h5py: Any, f: Any) -> list[str]:
+    """The groups of an open HDF5 file that each hold their own images (``train/images``,
+    ``val/images``, ...): the parents of its 3+-dimensional datasets (else of its 2-D ones)
+    when there are two or more and no two share a parent; else []."""
+    found: list[tuple[str, int]] = []
+    f.visititems(
+        lambda name, obj: (
+            found.append((name, obj.ndim))
+            if isinstance(obj, h5py.Dataset) and not _is_text(h5py, obj) and obj.ndim >= 2
+            else None
+        )
+    )
+    for dims in (3, 2):
+        big = [n for n, nd in found if nd >= dims]
+        if big:
+            parents = [n.rsplit("/", 1)[0] if "/" in n else "" for n in big]
+            if len(big) >= 2 and "" not in parents and len(set(parents)) == len(parents):
+                return parents
+            return []
+    return []
+
+
+def hdf5_split_groups(path: str | os.PathLike[str]) -> list[str]:
+    """:func:`split_groups` of the HDF5 file at ``path`` ([] when it is not HDF5 or holds no splits)."""
+    h5py = _h5py()
+    try:
+        with h5py.File(path, "r") as f:
+            return split_groups(h5py, f)
+    except OSError:
+        return []
+
+
 class Hdf5Source(Source):
-    """One HDF5 dataset (rows along the first axis) with optional labels from another dataset."""
+    """One HDF5 dataset (rows along the first axis), optional labels from another dataset, and
+    every other dataset with one row per item as a field (the rest named in a note).
+
+    ``group`` limits it to one group of the file (a split such as ``train``): names are looked
+    up in it first, and fields are named relative to it.
+    """
 
     kind = "HDF5 dataset"
 
     def __init__(
-        self, path: Path, *, dataset: str | None = None, labels: str | None = None, no_labels: bool = False
+        self,
+        path: Path,
+        *,
+        dataset: str | None = None,
+        labels: str | None = None,
+        no_labels: bool = False,
+        group: str | None = None,
+        onehot: bool = False,
     ) -> None:
         super().__init__()
         h5py = _h5py()
@@ -104,10 +172,23 @@ class Hdf5Source(Source):
         except OSError as exc:
             raise MigrationError(f"{path}: cannot be opened as HDF5 ({exc}); it may be truncated or damaged") from exc
         f = self._file
-        found: list[str] = []
-        f.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) else None)
-        if not found:
+        everything: list[str] = []
+        f.visititems(lambda name, obj: everything.append(name) if isinstance(obj, h5py.Dataset) else None)
+        if not everything:
             raise MigrationError(f"{path}: holds no datasets")
+        prefix = ""
+        if group is not None:
+            group = group.strip("/")
+            if group not in f or not isinstance(f[group], h5py.Group):
+                groups = split_groups(h5py, f)
+                raise MigrationError(f"{path}: no group {group!r}" + (f"; its splits are {groups}" if groups else ""))
+            prefix = group + "/"
+            dataset = _in_group(f, prefix, dataset)
+            labels = _in_group(f, prefix, labels)
+        found = [n for n in everything if n.startswith(prefix)]
+        if not found:
+            raise MigrationError(f"{path}: group {group!r} holds no datasets")
+        self.group = group
         if dataset is None:
             candidates = [n for n in found if n != labels and f[n].ndim >= 1 and not _is_text(h5py, f[n])]
             big = [n for n in candidates if f[n].ndim >= 3]
@@ -121,6 +202,12 @@ class Hdf5Source(Source):
                 dataset = two[0]
                 self.notes.append(f"dataset inferred: {dataset!r} (the only one with 2+ dimensions)")
             else:
+                splits = split_groups(h5py, f) if group is None else []
+                if splits:
+                    raise MigrationError(
+                        f"{path}: holds one split per group {splits}; migrate them all with OUT a folder or a "
+                        "name with {group} (carraystore migrate data.h5 OUT/), or one with --group NAME"
+                    )
                 raise MigrationError(
                     f"{path}: holds datasets {found[:20]}; choose one with --dataset NAME (and --labels NAME)"
                 )
@@ -141,29 +228,73 @@ class Hdf5Source(Source):
             )
         self.dtype = np.dtype(d.dtype)
         self.nrows, self.item_shape = int(d.shape[0]), tuple(int(x) for x in d.shape[1:])
+        if labels is not None and f[labels].shape[:1] != (self.nrows,):
+            raise MigrationError(
+                f"{path}: dataset {labels!r} has shape {f[labels].shape} for {self.nrows} rows of {dataset!r}"
+            )
+        names_sets = [
+            n
+            for n in everything
+            if n.rsplit("/", 1)[-1].lower() in CLASS_NAME_DATASETS and _is_text(h5py, f[n]) and f[n].ndim == 1
+        ]
+        heads: dict[str, tuple[tuple[int, ...], np.dtype | None]] = {}
+        texts: dict[str, np.ndarray] = {}
+        for n in found:
+            if n in names_sets:
+                continue
+            obj = f[n]
+            shape = tuple(int(x) for x in obj.shape)
+            if n != dataset and (obj.external or obj.is_virtual):  # never read: it would read another file
+                self.notes.append(f"not migrated: {n!r} (its data lies outside the file: external or virtual)")
+                continue
+            if h5py.check_string_dtype(obj.dtype) is not None and obj.dtype.kind == "O":
+                if shape[:1] == (self.nrows,) and obj.ndim == 1:  # variable-length text: fixed width, exactly
+                    texts[n] = np.array(obj.asstr()[...].tolist(), dtype=str)
+                    heads[n] = (shape, texts[n].dtype)
+                else:
+                    heads[n] = (shape, None)
+            elif obj.dtype.hasobject or h5py.check_vlen_dtype(obj.dtype) is not None:
+                heads[n] = (shape, None)
+            else:
+                heads[n] = (shape, np.dtype(obj.dtype))
+        plan = plan_arrays(
+            heads,
+            dataset,
+            self.nrows,
+            labels=labels,
+            no_labels=no_labels,
+            onehot=onehot,
+            exclude=(),
+            where=str(path),
+            notes=self.notes,
+        )
+        labels = plan.labels
         self._labels = None
-        if labels is None and not no_labels:
-            labels = self._infer_labels(found, dataset)
         if labels is not None:
-            lab = f[labels]
-            if lab.shape[:1] != (self.nrows,):
-                raise MigrationError(
-                    f"{path}: dataset {labels!r} has shape {lab.shape} for {self.nrows} rows of {dataset!r}"
-                )
-            self._labels, self.class_names, how = labels_from_array(lab[...], f"{path}, dataset {labels!r}")
+            where = f"{path}, dataset {labels!r}"
+            if plan.onehot:
+                self._labels, self.class_names = onehot_to_class(f[labels][...], where), None
+                how = f"one-hot rows ({f[labels].shape[1]} classes) turned into class indices"
+            else:
+                self._labels, self.class_names, how = labels_from_array(f[labels][...], where)
             self.has_labels = True
             self.notes.append(f"labels from {labels!r}: {how}")
             if self.class_names is None:
-                self.class_names = self._class_names_dataset(found, labels)
+                self.class_names = self._class_names_dataset(names_sets, labels)
                 top = int(self._labels.max()) if len(self._labels) else -1
                 if self.class_names is not None and top >= len(self.class_names):
                     raise MigrationError(
                         f"{path}: labels {labels!r} go up to {top} but the class names dataset holds {len(self.class_names)} "
                         "names; give the right ones with --class-names A,B,C"
                     )
-        #: bytes of the migrated datasets in the file (the images and the labels), not the whole file
-        self._cbytes = int(d.id.get_storage_size()) + (
-            int(f[labels].id.get_storage_size()) if labels is not None else 0
+        self._fields: dict[str, np.ndarray] = {}
+        for n in plan.fields:
+            self._fields[n[len(prefix) :]] = texts[n] if n in texts else f[n][...]
+        for n, why in plan.skipped.items():
+            self.notes.append(f"not migrated: {n!r} ({why})")
+        #: bytes of the migrated datasets in the file (images, labels, fields), not the whole file
+        self._cbytes = sum(
+            int(f[n].id.get_storage_size()) for n in [dataset, *([labels] if labels else []), *plan.fields]
         )
         attrs: dict[str, Any] = {}
         inexact = []
@@ -177,6 +308,8 @@ class Hdf5Source(Source):
             attrs = {k: repr(v) for k, v in attrs.items()}
         if inexact:
             self.warnings.append(f"HDF5 attribute(s) {inexact} are not exact in JSON; stored as text")
+        if labels is None:
+            self._unused_class_names(names_sets, prefix, attrs)
         self.attrs = attrs
         comp = d.compression or "uncompressed"
         if d.compression_opts is not None:
@@ -187,32 +320,45 @@ class Hdf5Source(Source):
         self.provenance = {
             "hdf5": {"dataset": dataset, "labels": labels, "chunks": list(d.chunks) if d.chunks else None}
         }
+        if group is not None:
+            self.provenance["hdf5"]["group"] = group
+        if plan.fields:
+            self.provenance["hdf5"]["fields"] = plan.fields
+
+    def _unused_class_names(self, names_sets: list[str], prefix: str, attrs: dict[str, Any]) -> None:
+        """Without labels, a class names dataset (of this group or above it) goes into attrs, with a note."""
+        mine = _near(names_sets, self.group)
+        if not mine:
+            return
+        n = mine[0]
+        _check_inside(self.path, n, self._file[n])
+        values = [str(v) for v in self._file[n].asstr()[...].tolist()]
+        if "class_names" in attrs:
+            self.notes.append(
+                f"not migrated: {n!r} (class names, but there are no class labels and attrs['class_names'] is taken)"
+            )
+            return
+        attrs["class_names"] = values
+        self.notes.append(
+            f"{n!r} kept as attrs['class_names'] (the store has no class labels to name; "
+            "--onehot-to-class or --labels NAME gives them)"
+        )
+
+    def fields_block(self, a: int, b: int) -> dict[str, np.ndarray] | None:
+        """The fields of rows ``a:b`` (None when there are none)."""
+        return {n: c[a:b] for n, c in self._fields.items()} or None
 
     @property
     def cbytes(self) -> int:
         """Bytes the migrated datasets (images and labels) take in the file."""
         return self._cbytes
 
-    def _infer_labels(self, found: list[str], dataset: str) -> str | None:
-        """The labels dataset beside ``dataset`` when exactly one fits (1-D integers, one per row); else stop."""
+    def _class_names_dataset(self, candidates: list[str], labels: str) -> tuple[str, ...] | None:
+        """Class names from a dataset named class_names / classes / label_names (beside the labels first;
+        in a split group, only one of the group or of a group above it)."""
         f = self._file
-        fits = [
-            n
-            for n in found
-            if n != dataset and f[n].shape in ((self.nrows,), (self.nrows, 1)) and f[n].dtype.kind in "iub"
-        ]
-        return infer_labels(fits, dataset, str(self.path), self.notes)
-
-    def _class_names_dataset(self, found: list[str], labels: str) -> tuple[str, ...] | None:
-        """Class names from a dataset named class_names / classes / label_names (beside the labels first)."""
-        h5py = _h5py()
-        f = self._file
-        group = labels.rsplit("/", 1)[0] if "/" in labels else ""
-        names = [
-            n
-            for n in found
-            if n.rsplit("/", 1)[-1].lower() in CLASS_NAME_DATASETS and _is_text(h5py, f[n]) and f[n].ndim == 1
-        ]
+        group = _parent(labels)
+        names = _near(candidates, self.group)
         if not names:
             return None
         names.sort(key=lambda n: (n.rsplit("/", 1)[0] if "/" in n else "") != group)
@@ -240,7 +386,7 @@ class Hdf5Source(Source):
             if b > a:
                 d.read_direct(out, np.s_[a:b])
             lab = self._labels[a:b] if self._labels is not None else None
-            yield Block(out, labels=lab)
+            yield Block(out, labels=lab, columns=self.fields_block(a, b))
 
     def close(self) -> None:
         try:

@@ -19,7 +19,16 @@ from typing import IO
 import numpy as np
 
 from carraystore.errors import MigrationError
-from carraystore.migrations.base import CLASS_NAME_DATASETS, Block, Source, infer_labels, labels_from_array
+from carraystore.migrations.base import (
+    CLASS_NAME_DATASETS,
+    Block,
+    PickleNotAllowedError,
+    Source,
+    fixed_from_objects,
+    labels_from_array,
+    onehot_to_class,
+    plan_arrays,
+)
 
 __all__ = ["NpzSource", "relative_keys", "read_npy_header"]
 
@@ -27,9 +36,10 @@ _IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
-def read_npy_header(f: IO[bytes], where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+def read_npy_header(f: IO[bytes], where: str, *, allow_objects: bool = False) -> tuple[tuple[int, ...], bool, np.dtype]:
     """(shape, fortran_order, dtype) of an ``.npy`` stream positioned at its start; the stream
-    is left at the first data byte. Object dtypes are refused (they would need pickle)."""
+    is left at the first data byte. Object dtypes (pickled data) are a PickleNotAllowedError
+    unless ``allow_objects``."""
     fmt = np.lib.format
     try:
         version = fmt.read_magic(f)
@@ -41,10 +51,11 @@ def read_npy_header(f: IO[bytes], where: str) -> tuple[tuple[int, ...], bool, np
             shape, fortran, dtype = fmt._read_array_header(f, version)  # 3.0: utf-8 field names
     except (ValueError, OSError, EOFError) as exc:
         raise MigrationError(f"{where}: not a valid .npy member ({exc})") from exc
-    if dtype.hasobject:
-        raise MigrationError(
-            f"{where}: holds Python objects (saved with allow_pickle); loading them would run code from the file, "
-            "and a store cannot hold them"
+    if dtype.hasobject and not allow_objects:
+        raise PickleNotAllowedError(
+            f"{where}: holds Python objects (pickled); unpickling runs code from the file. Only for a file you "
+            "trust: pass --allow-pickle (allow_pickle=True), and the objects become a fixed-size array when they "
+            "have one common type"
         )
     return tuple(shape), bool(fortran), dtype
 
@@ -94,10 +105,19 @@ class NpzSource(Source):
     kind = ".npz"
 
     def __init__(
-        self, path: Path, *, images: str | None = None, labels: str | None = None, no_labels: bool = False
+        self,
+        path: Path,
+        *,
+        images: str | None = None,
+        labels: str | None = None,
+        no_labels: bool = False,
+        allow_pickle: bool = False,
+        onehot: bool = False,
     ) -> None:
         super().__init__()
         self.path = path
+        self.allow_pickle = allow_pickle
+        self.onehot = onehot
         try:
             self._zip = zipfile.ZipFile(path)
         except zipfile.BadZipFile as exc:
@@ -170,11 +190,16 @@ class NpzSource(Source):
         for n in (images, labels):
             if n is not None and n not in self._members:
                 raise MigrationError(f"{self.path}: no array named {n!r}; it holds {names}")
-        heads = {}
+        heads: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         for n in names:
             with self._zip.open(self._members[n]) as f:
-                shape, _, dtype = read_npy_header(f, f"{self.path}, member {n!r}")
+                shape, _, dtype = read_npy_header(f, f"{self.path}, member {n!r}", allow_objects=self.allow_pickle)
             heads[n] = (shape, dtype)
+        self._objects: dict[str, np.ndarray] = {}
+        for n, (_shape, dtype) in heads.items():  # --allow-pickle: objects as a fixed-size array, or not at all
+            if dtype.hasobject:
+                self._objects[n] = self._unpickled(n)
+                heads[n] = (self._objects[n].shape, self._objects[n].dtype)
         if images is None:
             candidates = [n for n in names if n != labels and heads[n][0] and heads[n][1].kind not in "USO"]
             big = [n for n in candidates if len(heads[n][0]) >= 3]
@@ -188,60 +213,78 @@ class NpzSource(Source):
                     f"{self.path}: holds arrays named {names[:10]}; say which one holds the images with --images NAME "
                     "(and the labels with --labels NAME)"
                 )
-        if labels is None and not no_labels:
-            rows = heads[images][0][0] if heads[images][0] else -1
-            fits = [
-                n for n in names if n != images and heads[n][0] in ((rows,), (rows, 1)) and heads[n][1].kind in "iub"
-            ]
-            labels = infer_labels(fits, images, str(self.path), self.notes)
-        with self._zip.open(self._members[images]) as f:
-            shape, self._fortran, self.dtype = read_npy_header(f, f"{self.path}, member {images!r}")
+        shape, self.dtype = heads[images]
         if not shape:
             raise MigrationError(f"{self.path}: array {images!r} is a scalar; nothing to store row by row")
+        self._fortran = False
+        if images not in self._objects:
+            with self._zip.open(self._members[images]) as f:
+                _, self._fortran, _ = read_npy_header(f, f"{self.path}, member {images!r}")
         self.images_name = images
         self.nrows, self.item_shape = shape[0], tuple(shape[1:])
         if self._fortran:
             self.warnings.append(f"array {images!r} is stored in Fortran order: it is read in one piece, not streamed")
+        if labels is not None and heads[labels][0][:1] != (self.nrows,):
+            raise MigrationError(
+                f"{self.path}: {heads[labels][0][0] if heads[labels][0] else 0} labels in {labels!r} "
+                f"for {self.nrows} rows in {images!r}"
+            )
+        names_members = [
+            n
+            for n in names
+            if n not in (images, labels)
+            and n.lower() in CLASS_NAME_DATASETS
+            and len(heads[n][0]) == 1
+            and heads[n][1].kind in "US"
+        ]
+        plan = plan_arrays(
+            heads,
+            images,
+            self.nrows,
+            labels=labels,
+            no_labels=no_labels,
+            onehot=self.onehot,
+            exclude=names_members,
+            where=str(self.path),
+            notes=self.notes,
+        )
+        labels = plan.labels
         self._labels = None
         if labels is not None:
             lab = self._load(labels)
-            if len(lab) != self.nrows:
-                raise MigrationError(
-                    f"{self.path}: {len(lab)} labels in {labels!r} for {self.nrows} rows in {images!r}"
-                )
-            self._labels, self.class_names, how = labels_from_array(lab, f"{self.path}, array {labels!r}")
+            where = f"{self.path}, array {labels!r}"
+            if plan.onehot:
+                self._labels = onehot_to_class(lab, where)
+                how = f"one-hot rows ({lab.shape[1]} classes) turned into class indices"
+            else:
+                self._labels, self.class_names, how = labels_from_array(lab, where)
             self.has_labels = True
             self.notes.append(f"labels from {labels!r}: {how}")
-        names_member = self._class_names_member(names, images, labels)
-        self._columns: list[str] = []
-        skipped = []
-        for n in names:
-            if n in (images, labels, names_member):
-                continue
-            with self._zip.open(self._members[n]) as f:
-                s, _, _ = read_npy_header(f, f"{self.path}, member {n!r}")
-            if s and s[0] == self.nrows:
-                self._columns.append(n)
-            else:
-                skipped.append(n)
+        names_member = self._class_names_member(names_members, images, labels)
+        self._columns: list[str] = plan.fields
         if self._columns:
-            self.notes.append(f"arrays kept as per-item metadata columns: {self._columns}")
-        if skipped:
-            self.warnings.append(f"arrays not migrated (not one row per item): {skipped}")
+            self.notes.append(f"arrays kept as per-item metadata columns (fields): {self._columns}")
+        for n, why in plan.skipped.items():
+            self.notes.append(f"not migrated: {n!r} ({why})")
+        for n in names_members:
+            if n != names_member:
+                self.notes.append(f"not migrated: {n!r} (class names, but another member gave them)")
         self.provenance = {"npz": {"mode": "arrays", "images": images, "labels": labels}}
+
+    def _unpickled(self, name: str) -> np.ndarray:
+        """An object member, unpickled (``allow_pickle`` was given) and made a fixed-size array."""
+        where = f"{self.path}, member {name!r}"
+        with self._zip.open(self._members[name]) as f:
+            a = np.lib.format.read_array(f, allow_pickle=True)
+        return fixed_from_objects(a, where, self.notes)
 
     def _class_names_member(self, names: list[str], images: str, labels: str | None) -> str | None:
         """Take class names from a member named class_names / classes / label_names (strings), if any."""
         for n in names:
-            if n in (images, labels) or n.lower() not in CLASS_NAME_DATASETS:
-                continue
-            with self._zip.open(self._members[n]) as f:
-                shape, _, dtype = read_npy_header(f, f"{self.path}, member {n!r}")
-            if len(shape) != 1 or dtype.kind not in "US":
-                continue
             if self._labels is None:
                 self.notes.append(
-                    f"member {n!r} looks like class names, but there are no labels (--labels NAME) to name"
+                    f"not migrated: {n!r} (looks like class names, but there are no class labels to name: "
+                    "--labels NAME, or --onehot-to-class for one-hot rows)"
                 )
                 return n
             values = self._load(n)
@@ -259,6 +302,8 @@ class NpzSource(Source):
         return None
 
     def _load(self, name: str) -> np.ndarray:
+        if name in self._objects:
+            return self._objects[name]
         where = f"{self.path}, member {name!r}"
         with self._zip.open(self._members[name]) as f:
             shape, fortran, dtype = read_npy_header(f, where)
@@ -299,7 +344,7 @@ class NpzSource(Source):
         where = f"{self.path}, member {self.images_name!r}"
         cols = {n: self._load(n) for n in self._columns}
         rows = self.block_rows
-        if self._fortran:
+        if self._fortran or self.images_name in self._objects:
             whole = np.ascontiguousarray(self._load(self.images_name))
             for a in range(0, self.nrows, rows):
                 b = min(a + rows, self.nrows)
