@@ -581,9 +581,10 @@ class StoreDataLoader(DataLoader):  # type: ignore[misc]
         if num_workers and dataset.device is not None and dataset.device.type == "cuda":
             dataset._staging(worker=True)  # raises: device delivery runs in the main process
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+        self._store_dataset = dataset
 
-    def __iter__(self) -> Iterator[Any]:
-        ds = self.dataset
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        ds = self._store_dataset
         counting = self.num_workers > 0
         if counting:
             ds._seen = 0
@@ -594,8 +595,8 @@ class StoreDataLoader(DataLoader):  # type: ignore[misc]
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's :meth:`StoreDataset.state_dict`."""
-        return self.dataset.state_dict()  # type: ignore[no-any-return]
+        return self._store_dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The dataset's :meth:`StoreDataset.load_state_dict`."""
-        self.dataset.load_state_dict(state)
+        self._store_dataset.load_state_dict(state)
