@@ -242,3 +242,20 @@ def test_a_short_training_loop_on_real_photos(photo_folder: Path, tmp_path: Path
             total += float(loss.detach()) * len(y)
         losses.append(total / 48)
     assert losses[-1] < losses[0] * 0.8, losses
+
+
+def test_a_decoder_serving_every_other_batch_frees_each_window_once_its_own_batches_are_done(odd_store: Path) -> None:
+    from carraystore.engine import EpochDecoder, make_spec
+
+    spec = make_spec(odd_store, B, **OPTS)
+    plan = spec.plan(0)
+    for serves, freed in (((0, 2), True), ((0, 1), False)):
+        dec = EpochDecoder(spec, 0, plan.max_window_chunks + 2, 2, "carraystore-torch-test", serves=serves)
+        try:
+            for b in range(0, spec.num_batches, 2):
+                dec.batch(b)
+            # a worker's decoder is never asked for the odd batches: its windows must not wait for them
+            assert (not dec.windows) == freed
+            assert (len(dec.finished) == plan.nwindows) == freed
+        finally:
+            dec.close()
