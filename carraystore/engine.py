@@ -631,6 +631,11 @@ class EpochDecoder:
     chunks (``plan.max_window_chunks`` at most), so ``nslots`` beyond that is how far
     ahead the decoder threads may work. ``batch(i)`` waits for the windows batch ``i``
     draws from, gathers it, and starts decoding the windows after it.
+
+    ``plan`` replaces the epoch's plan (a resumed epoch re-sharded by an adapter);
+    ``serves=(k, n)`` says this decoder is asked only for the batches ``b`` with
+    ``b % n == k`` (one of ``n`` worker processes): a window is done, and its slots free
+    for read-ahead, once those of its batches were served.
     """
 
     def __init__(
@@ -641,10 +646,13 @@ class EpochDecoder:
         num_threads: int,
         thread_prefix: str,
         direct: bool | None = None,
+        plan: EpochPlan | None = None,
+        serves: tuple[int, int] = (0, 1),
     ) -> None:
         self.spec = spec
         self.epoch = epoch
-        self.plan: EpochPlan = spec.plan(epoch)
+        self.plan: EpochPlan = spec.plan(epoch) if plan is None else plan
+        self.serves = (int(serves[0]), max(1, int(serves[1])))
         self.k = spec.store.chunk_images
         self.pid = os.getpid()
         self.nslots = max(1, min(max(nslots, self.plan.max_window_chunks), self._total_chunks()))
@@ -710,7 +718,13 @@ class EpochDecoder:
     def _batches_of(self, w: int) -> range:
         b = self.spec.batch_size
         lo, hi = int(self.plan.window_starts[w]), int(self.plan.window_starts[w + 1])
-        return range(lo // b, (hi - 1) // b + 1) if hi > lo else range(0)
+        if hi <= lo:
+            return range(0)
+        first, last = lo // b, (hi - 1) // b + 1
+        k, n = self.serves
+        if n == 1:
+            return range(first, last)
+        return range(first + (k - first) % n, last, n)
 
     def _evictable(self, keep_unserved: bool) -> int | None:
         """A resident window whose slots may be taken (lock held).
@@ -831,7 +845,12 @@ class EpochDecoder:
         """Start decoding windows from ``w`` on while slots are free (never evicting unserved ones)."""
         with self.cond:
             while 0 <= w < self.plan.nwindows and not self.closed:
-                if w not in self.windows and w not in self.finished and self._start(w, wait=False) is None:
+                if (
+                    w not in self.windows
+                    and w not in self.finished
+                    and len(self._batches_of(w))  # a window none of this decoder's batches needs
+                    and self._start(w, wait=False) is None
+                ):
                     return
                 w += 1
 

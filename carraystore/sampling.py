@@ -24,7 +24,7 @@ An *item* is a sample index, or, for sequences, the index of a clip's first samp
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -37,6 +37,7 @@ __all__ = [
     "EpochPlan",
     "plan_epoch",
     "epoch_order",
+    "remainder_plan",
     "shard_length",
     "num_batches",
     "group_runs",
@@ -214,21 +215,85 @@ def plan_epoch(
     elif shuffle == "global":
         pass  # already a full permutation
     starts = np.concatenate([[0], np.flatnonzero(np.diff(window_id)) + 1, [length]]).astype(np.int64)
-    chunks = []
-    for w in range(len(starts) - 1):
-        first = part[starts[w] : starts[w + 1]]
-        lo = first // chunk_size
-        if span == 1:
-            chunks.append(np.unique(lo))
-        else:
-            hi = (first + span - 1) // chunk_size
-            need = np.unique(np.concatenate([lo, hi]))
-            # a clip may cover whole chunks between its first and last (span > chunk_size)
-            if np.any(hi - lo > 1):
-                extra = [np.arange(a, b + 1) for a, b in zip(lo[hi - lo > 1], hi[hi - lo > 1])]
-                need = np.unique(np.concatenate([need, *extra]))
-            chunks.append(need)
+    chunks = [_chunks_needed(part[starts[w] : starts[w + 1]], chunk_size, span) for w in range(len(starts) - 1)]
     return EpochPlan(part, starts, tuple(chunks), chunk_size, span)
+
+
+def _chunks_needed(first: np.ndarray, chunk_size: int, span: int) -> np.ndarray:
+    """The chunks (sorted, unique) that items ``first`` (with their span) lie in."""
+    lo = first // chunk_size
+    if span == 1:
+        return np.unique(lo)
+    hi = (first + span - 1) // chunk_size
+    need = np.unique(np.concatenate([lo, hi]))
+    # a clip may cover whole chunks between its first and last (span > chunk_size)
+    if np.any(hi - lo > 1):
+        extra = [np.arange(a, b + 1) for a, b in zip(lo[hi - lo > 1], hi[hi - lo > 1])]
+        need = np.unique(np.concatenate([need, *extra]))
+    return need
+
+
+def _shards(
+    items: np.ndarray, windows: np.ndarray, world_size: int, drop_remainder: bool
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``items`` (and their window labels) cut into ``world_size`` equal contiguous shards:
+    short by wrapping around (padding) or by dropping the tail, as in :func:`plan_epoch`."""
+    length = shard_length(len(items), world_size, drop_remainder)
+    total = length * world_size
+    if total != len(items) and len(items):
+        items, windows = np.resize(items, total), np.resize(windows, total)
+    return [(items[r * length : (r + 1) * length], windows[r * length : (r + 1) * length]) for r in range(world_size)]
+
+
+def remainder_plan(
+    first: Callable[[int, int], EpochPlan],
+    consumed: Sequence[tuple[int, int]],
+    rank: int = 0,
+    world_size: int = 1,
+    drop_remainder: bool = False,
+) -> EpochPlan:
+    """One rank's plan for the rest of an epoch that was interrupted, at any world size.
+
+    ``first(rank, world_size)`` is the epoch's own plan of a rank. ``consumed`` lists the
+    runs of the epoch so far: ``(world_size, samples each rank consumed)``, oldest first
+    (ranks move in lockstep, as under DDP). What the ranks of a run had not consumed,
+    rank after rank, is cut into ``world_size`` equal shards again (padded by wrapping
+    around, or cut short with ``drop_remainder``, as an epoch's shards are); the last
+    such cut gives this rank's plan. Items keep their order and their windows (a window
+    never grows), so nothing consumed comes back and nothing left over is lost.
+    """
+    if not consumed:
+        return first(rank, world_size)
+    if not 0 <= rank < world_size:
+        raise InvalidInputError(f"rank {rank} is not below world_size {world_size}")
+    w0, c0 = (int(v) for v in consumed[0])
+    plans = [first(r, w0) for r in range(w0)]
+    chunk_size, span = plans[0].chunk_size, plans[0].span
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
+    base = 0
+    for p in plans:
+        wid = np.repeat(np.arange(p.nwindows, dtype=np.int64), np.diff(p.window_starts)) + base
+        base += p.nwindows
+        parts.append((p.items, wid))
+    items = wids = np.zeros(0, dtype=np.int64)
+    for level, (w, c) in enumerate(consumed):
+        w, c = int(w), int(c)
+        if level:
+            parts = _shards(items, wids, w, drop_remainder)
+        length = len(parts[0][0]) if parts else 0
+        if not 0 <= c <= length:
+            raise InvalidInputError(
+                f"a run of world_size {w} cannot have consumed {c} samples per rank: its shards hold {length}"
+            )
+        items = np.concatenate([p[0][c:] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+        wids = np.concatenate([p[1][c:] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    part, wid = _shards(items, wids, world_size, drop_remainder)[rank]
+    part = np.ascontiguousarray(part, dtype=np.int64)
+    if not len(part):
+        return EpochPlan(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), (), chunk_size, span)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(wid)) + 1, [len(part)]]).astype(np.int64)
+    chunks = tuple(_chunks_needed(part[starts[w] : starts[w + 1]], chunk_size, span) for w in range(len(starts) - 1))
+    return EpochPlan(part, starts, chunks, chunk_size, span)
 
 
 def epoch_order(

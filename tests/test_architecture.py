@@ -179,3 +179,39 @@ def test_atomic_files_need_only_the_errors() -> None:
     """``atomic`` (temporary names, fsync-and-rename, named write errors) sits below everything that writes a file."""
     deps = import_graph()["carraystore.atomic"]
     assert deps <= {"carraystore.errors"}, f"carraystore.atomic imports {sorted(deps)}; it may import only errors"
+
+
+# The adapters: a framework's module beside the engine, imported by nothing in the package
+# (users import them), and the only module that imports its framework (the benchmarks aside:
+# they run the frameworks' own loaders as peers).
+ADAPTERS: dict[str, tuple[str, ...]] = {
+    "carraystore.keras": ("keras",),
+    "carraystore.tf": ("tensorflow",),
+    "carraystore.torch": ("torch",),
+    "carraystore.grain": ("grain",),
+}
+
+
+def _external_imports(path: Path) -> set[str]:
+    """Top-level names of the packages a file imports (any depth, relative imports aside)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_adapters_are_imported_by_no_other_module_and_alone_import_their_framework() -> None:
+    graph = import_graph()
+    modules = _modules()
+    assert set(ADAPTERS) <= set(modules), sorted(set(ADAPTERS) - set(modules))
+    importers = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if d in ADAPTERS)
+    assert not importers, f"modules importing an adapter (only users should): {importers}"
+    for adapter, frameworks in ADAPTERS.items():
+        for mod, path in modules.items():
+            if mod == adapter or mod.startswith("carraystore.benchmarks."):
+                continue
+            found = _external_imports(path) & set(frameworks)
+            assert not found, f"{mod} imports {sorted(found)}, which only {adapter} may import"

@@ -1,0 +1,602 @@
+"""PyTorch: a store as a ``torch.utils.data`` dataset of whole batches.
+
+    from carraystore.torch import StoreDataset, StoreDataLoader
+    ds = StoreDataset("train.b2nd", 32)              # rank/world_size from torch.distributed
+    loader = StoreDataLoader(ds, num_workers=2)      # DataLoader(ds, batch_size=None, ...)
+    for epoch in range(10):
+        ds.set_epoch(epoch)
+        for x, y in loader:                          # x uint8 (B, H, W, C), y int64 (B,)
+            ...
+
+:class:`StoreDataset` is an ``IterableDataset`` over the decoding engine
+(:mod:`carraystore.engine`) taking every :class:`~carraystore.engine.LoaderOptions`
+argument. DataLoader workers split an epoch's batches: batch ``b`` is made by worker
+``b % num_workers``, and DataLoader's round-robin hands them out in order, so the output
+is the same batch sequence whatever the number of workers (every sample once per epoch,
+nothing padded or dropped within a process). DDP ranks get the engine's shards: equal,
+disjoint, padded by wrapping around (or cut with ``drop_remainder``).
+
+``state_dict()`` records the epoch and the samples consumed; ``load_state_dict`` resumes
+mid-epoch, at the same or another world size (what remains is cut into new equal shards:
+nothing consumed comes back, nothing left is lost; :func:`carraystore.sampling.remainder_plan`).
+
+:class:`StoreMapDataset` is the map-style variant: ``ds[i]`` is batch ``i`` of the epoch,
+for samplers. Datasets pickle as the store's location and the options (each worker
+process opens the store itself), so fork, spawn and forkserver all work. torch is
+imported here only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from carraystore.engine import BatchBuffers, EpochDecoder, LoaderOptions, LoaderSpec, make_spec
+from carraystore.errors import InvalidInputError, MissingDependencyError
+from carraystore.reader import Store, open_store
+from carraystore.sampling import EpochPlan, num_batches, remainder_plan
+
+try:
+    import torch
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise MissingDependencyError("carraystore.torch needs PyTorch: pip install 'carraystore[torch]'") from exc
+
+__all__ = ["StoreDataset", "StoreMapDataset", "StoreDataLoader", "TORCH_THREAD_PREFIX", "STATE_VERSION"]
+
+#: Name prefix of the decoder threads these datasets start.
+TORCH_THREAD_PREFIX = "carraystore-torch"
+
+#: ``state_dict()["version"]``.
+STATE_VERSION = 1
+
+#: What a state must agree on with the dataset that loads it (the epoch's order depends on them).
+_ORDER_FIELDS = ("shuffle", "seed", "window", "drop_remainder", "sequence_length", "sequence_stride", "clip_starts")
+
+
+def _distributed() -> tuple[int, int] | None:
+    """(rank, world_size) of an initialised torch.distributed process group, else None."""
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    return None
+
+
+def _torch_dtype(dtype: np.dtype) -> Any:
+    try:
+        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    except TypeError:
+        return None
+
+
+def _tensor(a: Any) -> Any:
+    """A numpy array as a torch tensor sharing its memory (a copy only when torch cannot share it)."""
+    if isinstance(a, np.ndarray):
+        if not a.flags.writeable:
+            a = np.array(a)
+        try:
+            return torch.from_numpy(a)
+        except TypeError as exc:
+            raise InvalidInputError(
+                f"a batch of dtype {a.dtype} cannot become a torch tensor ({exc}); convert it in a transform"
+            ) from exc
+    return a
+
+
+def _shared_empty(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A tensor in shared memory (a worker's batch crosses to the main process without a copy)."""
+    numel = int(np.prod(shape))
+    try:  # what torch's own default_collate does in a worker
+        storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
+        return torch.empty(0, dtype=dtype).new(storage).resize_(shape)
+    except Exception:  # pragma: no cover - a torch without the private call
+        return torch.empty(shape, dtype=dtype).share_memory_()
+
+
+class _CudaStaging:
+    """Pinned host buffers reused across batches, copied to the GPU on a side stream.
+
+    A buffer is written again only once its last copy finished (its CUDA event). The
+    consumer's stream waits for each copy before its next kernels, and the GPU tensor is
+    recorded on that stream, so the caching allocator never reuses it early.
+    """
+
+    def __init__(self, device: Any, depth: int = 3) -> None:  # pragma: no cover - needs a GPU
+        self.device = device
+        self.depth = depth
+        self.stream = torch.cuda.Stream(device=device)
+        self.slots: list[list[Any]] = []  # [pinned tensor, event or None]
+
+    def host(self, shape: tuple[int, ...], dtype: Any) -> Any:  # pragma: no cover - needs a GPU
+        for slot in self.slots:
+            t, ev = slot
+            if tuple(t.shape) == shape and t.dtype == dtype and (ev is None or ev.query()):
+                slot[1] = None
+                return t
+        if len(self.slots) >= self.depth:
+            slot = self.slots.pop(0)
+            if slot[1] is not None:
+                slot[1].synchronize()
+        t = torch.empty(shape, dtype=dtype, pin_memory=True)
+        self.slots.append([t, None])
+        return t
+
+    def send(self, t: Any) -> Any:  # pragma: no cover - needs a GPU
+        if not isinstance(t, torch.Tensor):
+            return t
+        if not t.is_pinned():
+            t = t.pin_memory()
+        current = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            g = t.to(self.device, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        for slot in self.slots:
+            if slot[0].data_ptr() == t.data_ptr():
+                slot[1] = ev
+        current.wait_stream(self.stream)
+        g.record_stream(current)
+        return g
+
+
+class _StoreBatches:
+    """What both datasets share: the store by location, the options, the epoch and its plan, resume state."""
+
+    def __init__(
+        self,
+        store_or_path: Any,
+        batch_size: int,
+        options: LoaderOptions | None,
+        rank: int | None,
+        world_size: int | None,
+        device: Any,
+        pin_memory: bool,
+        kwargs: dict[str, Any],
+    ) -> None:
+        spec = make_spec(store_or_path, batch_size, options, **kwargs)
+        opts = spec.options
+        if rank is not None or world_size is not None:
+            opts = opts.replace(
+                rank=opts.rank if rank is None else rank,
+                world_size=opts.world_size if world_size is None else world_size,
+            )
+        elif opts.world_size == 1 and "rank" not in kwargs and "world_size" not in kwargs:
+            dist = _distributed()
+            if dist is not None:
+                opts = opts.replace(rank=dist[0], world_size=dist[1])
+        self._spec: LoaderSpec | None = dataclasses.replace(spec, options=opts)
+        self._open_state: dict[str, Any] = spec.store.__getstate__()
+        self._options = opts
+        self._batch_size = spec.batch_size
+        self._pid = os.getpid()
+        self.epoch = opts.epoch
+        #: (epoch, ((world_size, samples per rank), ...)): the runs an epoch being resumed had
+        self._resume: tuple[int, tuple[tuple[int, int], ...]] | None = None
+        self._plans: dict[Any, EpochPlan] = {}
+        self._lock = threading.RLock()
+        #: batches of the current plan handed out in this process (or counted by StoreDataLoader)
+        self._seen = 0
+        self.device = None if device is None else torch.device(device)
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise InvalidInputError(
+                f"device={device!r} asks for CUDA, which this torch cannot reach ({torch.__version__}); "
+                "pass device=None (CPU tensors)"
+            )
+        if self.device is not None and self.device.type not in ("cpu", "cuda"):
+            raise InvalidInputError(f"device must be None, 'cpu' or a CUDA device, got {device!r}")
+        #: pinned host tensors (only where CUDA is available: pinning needs it)
+        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        if opts.start_batch:
+            nb = self.num_batches
+            if opts.start_batch > nb:
+                raise InvalidInputError(f"start_batch {opts.start_batch} is past the epoch's {nb} batches")
+            per_rank = min(opts.start_batch * self._batch_size, len(self.plan()))
+            self._resume = (self.epoch, ((opts.world_size, per_rank),))
+            self._plans.clear()
+
+    # -- the store, per process ------------------------------------------------------------------
+    @property
+    def spec(self) -> LoaderSpec:
+        """The options resolved against the store (opened again in each new process)."""
+        if self._pid != os.getpid():  # a forked child: a lock a parent thread held would stay locked here
+            self._lock = threading.RLock()
+        with self._lock:
+            if self._spec is None or self._pid != os.getpid():
+                st = self._open_state
+                store = open_store(st["location"], st.get("storage_options") or None, **st.get("open_kwargs", {}))
+                self._spec = make_spec(store, self._batch_size, self._options)
+                self._pid = os.getpid()
+                self._plans = {}
+            return self._spec
+
+    @property
+    def store(self) -> Store:
+        return self.spec.store
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def options(self) -> LoaderOptions:
+        return self._options
+
+    @property
+    def rank(self) -> int:
+        return self._options.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._options.world_size
+
+    # -- the epoch ----------------------------------------------------------------------------------
+    def _consumed(self, epoch: int) -> tuple[tuple[int, int], ...]:
+        r = self._resume
+        return r[1] if r is not None and r[0] == epoch else ()
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """This rank's order for ``epoch`` (default: the current one; the rest of it when resumed)."""
+        e = self.epoch if epoch is None else int(epoch)
+        spec = self.spec
+        consumed = self._consumed(e)
+        key = (e, consumed)
+        p = self._plans.get(key)
+        if p is None:
+
+            def first(rank: int, world_size: int) -> EpochPlan:
+                if rank == spec.rank and world_size == spec.world_size:
+                    return spec.plan(e)
+                return dataclasses.replace(spec, options=spec.options.replace(rank=rank, world_size=world_size)).plan(e)
+
+            p = remainder_plan(first, consumed, spec.rank, spec.world_size, spec.drop_remainder)
+            self._plans = {key: p}
+        return p
+
+    @property
+    def num_batches(self) -> int:
+        """Batches of the current epoch on this rank (the batches left of a resumed epoch)."""
+        return num_batches(len(self.plan()), self._batch_size, self._options.drop_remainder)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve ``epoch`` from now on: a new order (call it before every epoch, as with DistributedSampler)."""
+        e = int(epoch)
+        if e < 0:
+            raise InvalidInputError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = e
+        self._seen = 0
+
+    # -- resuming -------------------------------------------------------------------------------------
+    def state_dict(self, batches: int | None = None) -> dict[str, Any]:
+        """Where training is: the epoch and the samples consumed of it, by run (JSON-friendly).
+
+        ``batches``: batches of the current epoch this rank consumed (default: those the
+        dataset counted, which :class:`StoreDataLoader` or a loop over the dataset itself
+        keeps). Ranks move in lockstep under DDP, so any rank's state is every rank's.
+        """
+        plan = self.plan()
+        nb = num_batches(len(plan), self._batch_size, self._options.drop_remainder)
+        seen = self._seen if batches is None else int(batches)
+        if not 0 <= seen <= nb:
+            raise InvalidInputError(f"batches must be between 0 and the epoch's {nb} batches, got {batches}")
+        runs = list(self._consumed(self.epoch))
+        epoch = self.epoch
+        if nb and seen == nb:  # the epoch is over: the next one starts whole
+            epoch, runs = epoch + 1, []
+        elif seen:
+            runs.append((self.world_size, min(seen * self._batch_size, len(plan))))
+        o = self._options
+        return {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            # each run of the epoch so far: its world size and the samples all its ranks consumed
+            "consumed": [{"world_size": w, "samples": c * w} for w, c in runs],
+            "samples": sum(c * w for w, c in runs),
+            "num_items": self.spec.n_items,
+            "chunk_images": self.spec.store.chunk_images,
+            **{f: getattr(o, f) for f in _ORDER_FIELDS},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where ``state`` (from :meth:`state_dict`) was: its epoch, without the samples consumed.
+
+        The world size may differ from the one that saved it: the rest of the epoch is cut
+        into this world size's shards. The epochs after it are whole.
+        """
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise InvalidInputError(
+                f"not a carraystore.torch state of version {STATE_VERSION}: {str(state)[:200]}; "
+                "pass what StoreDataset.state_dict() returned"
+            )
+        o = self._options
+        mine = {"num_items": self.spec.n_items, "chunk_images": self.spec.store.chunk_images}
+        mine.update({f: getattr(o, f) for f in _ORDER_FIELDS})
+        diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if diff:
+            what = ", ".join(f"{k}: saved {a!r}, here {b!r}" for k, (a, b) in diff.items())
+            raise InvalidInputError(
+                f"{self.spec.store.location}: this state was saved for another order ({what}); "
+                "make the dataset with the same store and options to resume"
+            )
+        runs = []
+        for run in state["consumed"]:
+            w, total = int(run["world_size"]), int(run["samples"])
+            if w < 1 or total < 0 or total % w:
+                raise InvalidInputError(f"a run of {total} samples over world_size {w} is not a run ranks make")
+            runs.append((w, total // w))
+        epoch = int(state["epoch"])
+        self.epoch = epoch
+        self._resume = (epoch, tuple(runs)) if runs else None
+        self._seen = 0
+        self.plan()  # checks the runs against the store now, not in a worker
+
+    # -- one batch --------------------------------------------------------------------------------------
+    def _make_decoder(self, plan: EpochPlan, serves: tuple[int, int], nslots: int | None = None) -> EpochDecoder:
+        spec = self.spec
+        opts = spec.options
+        if nslots is None:
+            nslots = plan.max_window_chunks + int(opts.prefetch or 0)
+        return EpochDecoder(
+            spec, self.epoch, nslots, int(opts.num_threads or 1), TORCH_THREAD_PREFIX, plan=plan, serves=serves
+        )
+
+    def _host_buffer(self, shape: tuple[int, ...], worker: bool, pool: Any) -> tuple[np.ndarray, Any]:
+        """Where batch x is decoded: (numpy view, the tensor behind it or None)."""
+        dtype = self.spec.store.dtype
+        tdtype = _torch_dtype(dtype)
+        if tdtype is None:
+            return np.empty(shape, dtype=dtype), None
+        if worker:
+            t = _shared_empty(shape, tdtype)
+        elif isinstance(pool, _CudaStaging):  # pragma: no cover - needs a GPU
+            t = pool.host(shape, tdtype)
+        elif self.pin_memory:  # pragma: no cover - needs CUDA
+            t = torch.empty(shape, dtype=tdtype, pin_memory=True)  # torch's host allocator reuses them safely
+        else:
+            arr = pool.get(shape, dtype)
+            return arr, None
+        return t.numpy(), t
+
+    def _deliver(self, x: Any, y: Any, xt: Any, xa: np.ndarray, staging: Any) -> Any:
+        if xt is not None and x is xa:
+            x = xt
+        x = _tensor(x)
+        y = _tensor(y)
+        if staging is not None:  # pragma: no cover - needs a GPU
+            x, y = staging.send(x), staging.send(y)
+        elif self.pin_memory and get_worker_info() is None:  # pragma: no cover - needs CUDA
+            x = x if not isinstance(x, torch.Tensor) or x.is_pinned() else x.pin_memory()
+            y = y.pin_memory() if isinstance(y, torch.Tensor) else y
+        return x if y is None else (x, y)
+
+    def _staging(self, worker: bool) -> Any:
+        if self.device is None or self.device.type != "cuda":
+            return None
+        if worker:
+            raise InvalidInputError(
+                "device='cuda' delivers batches from the main process; use num_workers=0 (decoding already runs in "
+                "threads), or device=None and DataLoader(pin_memory=True) with workers"
+            )
+        return _CudaStaging(self.device)  # pragma: no cover - needs a GPU
+
+    # -- pickling: the location and the options, never an open store -------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_spec", "_lock", "_plans"):
+            state.pop(k, None)
+        if "_cache" in state:
+            state["_cache"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._spec = None
+        self._lock = threading.RLock()
+        self._plans = {}
+        self._pid = os.getpid()
+
+
+class StoreDataset(_StoreBatches, IterableDataset):  # type: ignore[misc]
+    """A store as an ``IterableDataset`` of whole batches: ``DataLoader(ds, batch_size=None)``.
+
+    Arguments: every :class:`carraystore.engine.LoaderOptions` field (``shuffle``,
+    ``seed``, ``epoch``, ``start_batch``, ``window``, ``drop_remainder``, ``transform``,
+    ``label_mode``, ``sequence_length``, ``verify``, ``prefetch``, ``num_threads``, ...),
+    as keywords or one ``options`` value, and:
+
+    - ``rank``, ``world_size``: this process's shard; by default those of an initialised
+      ``torch.distributed`` process group (else the options', else one shard).
+    - ``device``: ``"cuda"`` (or ``"cuda:1"``) copies each batch to the GPU from pinned
+      buffers reused across batches, on a side stream, from the main process
+      (``num_workers=0``); None (default) yields CPU tensors.
+    - ``pin_memory``: CPU batches in pinned memory (ignored where CUDA is unavailable).
+
+    Yields ``(x, y)`` tensors: x of the store's dtype and shape, ``(B, H, W, C)`` uint8
+    for images (unless a ``transform`` says otherwise), y int64 labels (as ``label_mode``
+    says); x alone for unlabelled stores or ``label_mode=None``. Numpy batches become
+    tensors without a copy (``torch.from_numpy``); in DataLoader workers they are decoded
+    straight into shared memory.
+    """
+
+    def __init__(
+        self,
+        store_or_path: Any,
+        batch_size: int,
+        options: LoaderOptions | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        device: Any = None,
+        pin_memory: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        _StoreBatches.__init__(self, store_or_path, batch_size, options, rank, world_size, device, pin_memory, kwargs)
+
+    def __len__(self) -> int:
+        """Batches this rank yields this epoch (all workers together)."""
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        k, n = (int(info.id), int(info.num_workers)) if info is not None else (0, 1)
+        worker = info is not None
+        staging = self._staging(worker)
+        plan = self.plan()
+        spec = self.spec
+        nb = num_batches(len(plan), self._batch_size, self._options.drop_remainder)
+        mine = range(k, nb, n)
+        if not worker:
+            self._seen = 0
+        if not len(mine):
+            return
+        pool = staging if staging is not None else BatchBuffers(4)
+        dec = self._make_decoder(plan, (k, n))
+        try:
+            dec.read_ahead(plan.window_of(k * self._batch_size))
+            for b in mine:
+                a, e = spec.batch_bounds(plan, b)
+                xa, xt = self._host_buffer(spec.x_shape(e - a), worker, pool)
+                x, y = dec.batch(b, xa)
+                out = self._deliver(x, y, xt, xa, staging)
+                del x, y, xa, xt
+                if not worker:
+                    self._seen = b + 1
+                yield out
+                del out
+        finally:
+            dec.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<carraystore.torch.StoreDataset {self._open_state['location']!r} batch_size={self._batch_size} "
+            f"rank={self.rank}/{self.world_size} epoch={self.epoch} batches={len(self)}>"
+        )
+
+
+class StoreMapDataset(_StoreBatches, Dataset):  # type: ignore[misc]
+    """A store as a map-style dataset: ``ds[i]`` is batch ``i`` of this rank's epoch.
+
+    Batches, not samples: a sample alone would decompress its whole chunk, while batch
+    ``i`` is a pure function of (options, epoch, i), served from decoded windows cached
+    per process (``cache_windows``, default 3), so any sampler over batch indices works
+    (``DataLoader(ds, batch_size=None, sampler=...)``) and batches asked for in order decode
+    each chunk once. The arguments are :class:`StoreDataset`'s (``device`` excepted).
+    Resume with ``start_batch`` or :meth:`load_state_dict`; :meth:`state_dict` needs the
+    number of batches consumed (a sampler's order is its own).
+    """
+
+    def __init__(
+        self,
+        store_or_path: Any,
+        batch_size: int,
+        options: LoaderOptions | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        pin_memory: bool = False,
+        cache_windows: int = 3,
+        **kwargs: Any,
+    ) -> None:
+        _StoreBatches.__init__(self, store_or_path, batch_size, options, rank, world_size, None, pin_memory, kwargs)
+        self.cache_windows = int(cache_windows)
+        if self.cache_windows < 1:
+            raise InvalidInputError(f"cache_windows must be >= 1, got {cache_windows}")
+        self._cache: EpochDecoder | None = None
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def _decoder(self) -> EpochDecoder:
+        plan = self.plan()
+        with self._lock:
+            c = self._cache
+            if c is not None and c.pid == os.getpid() and c.epoch == self.epoch and c.plan is plan:
+                return c
+            if c is not None and c.pid == os.getpid():
+                c.close()
+            mwc = plan.max_window_chunks
+            nslots = max(self.cache_windows * mwc, mwc + int(self._options.prefetch or 0))
+            c = self._cache = self._make_decoder(plan, (0, 1), nslots)
+            return c
+
+    def __getitem__(self, index: int) -> Any:
+        n = len(self)
+        i = int(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"batch {index} out of range for an epoch of {n} batches")
+        worker = get_worker_info() is not None
+        dec = self._decoder()
+        spec = self.spec
+        a, e = spec.batch_bounds(dec.plan, i)
+        xa, xt = self._host_buffer(spec.x_shape(e - a), worker, BatchBuffers(1))
+        x, y = dec.batch(i, xa)
+        return self._deliver(x, y, xt, xa, None)
+
+    def close(self) -> None:
+        """Free the decoded windows and end the decoder threads (they restart on demand)."""
+        c, self._cache = self._cache, None
+        if c is not None and c.pid == os.getpid():
+            c.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"<carraystore.torch.StoreMapDataset {self._open_state['location']!r} batch_size={self._batch_size} "
+            f"rank={self.rank}/{self.world_size} epoch={self.epoch} batches={len(self)}>"
+        )
+
+
+class StoreDataLoader(DataLoader):  # type: ignore[misc]
+    """``DataLoader(dataset, batch_size=None, ...)`` for a :class:`StoreDataset` that counts the batches it hands out.
+
+    With workers the dataset in this process never sees a batch; this loader counts them,
+    so ``dataset.state_dict()`` (or this loader's ``state_dict()``) knows where training
+    is. Workers are not persistent: each epoch's workers get the dataset's epoch then.
+    """
+
+    def __init__(self, dataset: StoreDataset, num_workers: int = 0, **kwargs: Any) -> None:
+        if not isinstance(dataset, StoreDataset):
+            raise InvalidInputError(
+                f"StoreDataLoader takes a carraystore.torch.StoreDataset, got {type(dataset).__name__}"
+            )
+        if kwargs.get("persistent_workers"):
+            raise InvalidInputError(
+                "persistent_workers=True would keep each worker's copy of the dataset, and with it the first epoch; "
+                "leave it off (workers start in a few milliseconds with fork)"
+            )
+        if "batch_size" in kwargs and kwargs["batch_size"] is not None:
+            raise InvalidInputError("StoreDataset yields whole batches: set the batch size on the dataset")
+        kwargs.pop("batch_size", None)
+        if num_workers and dataset.device is not None and dataset.device.type == "cuda":
+            dataset._staging(worker=True)  # raises: device delivery runs in the main process
+        super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+        self._store_dataset = dataset
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        ds = self._store_dataset
+        counting = self.num_workers > 0
+        if counting:
+            ds._seen = 0
+        for batch in super().__iter__():
+            if counting:
+                ds._seen += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's :meth:`StoreDataset.state_dict`."""
+        return self._store_dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The dataset's :meth:`StoreDataset.load_state_dict`."""
+        self._store_dataset.load_state_dict(state)
