@@ -353,10 +353,10 @@ def _ingest_on_cluster(client: Any, job: StoreJob) -> IngestResult:
             lab = labels[idx] if labels is not None else None
             keys = [rels[i] for i in idx]
             if ngood and writer.nimages % k == 0:
-                writer.append_compressed_chunk(data, ngood, crc, labels=lab, keys=keys)
+                writer.append_compressed_chunk(data, ngood, crc, labels=lab, keys=keys, columns=job.columns_for(keys))
             elif ngood:  # a chunk planned before an earlier bad file shifted the boundaries
                 items = np.frombuffer(blosc2.decompress2(data), dtype=meta.np_dtype).reshape(k, *shape)[:ngood]
-                writer.append(items, labels=lab, keys=keys)
+                writer.append(items, labels=lab, keys=keys, columns=job.columns_for(keys))
             if bar is not None:
                 bar.update(stop - start)
         for rel, reason in bad.skipped:

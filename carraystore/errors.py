@@ -18,6 +18,7 @@ __all__ = [
     "InvalidInputError",
     "ImageDecodeError",
     "IngestError",
+    "ManifestError",
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
@@ -90,6 +91,10 @@ class ImageDecodeError(CarrayStoreError):
 
 class IngestError(CarrayStoreError):
     """Ingesting a folder of images failed."""
+
+
+class ManifestError(IngestError):
+    """A targets manifest (CSV or JSON lines of per-file fields) is malformed or does not match the files."""
 
 
 class MigrationError(CarrayStoreError):
