@@ -176,6 +176,7 @@ def _rows_csv(text: str, source: str) -> tuple[list[str], list[dict[str, Any]], 
     except StopIteration:
         raise ManifestError(f"{source}: the manifest is empty; it needs a header row (file,NAME,...)") from None
     header = [h.strip() for h in header]
+    _key_column(header, source)  # before any cell is read
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
     for row in reader:
@@ -223,6 +224,15 @@ def _rows_jsonl(text: str, source: str) -> tuple[list[str], list[dict[str, Any]]
     return header, rows, lines
 
 
+def _key_column(header: list[str], source: str) -> str:
+    keycols = [h for h in header if h in KEY_COLUMNS]
+    if len(keycols) != 1:
+        raise ManifestError(
+            f"{source}: a manifest names each row's file in one column 'file' or 'path'; its columns are {header}"
+        )
+    return keycols[0]
+
+
 def read_manifest(path: str | os.PathLike[str]) -> FieldTable:
     """A manifest file as a :class:`FieldTable`: CSV (a header row) or JSON lines (``.jsonl``,
     ``.ndjson``, or a file whose first character is ``{``)."""
@@ -236,12 +246,7 @@ def read_manifest(path: str | os.PathLike[str]) -> FieldTable:
         raise ManifestError(f"{source}: cannot read the targets manifest ({exc})") from exc
     jsonl = p.suffix.lower() in (".jsonl", ".ndjson", ".json") or text.lstrip().startswith("{")
     header, rows, lines = (_rows_jsonl if jsonl else _rows_csv)(text, source)
-    keycols = [h for h in header if h in KEY_COLUMNS]
-    if len(keycols) != 1:
-        raise ManifestError(
-            f"{source}: a manifest names each row's file in one column 'file' or 'path'; its columns are {header}"
-        )
-    keycol = keycols[0]
+    keycol = _key_column(header, source)
     names = [h for h in header if h != keycol]
     if not names:
         raise ManifestError(f"{source}: no column besides {keycol!r}; every other column becomes a field")
