@@ -404,7 +404,7 @@ class StoreWriter:
                 lab = lab.astype(np.int64)
             else:
                 raise InvalidInputError(
-                    f"{self.path}: labels are class indices and must be integers, got {lab.dtype}; for a float "
+                    f"{self.path}: labels must be integers (class indices), got {lab.dtype}; for a float "
                     "target (regression) pass columns={'target': values} and load it with targets='target' "
                     "(docs/targets.md)"
                 )
