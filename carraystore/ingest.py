@@ -569,14 +569,22 @@ def from_directory(
                     f"(e.g. {root / splits[0]}); if they really are classes pass allow_split_names=True "
                     "(CLI: --allow-split-names)"
                 )
-        rels, labs, names, ignored = list_images(
-            root, None if target_values is not None else labels, class_names, follow_links
-        )
+        int_labels = None if target_values is not None else labels
+        rels, labs, names, ignored = list_images(root, int_labels, class_names, follow_links)  # type: ignore[arg-type]
         fields = _fields_for(root, rels, target_values, table)
         if subset is None:
             return _ingest_one(
-                root, out, rels, labs, names, ignored, opts, provenance=provenance(root.name), fields=fields, **common
-            )  # type: ignore[arg-type]
+                root,
+                out,
+                rels,
+                labs,
+                names,
+                ignored,
+                opts,
+                provenance=provenance(root.name),
+                fields=fields,
+                **common,  # type: ignore[arg-type]
+            )
         if not rels:
             raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
         parts = dict(

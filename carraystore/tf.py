@@ -78,11 +78,11 @@ def element_spec_for(spec: LoaderSpec) -> Any:
     if ysig is None:
         return xs
     if isinstance(spec.y_struct, str):
-        ys: Any = _tensor_spec(*ysig, "the target")
+        ys: Any = _tensor_spec(ysig[0], ysig[1], "the target")
     elif isinstance(spec.y_struct, dict):
-        ys = {k: _tensor_spec(*v, f"target {k!r}") for k, v in ysig.items()}
+        ys = {k: _tensor_spec(v[0], v[1], f"target {k!r}") for k, v in ysig.items()}
     else:
-        ys = tuple(_tensor_spec(*v, "a target") for v in ysig)
+        ys = tuple(_tensor_spec(v[0], v[1], "a target") for v in ysig)
     return (xs, ys, *ws)
 
 
