@@ -24,7 +24,7 @@ from carraystore.export import (
     write_file_safely,
 )
 from carraystore.options import WriteOptions
-from carraystore.summary import describe_non_store, info_rows, store_info
+from carraystore.summary import class_counts_text, describe_non_store, info_rows, store_info
 
 __all__ = [
     "register",
@@ -119,6 +119,7 @@ def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
         labels="inferred" if args.labels == "inferred" else None,
         class_names=_ingest_class_names(args.class_names),
+        targets=args.targets,
         image_size=tuple(args.image_size) if args.image_size else None,
         interpolation=args.interpolation,
         color_mode=args.color_mode,
@@ -281,7 +282,7 @@ def _cmd_meta(args: argparse.Namespace) -> int:
     print(f"{'store':<12} {path} ({info['nimages']} items)")
     print(f"{'class_names':<12} {', '.join(info['class_names']) if info['class_names'] else 'none'}")
     if info.get("label_counts"):
-        print(f"{'labels':<12} " + ", ".join(f"{k} ({v})" for k, v in info["label_counts"].items()))
+        print(f"{'labels':<12} " + class_counts_text(info["label_counts"], head=False))
     else:
         print(f"{'labels':<12} {'yes' if info['labelled'] else 'none'}")
     print(f"{'attrs':<12} {json.dumps(info['attrs'])}")
@@ -327,7 +328,13 @@ def _cmd_preview(args: argparse.Namespace) -> int:
     check_preview_output(out, Path(args.store))
     with open_for_cli(args.store, args.storage_options) as store:
         sheet = make_contact_sheet(
-            store, n=args.n, cols=args.cols, seed=None if args.first else args.seed, cell=args.cell, keys=args.keys
+            store,
+            n=args.n,
+            cols=args.cols,
+            seed=None if args.first else args.seed,
+            cell=args.cell,
+            keys=args.keys,
+            caption=args.caption,
         )
     check_preview_output(out, Path(args.store))
     write_file_safely(out, functools.partial(sheet.save, format="PNG"))
@@ -379,6 +386,15 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--labels", choices=["inferred", "none"], default="inferred", help="labels from class sub-folders, or none"
+    )
+    p.add_argument(
+        "--targets",
+        metavar="FILE",
+        help=(
+            "per-file fields (regression targets, boxes, weights): a CSV with a header, or JSON lines, keyed by the "
+            "path relative to SRC in a column 'file' or 'path'; every other column becomes a field (docs/targets.md). "
+            "Every image file needs a row and every row a file"
+        ),
     )
     p.add_argument(
         "--class-names",
@@ -557,6 +573,7 @@ def register(sub: Any) -> None:
         "--cell", type=int, default=128, help="tile size in pixels; images are scaled to fill it (default 128)"
     )
     p.add_argument("--keys", action="store_true", help="print each image's key (its file path) under the tile")
+    p.add_argument("--caption", metavar="FIELD", help="print a field's value (e.g. a steering angle) under each tile")
     p.add_argument("--seed", type=int, default=0, help="seed of the random sample")
     p.add_argument("--first", action="store_true", help="the first N images instead of a random sample")
     add_read_arguments(p)

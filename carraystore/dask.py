@@ -31,6 +31,7 @@ import numpy as np
 
 from carraystore.badfiles import shape_error
 from carraystore.codec import Codec
+from carraystore.engine import LABEL, Targets, make_spec
 from carraystore.errors import (
     CarrayStoreError,
     IngestError,
@@ -52,7 +53,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the dask extra is not installed
     raise MissingDependencyError("carraystore.dask needs dask: pip install 'carraystore[dask]'") from exc
 
-__all__ = ["to_dask", "labels", "Labels", "from_dask", "from_directory", "in_order"]
+__all__ = ["to_dask", "labels", "Labels", "fields", "targets", "from_dask", "from_directory", "in_order"]
 
 
 # -- stores as dask arrays -------------------------------------------------------------------
@@ -192,6 +193,45 @@ def labels(store_or_url: Store | str | os.PathLike[str], storage_options: dict[s
     if store.labels is None:
         raise InvalidInputError(f"{store.location}: the store has no labels")
     return Labels(np.array(store.labels, dtype=np.int64), store.class_names)
+
+
+def fields(
+    store_or_url: Store | str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+) -> dict[str, np.ndarray]:
+    """The store's per-sample fields (``store.columns``) as **numpy** arrays, name -> (N, *shape).
+
+    Like :func:`labels`, they live in the metadata: small, in memory, and they index a dask
+    array directly (``x[fields(s)["angle"] > 0.1]``).
+    """
+    store = _as_store(store_or_url, storage_options)
+    return {name: np.array(col) for name, col in store.columns.items()}
+
+
+def targets(
+    store_or_url: Store | str | os.PathLike[str],
+    targets: Targets = LABEL,
+    *,
+    label_mode: str | None = "int",
+    sample_weight: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Any:
+    """Every sample's y as the loaders give it (numpy, first axis N): the same ``targets``,
+    ``label_mode`` and ``sample_weight`` arguments, dtypes and shapes as ``Store.batches``,
+    ``StoreDataset`` and ``to_dataset`` (docs/targets.md).
+
+    Returns y (an array, a tuple or a dict of arrays), or ``(y, w)`` with ``sample_weight``;
+    pair it with :func:`to_dask` (``x``) for dask-ml or a custom training loop. Raises
+    InvalidInputError when there is no y (an unlabelled store and ``targets="label"``).
+    """
+    store = _as_store(store_or_url, storage_options)
+    spec = make_spec(store, 1, shuffle=False, targets=targets, label_mode=label_mode, sample_weight=sample_weight)
+    if not spec.has_y:
+        raise InvalidInputError(
+            f"{store.location}: the store has no labels; name a field with targets= ({sorted(store.columns)})"
+        )
+    items = np.arange(len(store), dtype=np.int64)
+    y = spec.y_for(items)
+    return y if sample_weight is None else (y, spec.w_for(items))
 
 
 # -- the ordered window ---------------------------------------------------------------------
@@ -374,10 +414,10 @@ def _ingest_on_cluster(client: Any, job: StoreJob) -> IngestResult:
             lab = labels[idx] if labels is not None else None
             keys = [rels[i] for i in idx]
             if ngood and writer.nimages % k == 0:
-                writer.append_compressed_chunk(data, ngood, crc, labels=lab, keys=keys)
+                writer.append_compressed_chunk(data, ngood, crc, labels=lab, keys=keys, columns=job.columns_for(keys))
             elif ngood:  # a chunk planned before an earlier bad file shifted the boundaries
                 items = np.frombuffer(blosc2.decompress2(data), dtype=meta.np_dtype).reshape(k, *shape)[:ngood]
-                writer.append(items, labels=lab, keys=keys)
+                writer.append(items, labels=lab, keys=keys, columns=job.columns_for(keys))
             if bar is not None:
                 bar.update(stop - start)
         for rel, reason in bad.skipped:
@@ -417,6 +457,7 @@ def from_dask(
     lock_timeout: float | None = 0.0,
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
+    fields: dict[str, Any] | None = None,
 ) -> Store:
     """Write a dask array (N, *item_shape) into a new store at ``path_or_url``; return it opened.
 
@@ -429,7 +470,9 @@ def from_dask(
     ``dask.distributed`` client that is the cluster; otherwise dask's current scheduler
     computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask,
     one integer per item) and ``keys`` (strings; a list, numpy or dask array) are optional; ``class_names``
-    defaults to the names ``labels`` carries (``labels(path)`` of a store). Atomic: the store appears
+    defaults to the names ``labels`` carries (``labels(path)`` of a store);
+    ``fields`` (name -> numpy or dask array of N rows: regression targets, boxes, weights)
+    become the store's per-sample fields (``store.columns``, docs/targets.md). Atomic: the store appears
     only when complete. ``lock_timeout``: seconds to wait while another writer holds ``path``
     (None: for ever), then :class:`~carraystore.errors.StoreLockedError`. A URL
     (``s3://bucket/out.b2nd``, with ``storage_options``) is written in a staging file under
@@ -453,6 +496,7 @@ def from_dask(
         keylist = [str(k) for k in (keys.compute() if isinstance(keys, da.Array) else keys)]
         if len(keylist) != n:
             raise InvalidInputError(f"{path_or_url}: {len(keylist)} keys for {n} items; give one key per item")
+    cols = {name: np.asarray(a.compute() if isinstance(a, da.Array) else a) for name, a in (fields or {}).items()}
     provenance = {"source_kind": "dask_array", "source": f"dask array {x.dtype}{tuple(x.shape)}"}
     with create(
         path_or_url,
@@ -476,6 +520,7 @@ def from_dask(
             lab = writer._check_labels(lab, n)
         if keylist is not None:
             writer._check_keys(keylist, n)
+        cols = writer._check_columns(cols, n)
         if n:
             want = {0: k, **{i: -1 for i in range(1, x.ndim)}}
             if (
@@ -497,9 +542,12 @@ def from_dask(
                         crc,
                         labels=lab[sl] if lab is not None else None,
                         keys=keylist[sl] if keylist is not None else None,
+                        columns={name: a[sl] for name, a in cols.items()} or None,
                     )
-        elif lab is not None or keylist is not None:
-            writer.append(np.empty((0, *meta.image_shape), dtype=meta.np_dtype), labels=lab, keys=keylist)
+        elif lab is not None or keylist is not None or cols:
+            writer.append(
+                np.empty((0, *meta.image_shape), dtype=meta.np_dtype), labels=lab, keys=keylist, columns=cols or None
+            )
     return open_store(path_or_url, storage_options)
 
 

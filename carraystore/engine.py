@@ -62,6 +62,9 @@ from carraystore.sampling import (
 __all__ = [
     "LoaderOptions",
     "LoaderSpec",
+    "LABEL",
+    "Targets",
+    "map_targets",
     "EpochDecoder",
     "BatchBuffers",
     "make_spec",
@@ -76,6 +79,13 @@ DEFAULT_WINDOW = 16
 
 Batch = tuple[np.ndarray, np.ndarray | None]
 Transform = Callable[[np.ndarray, np.ndarray | None], tuple[Any, Any]]
+#: What ``targets=`` takes: a name, a tuple of names (y is a tuple), a dict of names (y is a dict).
+Targets = str | tuple[str, ...] | dict[str, str]
+
+#: The name ``targets=`` gives the class labels (the store's ``labels``).
+LABEL = "label"
+#: A resolved target that is the class label (no field has an empty name).
+_CLASS = ""
 
 _LABEL_MODES = ("int", "categorical", "binary", None)
 _CLIP_STARTS = ("random", "fixed")
@@ -119,9 +129,17 @@ class LoaderOptions:
     - ``label_mode``: ``"int"`` (int64 labels), ``"categorical"`` (float32 one-hot),
       ``"binary"`` (float32 0/1, stores of two classes) or None (x only), as in
       ``keras.utils.image_dataset_from_directory``. Unlabelled stores give ``y = None``.
+    - ``targets``: what y is. ``"label"`` (default): the class label, shaped by
+      ``label_mode``; a field name (``store.columns``, docs/targets.md): that field as
+      stored (dtype and per-sample shape kept); a tuple of names: y is a tuple; a dict
+      ``{output: name}``: y is a dict (multi-output Keras models). ``"label"`` means the
+      class labels whenever the store has them (a field called "label" only otherwise).
+    - ``sample_weight``: a field of one number per sample; batches are then ``(x, y, w)``
+      with ``w`` float32 of shape (B,), as Keras expects. The transform sees (x, y) only.
     - ``sequence_length=L``: x is (B, L, *item) clips of consecutive samples that never
       cross a group (the key's parent folder, or ``groups``, one value per sample);
-      clips step by ``sequence_stride`` (default L); y is the first frame's label.
+      clips step by ``sequence_stride`` (default L); the class label is the clip's first
+      frame's, a field (target or sample weight) its **last** frame's.
       ``clip_starts="random"`` (default) shifts each group's clips by a random offset
       every epoch (a pure function of seed and epoch; the number of clips never
       changes); ``"fixed"`` starts them at the group's first frame every epoch.
@@ -146,6 +164,8 @@ class LoaderOptions:
     drop_remainder: bool = False
     transform: Transform | None = None
     label_mode: str | None = "int"
+    targets: Targets = LABEL
+    sample_weight: str | None = None
     sequence_length: int | None = None
     sequence_stride: int | None = None
     groups: Sequence[Any] | np.ndarray | None = None
@@ -172,6 +192,16 @@ class LoaderOptions:
             raise InvalidInputError(
                 f"label_mode must be 'int', 'categorical', 'binary' or None, got {self.label_mode!r}"
             )
+        s(self, "targets", _check_targets(self.targets))
+        if self.sample_weight is not None and (not isinstance(self.sample_weight, str) or not self.sample_weight):
+            raise InvalidInputError(f"sample_weight must be the name of a field, got {self.sample_weight!r}")
+        if self.label_mode is None and LABEL in _target_names(self.targets) and self.targets != LABEL:
+            raise InvalidInputError(
+                "label_mode=None gives no class label, but targets names 'label'; use label_mode='int' "
+                "(or 'categorical', 'binary'), or leave 'label' out of targets"
+            )
+        if self.sample_weight is not None and self.label_mode is None and self.targets == LABEL:
+            raise InvalidInputError("sample_weight= needs a y (Keras takes (x, y, w)); label_mode=None gives x only")
         if self.transform is not None and not callable(self.transform):
             raise InvalidInputError("transform must be a function (x, y) -> (x, y)")
         if self.sequence_length is not None:
@@ -215,6 +245,71 @@ class LoaderOptions:
         return dataclasses.replace(self, **changes)
 
 
+def _check_targets(t: Any) -> Targets:
+    """``targets`` checked: a non-empty name, a tuple (or list) of them, or a dict output -> name."""
+    what = "targets must be a field name, a tuple of names or a dict {output: name}"
+
+    def name(v: Any) -> str:
+        if not isinstance(v, str) or not v:
+            raise InvalidInputError(f"{what}; {v!r} is not a name")
+        return v
+
+    if isinstance(t, str):
+        return name(t)
+    if isinstance(t, (tuple, list)) and t:
+        return tuple(name(v) for v in t)
+    if isinstance(t, dict) and t:
+        if not all(isinstance(k, str) for k in t):
+            raise InvalidInputError(f"{what}; the dict's keys (the model's output names) must be strings")
+        return {k: name(v) for k, v in t.items()}
+    raise InvalidInputError(f"{what}, got {t!r}")
+
+
+def _target_names(t: Targets) -> list[str]:
+    return [t] if isinstance(t, str) else list(t.values()) if isinstance(t, dict) else list(t)
+
+
+def map_targets(struct: Any, fn: Callable[[str], Any]) -> Any:
+    """``fn`` applied to every name of a targets structure (a name, a tuple or a dict), keeping its shape."""
+    if isinstance(struct, str):
+        return fn(struct)
+    if isinstance(struct, dict):
+        return {k: fn(v) for k, v in struct.items()}
+    return tuple(fn(v) for v in struct)
+
+
+def _resolve_targets(store: Store, options: LoaderOptions) -> Any:
+    """The targets as the batches carry them: each name a field, or ``_CLASS`` for the class
+    label; None when batches have no y (an unlabelled store, or label_mode=None)."""
+    t = options.targets
+    fields = store.columns
+
+    def known() -> str:
+        names = sorted(fields) + ([LABEL] if store.labels is not None else [])
+        return f"the store's fields are {names}" if names else "the store has no fields and no class labels"
+
+    def leaf(name: str) -> str:
+        if name == LABEL and store.labels is not None:
+            return _CLASS
+        if name in fields:
+            if fields[name].dtype.kind not in "biuf":
+                raise InvalidInputError(
+                    f"{store.location}: field {name!r} is {fields[name].dtype}, not numbers; a target is ints or floats"
+                )
+            return name
+        if name == LABEL:
+            raise InvalidInputError(
+                f"{store.location}: targets names 'label' but the store has no class labels; {known()}"
+            )
+        close = difflib.get_close_matches(name, sorted(fields) + [LABEL], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise InvalidInputError(f"{store.location}: no field {name!r}; {known()}{hint}")
+
+    if t == LABEL and (options.label_mode is None or (store.labels is None and LABEL not in fields)):
+        return None  # today's behaviour: x only
+    return map_targets(t, leaf)
+
+
 @dataclass
 class LoaderSpec:
     """Loader options resolved against one store: what every adapter needs to make batches."""
@@ -226,6 +321,8 @@ class LoaderSpec:
     items: np.ndarray | None  # clip starts for sequences (fixed starts), None for every sample
     span: int
     runs: np.ndarray | None = None  # sequences: boundaries of the groups' runs
+    #: ``targets`` resolved: names of fields, ``_CLASS`` for the class label; None: no y
+    y_struct: Any = None
 
     # -- the options, by name ---------------------------------------------------------------
     shuffle = property(lambda self: self.options.shuffle)
@@ -270,6 +367,53 @@ class LoaderSpec:
     def y_dtype(self) -> np.dtype:
         return np.dtype(np.int64 if self.label_mode == "int" else np.float32)
 
+    @property
+    def has_y(self) -> bool:
+        """Whether batches carry a y."""
+        return self.y_struct is not None
+
+    def y_signature(self, n: int | None) -> Any:
+        """(shape, dtype) of each part of y, in the structure of ``targets`` (None: no y)."""
+        if self.y_struct is None:
+            return None
+
+        def sig(leaf: str) -> tuple[tuple[int | None, ...], np.dtype]:
+            if leaf == _CLASS:
+                return self.y_shape(n), self.y_dtype
+            col = self.store.columns[leaf]
+            return (n, *col.shape[1:]), col.dtype
+
+        return map_targets(self.y_struct, sig)
+
+    def w_signature(self, n: int | None) -> tuple[tuple[int | None, ...], np.dtype] | None:
+        """(shape, dtype) of the sample weights, or None without ``sample_weight``."""
+        return None if self.options.sample_weight is None else ((n,), np.dtype(np.float32))
+
+    def _field_rows(self, items: np.ndarray) -> np.ndarray:
+        """The rows of a field for ``items``: the samples, or each clip's last frame."""
+        items = np.asarray(items, dtype=np.int64)
+        return items if self.span == 1 else items + (self.span - 1)
+
+    def y_for(self, items: np.ndarray) -> Any:
+        """The batch's y for ``targets``: an array, a tuple or a dict of arrays; None without y."""
+        if self.y_struct is None:
+            return None
+        rows = self._field_rows(items)
+
+        def part(leaf: str) -> np.ndarray:
+            if leaf == _CLASS:
+                return self.labels_for(items)  # type: ignore[return-value]
+            return np.array(self.store.columns[leaf][rows])
+
+        return map_targets(self.y_struct, part)
+
+    def w_for(self, items: np.ndarray) -> np.ndarray | None:
+        """The batch's sample weights (float32, shape (B,)), or None without ``sample_weight``."""
+        name = self.options.sample_weight
+        if name is None:
+            return None
+        return np.asarray(self.store.columns[name][self._field_rows(items)], dtype=np.float32)
+
     # -- per epoch --------------------------------------------------------------------------
     def items_for(self, epoch: int) -> np.ndarray | None:
         """The epoch's items: clip starts shifted by the epoch's offsets, or every sample (None)."""
@@ -313,15 +457,19 @@ class LoaderSpec:
             return y.astype(np.float32).reshape(-1, 1)
         return y
 
-    def finish(self, x: np.ndarray, y: np.ndarray | None, batch: int, epoch: int, plan: EpochPlan) -> tuple[Any, Any]:
-        """Apply the transform; a failure becomes a LoaderError naming the batch and its chunks."""
+    def finish(
+        self, x: np.ndarray, y: Any, batch: int, epoch: int, plan: EpochPlan, w: np.ndarray | None = None
+    ) -> tuple[Any, ...]:
+        """Apply the transform to (x, y); with sample weights the result is (x, y, w).
+
+        A failure becomes a LoaderError naming the batch and its chunks."""
         if self.transform is None:
-            return x, y
+            return (x, y) if w is None else (x, y, w)
         try:
             out = self.transform(x, y)
             if not isinstance(out, tuple) or len(out) != 2:
                 raise TypeError(f"a transform must return a pair (x, y), got {type(out).__name__}")
-            return out
+            return out if w is None else (*out, w)
         except Exception as exc:
             a, b = self.batch_bounds(plan, batch)
             chunks = np.unique(plan.samples(a, b) // self.store.chunk_images).tolist()
@@ -446,8 +594,30 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
                 f"{longest}), so sequence_length={span} makes no clip; lower sequence_length, pass groups=, "
                 "or write the frames in order with `carraystore ingest --keep-order`"
             )
+    y_struct = _resolve_targets(store, options)
+    sw = options.sample_weight
+    if sw is not None:
+        col = store.columns.get(sw)
+        if col is None:
+            close = difflib.get_close_matches(sw, sorted(store.columns), n=1)
+            raise InvalidInputError(
+                f"{store.location}: no field {sw!r} for sample_weight; the store's fields are {sorted(store.columns)}"
+                + (f"; did you mean {close[0]!r}?" if close else "")
+            )
+        if col.shape[1:] not in ((), (1,)) or col.dtype.kind not in "biuf":
+            raise InvalidInputError(
+                f"{store.location}: sample_weight field {sw!r} is {col.dtype} of shape {col.shape[1:]}; "
+                "a sample weight is one number per sample"
+            )
     return LoaderSpec(
-        store=store, batch_size=batch_size, options=options, num_classes=ncls, items=items, span=span, runs=runs
+        store=store,
+        batch_size=batch_size,
+        options=options,
+        num_classes=ncls,
+        items=items,
+        span=span,
+        runs=runs,
+        y_struct=y_struct,
     )
 
 
@@ -855,8 +1025,9 @@ class EpochDecoder:
                 w += 1
 
     # -- batches --------------------------------------------------------------------------------
-    def batch(self, i: int, out: np.ndarray | None = None) -> tuple[Any, Any]:
-        """Batch ``i`` of the epoch as ``(x, y)`` after the transform (x written into ``out``)."""
+    def batch(self, i: int, out: np.ndarray | None = None) -> tuple[Any, ...]:
+        """Batch ``i`` of the epoch as ``(x, y)`` (``(x, y, w)`` with ``sample_weight``) after the
+        transform (x written into ``out``)."""
         spec, plan = self.spec, self.plan
         a, b = spec.batch_bounds(plan, i)
         if out is None:
@@ -879,8 +1050,8 @@ class EpochDecoder:
             pos = end
             w += 1
         self.read_ahead(plan.window_of(b - 1) + 1 if b > a else 0)
-        y = spec.labels_for(plan.items[a:b])
-        return spec.finish(out, y, i, self.epoch, plan)
+        items = plan.items[a:b]
+        return spec.finish(out, spec.y_for(items), i, self.epoch, plan, spec.w_for(items))
 
     # -- direct mode -------------------------------------------------------------------------------
     def _block_reader(self) -> blocks.BlockReader:

@@ -20,6 +20,7 @@ __all__ = [
     "InvalidInputError",
     "ImageDecodeError",
     "IngestError",
+    "ManifestError",
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
@@ -102,6 +103,10 @@ class ImageDecodeError(CarrayStoreError):
 
 class IngestError(CarrayStoreError):
     """Ingesting a folder of images failed."""
+
+
+class ManifestError(IngestError):
+    """A targets manifest (CSV or JSON lines of per-file fields) is malformed or does not match the files."""
 
 
 class MigrationError(CarrayStoreError):

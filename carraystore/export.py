@@ -87,9 +87,18 @@ def check_sheet_size(n: int, cols: int, cell: int, nimages: int | None = None, t
 
 
 def make_contact_sheet(
-    store: Any, n: int = 32, cols: int = 8, seed: int | None = 0, cell: int = 128, keys: bool = False
+    store: Any,
+    n: int = 32,
+    cols: int = 8,
+    seed: int | None = 0,
+    cell: int = 128,
+    keys: bool = False,
+    caption: str | None = None,
 ) -> Any:
     """A PIL image: ``n`` images of the store (random when ``seed`` is not None) with their labels.
+
+    ``caption``: a field (``store.columns``) whose value is printed after the label
+    (``name=value``; a vector as its first values).
 
     Every image is scaled to fill its ``cell`` (small images enlarged by whole pixels, so a
     32 px image stays sharp; large ones shrunk). ``keys=True`` prints each image's key
@@ -99,6 +108,10 @@ def make_contact_sheet(
     """
     from PIL import Image, ImageDraw
 
+    if caption is not None and caption not in store.columns:
+        raise InvalidInputError(
+            f"{store.path}: no field {caption!r} to caption with; the store's fields are {sorted(store.columns)}"
+        )
     line_h = 12
     text_h = 2 + line_h * (2 if keys and store.keys is not None else 1)
     check_sheet_size(n, cols, cell, len(store), text_h)
@@ -135,6 +148,8 @@ def make_contact_sheet(
         if store.labels is not None:
             lab = int(store.labels[i])
             label += f" {store.class_names[lab] if store.class_names and lab < len(store.class_names) else lab}"
+        if caption is not None:
+            label += f" {caption}={_caption_value(store.columns[caption][int(i)])}"
         chars = max(8, cell // 6)
         draw.text((x + 2, y + cell), label[:chars], fill="black")
         if keys and store.keys is not None:
@@ -143,6 +158,15 @@ def make_contact_sheet(
                 (x + 2, y + cell + line_h), key if len(key) <= chars else "..." + key[-(chars - 3) :], fill="black"
             )
     return sheet
+
+
+def _caption_value(v: Any) -> str:
+    a = np.asarray(v)
+    if a.ndim == 0:
+        return f"{a.item():.4g}" if a.dtype.kind == "f" else str(a.item())
+    flat = a.reshape(-1)
+    parts = [f"{x:.3g}" if a.dtype.kind == "f" else str(x) for x in flat[:4].tolist()]
+    return "[" + ",".join(parts) + (",...]" if flat.size > 4 else "]")
 
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -40,6 +40,7 @@ from carraystore.images import (
     list_images,
     shown_name,
 )
+from carraystore.manifest import TARGET_FIELD, FieldTable, read_manifest
 from carraystore.reader import is_url
 from carraystore.writer import StoreWriter, create
 
@@ -137,6 +138,12 @@ class StoreJob:
     workers: int
     progress: bool
     t0: float = field(default_factory=time.perf_counter)
+    #: per-file fields (a targets manifest, float labels), looked up by key: ``fields.take(keys)``
+    fields: FieldTable | None = None
+
+    def columns_for(self, keys: Sequence[str]) -> dict[str, np.ndarray] | None:
+        """The ``columns=`` of an append of the files ``keys`` (None without fields)."""
+        return None if self.fields is None else self.fields.take(keys)
 
     def open_writer(self, shape: tuple[int, ...]) -> StoreWriter:
         """The store's writer, with one blosc2 thread, so that a chunk's blocks are in order and the same
@@ -265,6 +272,7 @@ def _ingest_one(
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
     runner: Runner | None = None,
+    fields: FieldTable | None = None,
 ) -> IngestResult:
     """Plan one store (bad names dropped, the write order, the write arguments) and run it."""
     if not rels:
@@ -288,7 +296,9 @@ def _ingest_one(
         storage_options=storage_options,
         tmp_dir=tmp_dir,
     )
-    job = StoreJob(root, output, rels, labels, class_names, ignored, opts, bad, write, workers, progress, t0)
+    job = StoreJob(
+        root, output, rels, labels, class_names, ignored, opts, bad, write, workers, progress, t0, fields=fields
+    )
     return (runner or run_locally)(job)
 
 
@@ -310,6 +320,7 @@ def run_locally(job: StoreJob) -> IngestResult:
                 np.stack(batch_imgs),
                 labels=np.asarray(batch_labels, dtype=np.int64) if labels is not None else None,
                 keys=list(batch_keys),
+                columns=job.columns_for(batch_keys),
             )
             batch_imgs.clear()
             batch_labels.clear()
@@ -356,6 +367,36 @@ def run_locally(job: StoreJob) -> IngestResult:
     return job.result(writer, first_shape or ())
 
 
+def _float_labels(labels: Any) -> np.ndarray | None:
+    """``labels`` given as floats or vectors (a regression target), else None (class labels, "inferred", None)."""
+    if labels is None or isinstance(labels, str):
+        return None
+    arr = np.asarray(labels)
+    if arr.dtype.kind == "f" or arr.ndim > 1:
+        if arr.dtype.kind not in "biuf":
+            raise InvalidInputError(f"labels must be numbers, got {arr.dtype}")
+        return arr
+    return None
+
+
+def _fields_for(
+    root: Path, rels: list[str], target_values: np.ndarray | None, table: FieldTable | None
+) -> FieldTable | None:
+    """The per-file fields of an ingest: float ``labels`` as the field "target", and a manifest's."""
+    fields = None
+    if target_values is not None:
+        if len(target_values) != len(rels):
+            raise IngestError(
+                f"{root}: {len(target_values)} labels given for {len(rels)} image files (labels follow the sorted "
+                "file paths, as in Keras)"
+            )
+        fields = FieldTable.from_values(rels, TARGET_FIELD, target_values)
+    if table is not None:
+        table.check_files(rels, str(root))
+        fields = table if fields is None else fields.merged(table)
+    return fields
+
+
 def _output_folder(path: Path) -> None:
     """Make the folder that receives one store per split; a file in the way is a named error."""
     try:
@@ -371,8 +412,9 @@ def from_directory(
     directory: str | os.PathLike[str],
     output: str | os.PathLike[str],
     *,
-    labels: str | Sequence[int] | None = "inferred",
+    labels: str | Sequence[int] | Sequence[float] | np.ndarray | None = "inferred",
     class_names: Sequence[str] | None = None,
+    targets: str | os.PathLike[str] | None = None,
     image_size: tuple[int, int] | None = None,
     interpolation: str = "bilinear",
     color_mode: str = "rgb",
@@ -404,6 +446,18 @@ def from_directory(
     With ``split_dirs=True``, every sub-folder of ``directory`` (train/, validation/, ...)
     becomes its own store ``output/<split>.b2nd`` with one shared list of class names;
     the result is then a dict split -> IngestResult.
+
+    ``labels``: ``"inferred"`` (class sub-folders), None, or one value per file in sorted
+    path order. Integers are class labels. Floats, or vectors (one row per file), are a
+    regression **target**, never cast to classes: they become the field ``"target"`` (the
+    store is then unlabelled; load it with ``targets="target"``, docs/targets.md).
+
+    ``targets``: a manifest (CSV or JSON lines) of per-file fields keyed by the path
+    relative to ``directory`` (a column ``file`` or ``path``); every other column becomes a
+    field (``store.columns``): whole numbers int64, other numbers float64, JSON arrays
+    vectors. Every image file must have a row and every row a file, or
+    :class:`~carraystore.errors.ManifestError` names them (see ``carraystore.manifest``).
+    With ``split_dirs`` the rows are keyed relative to ``directory`` too (``train/cat/1.jpg``).
 
     ``image_size=None`` keeps the files' own size (they must all agree); ``keep_order=True``
     (or ``shuffle=False``) writes files in sorted path order, e.g. for video frames.
@@ -440,6 +494,8 @@ def from_directory(
     """
     root = Path(directory)
     size = _check_options(color_mode, image_size, interpolation, on_error)
+    target_values = _float_labels(labels)
+    table = read_manifest(targets) if targets is not None else None
     if dtype not in INGEST_DTYPES:
         raise InvalidInputError(f"dtype must be one of {INGEST_DTYPES}, got {dtype!r}")
     opts = DecodeOptions(color_mode, size, interpolation, bool(crop_to_aspect_ratio), dtype)
@@ -467,7 +523,11 @@ def from_directory(
         return {
             "source": src_name,  # a folder name, never an absolute path
             "source_kind": "image_folder",
-            "labels": "inferred" if labels == "inferred" else ("none" if labels is None else "given"),
+            "labels": "inferred"
+            if isinstance(labels, str) and labels == "inferred"
+            else (
+                "none" if labels is None else "given" if target_values is None else f"given as field {TARGET_FIELD!r}"
+            ),
             "image_size": list(size) if size else None,
             "interpolation": interpolation,
             "resize_library": f"Pillow {Image.__version__}" if size else None,
@@ -477,7 +537,7 @@ def from_directory(
             "bit_depth": DEPTH_RULE[dtype],
             "shuffled": shuffle,
             "seed": seed if shuffle else None,
-        }
+        } | ({"targets": Path(targets).name} if targets is not None else {})
 
     remote = is_url(output)
     if (validation_split is None) != (subset is None):
@@ -494,7 +554,12 @@ def from_directory(
     if not split_dirs:
         out = str(output) if remote else Path(output)
         allowed_skips(max_skipped, 1)  # a bad value fails before any work
-        if root.is_dir() and not allow_split_names and labels in ("inferred", None) and class_names is None:
+        if (
+            root.is_dir()
+            and not allow_split_names
+            and (labels is None or isinstance(labels, str) and labels == "inferred")
+            and class_names is None
+        ):
             splits = split_like_folders(root)
             if splits:
                 raise IngestError(
@@ -504,9 +569,22 @@ def from_directory(
                     f"(e.g. {root / splits[0]}); if they really are classes pass allow_split_names=True "
                     "(CLI: --allow-split-names)"
                 )
-        rels, labs, names, ignored = list_images(root, labels, class_names, follow_links)
+        int_labels = None if target_values is not None else labels
+        rels, labs, names, ignored = list_images(root, int_labels, class_names, follow_links)  # type: ignore[arg-type]
+        fields = _fields_for(root, rels, target_values, table)
         if subset is None:
-            return _ingest_one(root, out, rels, labs, names, ignored, opts, provenance=provenance(root.name), **common)  # type: ignore[arg-type]
+            return _ingest_one(
+                root,
+                out,
+                rels,
+                labs,
+                names,
+                ignored,
+                opts,
+                provenance=provenance(root.name),
+                fields=fields,
+                **common,  # type: ignore[arg-type]
+            )
         if not rels:
             raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
         parts = dict(
@@ -543,6 +621,7 @@ def from_directory(
                 ignored,
                 opts,
                 provenance=prov,
+                fields=fields,
                 **common,  # type: ignore[arg-type]
             )
         return results if subset == "both" else results[subset]
@@ -552,8 +631,10 @@ def from_directory(
     splits = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not splits:
         raise IngestError(f"{root}: --split-dirs expects split sub-folders such as train/ and validation/")
-    if labels not in ("inferred", None):
-        raise InvalidInputError("with split_dirs, labels must be 'inferred' or None")
+    if not (labels is None or (isinstance(labels, str) and labels == "inferred")):
+        raise InvalidInputError(
+            "with split_dirs, labels must be 'inferred' or None (per-file values: a manifest, targets=FILE)"
+        )
     if str(output).rstrip("/").endswith(".b2nd"):
         raise InvalidInputError(f"{output}: with split_dirs the output is a folder that receives <split>.b2nd files")
     if not remote:
@@ -572,7 +653,7 @@ def from_directory(
                     {d.name for s in splits for d in (root / s).iterdir() if d.is_dir() and not d.name.startswith(".")}
                 )
             )
-    results: dict[str, IngestResult] = {}
+    listed: dict[str, tuple[list[str], np.ndarray | None, tuple[str, ...] | None, list[str]]] = {}
     for split in splits:
         src = root / split
         if labels == "inferred":
@@ -584,8 +665,13 @@ def from_directory(
             names = names_all
         else:
             rels, labs, names, ignored = list_images(src, None, None, follow_links)
+        listed[split] = (rels, labs, names, ignored)
+    if table is not None:  # rows keyed relative to the top folder: every split's files at once
+        table.check_files([f"{split}/{r}" for split, (rels, *_) in listed.items() for r in rels], str(root))
+    results: dict[str, IngestResult] = {}
+    for split, (rels, labs, names, ignored) in listed.items():
         results[split] = _ingest_one(
-            src,
+            root / split,
             split_output(split),
             rels,
             labs,
@@ -593,6 +679,7 @@ def from_directory(
             ignored,
             opts,
             provenance=provenance(f"{root.name}/{split}"),
+            fields=table.under(split) if table is not None else None,
             **common,  # type: ignore[arg-type]
         )
     return results

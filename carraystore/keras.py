@@ -65,8 +65,9 @@ class StoreDataset(keras.utils.PyDataset):
     Arguments: every :class:`carraystore.engine.LoaderOptions` field, as for
     :func:`carraystore.loader.batches` (``shuffle``, ``seed``, ``epoch``, ``start_batch``,
     ``window``, ``rank``, ``world_size``, ``drop_remainder``, ``transform``,
-    ``label_mode``, ``sequence_length``, ``verify``, ``prefetch``, ``num_threads``,
-    ``queue_size``, ``retry_timeout``), plus ``cache_windows`` (decoded windows kept per process) and Keras's
+    ``label_mode``, ``targets``, ``sample_weight``, ``sequence_length``, ``verify``,
+    ``prefetch``, ``num_threads``, ``queue_size``, ``retry_timeout``), plus ``cache_windows``
+    (decoded windows kept per process) and Keras's
     ``workers``, ``use_multiprocessing``, ``max_queue_size``.
 
     - ``start_batch=b`` resumes the first epoch served (``epoch``) at batch ``b``: that
@@ -191,11 +192,11 @@ class StoreDataset(keras.utils.PyDataset):
         if not 0 <= i < n:
             raise IndexError(f"batch {index} out of range for an epoch of {n} batches")
         c = self._get_cache()
-        x, y = c.batch(i + self.first_batch)
+        out = c.batch(i + self.first_batch)
         if c.out_of_order and not self._warned:
             self._warned = True
             warn_out_of_order(c, "StoreDataset")
-        return x if y is None else (x, y)
+        return out[0] if out[1] is None else out
 
     # -- epochs ----------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:

@@ -237,7 +237,9 @@ def batches(store: Any, batch_size: int, options: LoaderOptions | None = None, *
 
     The arguments are those of :class:`carraystore.engine.LoaderOptions` (``shuffle``,
     ``seed``, ``epoch``, ``start_batch``, ``window``, ``rank``, ``world_size``,
-    ``drop_remainder``, ``transform``, ``label_mode``, ``sequence_length``, ``verify``,
+    ``drop_remainder``, ``transform``, ``label_mode``, ``targets`` (y: the class label, a
+    field, or a tuple or dict of them), ``sample_weight`` (batches are then (x, y, w)),
+    ``sequence_length``, ``verify``,
     ``prefetch``, ``num_threads``, ``queue_size``, ...), as keywords or as one
     ``options`` value.
     """

@@ -14,7 +14,66 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["store_info", "info_rows", "describe_non_store"]
+__all__ = ["store_info", "info_rows", "describe_non_store", "field_summary", "class_counts_text"]
+
+#: Classes listed by name in ``info`` and ``meta``; beyond that a summary of the rest.
+SHOWN_CLASSES = 20
+#: An integer field with at most this many distinct values is summarised by counts.
+SMALL_INT_VALUES = 10
+
+
+def field_summary(col: np.ndarray) -> dict[str, Any]:
+    """dtype, per-sample shape and a summary of one field: value counts for a scalar integer
+    field of few values, else min / mean / max over every number (NaNs counted apart)."""
+    out: dict[str, Any] = {"dtype": str(col.dtype), "shape": list(col.shape[1:])}
+    if col.dtype.kind not in "biuf" or not col.size:
+        return out
+    if col.dtype.kind in "biu" and col.ndim == 1:
+        values, counts = np.unique(col, return_counts=True)
+        if len(values) <= SMALL_INT_VALUES:
+            out["counts"] = {str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}
+            return out
+    a = col.astype(np.float64, copy=False)
+    nan = int(np.isnan(a).sum()) if col.dtype.kind == "f" else 0
+    if nan == a.size:
+        out["nan"] = nan
+        return out
+    out.update(min=float(np.nanmin(a)), mean=float(np.nanmean(a)), max=float(np.nanmax(a)))
+    if nan:
+        out["nan"] = nan
+    return out
+
+
+def _num(v: float) -> str:
+    return f"{v:.6g}"
+
+
+def _field_text(name: str, f: dict[str, Any]) -> str:
+    shape = "x".join(map(str, f["shape"]))
+    head = f"{name}: {f['dtype']}" + (f" ({shape})" if shape else "")
+    if "counts" in f:
+        return f"{head}, counts " + ", ".join(f"{k} ({v})" for k, v in f["counts"].items())
+    if "min" in f:
+        return f"{head}, min {_num(f['min'])} mean {_num(f['mean'])} max {_num(f['max'])}" + (
+            f", {f['nan']} NaN" if f.get("nan") else ""
+        )
+    return head + (f", all {f['nan']} NaN" if f.get("nan") else "")
+
+
+def class_counts_text(label_counts: dict[str, int], nclasses: int | None = None, head: bool = True) -> str:
+    """``N classes: a (n), b (n), ...``; beyond ``SHOWN_CLASSES`` classes the first ones and a
+    summary of the rest (never thousands of names on one line)."""
+    n = nclasses or len(label_counts)
+    items = list(label_counts.items())
+    shown = ", ".join(f"{k} ({v})" for k, v in items[:SHOWN_CLASSES])
+    lead = f"{n} classes: " if head else ""
+    if len(items) <= SHOWN_CLASSES:
+        return lead + shown
+    counts = np.array([v for _, v in items])
+    return (
+        f"{lead}{shown}, ... and {len(items) - SHOWN_CLASSES} more; {int(counts.min())} to "
+        f"{int(counts.max())} items per class (info --json lists them all)"
+    )
 
 
 def store_info(store: Any) -> dict[str, Any]:
@@ -41,6 +100,7 @@ def store_info(store: Any) -> dict[str, Any]:
         "labelled": store.labels is not None,
         "keys": store.keys is not None,
         "columns": {k: str(v.dtype) for k, v in store.columns.items()},
+        "fields": {k: field_summary(v) for k, v in store.columns.items()},
         "skipped": [dict(s) for s in store.skipped],
         "provenance": store.provenance,
         "attrs": store.attrs,
@@ -92,8 +152,9 @@ def info_rows(store: Any, info: dict[str, Any]) -> list[tuple[str, str]]:
         ),
     ]
     if info.get("label_counts"):
-        counts = ", ".join(f"{k} ({v})" for k, v in info["label_counts"].items())
-        rows.append(("labels", f"{len(info['class_names'] or info['label_counts'])} classes: {counts}"))
+        rows.append(
+            ("labels", class_counts_text(info["label_counts"], len(info["class_names"] or info["label_counts"])))
+        )
     else:
         rows.append(("labels", "yes" if info["labelled"] else "none"))
     rows.append(
@@ -104,8 +165,8 @@ def info_rows(store: Any, info: dict[str, Any]) -> list[tuple[str, str]]:
             else ("yes" if info["keys"] else "none"),
         )
     )
-    if info["columns"]:
-        rows.append(("columns", ", ".join(f"{k} ({v})" for k, v in info["columns"].items())))
+    if info["fields"]:
+        rows.append(("fields", f"\n{'':13}".join(_field_text(k, f) for k, f in info["fields"].items())))
     rows.append(
         (
             "skipped",

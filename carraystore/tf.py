@@ -40,13 +40,28 @@ def _tensor_spec(shape: tuple[Any, ...], dtype: np.dtype, what: str) -> Any:
     return tf.TensorSpec(shape=shape, dtype=tf.as_dtype(dtype))
 
 
+def _structure_spec(value: Any, b: int | None, what: str) -> Any:
+    """TensorSpecs for an array, or a tuple or dict of arrays (what a transform may return)."""
+    if isinstance(value, dict):
+        return {k: _structure_spec(v, b, f"{what}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return tuple(_structure_spec(v, b, f"{what}[{i}]") for i, v in enumerate(value))
+    return _tensor_spec((b, *np.shape(value)[1:]), np.asarray(value).dtype, what)
+
+
 def element_spec_for(spec: LoaderSpec) -> Any:
-    """The ``tf.TensorSpec`` (or pair of them) of the batches ``spec`` yields."""
+    """The ``tf.TensorSpec`` of x (or the tuple of specs of (x, y) or (x, y, w)) of ``spec``'s batches.
+
+    y's specs follow ``targets``: a spec, a tuple of specs, or a dict of them, with the
+    dtypes and shapes the other loaders give (a field keeps its dtype and per-sample shape).
+    """
     b = spec.batch_size if spec.drop_remainder else None
+    w = spec.w_signature(b)
+    ws = () if w is None else (tf.TensorSpec(shape=w[0], dtype=tf.as_dtype(w[1])),)
     if spec.transform is not None:
         # run the transform once on a zero batch to see what it returns
         x0 = np.zeros(spec.x_shape(1), dtype=spec.store.dtype)
-        y0 = spec.labels_for(np.zeros(1, dtype=np.int64)) if spec.labelled else None
+        y0 = spec.y_for(np.zeros(1, dtype=np.int64)) if spec.has_y and len(spec.store) else None
         try:
             x1, y1 = spec.transform(x0, y0)
         except Exception as exc:
@@ -57,11 +72,18 @@ def element_spec_for(spec: LoaderSpec) -> Any:
         xs = _tensor_spec((b, *np.shape(x1)[1:]), np.asarray(x1).dtype, "the transform's x")
         if y1 is None:
             return xs
-        return xs, _tensor_spec((b, *np.shape(y1)[1:]), np.asarray(y1).dtype, "the transform's y")
+        return (xs, _structure_spec(y1, b, "the transform's y"), *ws)
     xs = _tensor_spec((b, *spec.x_shape(1)[1:]), spec.store.dtype, str(spec.store.path))
-    if not spec.labelled:
+    ysig = spec.y_signature(b)
+    if ysig is None:
         return xs
-    return xs, tf.TensorSpec(shape=spec.y_shape(b), dtype=tf.as_dtype(spec.y_dtype))
+    if isinstance(spec.y_struct, str):
+        ys: Any = _tensor_spec(ysig[0], ysig[1], "the target")
+    elif isinstance(spec.y_struct, dict):
+        ys = {k: _tensor_spec(v[0], v[1], f"target {k!r}") for k, v in ysig.items()}
+    else:
+        ys = tuple(_tensor_spec(v[0], v[1], "a target") for v in ysig)
+    return (xs, ys, *ws)
 
 
 class _Passes:
@@ -107,7 +129,8 @@ def to_dataset(
 
     ``kwargs`` are :func:`carraystore.loader.batches` arguments (``shuffle``, ``seed``,
     ``window``, ``rank``, ``world_size``, ``drop_remainder``, ``transform``,
-    ``label_mode``, ``sequence_length``, ...). The batch dimension is ``None``, or
+    ``label_mode``, ``targets``, ``sample_weight``, ``sequence_length``, ...). With
+    ``sample_weight`` the elements are (x, y, w); y is a tuple or dict when ``targets`` is. The batch dimension is ``None``, or
     ``batch_size`` with ``drop_remainder=True``. Each pass over the dataset is the next
     epoch. ``start_batch=b`` makes a dataset of the rest of epoch ``epoch`` only (its
     cardinality is the batches left; a second pass is an error saying what to do).
@@ -170,8 +193,8 @@ def to_dataset(
         try:
             # one batch of each of this pipeline's replicas in turn (they all have nb batches)
             for group in zip(*its):
-                for x, y in group:
-                    yield x if single else (x, y)
+                for batch in group:
+                    yield batch[0] if single else batch
         finally:
             for it in its:
                 it.close()

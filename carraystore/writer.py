@@ -249,6 +249,7 @@ class StoreWriter:
         crc: int,
         labels: Sequence[int] | np.ndarray | None = None,
         keys: Sequence[str] | None = None,
+        columns: dict[str, np.ndarray] | None = None,
     ) -> None:
         """Append one chunk compressed elsewhere by :func:`compress_chunk` (``nitems`` items).
 
@@ -281,7 +282,7 @@ class StoreWriter:
         n = int(nitems)
         lab = self._check_labels(labels, n)
         keytab = self._check_keys(keys, n)
-        self._check_columns(None, n)
+        cols = self._check_columns(columns, n)
         if self._has_labels is None:
             self._has_labels = lab is not None
         if self._has_keys is None:
@@ -293,6 +294,8 @@ class StoreWriter:
             self._labels.append(lab)
         if keytab is not None:
             self._keys.append(keytab)
+        for name, col in cols.items():
+            self._columns.setdefault(name, []).append(col)
         if n < k:
             self._fill = n
             return
@@ -407,7 +410,11 @@ class StoreWriter:
             if lab.dtype.kind == "f" and np.all(lab == np.round(lab)):
                 lab = lab.astype(np.int64)
             else:
-                raise InvalidInputError(f"{self.path}: labels must be integers, got {lab.dtype}")
+                raise InvalidInputError(
+                    f"{self.path}: labels must be integers (class indices), got {lab.dtype}; for a float "
+                    "target (regression) pass columns={'target': values} and load it with targets='target' "
+                    "(docs/targets.md)"
+                )
         lab = lab.astype("<i8")
         names = self._meta.class_names
         if n and names is not None and (lab.min() < 0 or lab.max() >= len(names)):
@@ -430,6 +437,8 @@ class StoreWriter:
             )
         out = {}
         for name, col in columns.items():
+            if not isinstance(name, str) or not name:
+                raise InvalidInputError(f"{self.path}: a column (field) name must be a non-empty string, got {name!r}")
             arr = np.asarray(col)
             if arr.ndim == 0 or len(arr) != n:
                 raise InvalidInputError(f"{self.path}: column {name!r} has {arr.shape} rows for {n} items")

@@ -125,8 +125,8 @@ LAYERS: list[set[str]] = [
     {"carraystore.reader", "carraystore.inplace", "carraystore.writer", "carraystore.upload", "carraystore.store"},
     {"carraystore.sampling"},
     {"carraystore.engine"},
-    # ingest's parts, one job each: image files, the decoding processes, the bad-file policy
-    {"carraystore.images", "carraystore.decodepool", "carraystore.badfiles"},
+    # ingest's parts, one job each: image files, the decoding processes, the bad-file policy, per-file fields
+    {"carraystore.images", "carraystore.decodepool", "carraystore.badfiles", "carraystore.manifest"},
     # library tools over stores: ingest, the streaming loader, copy, info and export
     {
         "carraystore.ingest",

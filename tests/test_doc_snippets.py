@@ -1,4 +1,4 @@
-"""The Python snippets of README.md and docs/loading.md run, as written, against small real stores.
+"""The Python snippets of README.md, docs/loading.md and docs/targets.md run, as written, against small real stores.
 
 Every fenced ```python block of a file runs, in order, in one namespace (like a notebook:
 a later block may use what an earlier one defined), in a temporary folder that holds what
@@ -38,7 +38,7 @@ from carraystore.sample_data import make_photo_folder  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 #: each document, and the stores it reads without creating them beyond the staged ones
 #: (README.md creates its train.b2nd with from_directory; docs/loading.md opens one)
-DOCUMENTS = {"README.md": (), "docs/loading.md": ("train.b2nd",)}
+DOCUMENTS = {"README.md": (), "docs/loading.md": ("train.b2nd",), "docs/targets.md": ()}
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\b")
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
