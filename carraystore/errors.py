@@ -18,6 +18,8 @@ __all__ = [
     "InvalidInputError",
     "ImageDecodeError",
     "IngestError",
+    "GroupSplitError",
+    "ShortGroupsWarning",
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
@@ -90,6 +92,15 @@ class ImageDecodeError(CarrayStoreError):
 
 class IngestError(CarrayStoreError):
     """Ingesting a folder of images failed."""
+
+
+class GroupSplitError(IngestError):
+    """A validation split that keeps whole groups (videos, sessions) cannot leave both parts non-empty."""
+
+
+class ShortGroupsWarning(UserWarning):
+    """A warning, not an error: some groups (videos, sessions) are shorter than ``sequence_length``
+    and give no clip (``warnings.filterwarnings("error", category=ShortGroupsWarning)`` makes it one)."""
 
 
 class MigrationError(CarrayStoreError):
