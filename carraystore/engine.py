@@ -426,7 +426,7 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
             longest = int(lens.max())
             raise ClipError(
                 f"{store.location}: no group is long enough for sequence_length={span}: all {len(lens)} group(s) "
-                f"(videos, sessions) are shorter (the longest holds {longest} consecutive samples), so there is no "
+                f"(videos, sessions) are shorter (the longest run of one group is {longest}), so there is no "
                 "clip; lower sequence_length, pass groups=, or write the frames in order with "
                 "`carraystore ingest --keep-order`"
             )
