@@ -136,6 +136,10 @@ def test_action_video_frame_layout_gives_classes_groups_and_natural_order(videos
         assert set(s.labels[s.groups == g].tolist()) == {s.class_names.index(action)}
     assert list(s.keys)[:3] == ["run/video_3/frame_1.png", "run/video_3/frame_2.png", "run/video_3/frame_3.png"]
     assert r.ngroups == 7
+    info = subprocess.run(
+        [sys.executable, "-m", "carraystore.cli", "info", str(tmp_path / "v.b2nd")], capture_output=True, text=True
+    )
+    assert "7, 9 to 15 items each: run/video_3, run/video_10" in info.stdout
     assert any("natural order" in n for n in r.notes) and "natural order" in r.summary()
 
 
