@@ -123,7 +123,7 @@ def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
         image_size=tuple(args.image_size) if args.image_size else None,
         interpolation=args.interpolation,
         color_mode=args.color_mode,
-        crop_to_aspect_ratio=args.crop_to_aspect_ratio,
+        crop_to_aspect_ratio=args.crop_to_aspect_ratio or None,
         keep_order=args.keep_order,
         seed=args.seed,
         workers=args.workers,
@@ -142,6 +142,8 @@ def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
         lock_timeout=args.wait,
         storage_options=args.storage_options,
         tmp_dir=args.tmp_dir,
+        append=args.append,
+        skip_existing=args.skip_existing,
     )
 
 
@@ -414,36 +416,39 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--interpolation",
         choices=sorted(INTERPOLATIONS),
-        default="bilinear",
-        help="resampling filter of --image-size (default bilinear)",
+        default=None,
+        help="resampling filter of --image-size (default bilinear; with --append, the store's)",
     )
     p.add_argument(
         "--color-mode",
         choices=["grayscale", "rgb", "rgba"],
-        default="rgb",
-        help="channels of the stored images (default rgb)",
+        default=None,
+        help="channels of the stored images (default rgb; with --append, the store's)",
     )
     p.add_argument(
         "--dtype",
         choices=["uint8", "uint16"],
-        default="uint8",
+        default=None,
         help=(
-            "pixel type: uint8 (16-bit files keep their high byte) or uint16 (16-bit grayscale PNGs kept exactly, "
-            "8-bit files scaled by 257, 16-bit colour PNGs refused)"
+            "pixel type: uint8 (the default; 16-bit files keep their high byte) or uint16 (16-bit grayscale PNGs "
+            "kept exactly, 8-bit files scaled by 257, 16-bit colour PNGs refused); with --append, the store's"
         ),
     )
     p.add_argument(
         "--crop-to-aspect-ratio", action="store_true", help="centre-crop to the target aspect ratio before resizing"
     )
     p.add_argument(
-        "--keep-order", action="store_true", help="keep sorted file order (video frames) instead of a seeded shuffle"
+        "--keep-order",
+        action="store_true",
+        help="keep file order (video frames: natural order, frame_2 before frame_10) instead of a seeded shuffle",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the write order and of --validation-split (default 0)")
     p.add_argument(
         "--validation-split",
         type=float,
         metavar="F",
-        help="keep a fraction F of the files apart for validation, the same files as Keras picks with the same --seed",
+        help="keep a fraction F of the files apart for validation, the same files as Keras picks with the same "
+        "--seed; with groups (class/video/frame folders) whole groups, never a part of one",
     )
     p.add_argument(
         "--subset",
@@ -451,7 +456,7 @@ def register(sub: Any) -> None:
         help="with --validation-split: write the training part, the validation part, or both (OUT is then a "
         "folder receiving training.b2nd and validation.b2nd)",
     )
-    p.add_argument("--workers", type=int, default=None, help="decoding processes (default: all cores)")
+    p.add_argument("--workers", type=int, default=None, help="decoding threads (default: all cores)")
     p.add_argument(
         "--on-error", choices=["fail", "skip"], default="fail", help="what to do with files that do not decode"
     )
@@ -473,6 +478,15 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--follow-links", action="store_true", help="descend into symbolic links to folders")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="add SRC's images to the existing store OUT (in place, crash-safe, locked): decode options from the "
+        "store, new classes after its own, files already in it refused",
+    )
+    p.add_argument(
+        "--skip-existing", action="store_true", help="with --append: leave out files whose key is already in the store"
+    )
     p.add_argument(
         "--wait",
         type=float,

@@ -413,11 +413,14 @@ def _ingest_on_cluster(client: Any, job: StoreJob) -> IngestResult:
             idx = [i for i in range(start, stop) if i - start not in failed]
             lab = labels[idx] if labels is not None else None
             keys = [rels[i] for i in idx]
+            grp = [job.groups[i] for i in idx] if job.groups is not None else None
             if ngood and writer.nimages % k == 0:
-                writer.append_compressed_chunk(data, ngood, crc, labels=lab, keys=keys, columns=job.columns_for(keys))
+                writer.append_compressed_chunk(
+                    data, ngood, crc, labels=lab, keys=keys, columns=job.columns_for(keys), groups=grp
+                )
             elif ngood:  # a chunk planned before an earlier bad file shifted the boundaries
                 items = np.frombuffer(blosc2.decompress2(data), dtype=meta.np_dtype).reshape(k, *shape)[:ngood]
-                writer.append(items, labels=lab, keys=keys, columns=job.columns_for(keys))
+                writer.append(items, labels=lab, keys=keys, columns=job.columns_for(keys), groups=grp)
             if bar is not None:
                 bar.update(stop - start)
         for rel, reason in bad.skipped:

@@ -44,6 +44,7 @@ from carraystore.errors import (
     LoaderChecksumError,
     LoaderError,
     RemoteReadError,
+    ShortGroupsWarning,
 )
 from carraystore.forksafe import FORK_GATE, at_fork_in_child
 from carraystore.reader import Store, open_store
@@ -572,7 +573,10 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
         span = options.sequence_length
         n = len(store)
         groups = options.groups
-        if groups is None:
+        group_names: Sequence[str] | None = None
+        if groups is None and store.groups is not None:  # the store's own groups (videos, sessions)
+            groups, group_names = store.groups, store.group_names
+        elif groups is None:
             keys = store.keys
             groups = [posixpath.dirname(k) for k in keys] if keys is not None else np.zeros(n, dtype=np.int8)
         elif len(groups) != n:
@@ -587,12 +591,24 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
             )
         runs = group_runs(groups)
         items = clip_starts(runs, span, options.sequence_stride)
+        lens = np.diff(runs)
+        short = np.flatnonzero(lens < span)
         if n and not len(items):
-            longest = int(np.diff(runs).max())
+            longest = int(lens.max())
             raise ClipError(
-                f"{store.location}: no group holds {span} consecutive samples (the longest run of one group is "
-                f"{longest}), so sequence_length={span} makes no clip; lower sequence_length, pass groups=, "
-                "or write the frames in order with `carraystore ingest --keep-order`"
+                f"{store.location}: no group is long enough for sequence_length={span}: all {len(lens)} group(s) "
+                f"(videos, sessions) are shorter (the longest run of one group is {longest}), so there is no "
+                "clip; lower sequence_length, pass groups=, or write the frames in order with "
+                "`carraystore ingest --keep-order`"
+            )
+        if n and len(short):
+            shown = [_run_name(groups, group_names, int(runs[i])) for i in short[:5]]
+            warnings.warn(
+                f"{store.location}: {len(short)} of {len(lens)} group(s) hold fewer than sequence_length={span} "
+                f"samples and give no clip ({', '.join(shown)}{', ...' if len(short) > 5 else ''}; "
+                f"{int(lens[short].sum())} samples left out)",
+                ShortGroupsWarning,
+                stacklevel=3,
             )
     y_struct = _resolve_targets(store, options)
     sw = options.sample_weight
@@ -619,6 +635,14 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
         runs=runs,
         y_struct=y_struct,
     )
+
+
+def _run_name(groups: Any, names: Sequence[str] | None, start: int) -> str:
+    """The name of the group a run starting at sample ``start`` belongs to."""
+    g = groups[start]
+    if names is not None:
+        return str(names[int(g)])
+    return str(g) if str(g) else "(top folder)"
 
 
 # ---------------------------------------------------------------------------------------

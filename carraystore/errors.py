@@ -21,6 +21,8 @@ __all__ = [
     "ImageDecodeError",
     "IngestError",
     "ManifestError",
+    "GroupSplitError",
+    "ShortGroupsWarning",
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
@@ -107,6 +109,15 @@ class IngestError(CarrayStoreError):
 
 class ManifestError(IngestError):
     """A targets manifest (CSV or JSON lines of per-file fields) is malformed or does not match the files."""
+
+
+class GroupSplitError(IngestError):
+    """A validation split that keeps whole groups (videos, sessions) cannot leave both parts non-empty."""
+
+
+class ShortGroupsWarning(UserWarning):
+    """A warning, not an error: some groups (videos, sessions) are shorter than ``sequence_length``
+    and give no clip (``warnings.filterwarnings("error", category=ShortGroupsWarning)`` makes it one)."""
 
 
 class MigrationError(CarrayStoreError):

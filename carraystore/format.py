@@ -405,6 +405,9 @@ class StoreMeta:
     attrs: dict[str, Any] = field(default_factory=dict)
     skipped: tuple[dict[str, str], ...] = ()
     columns: dict[str, np.ndarray] = field(default_factory=dict)
+    #: groups (video, session, patient): ``groups[i]`` indexes ``group_names`` (FORMAT.md 4.6)
+    group_names: tuple[str, ...] | None = None
+    groups: np.ndarray | None = None
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -454,6 +457,9 @@ class StoreMeta:
                 for name, col in self.columns.items()
             },
         }
+        if self.group_names is not None:  # written only when present: records without groups stay as they were
+            rec["group_names"] = list(self.group_names)
+            rec["groups"] = np.asarray(self.groups, dtype="<i4").tobytes()
         return rec
 
     def to_bytes(self) -> bytes:
@@ -547,6 +553,7 @@ class StoreMeta:
                 attrs=dict(rec.get("attrs") or {}),
                 skipped=tuple(dict(s) for s in rec.get("skipped") or ()),
                 columns=_columns_from_record(rec.get("columns") or {}, nimages, where),
+                **_groups_from_record(rec, where),
             )
         except FormatError as exc:  # from a part (codec, keys, dtype): name the file too
             if str(exc).startswith(f"{where}:"):
@@ -617,6 +624,7 @@ class StoreMeta:
                     else f"labels must lie in 0..{LABEL_LIMIT - 1}"
                 )
                 raise FormatError(f"{where}: labels span {lo}..{hi} but {names} (FORMAT.md 4.4)")
+        self._validate_groups(where)
         for name, col in self.columns.items():
             if len(col) != self.nimages:
                 raise FormatError(f"{where}: column {name!r} has {len(col)} rows for {self.nimages} items")
@@ -627,6 +635,39 @@ class StoreMeta:
             json.dumps(self.provenance)
         except (TypeError, ValueError) as exc:
             raise FormatError(f"{where}: attrs and provenance must be JSON-serialisable ({exc})") from exc
+
+    def _validate_groups(self, where: str) -> None:
+        """``group_names`` and ``groups`` come together; names distinct, indices in range (FORMAT.md 4.6)."""
+        names, groups = self.group_names, self.groups
+        if (names is None) != (groups is None):
+            raise FormatError(f"{where}: 'group_names' and 'groups' go together; the record has only one of them")
+        if names is None or groups is None:
+            return
+        if not all(isinstance(g, str) and g for g in names):
+            raise FormatError(f"{where}: group_names must be non-empty strings, got {list(names)[:5]!r}")
+        if len(set(names)) != len(names):
+            raise FormatError(f"{where}: group_names repeat a name ({list(names)[:10]!r}); each group needs its own")
+        if len(groups) != self.nimages:
+            raise FormatError(f"{where}: {len(groups)} group indices for {self.nimages} items")
+        if len(groups) and (int(groups.min()) < 0 or int(groups.max()) >= len(names)):
+            raise FormatError(
+                f"{where}: group indices span {int(groups.min())}..{int(groups.max())} but there are "
+                f"{len(names)} group names (FORMAT.md 4.6)"
+            )
+
+
+def _groups_from_record(rec: dict[str, Any], where: str) -> dict[str, Any]:
+    """``group_names`` and ``groups`` of a record (both absent in stores without groups, and in 0.1.0's)."""
+    names, groups = rec.get("group_names"), rec.get("groups")
+    if names is None and groups is None:
+        return {}
+    if names is None or groups is None:
+        raise FormatError(f"{where}: 'group_names' and 'groups' go together; the record has only one of them")
+    if not isinstance(names, list) or not isinstance(groups, bytes) or len(groups) % 4:
+        raise FormatError(
+            f"{where}: 'group_names' must be an array of str and 'groups' int32 bytes, both present (FORMAT.md 4.6)"
+        )
+    return {"group_names": tuple(names), "groups": np.frombuffer(groups, dtype="<i4")}
 
 
 def _columns_from_record(rec: Any, n: int, where: str) -> dict[str, np.ndarray]:

@@ -15,10 +15,12 @@ one that decodes on a ``dask.distributed`` cluster.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from PIL import Image
 from carraystore.badfiles import DEFAULT_MAX_SKIPPED, BadFiles, allowed_skips, drop_bad_names, shape_error
 from carraystore.codec import Codec
 from carraystore.decodepool import decoded
-from carraystore.errors import IngestError, InvalidInputError
+from carraystore.errors import GroupSplitError, IngestError, InvalidInputError
 from carraystore.images import (
     DEPTH_RULE,
     IMAGE_EXTENSIONS,
@@ -41,8 +43,10 @@ from carraystore.images import (
     shown_name,
 )
 from carraystore.manifest import TARGET_FIELD, FieldTable, read_manifest
+from carraystore.options import WriteOptions
 from carraystore.reader import is_url
 from carraystore.writer import StoreWriter, create
+from carraystore.writer import append as open_append
 
 __all__ = [
     "IngestResult",
@@ -51,9 +55,18 @@ __all__ = [
     "run_locally",
     "split_like_folders",
     "validation_split_indices",
+    "group_split_indices",
+    "infer_groups",
+    "natural_order",
     "SPLIT_NAMES",
     "from_directory",
 ]
+
+log = logging.getLogger("carraystore.ingest")
+
+#: Groups of the files: "inferred" (the folder below each class folder), None, one value per
+#: file (sorted path order, as labels), a mapping relative path -> group, or a function of it.
+Groups = str | Sequence[Any] | Mapping[str, Any] | Callable[[str], Any] | None
 
 #: Folder names that mean a dataset split, not a class (compared in lower case).
 SPLIT_NAMES = frozenset(
@@ -88,6 +101,12 @@ class IngestResult:
     seconds: float = 0.0
     nbytes: int = 0
     cbytes: int = 0
+    #: number of groups (videos, sessions) among the written items, or None without groups
+    ngroups: int | None = None
+    #: what the ingest decided that the user should know (frame order, group split, ...)
+    notes: list[str] = field(default_factory=list)
+    #: for an append: the store's items after it (``nimages`` counts the added ones)
+    total: int | None = None
 
     @property
     def images_per_s(self) -> float:
@@ -95,13 +114,21 @@ class IngestResult:
 
     def summary(self) -> str:
         ratio = self.nbytes / self.cbytes if self.cbytes else float("nan")
+        what = (
+            f"appended {self.nimages} images to {self.path} (now {self.total})"
+            if self.total is not None
+            else f"wrote {self.path}: {self.nimages} images"
+        )
         lines = [
-            f"wrote {self.path}: {self.nimages} images of {'x'.join(map(str, self.image_shape))} "
+            f"{what} of {'x'.join(map(str, self.image_shape))} "
             f"in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s); "
             f"{self.nbytes / 1e6:.1f} MB -> {self.cbytes / 1e6:.1f} MB (ratio {ratio:.2f})"
         ]
         if self.class_names is not None:
             lines.append(f"  classes: {', '.join(self.class_names)}")
+        if self.ngroups is not None:
+            lines.append(f"  groups: {self.ngroups} (whole videos/sessions: splits and clips never cut one)")
+        lines.extend(f"  note: {n}" for n in self.notes)
         if self.ignored:
             lines.append(
                 f"  ignored {len(self.ignored)} file(s) that are not in a class folder or not images, e.g. {shown_name(self.ignored[0])}"
@@ -140,14 +167,30 @@ class StoreJob:
     t0: float = field(default_factory=time.perf_counter)
     #: per-file fields (a targets manifest, float labels), looked up by key: ``fields.take(keys)``
     fields: FieldTable | None = None
+    #: each file's group name (aligned with ``rels``), or None
+    groups: list[str] | None = None
+    #: an append: the store's writer, opened (and locked) before planning
+    appender: StoreWriter | None = None
+    notes: list[str] = field(default_factory=list)
 
     def columns_for(self, keys: Sequence[str]) -> dict[str, np.ndarray] | None:
         """The ``columns=`` of an append of the files ``keys`` (None without fields)."""
         return None if self.fields is None else self.fields.take(keys)
 
+    @property
+    def store_shape(self) -> tuple[int, ...] | None:
+        """The item shape fixed before decoding: an appended-to store's, else None."""
+        return self.appender.meta.image_shape if self.appender is not None else None
+
     def open_writer(self, shape: tuple[int, ...]) -> StoreWriter:
         """The store's writer, with one blosc2 thread, so that a chunk's blocks are in order and the same
         ingest always gives the same bytes (blosc2's threads place blocks as they finish)."""
+        if self.appender is not None:
+            if tuple(shape) != self.appender.meta.image_shape:
+                raise IngestError(
+                    f"{self.output}: the store holds {self.appender.meta.image_shape} images, these decode to {shape}"
+                )
+            return self.appender
         return create(self.output, shape, dtype=self.opts.dtype, nthreads=1, **self.write)
 
     def progress_bar(self, initial: int = 0) -> Any:
@@ -168,17 +211,24 @@ class StoreJob:
 
     def result(self, writer: StoreWriter, shape: tuple[int, ...]) -> IngestResult:
         """What the ingest of this store did, once ``writer`` is closed."""
-        n = writer.nimages
+        total = writer.nimages
+        before = self.write.get("existing", 0) if self.appender is not None else 0
+        n = total - before
+        names = writer.meta.class_names if self.appender is not None else self.class_names
+        group_names = writer.meta.group_names
         return IngestResult(
             path=self.output,
             nimages=n,
             image_shape=shape,
-            class_names=self.class_names,
+            class_names=names,
             skipped=self.bad.skipped,
             ignored=self.ignored,
             seconds=time.perf_counter() - self.t0,
             nbytes=n * int(np.prod(shape)) * np.dtype(self.opts.dtype).itemsize,
             cbytes=writer.file_size or 0,
+            ngroups=len(set(self.groups)) if self.groups is not None and group_names is not None else None,
+            notes=list(self.notes),
+            total=total if self.appender is not None else None,
         )
 
 
@@ -213,12 +263,7 @@ def validation_split_indices(
     ``np.random.RandomState(seed)`` (when shuffling) and keeps the last
     ``int(validation_split * n)`` files for validation; the same seed picks the same files here.
     """
-    if (
-        not isinstance(validation_split, (int, float))
-        or isinstance(validation_split, bool)
-        or not 0 < validation_split < 1
-    ):
-        raise InvalidInputError(f"validation_split must be a fraction between 0 and 1, got {validation_split!r}")
+    _check_fraction(validation_split)
     n_val = int(validation_split * n)
     if n_val == 0 or n_val == n:
         raise IngestError(
@@ -228,6 +273,177 @@ def validation_split_indices(
     if shuffle:
         np.random.RandomState(seed).shuffle(order)
     return np.sort(order[: n - n_val]), np.sort(order[n - n_val :])
+
+
+# -- groups and frame order -------------------------------------------------------------------
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def _natural(name: str) -> tuple[tuple[tuple[str, int], ...], str]:
+    """``frame_2`` before ``frame_10``: text order, except that a run of digits compares as its number.
+
+    Every other character is a token of its own; a digit run sorts where its first digit
+    would in text order (after ``.`` and ``_``, before letters), then by value. The name
+    itself breaks ties (``frame_01`` and ``frame_1``).
+    """
+    tokens: list[tuple[str, int]] = []
+    for i, part in enumerate(_DIGITS.split(name)):
+        if i % 2:
+            tokens.append(("0", int(part)))
+        else:
+            tokens.extend((c, 0) for c in part)
+    return tuple(tokens), name
+
+
+def natural_order(rels: Sequence[str], class_first: bool = False) -> np.ndarray:
+    """The positions of ``rels`` in natural order, folder by folder as the listing walks them.
+
+    In every folder its files come before its sub-folders (as ``list_images`` lists them),
+    and names compare with their digit runs as numbers: ``frame_2`` before ``frame_10``,
+    ``video_9/`` before ``video_10/``. ``class_first`` keeps the first folder level (the class
+    folders, in class-name order) in the order it comes in.
+    """
+    first: dict[str, int] = {}
+
+    def key(rel: str) -> tuple[Any, ...]:
+        parts = rel.split("/")
+        out: list[Any] = []
+        for i, part in enumerate(parts):
+            is_dir = i < len(parts) - 1
+            if i == 0 and class_first and is_dir:
+                out.append((1, (first.setdefault(part, len(first)),), ""))
+            else:
+                out.append((int(is_dir), *_natural(part)))
+        return tuple(out)
+
+    keys = [key(r) for r in rels]
+    return np.asarray(sorted(range(len(rels)), key=keys.__getitem__), dtype=np.int64)
+
+
+def infer_groups(rels: Sequence[str], labels: Any, groups: Groups, root: Path) -> list[str] | None:
+    """Each file's group name, or None when the files have no groups.
+
+    ``groups="inferred"`` with class folders (``labels="inferred"``): the folder right below
+    the class folder, named with its class (``walk/video_0001/frame_1.jpg`` is in group
+    ``walk/video_0001``); files directly in a class folder form the group of that folder.
+    Without a second folder level anywhere (plain class folders), or without class
+    folders, no groups. A sequence gives one group per file in sorted path order (as
+    labels), a mapping ``relative path -> group`` one for every file, a function
+    ``group(relative path)`` one for each.
+    """
+    if groups is None:
+        return None
+    if isinstance(groups, str):
+        if groups != "inferred":
+            raise InvalidInputError(
+                f"groups must be 'inferred', None, one group per file, a mapping or a function, got {groups!r}"
+            )
+        if labels != "inferred" or not any(r.count("/") >= 2 for r in rels):
+            return None
+        return ["/".join(r.split("/")[:2]) if r.count("/") >= 2 else r.split("/")[0] for r in rels]
+    if isinstance(groups, Mapping):
+        missing = [r for r in rels if r not in groups]
+        extra = sorted(set(groups) - set(rels))
+        if missing or extra:
+            what = []
+            if missing:
+                what.append(f"{len(missing)} file(s) have no group, e.g. {', '.join(missing[:3])}")
+            if extra:
+                what.append(f"{len(extra)} group entr(ies) name no file, e.g. {', '.join(map(str, extra[:3]))}")
+            raise IngestError(f"{root}: groups: {'; '.join(what)} (keys are paths relative to the folder)")
+        values = [groups[r] for r in rels]
+    elif callable(groups):
+        values = [groups(r) for r in rels]
+    else:
+        values = list(groups)
+        if len(values) != len(rels):
+            raise IngestError(
+                f"{root}: {len(values)} groups given for {len(rels)} image files "
+                "(groups follow the sorted file paths, as labels do)"
+            )
+    out = []
+    for rel, v in zip(rels, values, strict=True):
+        if v is None or isinstance(v, (float, bytes)) or str(v) == "":
+            raise IngestError(f"{root / rel}: group {v!r}; a group is a non-empty name or an integer")
+        out.append(v if isinstance(v, str) else str(v))
+    return out
+
+
+def group_split_indices(
+    groups: Sequence[str], labels: np.ndarray | None, validation_split: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(training, validation) positions that keep every group whole, and notes on what was reached.
+
+    Groups are drawn in a seeded order, class by class (a group's class is the label most of
+    its files have): a group goes to validation while that brings the class's validation
+    files closer to ``validation_split`` of its files, and a class always keeps one group
+    for training. Without any such group, the smallest group goes. :class:`~carraystore.errors.GroupSplitError` when one part would
+    be empty; the notes give the share reached and the classes missing from a part.
+    """
+    _check_fraction(validation_split)
+    n = len(groups)
+    names, inv = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
+    g_count = len(names)
+    sizes = np.bincount(inv, minlength=g_count)
+    if labels is not None and n:
+        lab = np.asarray(labels, dtype=np.int64)
+        pairs, counts = np.unique(inv * (int(lab.max()) + 1) + lab, return_counts=True)
+        best = np.full(g_count, -1, dtype=np.int64)
+        most = np.zeros(g_count, dtype=np.int64)
+        for pair, c in zip(pairs.tolist(), counts.tolist(), strict=True):
+            g, label = divmod(pair, int(lab.max()) + 1)
+            if c > most[g]:
+                most[g], best[g] = c, label
+        group_class = best
+    else:
+        lab = None
+        group_class = np.zeros(g_count, dtype=np.int64)
+    order = np.random.RandomState(seed).permutation(g_count)
+    chosen = np.zeros(g_count, dtype=bool)
+    for c in np.unique(group_class):
+        members = [g for g in order.tolist() if group_class[g] == c]
+        target = validation_split * int(sizes[members].sum())
+        count = 0
+        for g in members[:-1] if len(members) > 1 else []:  # a class's last group stays in training
+            if count + sizes[g] / 2 <= target:
+                chosen[g] = True
+                count += int(sizes[g])
+    if not chosen.any() and g_count >= 2:
+        chosen[min(order.tolist(), key=lambda g: sizes[g])] = True
+    val = chosen[inv]
+    n_val = int(val.sum())
+    if n_val == 0 or n_val == n:
+        raise GroupSplitError(
+            f"validation_split={validation_split} by groups: the {n} files form {g_count} group(s) "
+            f"(videos, sessions: sizes {sorted(sizes.tolist())[:10]}), and a split never cuts a group, so "
+            f"{'validation' if n_val == 0 else 'training'} would be empty. Ingest more groups, change "
+            "validation_split, or split the folders yourself (split_dirs=True, CLI --split-dirs)"
+        )
+    notes = [
+        f"validation_split={validation_split} keeps groups whole: {int(chosen.sum())} of {g_count} groups, "
+        f"{n_val} of {n} files ({n_val / n:.1%}) in validation"
+    ]
+    if lab is not None:
+        in_val, in_train = set(np.unique(lab[val]).tolist()), set(np.unique(lab[~val]).tolist())
+        if in_val != in_train:
+            notes.append(
+                f"class coverage: {len(in_val)} class(es) in validation, {len(in_train)} in training; "
+                f"label(s) {sorted(in_train - in_val)} not in validation, {sorted(in_val - in_train)} not in training "
+                "(a class with one group can be in one part only)"
+            )
+        else:
+            notes.append(f"class coverage: all {len(in_val)} classes in both parts")
+    return np.flatnonzero(~val), np.flatnonzero(val), notes
+
+
+def _check_fraction(validation_split: Any) -> None:
+    if (
+        not isinstance(validation_split, (int, float))
+        or isinstance(validation_split, bool)
+        or not 0 < validation_split < 1
+    ):
+        raise InvalidInputError(f"validation_split must be a fraction between 0 and 1, got {validation_split!r}")
 
 
 def _check_options(color_mode: str, image_size: Any, interpolation: str, on_error: str) -> tuple[int, int] | None:
@@ -273,14 +489,32 @@ def _ingest_one(
     tmp_dir: str | os.PathLike[str] | None = None,
     runner: Runner | None = None,
     fields: FieldTable | None = None,
+    groups: list[str] | None = None,
+    appender: StoreWriter | None = None,
+    notes: Sequence[str] = (),
+    class_folders: bool = False,
 ) -> IngestResult:
     """Plan one store (bad names dropped, the write order, the write arguments) and run it."""
     if not rels:
         raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
     allowed = allowed_skips(max_skipped, len(rels))
     t0 = time.perf_counter()
+    group_of = dict(zip(rels, groups, strict=True)) if groups is not None else None
     rels, labels, skipped = drop_bad_names(root, rels, labels, on_error)
-    order = np.random.default_rng(seed).permutation(len(rels)) if shuffle else np.arange(len(rels))
+    notes = list(notes)
+    if shuffle:
+        order = np.random.default_rng(seed).permutation(len(rels))
+    else:  # in order: natural order, frame_2 before frame_10
+        order = natural_order(rels, class_first=class_folders)
+        differ = np.flatnonzero(order != np.arange(len(rels)))
+        if len(differ):
+            i = int(differ[0])
+            note = (
+                f"file names are numbered without leading zeros: written in natural order ({rels[order[i]]} "
+                f"before {rels[i]}, as frame_2 before frame_10), not in text order"
+            )
+            notes.append(note)
+            log.info("%s: %s", root, note)
     rels = [rels[i] for i in order]
     if labels is not None:
         labels = labels[order]
@@ -296,9 +530,13 @@ def _ingest_one(
         storage_options=storage_options,
         tmp_dir=tmp_dir,
     )
+    if appender is not None:
+        write["existing"] = appender.nimages
     job = StoreJob(
         root, output, rels, labels, class_names, ignored, opts, bad, write, workers, progress, t0, fields=fields
     )
+    job.groups = [group_of[r] for r in rels] if group_of is not None else None
+    job.appender, job.notes = appender, notes
     return (runner or run_locally)(job)
 
 
@@ -312,6 +550,8 @@ def run_locally(job: StoreJob) -> IngestResult:
     batch_imgs: list[np.ndarray] = []
     batch_labels: list[int] = []
     batch_keys: list[str] = []
+    batch_groups: list[str] = []
+    groups = job.groups
 
     def flush() -> None:
         assert writer is not None
@@ -321,12 +561,17 @@ def run_locally(job: StoreJob) -> IngestResult:
                 labels=np.asarray(batch_labels, dtype=np.int64) if labels is not None else None,
                 keys=list(batch_keys),
                 columns=job.columns_for(batch_keys),
+                groups=list(batch_groups) if groups is not None else None,
             )
             batch_imgs.clear()
             batch_labels.clear()
             batch_keys.clear()
+            batch_groups.clear()
 
-    if opts.image_size is not None:
+    if job.store_shape is not None:  # an append: the store fixes the shape
+        first_shape, first_rel = job.store_shape, "the store's images"
+        writer = job.open_writer(first_shape)
+    elif opts.image_size is not None:
         first_shape = (*opts.image_size, channels)
         writer = job.open_writer(first_shape)
     bar = job.progress_bar()
@@ -348,6 +593,8 @@ def run_locally(job: StoreJob) -> IngestResult:
             batch_imgs.append(arr)
             if labels is not None:
                 batch_labels.append(int(labels[pos]))
+            if groups is not None:
+                batch_groups.append(groups[pos])
             batch_keys.append(rel)
             if len(batch_imgs) >= 64:
                 flush()
@@ -408,6 +655,113 @@ def _output_folder(path: Path) -> None:
         ) from exc
 
 
+def _store_decode_options(
+    meta: Any,
+    where: str,
+    size: tuple[int, int] | None,
+    color_mode: str | None,
+    interpolation: str | None,
+    crop_to_aspect_ratio: bool | None,
+    dtype: str | None,
+) -> DecodeOptions:
+    """An append's decode options: the store's; an option given that differs is refused by name."""
+    if meta.layout != "NHWC" or meta.np_dtype.name not in INGEST_DTYPES:
+        raise InvalidInputError(
+            f"{where}: the store holds {meta.layout} items of {meta.np_dtype}, not images an ingest writes "
+            f"({'/'.join(INGEST_DTYPES)}, height x width x channels); images cannot be appended to it"
+        )
+    prov = meta.provenance or {}
+    h, w = meta.image_shape[:2]
+
+    def same(name: str, given: Any, stored: Any, cli: str) -> Any:
+        if given is not None and stored is not None and given != stored:
+            raise InvalidInputError(
+                f"{where}: {name}={given!r}, but the store was written with {name}={stored!r}; an append takes "
+                f"the store's decode options: leave {name} out (CLI: {cli})"
+            )
+        return stored if given is None else given
+
+    mode = same("color_mode", color_mode, meta.color_mode, "--color-mode")
+    dt = same("dtype", dtype, meta.np_dtype.name, "--dtype")
+    if size is not None and tuple(size) != (h, w):
+        raise InvalidInputError(
+            f"{where}: image_size={tuple(size)}, but the store holds {h}x{w} images; an append resizes to the "
+            f"store's size: leave image_size out (CLI: --image-size) or pass ({h}, {w})"
+        )
+    from_folder = prov.get("source_kind") == "image_folder"
+    if size is None and not (from_folder and prov.get("image_size") is None):
+        size = (h, w)  # the store was resized (or is not from a folder): resize to its size
+    interp = same("interpolation", interpolation, prov.get("interpolation") if from_folder else None, "--interpolation")
+    crop = same(
+        "crop_to_aspect_ratio",
+        crop_to_aspect_ratio,
+        prov.get("crop_to_aspect_ratio") if from_folder else None,
+        "--crop-to-aspect-ratio",
+    )
+    return DecodeOptions(mode, size, interp or "bilinear", bool(crop), dt)
+
+
+def _append_plan(
+    writer: StoreWriter,
+    root: Path,
+    rels: list[str],
+    labs: np.ndarray | None,
+    names: tuple[str, ...] | None,
+    groups: list[str] | None,
+    groups_given: bool,
+    skip_existing: bool,
+) -> tuple[list[str], np.ndarray | None, list[str] | None, list[str]]:
+    """An append's files, labels (indexing the store's class list, new classes added at its end) and groups."""
+    meta, where = writer.meta, str(writer.path)
+    notes: list[str] = []
+    if meta.nimages and meta.keys is None:
+        raise IngestError(
+            f"{where}: the store has no keys; an ingest names every item by its file path, so it cannot append "
+            "to this store (append with carraystore.append and keys= of your own)"
+        )
+    if meta.nimages and (labs is not None) != (meta.labels is not None):
+        raise IngestError(
+            f"{where}: the store is {'labelled' if meta.labels is not None else 'unlabelled'} and the folder "
+            f"{'is' if labs is not None else 'is not'}; pass labels={'None' if labs is not None else repr('inferred')} "
+            f"(CLI: --labels {'none' if labs is not None else 'inferred'}) to match the store"
+        )
+    existing = set(meta.keys) if meta.keys is not None else set()
+    dup = [i for i, r in enumerate(rels) if r in existing]
+    if dup and not skip_existing:
+        raise IngestError(
+            f"{where}: {len(dup)} of the {len(rels)} files are already in the store (same key), e.g. "
+            f"{', '.join(rels[i] for i in dup[:3])}; pass skip_existing=True (CLI: --skip-existing) to add only "
+            "the new files"
+        )
+    if dup:
+        keep = np.setdiff1d(np.arange(len(rels)), dup)
+        rels = [rels[i] for i in keep]
+        labs = labs[keep] if labs is not None else None
+        groups = [groups[i] for i in keep] if groups is not None else None
+        notes.append(f"skipped {len(dup)} file(s) already in the store (skip_existing)")
+    if labs is not None and names is not None:
+        full = writer.extend_class_names(names)
+        added = [c for c in full if c not in (meta.class_names or ())]
+        if added:
+            notes.append(f"new classes added after the store's: {', '.join(added)}")
+        index = {c: i for i, c in enumerate(full)}
+        labs = np.asarray([index[names[int(v)]] for v in labs], dtype=np.int64)
+    if groups is not None and meta.nimages and meta.group_names is None:
+        if groups_given:
+            raise IngestError(
+                f"{where}: the store has no groups (its items were written without them), so groups= cannot be "
+                "recorded for the new ones; leave groups out"
+            )
+        notes.append("the store records no groups, so the new files' group folders are not recorded either")
+        groups = None
+    if groups is None and meta.group_names is not None and meta.nimages:
+        raise IngestError(
+            f"{where}: the store records groups (videos, sessions), but {root} has no group folders "
+            "(class/group/file) and no groups= were given; pass groups= (one per file) to append"
+        )
+    return rels, labs, groups, notes
+
+
 def from_directory(
     directory: str | os.PathLike[str],
     output: str | os.PathLike[str],
@@ -416,9 +770,9 @@ def from_directory(
     class_names: Sequence[str] | None = None,
     targets: str | os.PathLike[str] | None = None,
     image_size: tuple[int, int] | None = None,
-    interpolation: str = "bilinear",
-    color_mode: str = "rgb",
-    crop_to_aspect_ratio: bool = False,
+    interpolation: str | None = None,
+    color_mode: str | None = None,
+    crop_to_aspect_ratio: bool | None = None,
     shuffle: bool = True,
     seed: int = 0,
     keep_order: bool = False,
@@ -431,7 +785,7 @@ def from_directory(
     overwrite: bool = False,
     progress: bool = False,
     attrs: dict[str, Any] | None = None,
-    dtype: str = "uint8",
+    dtype: str | None = None,
     max_skipped: float | int = DEFAULT_MAX_SKIPPED,
     allow_split_names: bool = False,
     validation_split: float | None = None,
@@ -439,6 +793,9 @@ def from_directory(
     lock_timeout: float | None = 0.0,
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
+    groups: Groups = "inferred",
+    append: bool = False,
+    skip_existing: bool = False,
     runner: Runner | None = None,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
@@ -460,13 +817,23 @@ def from_directory(
     With ``split_dirs`` the rows are keyed relative to ``directory`` too (``train/cat/1.jpg``).
 
     ``image_size=None`` keeps the files' own size (they must all agree); ``keep_order=True``
-    (or ``shuffle=False``) writes files in sorted path order, e.g. for video frames.
-    ``workers`` decoding processes (default: all cores; 1 decodes in this process).
+    (or ``shuffle=False``) writes files in natural path order (``frame_2`` before
+    ``frame_10``; a note says so when names lack leading zeros), e.g. for video frames.
+    ``workers`` decoding threads (default: all cores; 1 decodes in the calling thread).
     ``codec`` is a Codec or a preset name (``fast``, ``balanced``, ``small``).
-    ``dtype`` is ``"uint8"`` (16-bit files keep their high byte) or ``"uint16"`` (16-bit grayscale
+    ``color_mode`` (default ``"rgb"``), ``interpolation`` (default ``"bilinear"``) and
+    ``crop_to_aspect_ratio`` (default False) as in Keras.
+    ``dtype`` is ``"uint8"`` (the default; 16-bit files keep their high byte) or ``"uint16"`` (16-bit grayscale
     kept exactly, 8-bit files scaled by 257, 16-bit colour PNGs refused): see ``images.decode_image``.
     File names that cannot be keys (not UTF-8, newline) and files that are not regular files
     follow ``on_error`` like undecodable ones.
+
+    ``groups`` (videos, sessions, patients: items that belong together) are recorded in the
+    store (``Store.groups``, ``Store.group_names``): ``"inferred"`` (default) takes the folder
+    below each class folder (``walk/video_0001/frame_1.jpg``: class ``walk``, group
+    ``walk/video_0001``; plain class folders have no groups); or one value per file in
+    sorted path order, a mapping relative path -> group, a function of the relative path,
+    or None. Validation splits keep groups whole, clips never cross one.
 
     With ``on_error="skip"`` files that do not decode are skipped and listed, but when more
     than ``max_skipped`` of them fail (a fraction below 1, default 0.01 = 1%, or a count of
@@ -477,32 +844,80 @@ def from_directory(
     ``validation_split`` and ``subset`` work as in ``image_dataset_from_directory``: the
     same ``seed`` puts the same files in the validation set as Keras does (the last
     ``int(validation_split * n)`` of the sorted list shuffled with that seed; with
-    ``keep_order`` the last files in path order). ``subset="training"`` or
-    ``"validation"`` writes that part to ``output``; ``subset="both"`` writes both in one
-    call, ``output/training.b2nd`` and ``output/validation.b2nd``, and returns a dict.
+    ``keep_order`` the last files in path order). With groups, whole groups are drawn
+    instead (seeded, class by class), the share reached and the class coverage are noted,
+    and :class:`~carraystore.errors.GroupSplitError` says when a part would be empty.
+    ``subset="training"`` or ``"validation"`` writes that part to ``output``;
+    ``subset="both"`` writes both in one call, ``output/training.b2nd`` and
+    ``output/validation.b2nd``, and returns a dict.
     ``lock_timeout``: seconds to wait while another writer holds the output store (None:
     for ever); then :class:`~carraystore.errors.StoreLockedError` names the holder.
+
+    ``append=True`` adds the folder's images to the existing store ``output``, in place,
+    crash-safe and locked as ``carraystore.append``: the decode options come from the
+    store (an image_size, color_mode, dtype, interpolation that differs is refused by
+    name), new classes are added after the store's (existing ones keep their label), and
+    files whose key is already in the store are refused, or left out with
+    ``skip_existing=True``. A store written in order stays in order.
 
     ``output`` may be a URL (``s3://bucket/train.b2nd``; with ``split_dirs`` a prefix
     ``s3://bucket/data`` that receives ``<split>.b2nd`` objects): each store is written in a
     staging folder under ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete.
 
     ``runner`` decodes and writes each planned store (a :class:`StoreJob`): by default
-    :func:`run_locally`, in ``workers`` local processes. ``carraystore.dask.from_directory``
+    :func:`run_locally`, in ``workers`` local threads. ``carraystore.dask.from_directory``
     (and ``carraystore.from_directory(..., client=)``) passes one that decodes on a
     ``dask.distributed`` cluster.
     """
     root = Path(directory)
-    size = _check_options(color_mode, image_size, interpolation, on_error)
+    size = _check_options(color_mode or "rgb", image_size, interpolation or "bilinear", on_error)
     target_values = _float_labels(labels)
     table = read_manifest(targets) if targets is not None else None
-    if dtype not in INGEST_DTYPES:
+    if append and (table is not None or target_values is not None):
+        raise InvalidInputError(
+            f"{output}: append=True with per-file targets (a manifest, or float labels) is not supported yet; "
+            "ingest the new files into a store of their own, or append with carraystore.append(..., columns=)"
+        )
+    if dtype is not None and dtype not in INGEST_DTYPES:
         raise InvalidInputError(f"dtype must be one of {INGEST_DTYPES}, got {dtype!r}")
-    opts = DecodeOptions(color_mode, size, interpolation, bool(crop_to_aspect_ratio), dtype)
+    if skip_existing and not append:
+        raise InvalidInputError("skip_existing applies to append=True (CLI: --skip-existing with --append)")
+    if append:
+        _check_append_args(output, overwrite, split_dirs, subset, chunk_images, attrs)
+        return _append_directory(
+            root,
+            output,
+            size=size,
+            labels=labels,
+            class_names=class_names,
+            interpolation=interpolation,
+            color_mode=color_mode,
+            crop_to_aspect_ratio=crop_to_aspect_ratio,
+            dtype=dtype,
+            shuffle=shuffle and not keep_order,
+            seed=seed,
+            workers=workers,
+            on_error=on_error,
+            codec=codec,
+            follow_links=follow_links,
+            progress=progress,
+            max_skipped=max_skipped,
+            lock_timeout=lock_timeout,
+            storage_options=storage_options,
+            tmp_dir=tmp_dir,
+            groups=groups,
+            skip_existing=skip_existing,
+            runner=runner,
+        )
+    interpolation = interpolation or "bilinear"
+    color_mode = color_mode or "rgb"
+    crop_to_aspect_ratio = bool(crop_to_aspect_ratio)
+    dtype = dtype or "uint8"
+    opts = DecodeOptions(color_mode, size, interpolation, crop_to_aspect_ratio, dtype)
     if workers is None:
         workers = os.cpu_count() or 1
     shuffle = shuffle and not keep_order
-    common = dict(
+    common: dict[str, Any] = dict(
         shuffle=shuffle,
         seed=seed,
         workers=workers,
@@ -517,6 +932,7 @@ def from_directory(
         storage_options=storage_options,
         tmp_dir=tmp_dir,
         runner=runner,
+        class_folders=labels == "inferred",
     )
 
     def provenance(src_name: str) -> dict[str, Any]:
@@ -572,6 +988,7 @@ def from_directory(
         int_labels = None if target_values is not None else labels
         rels, labs, names, ignored = list_images(root, int_labels, class_names, follow_links)  # type: ignore[arg-type]
         fields = _fields_for(root, rels, target_values, table)
+        grp = infer_groups(rels, int_labels, groups, root)
         if subset is None:
             return _ingest_one(
                 root,
@@ -583,17 +1000,17 @@ def from_directory(
                 opts,
                 provenance=provenance(root.name),
                 fields=fields,
+                groups=grp,
                 **common,  # type: ignore[arg-type]
             )
         if not rels:
             raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
-        parts = dict(
-            zip(
-                ("training", "validation"),
-                validation_split_indices(len(rels), validation_split, shuffle, seed),
-                strict=True,
-            )
-        )  # type: ignore[arg-type]
+        split_notes: list[str] = []
+        if grp is not None:
+            train_idx, val_idx, split_notes = group_split_indices(grp, labs, validation_split, seed)  # type: ignore[arg-type]
+        else:
+            train_idx, val_idx = validation_split_indices(len(rels), validation_split, shuffle, seed)  # type: ignore[arg-type]
+        parts = {"training": train_idx, "validation": val_idx}
         wanted = ("training", "validation") if subset == "both" else (subset,)
         if subset == "both":
             if str(out).rstrip("/").endswith(".b2nd"):
@@ -608,8 +1025,11 @@ def from_directory(
             prov = provenance(root.name) | {
                 "validation_split": validation_split,
                 "subset": part,
-                "split_seed": seed if shuffle else None,
+                "split_seed": seed if shuffle or grp is not None else None,
             }
+            if grp is not None:
+                prov["split_by"] = "groups"
+                prov["validation_share"] = round(len(val_idx) / len(rels), 6)
             results[part] = _ingest_one(
                 root,
                 (f"{str(out).rstrip('/')}/{part}.b2nd" if remote else Path(out) / f"{part}.b2nd")
@@ -622,6 +1042,8 @@ def from_directory(
                 opts,
                 provenance=prov,
                 fields=fields,
+                groups=[grp[i] for i in idx] if grp is not None else None,
+                notes=split_notes,
                 **common,  # type: ignore[arg-type]
             )
         return results if subset == "both" else results[subset]
@@ -653,7 +1075,7 @@ def from_directory(
                     {d.name for s in splits for d in (root / s).iterdir() if d.is_dir() and not d.name.startswith(".")}
                 )
             )
-    listed: dict[str, tuple[list[str], np.ndarray | None, tuple[str, ...] | None, list[str]]] = {}
+    listed: dict[str, tuple[list[str], np.ndarray | None, tuple[str, ...] | None, list[str], Any]] = {}
     for split in splits:
         src = root / split
         if labels == "inferred":
@@ -665,11 +1087,13 @@ def from_directory(
             names = names_all
         else:
             rels, labs, names, ignored = list_images(src, None, None, follow_links)
-        listed[split] = (rels, labs, names, ignored)
+        # the user's split folders are the splits: left as they are, groups recorded inside each
+        grp = infer_groups(rels, labels, groups if isinstance(groups, str) or groups is None else None, src)
+        listed[split] = (rels, labs, names, ignored, grp)
     if table is not None:  # rows keyed relative to the top folder: every split's files at once
         table.check_files([f"{split}/{r}" for split, (rels, *_) in listed.items() for r in rels], str(root))
     results: dict[str, IngestResult] = {}
-    for split, (rels, labs, names, ignored) in listed.items():
+    for split, (rels, labs, names, ignored, grp) in listed.items():
         results[split] = _ingest_one(
             root / split,
             split_output(split),
@@ -680,6 +1104,110 @@ def from_directory(
             opts,
             provenance=provenance(f"{root.name}/{split}"),
             fields=table.under(split) if table is not None else None,
+            groups=grp,
             **common,  # type: ignore[arg-type]
         )
     return results
+
+
+def _check_append_args(
+    output: Any, overwrite: bool, split_dirs: bool, subset: str | None, chunk_images: int | None, attrs: Any
+) -> None:
+    """Arguments that an append cannot take, refused by name."""
+    if overwrite:
+        raise InvalidInputError(f"{output}: append=True adds to the store and overwrite=True replaces it; choose one")
+    if split_dirs or subset is not None:
+        raise InvalidInputError(
+            f"{output}: append=True adds one folder to one store; leave out split_dirs / validation_split and subset "
+            "(append each split's folder to its own store)"
+        )
+    if chunk_images is not None or attrs is not None:
+        raise InvalidInputError(
+            f"{output}: an append keeps the store's chunk size and attrs; leave chunk_images and attrs out "
+            "(attrs change with update_metadata, CLI: carraystore meta)"
+        )
+
+
+def _append_directory(
+    root: Path,
+    output: str | os.PathLike[str],
+    *,
+    size: tuple[int, int] | None,
+    labels: Any,
+    class_names: Sequence[str] | None,
+    interpolation: str | None,
+    color_mode: str | None,
+    crop_to_aspect_ratio: bool | None,
+    dtype: str | None,
+    shuffle: bool,
+    seed: int,
+    workers: int | None,
+    on_error: str,
+    codec: Codec | str | None,
+    follow_links: bool,
+    progress: bool,
+    max_skipped: float | int,
+    lock_timeout: float | None,
+    storage_options: dict[str, Any] | None,
+    tmp_dir: Any,
+    groups: Groups,
+    skip_existing: bool,
+    runner: Runner | None,
+) -> IngestResult:
+    """``from_directory(..., append=True)``: plan under the store's writer lock, then decode and append."""
+    allowed_skips(max_skipped, 1)
+    out = str(output) if is_url(output) else Path(output)
+    rels, labs, names, ignored = list_images(root, labels, class_names, follow_links)
+    grp = infer_groups(rels, labels, groups, root)
+    options = WriteOptions(codec=codec) if codec is not None else None
+    writer = open_append(
+        out, nthreads=1, lock_timeout=lock_timeout, storage_options=storage_options, tmp_dir=tmp_dir, options=options
+    )
+    try:
+        meta = writer.meta
+        opts = _store_decode_options(meta, str(out), size, color_mode, interpolation, crop_to_aspect_ratio, dtype)
+        rels, labs, grp, notes = _append_plan(
+            writer, root, rels, labs, names, grp, not isinstance(groups, str) and groups is not None, skip_existing
+        )
+        if meta.provenance.get("shuffled") is False:
+            shuffle = False  # a store written in order (video frames) stays in order
+        if not rels:
+            writer.close()  # nothing new: the store is left as it was
+            return IngestResult(
+                path=out,
+                nimages=0,
+                image_shape=meta.image_shape,
+                class_names=meta.class_names,
+                ignored=ignored,
+                notes=notes,
+                total=meta.nimages,
+            )
+        return _ingest_one(
+            root,
+            out,
+            rels,
+            labs,
+            writer.meta.class_names,
+            ignored,
+            opts,
+            shuffle=shuffle,
+            seed=seed,
+            workers=workers if workers is not None else os.cpu_count() or 1,
+            on_error=on_error,
+            codec=None,
+            chunk_images=None,
+            overwrite=False,
+            progress=progress,
+            lock_timeout=lock_timeout,
+            attrs=None,
+            provenance={},
+            max_skipped=max_skipped,
+            runner=runner,
+            groups=grp,
+            appender=writer,
+            notes=notes,
+            class_folders=labels == "inferred",
+        )
+    except BaseException:
+        writer.abort()
+        raise

@@ -204,6 +204,16 @@ class Store:
         return self.meta.class_names
 
     @property
+    def groups(self) -> np.ndarray | None:
+        """Each item's group (video, session, patient) as an index into :attr:`group_names` (int32), or None."""
+        return self.meta.groups
+
+    @property
+    def group_names(self) -> tuple[str, ...] | None:
+        """The names of the groups (``action/video_0001`` for an ingested folder), or None for a store without groups."""
+        return self.meta.group_names
+
+    @property
     def attrs(self) -> dict[str, Any]:
         return self.meta.attrs
 

@@ -105,6 +105,14 @@ def store_info(store: Any) -> dict[str, Any]:
         "provenance": store.provenance,
         "attrs": store.attrs,
     }
+    if store.group_names is not None:
+        info["groups"] = {
+            "count": len(store.group_names),
+            "names": list(store.group_names[:5]),
+            "sizes": {"min": int(np.bincount(store.groups).min()), "max": int(np.bincount(store.groups).max())}
+            if len(store.groups)
+            else None,
+        }
     if store.labels is not None and len(store.labels):
         counts = np.bincount(store.labels)
         info["label_counts"] = {
@@ -165,6 +173,11 @@ def info_rows(store: Any, info: dict[str, Any]) -> list[tuple[str, str]]:
             else ("yes" if info["keys"] else "none"),
         )
     )
+    if info.get("groups"):
+        g = info["groups"]
+        sizes = f", {g['sizes']['min']} to {g['sizes']['max']} items each" if g["sizes"] else ""
+        more = ", ..." if g["count"] > len(g["names"]) else ""
+        rows.append(("groups", f"{g['count']}{sizes}: {', '.join(g['names'])}{more}"))
     if info["fields"]:
         rows.append(("fields", f"\n{'':13}".join(_field_text(k, f) for k, f in info["fields"].items())))
     rows.append(

@@ -161,6 +161,11 @@ class StoreWriter:
         self._has_keys: bool | None = None if meta.nimages == 0 else meta.keys is not None
         self._skipped: list[dict[str, str]] = list(meta.skipped)
         self._columns: dict[str, list[np.ndarray]] = {name: [col] for name, col in meta.columns.items()}
+        self._group_names: list[str] = list(meta.group_names or ())
+        self._groups: list[np.ndarray] = [meta.groups] if meta.groups is not None else []
+        self._has_groups: bool | None = (
+            None if meta.nimages == 0 and meta.group_names is None else meta.group_names is not None
+        )
         # Images [chunk_start, chunk_start + fill) sit in the pending buffer.
         self._chunk_start = (meta.nimages // k) * k
         self._fill = meta.nimages - self._chunk_start
@@ -189,11 +194,15 @@ class StoreWriter:
         labels: Sequence[int] | np.ndarray | None = None,
         keys: Sequence[str] | None = None,
         columns: dict[str, np.ndarray] | None = None,
+        groups: Sequence[Any] | np.ndarray | None = None,
     ) -> None:
         """Append images of shape (n, H, W, C) (or one (H, W, C) image) with optional labels and keys.
 
         ``columns`` adds per-item metadata arrays (name -> array of n rows); a store that has
-        columns needs the same names on every append.
+        columns needs the same names on every append. ``groups`` names each item's group
+        (a video, session, patient: any values, recorded as their text); a name seen before
+        joins that group, a new one is added at the end of ``Store.group_names``. A store
+        with groups needs them on every append.
         """
         self._check_open()
         meta = self._meta
@@ -216,11 +225,13 @@ class StoreWriter:
         lab = self._check_labels(labels, n)
         keytab = self._check_keys(keys, n)
         cols = self._check_columns(columns, n)
+        grp, new_names = self._check_groups(groups, n)
         # Only an append that passed every check fixes whether the store has labels and keys.
         if self._has_labels is None:
             self._has_labels = lab is not None
         if self._has_keys is None:
             self._has_keys = keytab is not None
+        self._add_groups(grp, new_names)
         if lab is not None:
             self._labels.append(lab)
         if keytab is not None:
@@ -237,6 +248,38 @@ class StoreWriter:
             if self._fill == k:
                 self._flush_chunk()
 
+    def extend_class_names(self, names: Sequence[str]) -> tuple[str, ...]:
+        """Add class names at the end of the store's list (existing names keep their index).
+
+        Returns the whole list. Names already there are skipped; the change is written at
+        ``close()``, in the same journaled append as the items (``from_directory(..., append=True)``
+        uses it for classes that a new folder brings).
+        """
+        self._check_open()
+        old = self._meta.class_names
+        if old is None and self._has_labels and self.nimages:
+            raise InvalidInputError(
+                f"{self.path}: the store has labels without class names; name them first "
+                "(update_metadata, CLI: carraystore meta --class-names) before adding classes"
+            )
+        if self._has_labels is False:
+            raise InvalidInputError(f"{self.path}: the store has no labels, so there are no classes to name")
+        current = list(old or ())
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise InvalidInputError(f"{self.path}: class names must be non-empty strings, got {name!r}")
+            if name not in current:
+                current.append(name)
+        self._meta = dataclasses.replace(self._meta, class_names=tuple(current))
+        if self._has_labels is None:
+            self._has_labels = True
+        return tuple(current)
+
+    @property
+    def group_names(self) -> tuple[str, ...] | None:
+        """The group names so far (None while the store has no groups)."""
+        return tuple(self._group_names) if self._has_groups else None
+
     def add_skipped(self, path: str, reason: str) -> None:
         """Record an input that was skipped (kept in the metadata; nothing is dropped silently)."""
         self._skipped.append({"path": path, "reason": reason})
@@ -250,6 +293,7 @@ class StoreWriter:
         labels: Sequence[int] | np.ndarray | None = None,
         keys: Sequence[str] | None = None,
         columns: dict[str, np.ndarray] | None = None,
+        groups: Sequence[Any] | np.ndarray | None = None,
     ) -> None:
         """Append one chunk compressed elsewhere by :func:`compress_chunk` (``nitems`` items).
 
@@ -283,10 +327,12 @@ class StoreWriter:
         lab = self._check_labels(labels, n)
         keytab = self._check_keys(keys, n)
         cols = self._check_columns(columns, n)
+        grp, new_names = self._check_groups(groups, n)
         if self._has_labels is None:
             self._has_labels = lab is not None
         if self._has_keys is None:
             self._has_keys = keytab is not None
+        self._add_groups(grp, new_names)
         if n < k:  # the last chunk so far: kept pending, exactly like a short append
             blosc2.decompress2(data, dst=self._buf)
             self._buf[n:].view(np.uint8)[...] = 0
@@ -324,6 +370,12 @@ class StoreWriter:
                 crc32=np.asarray(self._crc, dtype="<u4"),
                 skipped=tuple(self._skipped),
                 columns={name: np.concatenate(parts) for name, parts in self._columns.items()},
+                group_names=tuple(self._group_names) if self._has_groups else None,
+                groups=(
+                    (np.concatenate(self._groups).astype("<i4") if self._groups else np.zeros(0, dtype="<i4"))
+                    if self._has_groups
+                    else None
+                ),
                 writer_version=__version__,
                 blosc2_version=blosc2.__version__,
             )
@@ -451,6 +503,48 @@ class StoreWriter:
                     )
             out[name] = arr
         return out
+
+    def _check_groups(self, groups: Any, n: int) -> tuple[np.ndarray | None, list[str]]:
+        """(the items' group indices, the names they add) for ``groups``; nothing is changed yet."""
+        has = groups is not None
+        if self._has_groups is not None and has != self._has_groups:
+            if self._has_groups:
+                raise InvalidInputError(
+                    f"{self.path}: this store records groups (videos, sessions, ...); pass groups= for every append"
+                )
+            raise InvalidInputError(
+                f"{self.path}: this store has no groups; its items were written without them, so groups= cannot "
+                "start now (write a new store with groups from the first append)"
+            )
+        if not has:
+            return None, []
+        values = list(groups.tolist() if isinstance(groups, np.ndarray) else groups)
+        if len(values) != n:
+            raise InvalidInputError(f"{self.path}: {len(values)} groups for {n} items; give one group per item")
+        index = {name: i for i, name in enumerate(self._group_names)}
+        new: list[str] = []
+        out = np.empty(n, dtype="<i4")
+        for j, v in enumerate(values):
+            name = v if isinstance(v, str) else str(v)
+            i = index.get(name)
+            if i is None:
+                if not name or isinstance(v, (bytes, float)) or v is None:
+                    raise InvalidInputError(
+                        f"{self.path}: group {v!r} of item {j}: a group is a non-empty name or an integer"
+                    )
+                i = index[name] = len(index)
+                new.append(name)
+            out[j] = i
+        if len(index) >= LABEL_LIMIT:
+            raise InvalidInputError(f"{self.path}: more than {LABEL_LIMIT - 1} groups")
+        return out, new
+
+    def _add_groups(self, grp: np.ndarray | None, new_names: list[str]) -> None:
+        if self._has_groups is None:
+            self._has_groups = grp is not None
+        if grp is not None:
+            self._group_names.extend(new_names)
+            self._groups.append(grp)
 
     def _check_keys(self, keys: Any, n: int) -> StringTable | None:
         has = keys is not None

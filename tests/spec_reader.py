@@ -270,6 +270,15 @@ def read_store(path: str | Path) -> dict[str, Any]:
     columns = {}
     for name, col in (rec.get("columns") or {}).items():
         columns[name] = np.frombuffer(col["data"], dtype=_dtype(col["dtype"])).reshape((n, *col["shape"]))
+    group_names, groups = rec.get("group_names"), None  # 4.6: both or neither
+    if (group_names is None) != (rec.get("groups") is None):
+        raise SpecError("group_names and groups go together")
+    if group_names is not None:
+        groups = np.frombuffer(rec["groups"], "<i4")
+        if len(groups) != n or len(set(group_names)) != len(group_names) or not all(group_names):
+            raise SpecError("groups malformed")
+        if n and (groups.min() < 0 or groups.max() >= len(group_names)):
+            raise SpecError("group index out of range")
     return {
         "items": items[:n],
         "dtype": dtype,
@@ -285,6 +294,8 @@ def read_store(path: str | Path) -> dict[str, Any]:
         "provenance": rec.get("provenance") or {},
         "skipped": rec.get("skipped") or [],
         "columns": columns,
+        "group_names": group_names,
+        "groups": groups,
         "format_version": rec["format_version"],
         "sealed": sealed,
     }

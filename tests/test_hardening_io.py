@@ -480,7 +480,7 @@ def test_a_killed_ingest_leaves_no_worker_holding_the_callers_pipes(tmp_path: Pa
         else:
             pytest.fail("no temporary file appeared")
         family = psutil.Process(proc.pid).children(recursive=True)
-        assert len(family) >= 2  # the decoding processes (and multiprocessing's helpers)
+        assert family == []  # the ingest decodes in threads: no process that could hold the pipes
         os.kill(proc.pid, signal.SIGKILL)
         # the caller reads to EOF before it reaps the child: no process may keep the pipes open
         assert _read_to_eof([proc.stdout, proc.stderr], time.time() + 10), "a worker kept the caller's pipes open"
