@@ -365,3 +365,15 @@ def test_preview_captions_with_a_field(drive: tuple[carraystore.Store, dict[str,
     assert (tmp_path / "s.png").stat().st_size > 0
     assert main(["preview", str(store.path), str(tmp_path / "t.png"), "--caption", "nope"]) == 2
     assert not (tmp_path / "t.png").exists()
+
+
+def test_an_append_with_per_file_targets_is_refused_not_dropped(frames: Path, tmp_path: Path) -> None:
+    """Appending from a folder does not carry a manifest or float labels yet: refused by name,
+    never an append that silently leaves the new items without their targets."""
+    out = tmp_path / "s.b2nd"
+    carraystore.from_directory(frames, out, labels=None, keep_order=True)
+    n = len(rels_of(frames))
+    before = out.read_bytes()
+    with pytest.raises(InvalidInputError, match="append=True with per-file targets"):
+        carraystore.from_directory(frames, out, labels=angles_for(n), keep_order=True, append=True, skip_existing=True)
+    assert out.read_bytes() == before
