@@ -5,8 +5,6 @@ from __future__ import annotations
 import inspect as _inspect
 
 from carraystore import ingest as _ingest  # noqa: E402
-from carraystore import loader as _loader  # noqa: E402,F401  (gives Store.batches its implementation)
-from carraystore import reader as _reader  # noqa: E402
 from carraystore._version import __version__  # noqa: E402
 from carraystore.codec import PRESETS, Codec  # noqa: E402
 from carraystore.errors import *  # noqa: E402,F401,F403
@@ -14,19 +12,10 @@ from carraystore.errors import __all__ as _errors_all  # noqa: E402
 from carraystore.format import FORMAT_VERSION  # noqa: E402
 from carraystore.migrations import migrate  # noqa: E402
 from carraystore.options import WriteOptions  # noqa: E402
-from carraystore.reader import ChunkProblem, Store  # noqa: E402
-from carraystore.reader import open_store as open  # noqa: E402,A001
+from carraystore.reader import ChunkProblem  # noqa: E402
+from carraystore.store import Store  # noqa: E402
+from carraystore.store import open_store as open  # noqa: E402,A001
 from carraystore.writer import StoreWriter, append, create, update_metadata  # noqa: E402
-
-
-def _store_to_dask(store: Store):  # type: ignore[no-untyped-def]
-    """``Store.to_dask``: imports the dask adapter (and dask) only when called."""
-    from carraystore.dask import to_dask
-
-    return to_dask(store)
-
-
-_reader.TO_DASK = _store_to_dask
 
 
 def from_directory(directory, output, *, client=None, **options):  # type: ignore[no-untyped-def]

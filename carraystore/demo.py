@@ -20,8 +20,8 @@ import numpy as np
 from PIL import Image
 
 from carraystore.cli import main as cli_main
-from carraystore.reader import open_store
 from carraystore.sample_data import make_photo_folder
+from carraystore.store import open_store
 
 
 def _pillow_epoch(root: Path, seed: int) -> tuple[int, float]:

@@ -31,7 +31,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from carraystore.errors import (
     ShortGroupsWarning,
 )
 from carraystore.forksafe import FORK_GATE, at_fork_in_child
-from carraystore.reader import Store, open_store
+from carraystore.reader import StoreReader, open_store
 from carraystore.sampling import (
     EpochPlan,
     Shuffle,
@@ -112,6 +112,34 @@ def _int_arg(name: str, value: Any, minimum: int) -> int:
 # ---------------------------------------------------------------------------------------
 # arguments
 # ---------------------------------------------------------------------------------------
+
+
+class LoaderKwargs(TypedDict, total=False):
+    """The keyword arguments of every loader (``batches``, ``Store.batches``, ``StoreDataset``,
+    ``to_dataset``, ``carraystore.torch.StoreDataset``): the fields of :class:`LoaderOptions`,
+    documented there once. For type checkers (``**options: Unpack[LoaderKwargs]``)."""
+
+    shuffle: Shuffle
+    seed: int
+    epoch: int
+    start_batch: int
+    window: int | None
+    rank: int
+    world_size: int
+    drop_remainder: bool
+    transform: Transform | None
+    label_mode: str | None
+    targets: Targets
+    sample_weight: str | None
+    sequence_length: int | None
+    sequence_stride: int | None
+    groups: Sequence[Any] | np.ndarray | None
+    clip_starts: str
+    verify: bool
+    prefetch: int | None
+    num_threads: int | None
+    queue_size: int
+    retry_timeout: float | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -279,7 +307,7 @@ def map_targets(struct: Any, fn: Callable[[str], Any]) -> Any:
     return tuple(fn(v) for v in struct)
 
 
-def _resolve_targets(store: Store, options: LoaderOptions) -> Any:
+def _resolve_targets(store: StoreReader, options: LoaderOptions) -> Any:
     """The targets as the batches carry them: each name a field, or ``_CLASS`` for the class
     label; None when batches have no y (an unlabelled store, or label_mode=None)."""
     t = options.targets
@@ -315,7 +343,7 @@ def _resolve_targets(store: Store, options: LoaderOptions) -> Any:
 class LoaderSpec:
     """Loader options resolved against one store: what every adapter needs to make batches."""
 
-    store: Store
+    store: StoreReader
     batch_size: int
     options: LoaderOptions
     num_classes: int
@@ -512,7 +540,7 @@ class LoaderSpec:
             raise _chunk_error(store, chunk, exc) from exc
 
 
-def _chunk_error(store: Store, chunk: int, exc: BaseException) -> LoaderError:
+def _chunk_error(store: StoreReader, chunk: int, exc: BaseException) -> LoaderError:
     """A LoaderError naming the chunk (a LoaderChecksumError for a CRC32 mismatch)."""
     hint = (
         "; run `carraystore verify` on it"
@@ -525,8 +553,8 @@ def _chunk_error(store: Store, chunk: int, exc: BaseException) -> LoaderError:
     return err
 
 
-def _open(store_or_path: Any) -> Store:
-    if isinstance(store_or_path, Store):
+def _open(store_or_path: Any) -> StoreReader:
+    if isinstance(store_or_path, StoreReader):
         return store_or_path
     if isinstance(store_or_path, (str, os.PathLike)):
         return open_store(store_or_path)
@@ -713,7 +741,7 @@ _IDLE_ARENAS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictio
 _ARENA_LOCK = threading.Lock()
 
 
-def _take_arena(store: Store, nslots: int) -> np.ndarray:
+def _take_arena(store: StoreReader, nslots: int) -> np.ndarray:
     shape = (store.chunk_images, *store.image_shape)
     with _ARENA_LOCK:
         idle = _IDLE_ARENAS.get(store)
@@ -723,7 +751,7 @@ def _take_arena(store: Store, nslots: int) -> np.ndarray:
     return np.empty((nslots, *shape), dtype=store.dtype)
 
 
-def _give_back_arena(store: Store, arena: np.ndarray) -> None:
+def _give_back_arena(store: StoreReader, arena: np.ndarray) -> None:
     base = arena.base if arena.base is not None else arena
     with _ARENA_LOCK:
         idle = _IDLE_ARENAS.get(store)
@@ -731,7 +759,7 @@ def _give_back_arena(store: Store, arena: np.ndarray) -> None:
             _IDLE_ARENAS[store] = base
 
 
-def release_buffers(store: Store | None = None) -> None:
+def release_buffers(store: StoreReader | None = None) -> None:
     """Free the decoded-chunk buffers kept for the next epoch (of ``store``, or of every store)."""
     with _ARENA_LOCK:
         if store is None:
@@ -764,7 +792,7 @@ at_fork_in_child(_after_fork_in_child)
 DIRECT_MIN_ITEM_BYTES = 64 * 1024
 
 
-def direct_possible(store: Store) -> bool:
+def direct_possible(store: StoreReader) -> bool:
     """Whether batches can be decompressed image by image, straight into their slots.
 
     That needs blocks of one item (the ``fast`` preset on images over 64 KiB, or
@@ -784,7 +812,7 @@ def direct_possible(store: Store) -> bool:
     )
 
 
-def direct_ok(store: Store) -> bool:
+def direct_ok(store: StoreReader) -> bool:
     """Whether the engine uses direct mode by default: possible, and items large enough."""
     return store.meta.image_nbytes >= DIRECT_MIN_ITEM_BYTES and direct_possible(store)
 

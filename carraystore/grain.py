@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from carraystore.errors import InvalidInputError
-from carraystore.reader import Store, open_store
+from carraystore.reader import StoreReader
+from carraystore.store import open_store
 
 __all__ = ["StoreDataSource"]
 
@@ -53,7 +54,7 @@ class StoreDataSource:
         with_key: bool = False,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        if isinstance(store_or_path, Store):
+        if isinstance(store_or_path, StoreReader):
             store = store_or_path
         elif isinstance(store_or_path, (str, os.PathLike)):
             store = open_store(store_or_path, storage_options)
@@ -69,7 +70,7 @@ class StoreDataSource:
         self._open_state: dict[str, Any] = store.__getstate__()
         self._setup(store)
 
-    def _setup(self, store: Store | None) -> None:
+    def _setup(self, store: StoreReader | None) -> None:
         self._store = store
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -78,7 +79,7 @@ class StoreDataSource:
         self._n = None if store is None else len(store)
 
     @property
-    def store(self) -> Store:
+    def store(self) -> StoreReader:
         """The store, opened again in each new process."""
         if self._store is None or self._pid != os.getpid():
             st = self._open_state

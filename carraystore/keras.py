@@ -38,8 +38,8 @@ from carraystore.atomic import publish, temp_path
 from carraystore.engine import EpochDecoder, LoaderOptions, LoaderSpec, make_spec, warn_out_of_order
 from carraystore.errors import InvalidInputError
 from carraystore.forksafe import at_fork_in_child
-from carraystore.reader import open_store
 from carraystore.sampling import EpochPlan
+from carraystore.store import open_store
 
 __all__ = ["StoreDataset", "TrainingPosition", "KERAS_THREAD_PREFIX"]
 

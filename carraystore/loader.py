@@ -24,15 +24,15 @@ import queue
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from carraystore import reader
 from carraystore.engine import (
     DEFAULT_WINDOW,
     Batch,
     BatchBuffers,
     EpochDecoder,
     LoaderClosed,
+    LoaderKwargs,
     LoaderOptions,
     LoaderSpec,
     Transform,
@@ -44,6 +44,9 @@ from carraystore.engine import (
 )
 from carraystore.errors import InvalidInputError, LoaderError
 from carraystore.sampling import EpochPlan
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "batches",
@@ -232,16 +235,13 @@ class BatchIterator:
         )
 
 
-def batches(store: Any, batch_size: int, options: LoaderOptions | None = None, **kwargs: Any) -> BatchIterator:
+def batches(
+    store: Any, batch_size: int, options: LoaderOptions | None = None, **kwargs: Unpack[LoaderKwargs]
+) -> BatchIterator:
     """Iterate one epoch of (x, y) numpy batches from ``store`` (a Store, a path or a URL).
 
-    The arguments are those of :class:`carraystore.engine.LoaderOptions` (``shuffle``,
-    ``seed``, ``epoch``, ``start_batch``, ``window``, ``rank``, ``world_size``,
-    ``drop_remainder``, ``transform``, ``label_mode``, ``targets`` (y: the class label, a
-    field, or a tuple or dict of them), ``sample_weight`` (batches are then (x, y, w)),
-    ``sequence_length``, ``verify``,
-    ``prefetch``, ``num_threads``, ``queue_size``, ...), as keywords or as one
-    ``options`` value.
+    The arguments are the fields of :class:`carraystore.engine.LoaderOptions`, documented
+    there once, as keywords or as one ``options`` value.
     """
     return iterate(make_spec(store, batch_size, options, **kwargs))
 
@@ -255,7 +255,3 @@ def iterate(spec: LoaderSpec, epoch: int | None = None, start_batch: int | None 
     if start_batch > nb:
         raise InvalidInputError(f"start_batch {start_batch} is past the epoch's {nb} batches")
     return BatchIterator(_Stream(spec, epoch, start_batch))
-
-
-# Store.batches delegates here (the reader is a lower layer and cannot import this module).
-reader.BATCHES = batches

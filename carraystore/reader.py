@@ -1,6 +1,6 @@
 """Reading a store: open, describe, read and decompress whole chunks, index, verify (layer 4).
 
-A :class:`Store` reads through a byte source (:mod:`carraystore.sources`): a local file,
+A :class:`StoreReader` reads through a byte source (:mod:`carraystore.sources`): a local file,
 an object store or a chunk cache. Opening parses the frame (:mod:`carraystore.frame`,
 two reads) and the metadata (:mod:`carraystore.format`) and checks the pinned codec
 against the file; it never reads the images. Blocks span whole images, so a
@@ -14,10 +14,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import blosc2
 import msgpack
@@ -54,7 +54,7 @@ from carraystore.sources import ByteSource, LocalFileSource
 CRC_REFETCHES = 2
 _log = logging.getLogger("carraystore.remote")  # the refetches are the remote reader's business
 
-__all__ = ["Store", "ChunkProblem", "open_store", "open_source", "is_url", "open_unguarded"]
+__all__ = ["StoreReader", "ChunkProblem", "open_store", "open_source", "is_url", "open_unguarded"]
 
 # Decompression in threads only runs in parallel when blosc2 releases the GIL.
 blosc2.set_releasegil(True)
@@ -115,17 +115,13 @@ class ChunkProblem:
         return f"{where}: {self.reason}"
 
 
-#: Set by :mod:`carraystore.loader` (a higher layer) when it is imported, which the package
-#: import always does: ``Store.batches`` delegates to it without importing upward.
-BATCHES: Callable[..., Any] | None = None
-
-#: Set by the package facade (``carraystore/__init__.py``): ``Store.to_dask`` delegates to
-#: :func:`carraystore.dask.to_dask` (an adapter, imported only when called).
-TO_DASK: Callable[..., Any] | None = None
+_S = TypeVar("_S", bound="StoreReader")
 
 
-class Store:
-    """A read-only carraystore store. Get one with ``carraystore.open(path_or_url)``."""
+class StoreReader:
+    """A read-only carraystore store: metadata, random access (``store[i]``, ``take``), chunks,
+    ``verify``. ``carraystore.open(path_or_url)`` gives a :class:`carraystore.Store`, this plus
+    the loaders as methods (``batches``, ``to_dask``)."""
 
     def __init__(
         self,
@@ -507,25 +503,12 @@ class Store:
             self.check_reads = check_reads
         return problems
 
-    # -- streaming -------------------------------------------------------------------------
-    def batches(self, batch_size: int, **kwargs: Any) -> Any:
-        """Iterate (x, y) batches; see ``carraystore.loader.batches`` for the arguments."""
-        if BATCHES is None:  # pragma: no cover - `import carraystore` always sets it
-            raise RuntimeError("Store.batches needs carraystore.loader: import carraystore first")
-        return BATCHES(self, batch_size, **kwargs)
-
-    def to_dask(self) -> Any:
-        """This store as a lazy ``dask.array.Array``, one dask chunk per store chunk; see ``carraystore.dask.to_dask``."""
-        if TO_DASK is None:  # pragma: no cover - `import carraystore` always sets it
-            raise RuntimeError("Store.to_dask needs carraystore.dask: import carraystore first")
-        return TO_DASK(self)
-
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
         """Release the file handle or connections (the Store must not be used afterwards)."""
         self._source.close()
 
-    def __enter__(self) -> Store:
+    def __enter__(self: _S) -> _S:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -646,8 +629,12 @@ def open_store(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | str | None = None,
-) -> Store:
+    cls: type[_S] | None = None,
+) -> _S:
     """Open a store for reading, from a path or a URL; checks the format and the pinned codec.
+
+    ``cls`` is the class of the object returned: a :class:`StoreReader` by default;
+    ``carraystore.open`` passes :class:`carraystore.Store` (the loaders as methods).
 
     ``storage_options`` (URLs only) are the fsspec-style options pandas, zarr and dask take;
     ``cache_dir``/``cache_size`` keep fetched chunks of a remote store on local disk
@@ -655,9 +642,10 @@ def open_store(
     """
     open_kwargs = {k: v for k, v in (("cache_dir", cache_dir), ("cache_size", cache_size)) if v is not None}
     source = open_source(location, storage_options, **open_kwargs)  # type: ignore[arg-type]
+    kind: Any = cls or StoreReader
     if isinstance(source, LocalFileSource):
-        return _open_local(source, storage_options, open_kwargs)
-    return _open(source, storage_options, open_kwargs)
+        return _open_local(source, storage_options, open_kwargs, kind)  # type: ignore[no-any-return]
+    return _open(source, storage_options, open_kwargs, cls=kind)  # type: ignore[no-any-return]
 
 
 def _file_state(real: Path) -> tuple[Any, ...]:
@@ -672,7 +660,9 @@ def _file_state(real: Path) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _open_local(source: LocalFileSource, storage_options: Any, open_kwargs: dict[str, Any]) -> Store:
+def _open_local(
+    source: LocalFileSource, storage_options: Any, open_kwargs: dict[str, Any], cls: type[StoreReader]
+) -> StoreReader:
     """Open a local store without ever seeing an append half-way (docs/appends.md).
 
     A hot journal: roll it back when its writer is gone and we may write, else read the
@@ -691,11 +681,11 @@ def _open_local(source: LocalFileSource, storage_options: Any, open_kwargs: dict
             continue
         journal = load_journal(real)
         if journal is not None:  # a writer at work, or we may not roll back: the store before it
-            return _open(JournalSource(path, journal), storage_options, open_kwargs)
+            return _open(JournalSource(path, journal), storage_options, open_kwargs, cls=cls)
         source = LocalFileSource(path)
-        store: Store | None = None
+        store: StoreReader | None = None
         try:
-            store = _open(source, storage_options, open_kwargs, close_on_error=False)
+            store = _open(source, storage_options, open_kwargs, close_on_error=False, cls=cls)
         except CarrayStoreError as exc:
             error = exc
         if _file_state(real) == before:
@@ -710,17 +700,23 @@ def _open_local(source: LocalFileSource, storage_options: Any, open_kwargs: dict
     raise error
 
 
-def open_unguarded(path: str | os.PathLike[str]) -> Store:
+def open_unguarded(path: str | os.PathLike[str]) -> StoreReader:
     """The local store file as it is now, journal or not: for the writer that holds its lock."""
     return _open(LocalFileSource(path), None, {})
 
 
-def _open(source: ByteSource, storage_options: Any, open_kwargs: dict[str, Any], close_on_error: bool = True) -> Store:
+def _open(
+    source: ByteSource,
+    storage_options: Any,
+    open_kwargs: dict[str, Any],
+    close_on_error: bool = True,
+    cls: type[StoreReader] | None = None,
+) -> StoreReader:
     try:
         frame = read_frame(source)
         meta = _read_meta(frame, source.location)
         _check_frame_against_meta(frame, meta, source.location)
-        store = Store(source, frame, meta, storage_options, open_kwargs)
+        store = (cls or StoreReader)(source, frame, meta, storage_options, open_kwargs)
         if meta.nchunks:
             # chunk 0's header (32 bytes, not the chunk) against the pinned codec
             offset, _ = store.chunk_byte_range(0)

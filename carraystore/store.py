@@ -1,13 +1,29 @@
-"""The names of carraystore 0.1.0's ``carraystore.store`` module, kept for existing code.
+"""``carraystore.Store``: an open store with the loaders as methods, and ``open_store``.
 
-The reader lives in :mod:`carraystore.reader`, the writer in :mod:`carraystore.writer`.
+The reader (:class:`carraystore.reader.StoreReader`: metadata, random access, chunks,
+verify) sits low in the layers; the loaders sit above it. ``Store`` is the reader plus
+``batches`` (the streaming loader) and ``to_dask`` (the dask view, imported when
+called), defined here, above both, so no module imports upward and nothing is patched in at
+import time. ``carraystore.open`` returns a ``Store``. This module also keeps the names of
+carraystore 0.1.0's ``carraystore.store`` module for existing code.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 from carraystore.codec import TARGET_CHUNK_BYTES, default_chunk_images
-from carraystore.reader import ChunkProblem, Store, open_store
+from carraystore.engine import LoaderKwargs, LoaderOptions
+from carraystore.loader import BatchIterator
+from carraystore.loader import batches as _batches
+from carraystore.reader import ChunkProblem, StoreReader
+from carraystore.reader import open_store as _open_store
 from carraystore.writer import StoreWriter, append, create
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "Store",
@@ -19,3 +35,36 @@ __all__ = [
     "default_chunk_images",
     "TARGET_CHUNK_BYTES",
 ]
+
+
+class Store(StoreReader):
+    """A read-only carraystore store. Get one with ``carraystore.open(path_or_url)``.
+
+    Everything of :class:`~carraystore.reader.StoreReader` (metadata, ``store[i]``, ``take``,
+    ``verify``, chunks), plus the loaders: :meth:`batches` and :meth:`to_dask`.
+    """
+
+    def batches(
+        self, batch_size: int, options: LoaderOptions | None = None, **kwargs: Unpack[LoaderKwargs]
+    ) -> BatchIterator:
+        """Iterate one epoch of (x, y) batches; the arguments are :class:`~carraystore.engine.LoaderOptions`'
+        fields (see ``carraystore.loader.batches``)."""
+        return _batches(self, batch_size, options, **kwargs)
+
+    def to_dask(self) -> Any:
+        """This store as a lazy ``dask.array.Array``, one dask chunk per store chunk (``carraystore.dask.to_dask``)."""
+        from carraystore.daskview import to_dask  # dask only when asked for
+
+        return to_dask(self)
+
+
+def open_store(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str | None = None,
+) -> Store:
+    """Open a store for reading, from a path or a URL (``carraystore.open``); see
+    :func:`carraystore.reader.open_store` for the arguments."""
+    return _open_store(location, storage_options, cache_dir=cache_dir, cache_size=cache_size, cls=Store)

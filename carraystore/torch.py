@@ -38,8 +38,9 @@ import numpy as np
 
 from carraystore.engine import BatchBuffers, EpochDecoder, LoaderOptions, LoaderSpec, make_spec
 from carraystore.errors import InvalidInputError, MissingDependencyError
-from carraystore.reader import Store, open_store
+from carraystore.reader import StoreReader
 from carraystore.sampling import EpochPlan, num_batches, remainder_plan
+from carraystore.store import open_store
 
 try:
     import torch
@@ -215,7 +216,7 @@ class _StoreBatches:
             return self._spec
 
     @property
-    def store(self) -> Store:
+    def store(self) -> StoreReader:
         return self.spec.store
 
     @property

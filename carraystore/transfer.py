@@ -26,7 +26,7 @@ from carraystore.errors import ChecksumError, CorruptStoreError, InvalidInputErr
 from carraystore.journal import rollback
 from carraystore.lock import WriterLock
 from carraystore.options import WriteOptions
-from carraystore.reader import Store, is_url, open_store
+from carraystore.reader import StoreReader, is_url, open_store
 from carraystore.upload import check_writable, delete_remote, put_stream, remote_exists
 
 __all__ = ["copy_store", "stream_verified", "CopyResult", "COPY_READ_BYTES", "COPY_READS_IN_FLIGHT"]
@@ -58,7 +58,7 @@ class CopyResult:
         )
 
 
-def _pieces(store: Store) -> list[tuple[int, int, int | None]]:
+def _pieces(store: StoreReader) -> list[tuple[int, int, int | None]]:
     """The file cut into (offset, length, chunk index or None) pieces, in file order."""
     size = store.source.size()
     chunks = sorted(
@@ -99,7 +99,7 @@ def _requests(pieces: list[tuple[int, int, int | None]]) -> list[list[tuple[int,
     return groups
 
 
-def _check_piece(store: Store, i: int, data: memoryview, offset: int) -> None:
+def _check_piece(store: StoreReader, i: int, data: memoryview, offset: int) -> None:
     cbytes = int.from_bytes(bytes(data[12:16]), "little") if len(data) >= 16 else -1
     if not 0 < cbytes <= len(data):
         raise ChecksumError(
@@ -114,7 +114,7 @@ def _check_piece(store: Store, i: int, data: memoryview, offset: int) -> None:
         )
 
 
-def stream_verified(store: Store, progress: Any = None) -> Iterator[memoryview]:
+def stream_verified(store: StoreReader, progress: Any = None) -> Iterator[memoryview]:
     """The store's file as consecutive blocks, every chunk's CRC32 checked on the way."""
     groups = _requests(_pieces(store))
     for w in range(0, len(groups), COPY_READS_IN_FLIGHT):
@@ -133,7 +133,7 @@ def stream_verified(store: Store, progress: Any = None) -> Iterator[memoryview]:
             yield view
 
 
-def _compare(src: Store, dst: Store, dst_name: str) -> None:
+def _compare(src: StoreReader, dst: StoreReader, dst_name: str) -> None:
     """The copy's metadata and geometry must equal the source's (chunk CRCs are checked by streaming it)."""
     problems = []
     if dst.source.size() != src.source.size():
@@ -242,7 +242,7 @@ def copy_store(
 
 
 def _copy_to_local(
-    store: Store, out: Path, overwrite: bool, verify: bool, bar: Any, lock_timeout: float | None = 0.0
+    store: StoreReader, out: Path, overwrite: bool, verify: bool, bar: Any, lock_timeout: float | None = 0.0
 ) -> None:
     if not out.parent.is_dir():
         raise InvalidInputError(f"{out}: folder {out.parent} does not exist")
@@ -255,7 +255,7 @@ def _copy_to_local(
         _copy_locked(store, out, overwrite, verify, bar)
 
 
-def _copy_locked(store: Store, out: Path, overwrite: bool, verify: bool, bar: Any) -> None:
+def _copy_locked(store: StoreReader, out: Path, overwrite: bool, verify: bool, bar: Any) -> None:
     if out.exists() and not overwrite:
         raise StoreExistsError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
     if not is_url(store.location) and out.exists() and out.resolve() == Path(store.location).resolve():

@@ -122,7 +122,7 @@ LAYERS: list[set[str]] = [
         "carraystore.cache",
         "carraystore.journal",
     },
-    {"carraystore.reader", "carraystore.inplace", "carraystore.writer", "carraystore.upload", "carraystore.store"},
+    {"carraystore.reader", "carraystore.inplace", "carraystore.writer", "carraystore.upload"},
     {"carraystore.sampling"},
     {"carraystore.engine"},
     # ingest's parts, one job each: image files, the decoding processes, the bad-file policy, per-file fields
@@ -135,9 +135,12 @@ LAYERS: list[set[str]] = [
         "carraystore.summary",
         "carraystore.export",
         "carraystore.sample_data",
+        "carraystore.daskview",
     },
+    # the user's Store: the reader plus the loaders as methods (batches, to_dask)
+    {"carraystore.store"},
     # the adapters: ingest never imports them (the facade and the CLI pick the dask path)
-    {"carraystore.keras", "carraystore.tf", "carraystore.dask"},
+    {"carraystore.keras", "carraystore.tf", "carraystore.dask", "carraystore.torch", "carraystore.grain"},
     # the command line, on top of everything above
     {"carraystore.cli", "carraystore.commands", "carraystore.demo"},
 ]

@@ -154,7 +154,9 @@ def test_the_graph_opens_the_store_only_where_a_chunk_is_read(
     images = photo_patches(40, (8, 8), seed=6)
     path = tmp_path / "w.b2nd"
     _store_of(path, images, chunk_images=16)
-    blob = pickle.dumps(cdask._ChunkReader(cs.open(path)))
+    from carraystore.daskview import _ChunkReader  # the read-only view behind carraystore.dask.to_dask
+
+    blob = pickle.dumps(_ChunkReader(cs.open(path)))
     path.rename(tmp_path / "away.b2nd")
     reader = pickle.loads(blob)  # no store here, like a scheduler without the mount: no error
     (tmp_path / "away.b2nd").rename(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -549,3 +550,26 @@ def test_batches_the_consumer_keeps_are_never_overwritten(photo_store: Path) -> 
         assert np.array_equal(x, reference[i])
     for i, v in views.items():
         assert np.array_equal(v, reference[i][:, ::2])
+
+
+def test_loader_keywords_are_typed_once_and_match_the_options() -> None:
+    """``LoaderKwargs`` (the typed ``**options`` of every loader) lists exactly LoaderOptions'
+    fields: a new option cannot be documented or typed in one place and missing in another."""
+    import dataclasses
+
+    from carraystore.engine import LoaderKwargs, LoaderOptions
+
+    assert set(LoaderKwargs.__annotations__) == {f.name for f in dataclasses.fields(LoaderOptions)}
+
+
+def test_the_store_users_get_has_the_loaders_as_methods(photo_store: Path) -> None:
+    """``carraystore.open`` gives a ``carraystore.Store`` (the reader plus ``batches`` and
+    ``to_dask``, defined above the loaders); the reader class itself has no loader."""
+    from carraystore import reader
+
+    store = carraystore.open(photo_store)
+    assert type(store) is carraystore.Store and isinstance(store, reader.StoreReader)
+    assert not hasattr(reader.StoreReader, "batches") and not hasattr(reader, "BATCHES")
+    x, y = next(iter(store.batches(8, shuffle=False)))
+    assert np.array_equal(x, store.take(np.arange(8)))
+    assert type(pickle.loads(pickle.dumps(store))) is carraystore.Store

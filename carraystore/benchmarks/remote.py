@@ -102,7 +102,7 @@ def store_epochs(
     source fetched (its own counters; retries included). ``report(dict)`` is called at
     each epoch's start and end.
     """
-    from carraystore.reader import open_store
+    from carraystore.store import open_store
 
     kwargs: dict[str, Any] = {}
     if cache_dir is not None:

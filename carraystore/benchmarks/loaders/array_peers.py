@@ -210,7 +210,7 @@ class CarrayStore(Peer):
         shutil.rmtree(dest / "_subset", ignore_errors=True)
 
     def reader(self, ctx: Context, dest: Path) -> Callable[[int], Iterator[Batch]]:
-        from carraystore.reader import open_store
+        from carraystore.store import open_store
 
         store = open_store(dest / "data.b2nd")
 
