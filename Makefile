@@ -49,7 +49,7 @@ $(PEERS_VENV)/.installed: bench/requirements-peers.txt pyproject.toml
 	$(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/python -m pip --disable-pip-version-check install --quiet --only-binary :all: -r bench/requirements-peers.txt -e .
 	$(PEERS_VENV)/bin/python -m pip --disable-pip-version-check uninstall --quiet --yes torchvision
-	$(PEERS_VENV)/bin/python -c 'import carraystore.benchmarks.torchpeers, litdata, torch; print("peers ready: torch", torch.__version__)'
+	$(PEERS_VENV)/bin/python -c 'import testsupport.torchpeers, litdata, torch; print("peers ready: torch", torch.__version__)'
 	@touch $@
 
 clean:

@@ -117,7 +117,7 @@ def test_remote_node(benchmark) -> None:  # type: ignore[no-untyped-def]
         pytest.skip("needs 2 cores or more: one half for the storage node, the other for the reader")
     work = _stores()
     srv = subprocess.Popen(
-        [sys.executable, "-m", "carraystore.benchmarks.servers", str(work)],
+        [sys.executable, "-m", "testsupport.servers", str(work)],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
