@@ -6,6 +6,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
+# the suite on every core (pytest-xdist; each worker starts its own session servers)
+PYTEST_XDIST ?= -n auto --dist loadgroup
 
 PEERS_VENV ?= .venv-peers
 
@@ -32,7 +34,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/python -m carraystore.demo --out demo-out
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # The bench files write their results under bench/results/; report.py copies them into
 # docs/ even when a goal assertion failed (the exit status is pytest's).
