@@ -6,6 +6,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
+# the suite on every core (pytest-xdist; each worker starts its own session servers)
+PYTEST_XDIST ?= -n auto --dist loadgroup
 
 PEERS_VENV ?= .venv-peers
 
@@ -33,7 +35,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/python -m carraystore.demo --out demo-out
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check .
@@ -55,7 +57,7 @@ $(PEERS_VENV)/.installed: bench/requirements-peers.txt pyproject.toml
 	$(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/python -m pip --disable-pip-version-check install --quiet --only-binary :all: -r bench/requirements-peers.txt -e .
 	$(PEERS_VENV)/bin/python -m pip --disable-pip-version-check uninstall --quiet --yes torchvision
-	$(PEERS_VENV)/bin/python -c 'import carraystore.benchmarks.torchpeers, litdata, torch; print("peers ready: torch", torch.__version__)'
+	$(PEERS_VENV)/bin/python -c 'import testsupport.torchpeers, litdata, torch; print("peers ready: torch", torch.__version__)'
 	@touch $@
 
 clean:

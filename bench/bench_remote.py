@@ -39,9 +39,9 @@ from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
-from carraystore.benchmarks.netproxy import NetProxy
 from carraystore.benchmarks.remote import SKIPPED_PEERS, TORCH_PEERS
-from carraystore.benchmarks.servers import start_seaweedfs, stop_process, weed_binary
+from testsupport.netproxy import NetProxy
+from testsupport.servers import start_seaweedfs, stop_process, weed_binary
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -163,7 +163,7 @@ def _build_torch_peer(kind: str, out: Path, folder: Path, rels: list[str], label
         json.dump(spec, f)
     try:
         proc = subprocess.run(
-            [str(PEERS_PYTHON), "-m", "carraystore.benchmarks.torchpeers", "build", f.name],
+            [str(PEERS_PYTHON), "-m", "testsupport.torchpeers", "build", f.name],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             capture_output=True,

@@ -37,8 +37,8 @@ from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
-from carraystore.benchmarks.malloc import TUNED_MALLOC_ENV
 from carraystore.benchmarks.procstats import cpu_seconds
+from testsupport.malloc import TUNED_MALLOC_ENV
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ PRESETS = ("balanced", "fast")
 #: glibc's malloc, as it comes, and tuned to keep large freed blocks in its heap (before the
 #: receive buffers, every fetched chunk landed in freshly mapped pages that the kernel had to
 #: fault in and zero: the tuning was the workaround)
-MALLOCS = {"default": {}, "tuned": TUNED_MALLOC_ENV}  # tuned: what carraystore.benchmarks.malloc.tune_malloc() sets
+MALLOCS = {"default": {}, "tuned": TUNED_MALLOC_ENV}  # tuned: what testsupport.malloc.tune_malloc() sets
 
 
 def _cores() -> tuple[set[int], set[int]]:
@@ -117,7 +117,7 @@ def test_remote_node(benchmark) -> None:  # type: ignore[no-untyped-def]
         pytest.skip("needs 2 cores or more: one half for the storage node, the other for the reader")
     work = _stores()
     srv = subprocess.Popen(
-        [sys.executable, "-m", "carraystore.benchmarks.servers", str(work)],
+        [sys.executable, "-m", "testsupport.servers", str(work)],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from carraystore.benchmarks.procstats import cpu_seconds
-from carraystore.benchmarks.servers import start_seaweedfs, stop_process, weed_binary
+from testsupport.servers import start_seaweedfs, stop_process, weed_binary
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent

@@ -1,7 +1,7 @@
 """pytest fixtures: real servers on loopback for the remote tests (imported by tests/conftest.py).
 
 Every server a fixture starts is stopped (by its PID, or shut down) when the fixture ends,
-also when a test fails. The servers themselves are in carraystore/benchmarks/servers.py,
+also when a test fails. The servers themselves are in testsupport/servers.py,
 shared with the benchmarks.
 
 - ``seaweedfs``: a SeaweedFS server (S3 gateway, anonymous access) for the whole session;
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from carraystore.benchmarks.servers import (  # noqa: F401  (re-exported for the tests)
+from testsupport.servers import (  # noqa: F401  (re-exported for the tests)
     LOOPBACK,
     RangeHTTPServer,
     SeaweedFS,

@@ -218,3 +218,74 @@ def test_adapters_are_imported_by_no_other_module_and_alone_import_their_framewo
                 continue
             found = _external_imports(path) & set(frameworks)
             assert not found, f"{mod} imports {sorted(found)}, which only {adapter} may import"
+
+
+# -- the package boundary: benchmark and test code stays out of the library ----------------------
+
+#: What a library module may never import: the benchmarks (the `carraystore bench` command and
+#: the helpers of bench/), and the test and benchmark infrastructure outside the wheel.
+NOT_FOR_THE_LIBRARY = ("carraystore.benchmarks", "testsupport", "tests", "bench", "remote_servers", "conftest")
+
+
+def imported_names(path: Path, mod: str) -> set[str]:
+    """Every module name ``path`` (module ``mod``) imports, anywhere in it, relative ones made absolute."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = mod if is_pkg else mod.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    pkg = pkg.rpartition(".")[0]
+                base = f"{pkg}.{base}" if base else pkg
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def _forbidden(names: set[str]) -> list[str]:
+    return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in NOT_FOR_THE_LIBRARY))
+
+
+def test_library_modules_never_import_benchmark_or_test_code() -> None:
+    offenders = {}
+    for mod, path in _modules().items():
+        if mod == "carraystore.benchmarks" or mod.startswith("carraystore.benchmarks."):
+            continue
+        bad = _forbidden(imported_names(path, mod))
+        if bad:
+            offenders[mod] = bad
+    assert not offenders, f"library modules that import benchmark or test code: {offenders}"
+
+
+def test_the_wheel_holds_no_test_support_code() -> None:
+    """The test infrastructure lives in testsupport/ at the top of the repository, outside the
+    wheel; the benchmarks shipped in the wheel import it only inside a function (the PyTorch
+    peers of bench/bench_remote.py), never when `carraystore bench` loads them."""
+    assert not (ROOT / "carraystore" / "benchmarks" / "servers.py").exists()
+    assert (ROOT / "testsupport" / "servers.py").is_file() and (ROOT / "testsupport" / "netproxy.py").is_file()
+    for mod, path in _modules().items():
+        top = ast.parse(path.read_text(), str(path)).body
+        names: set[str] = set()
+        for node in top:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names |= imported_names_of(node)
+        assert not [n for n in names if n.split(".")[0] in ("testsupport", "tests", "bench")], (mod, names)
+
+
+def imported_names_of(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    return {node.module or ""}
+
+
+def test_the_boundary_checker_sees_relative_and_late_imports(tmp_path: Path) -> None:
+    f = tmp_path / "reader.py"
+    f.write_text("def f():\n    from .benchmarks import remote\n    import testsupport.servers\n")
+    names = imported_names(f, "carraystore.reader")
+    assert _forbidden(names) == ["carraystore.benchmarks", "carraystore.benchmarks.remote", "testsupport.servers"]
+    f.write_text("from carraystore.benchmarks_x import y\nimport benchmark\n")
+    assert _forbidden(imported_names(f, "carraystore.reader")) == []

@@ -29,6 +29,7 @@ def _run(path: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
         CARRAYSTORE_BENCH_DATA=str(tmp / "data"),
         CARRAYSTORE_BENCH_RESULTS=str(tmp / "results"),
         TF_CPP_MIN_LOG_LEVEL="2",
+        CARRAYSTORE_BENCH_APPEND_BIG_MB="24",  # the append benchmark's big store: 24 MB, not tiny's 200
     )
     return subprocess.run(
         [

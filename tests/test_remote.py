@@ -1,5 +1,5 @@
 """Stores read from URLs: SeaweedFS (S3) and a plain HTTP server on loopback, faults injected
-through carraystore.benchmarks.netproxy, and the local chunk cache.
+through testsupport.netproxy, and the local chunk cache.
 
 Every remote epoch is compared with the same epoch of the local file it was uploaded from:
 pixels, labels and order.
@@ -24,12 +24,12 @@ import pytest
 from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs, stop_process
 
 import carraystore
-from carraystore.benchmarks.netproxy import NetProxy
 from carraystore.buffers import BufferPool
 from carraystore.cache import CachedSource, parse_size
 from carraystore.errors import InvalidInputError, LoaderError, RemoteReadError
 from carraystore.remote import RemoteSource
 from carraystore.remoteconfig import make_object_store
+from testsupport.netproxy import NetProxy
 
 pytest.importorskip("obstore")
 
@@ -641,7 +641,7 @@ def test_the_gil_is_released_while_a_body_arrives(local_store: Path, tmp_path: P
     body.write_bytes(np.random.default_rng(0).bytes(3 << 20))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "carraystore.benchmarks.servers", str(tmp_path)],
+        [sys.executable, "-m", "testsupport.servers", str(tmp_path)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -653,7 +653,7 @@ def test_the_gil_is_released_while_a_body_arrives(local_store: Path, tmp_path: P
         assert server.stdout is not None
         port = int(server.stdout.readline().split()[1])
         link = subprocess.Popen(
-            [sys.executable, "-m", "carraystore.benchmarks.netproxy", "--to", f"{LOOPBACK}:{port}", "--mbit", "32"],
+            [sys.executable, "-m", "testsupport.netproxy", "--to", f"{LOOPBACK}:{port}", "--mbit", "32"],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -705,7 +705,7 @@ def test_buffer_pool_lets_free_buffers_go_beyond_its_budget() -> None:
 
 _ALLOCATE = r"""
 import resource, sys
-from carraystore.benchmarks.malloc import tune_malloc
+from testsupport.malloc import tune_malloc
 tuned = tune_malloc() if sys.argv[1] == "tune" else None
 r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for i in range(60):

@@ -24,9 +24,9 @@ import pytest
 from obstore.store import S3Store
 
 import carraystore as cs
-from carraystore.benchmarks.netproxy import NetProxy
 from carraystore.cli import main as cli_main
 from carraystore.upload import remote_exists
+from testsupport.netproxy import NetProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 

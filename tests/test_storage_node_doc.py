@@ -32,8 +32,8 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.benchmarks.servers import LOOPBACK, free_port, weed_binary
 from carraystore.sample_data import make_photo_folder
+from testsupport.servers import LOOPBACK, free_port, weed_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "storage-node.md"

@@ -2,7 +2,7 @@
 
 Used by ``carraystore bench loaders URL`` (:func:`store_epochs`) and by
 ``bench/bench_remote.py`` (:func:`run_contender` in a fresh process per contender, behind
-a :class:`~carraystore.benchmarks.netproxy.NetProxy`). The peers, all reading the same
+a :class:`~testsupport.netproxy.NetProxy`). The peers, all reading the same
 images from the same S3 server through the same link:
 
 - ``jpeg_get``: one GET per JPEG with a thread pool, decoded with Pillow (today's habit);
@@ -16,7 +16,7 @@ images from the same S3 server through the same link:
   JPEGs), its ``StreamingDataLoader`` with 2 worker processes.
 
 ``mds`` and ``litdata`` need PyTorch, which carraystore does not install: they run in the
-peers' own environment (``make bench-peers-env``, :mod:`carraystore.benchmarks.torchpeers`),
+peers' own environment (``make bench-peers-env``, :mod:`testsupport.torchpeers`),
 each epoch from an empty local cache (every epoch crosses the link, as carraystore's);
 without that environment they are listed as not run (:data:`SKIPPED_PEERS`).
 
@@ -256,7 +256,15 @@ def run_contender(spec: dict[str, Any], emit: Any = None) -> list[dict[str, Any]
             arr = zarr.open_array(store=zs, path=spec["zarr_path"], mode="r")
             epoch = lambda e: _zarr_epoch(spec, e, pool, arr)  # noqa: E731
         elif kind in TORCH_PEERS:  # only in the peers' environment (PyTorch)
-            from carraystore.benchmarks import torchpeers
+            try:  # test-support code, outside the wheel: bench/bench_remote.py runs this from a checkout
+                from testsupport import torchpeers
+            except ImportError as exc:
+                from carraystore.errors import MissingDependencyError
+
+                raise MissingDependencyError(
+                    f"the {kind} contender needs testsupport/torchpeers.py from a checkout of the carraystore "
+                    "repository: run it through bench/bench_remote.py (PYTHONPATH set to the repository root)"
+                ) from exc
 
             os.environ.update(spec.get("env", {}))  # MDS: S3_ENDPOINT_URL and keys, read by its boto3 client
             if kind == "mds":

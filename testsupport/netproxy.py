@@ -16,7 +16,7 @@ server)::
 - ``bandwidth``: bytes per second, shared by every connection in each direction.
 - Faults are armed for the next request(s) or the next bytes sent to the client; each is
   counted in ``stats``. Only loopback addresses are used.
-- ``python -m carraystore.benchmarks.netproxy --to 127.0.0.1:8333 --rtt 0.02 --mbit 400``
+- ``python -m testsupport.netproxy --to 127.0.0.1:8333 --rtt 0.02 --mbit 400``
   runs one in a process of its own (prints ``port N``), so that its threads do not share
   the GIL of the process being measured.
 """
@@ -358,7 +358,7 @@ class NetProxy:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m carraystore.benchmarks.netproxy --to 127.0.0.1:8333 --rtt 0.02 --mbit 400``
+    """``python -m testsupport.netproxy --to 127.0.0.1:8333 --rtt 0.02 --mbit 400``
 
     Runs a proxy in a process of its own (so that its threads do not share the GIL with the
     process being measured); prints ``port <N>`` on its first line, then serves until killed.
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m carraystore.benchmarks.netproxy", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m testsupport.netproxy", description=main.__doc__)
     ap.add_argument("--to", required=True, help="HOST:PORT to forward to (loopback only)")
     ap.add_argument("--rtt", type=float, default=0.0, help="added round trip, seconds")
     ap.add_argument("--mbit", type=float, default=None, help="bandwidth cap, Mbit/s, each direction")

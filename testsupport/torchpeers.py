@@ -9,7 +9,7 @@ the peers' own virtual environment (``make bench-peers-env`` -> ``.venv-peers``,
   given by the caller) or a LitData dataset (``litdata.optimize``, ``chunk_size`` images
   per chunk), in the WebDataset order; bench_remote sizes both to about the WebDataset
   shard's images. Command line:
-  ``python -m carraystore.benchmarks.torchpeers build SPEC.json``.
+  ``python -m testsupport.torchpeers build SPEC.json``.
 - :func:`mds_epoch` and :func:`litdata_epoch` read one epoch from S3 as each library's docs
   tell a user to: ``StreamingDataset`` on an ``s3://`` URL (MDS: endpoint from
   ``S3_ENDPOINT_URL``; LitData: ``storage_options``) with ``shuffle=True`` and the seed of
@@ -225,7 +225,7 @@ def litdata_epoch(spec: dict[str, Any], e: int) -> Iterator[np.ndarray]:
 
 def _main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "build":
-        print("usage: python -m carraystore.benchmarks.torchpeers build SPEC.json", file=sys.stderr)
+        print("usage: python -m testsupport.torchpeers build SPEC.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[1]).read_text())
     build(

@@ -1,0 +1,11 @@
+"""Test and benchmark infrastructure, outside the wheel: imported by tests/ and bench/ only.
+
+- ``netproxy``: a loopback TCP link (round trip, bandwidth cap, injected faults);
+- ``servers``: SeaweedFS and a plain HTTP Range server on loopback (``servers`` also runs
+  alone as a process: ``python -m testsupport.servers ROOT``);
+- ``torchpeers``: MosaicML Streaming and LitData for bench/bench_remote.py, imported only
+  in the peers' own environment (``make bench-peers-env``).
+
+Importable from the repository root (pytest puts it on ``sys.path``: ``pythonpath`` in
+pyproject.toml; child processes get ``PYTHONPATH`` set to the root).
+"""
