@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import carraystore
+from carraystore.codec import CODECS, FILTERS, PRESETS, SPLITMODES, Codec
 from carraystore.errors import (
     CarrayStoreError,
     FormatError,
@@ -31,13 +32,8 @@ from carraystore.errors import (
     UnknownCodecError,
 )
 from carraystore.format import (
-    CODECS,
     COLOR_MODES,
     DTYPES,
-    FILTERS,
-    PRESETS,
-    SPLITMODES,
-    Codec,
     StoreMeta,
     StringTable,
     _check_key_bytes,
