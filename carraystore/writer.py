@@ -61,7 +61,7 @@ from carraystore.inplace import _InPlaceWrite, _write_meta
 from carraystore.journal import rollback
 from carraystore.lock import WriterLock
 from carraystore.options import WriteOptions
-from carraystore.reader import check_local_store_path, is_url, open_store, open_unguarded
+from carraystore.reader import check_header_for_write, check_local_store_path, is_url, open_store, open_unguarded
 from carraystore.upload import RemoteTarget
 
 __all__ = [
@@ -755,6 +755,7 @@ def _open_for_append(
     meta = existing.meta
     frame = existing._frame
     existing.close()
+    check_header_for_write(frame, meta, p)  # every header field: blosc2 and the in-place write rely on them
     if codec is not None:
         asked = Codec.preset(codec) if isinstance(codec, str) else codec
         pinned = meta.codec
@@ -874,6 +875,7 @@ def update_metadata(
         store = open_unguarded(real)
         meta, frame = store.meta, store._frame
         store.close()
+        check_header_for_write(frame, meta, real)
         new = _updated_meta(p, meta, class_names, attrs, remove_attrs)
         inplace = _InPlaceWrite(real, frame, meta.nimages)
         try:
