@@ -374,7 +374,7 @@ def header_problems(frame: Frame) -> list[str]:
 
 def _metalayer_problems(h: bytes) -> list[str]:
     """The metalayer section (A.1 [13]): index size, names, each offset at its content, the header's end."""
-    out = []
+    out: list[str] = []
     size = int.from_bytes(h[89:91], "big")
     count = int.from_bytes(h[92:94], "big")
     pos = 94
