@@ -153,12 +153,14 @@ class StoreWriter:
         self._crc = list(int(c) for c in meta.crc32)
         self._labels: list[np.ndarray] = [meta.labels] if meta.labels is not None else []
         self._keys: list[StringTable] = [meta.keys] if meta.keys is not None else []
+        # FORMAT.md 4.4: a store is labelled when its record holds labels (an empty bin for an
+        # empty labelled store) or class names; an empty store with neither is undecided until
+        # its first append
         self._has_labels: bool | None = (
-            None if meta.nimages == 0 and meta.class_names is None else meta.labels is not None
+            True if meta.labels is not None or meta.class_names is not None else (None if meta.nimages == 0 else False)
         )
-        if meta.class_names is not None:
-            self._has_labels = True
-        self._has_keys: bool | None = None if meta.nimages == 0 else meta.keys is not None
+        # the same for keys: a key table (empty for an empty store) means every item has a key
+        self._has_keys: bool | None = True if meta.keys is not None else (None if meta.nimages == 0 else False)
         self._skipped: list[dict[str, str]] = list(meta.skipped)
         self._columns: dict[str, list[np.ndarray]] = {name: [col] for name, col in meta.columns.items()}
         # Images [chunk_start, chunk_start + fill) sit in the pending buffer.
