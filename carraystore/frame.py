@@ -353,9 +353,10 @@ def header_problems(frame: Frame) -> list[str]:
         n = int.from_bytes(h[pos : pos + 2], "big", signed=True)
         if n < 1:
             out.append(f"the {what} thread count is {n}, not a positive number")
-    if frame.chunksize <= 0 or frame.nbytes % frame.chunksize:
+    # an empty array's chunk and block sizes are not kept by blosc2 < 4.1 (1 or 0): checked with data only
+    if frame.nbytes and (frame.chunksize <= 0 or frame.nbytes % frame.chunksize):
         out.append(f"nbytes {frame.nbytes} is not a whole number of chunks of {frame.chunksize} bytes")
-    if not 0 < frame.blocksize <= frame.chunksize:
+    if frame.nbytes and not 0 < frame.blocksize <= frame.chunksize:
         out.append(f"blocksize {frame.blocksize} does not fit a chunk of {frame.chunksize} bytes")
     pipe = h[PIPELINE_AT : PIPELINE_AT + 16]
     if any(f not in _PIPELINE_FILTERS for f in pipe[:6]) or pipe[7] or pipe[14:16] != bytes(2):
