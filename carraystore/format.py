@@ -178,6 +178,11 @@ def _key_problem(key: Any) -> tuple[str, str | None]:
             "climbs out of its folder with '..' (a backslash separates folders on Windows); "
             "give a path relative to the root"
         )
+    if any(part in ("", ".") for part in k.split("/")):
+        return k, (
+            "has an empty or '.' path component ('x/', 'a//b', 'a/./b', '.'), which names the same file as "
+            "another key would (or a folder); give the normalised relative path ('a/b')"
+        )
     return k, None
 
 
@@ -227,6 +232,22 @@ def _check_key_bytes(blob: bytes, offsets: np.ndarray, what: str) -> None:
         lo, hi = int(starts[i]), int(ends[i])
         if (pos == lo or blob[pos - 1] in b"/\\") and (pos + 2 == hi or blob[pos + 2] in b"/\\"):
             raise bad(i, "has a '..' component")
+    # empty components ('x/', 'a//b') and '.' components ('.', './a', 'a/./b'); '/' only separates here
+    slash = b == ord("/")
+    first_byte = np.zeros(len(b), dtype=bool)
+    first_byte[starts] = True
+    last_byte = np.zeros(len(b), dtype=bool)
+    last_byte[ends - 1] = True
+    after_slash = np.zeros(len(b), dtype=bool)
+    after_slash[1:] = slash[:-1]
+    before_slash = np.zeros(len(b), dtype=bool)
+    before_slash[:-1] = slash[1:]
+    empty = slash & (last_byte | (before_slash & ~last_byte))
+    if np.any(empty):
+        raise bad(int(np.searchsorted(ends, first(empty), side="right")), "has an empty path component")
+    lone_dot = dots & (first_byte | after_slash) & (last_byte | before_slash)
+    if np.any(lone_dot):
+        raise bad(int(np.searchsorted(ends, first(lone_dot), side="right")), "has a '.' path component")
 
 
 class StringTable(Sequence[str]):

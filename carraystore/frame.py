@@ -23,7 +23,7 @@ import numpy as np
 from carraystore.codec import check_chunk_layout
 from carraystore.errors import CorruptStoreError, MetadataTooLargeError, NotAStoreError
 
-__all__ = ["ByteSource", "Frame", "read_frame", "HEAD_READ_BYTES", "special_chunk_header"]
+__all__ = ["ByteSource", "Frame", "read_frame", "HEAD_READ_BYTES", "special_chunk_header", "header_problems"]
 
 #: Bytes read from the start of a file to get the frame header in one request (a store's
 #: header is about 260 bytes; a longer one costs a second read).
@@ -96,6 +96,8 @@ class Frame:
     chunk_special: np.ndarray
     #: variable-length metadata: name -> its compressed content (one blosc2 chunk)
     vlmeta_raw: dict[str, bytes]
+    #: the frame header's bytes (``header_len`` of them), for :func:`header_problems`
+    header: bytes = b""
 
     @property
     def nchunks(self) -> int:
@@ -265,6 +267,7 @@ def read_frame(source: ByteSource) -> Frame:
         chunk_lengths=lengths,
         chunk_special=special,
         vlmeta_raw=vlmeta_raw,
+        header=bytes(head[:header_len]),
     )
 
 
@@ -294,6 +297,134 @@ def _parse_offsets(index_bytes: bytes, nbytes: int, chunksize: int, cbytes: int,
     if np.any(offsets[real] >= cbytes):
         raise _damaged(loc, "a chunk offset points past the data")
     return offsets
+
+
+#: The frame header's fixed part (FORMAT.md appendix A.1): offset -> (the byte it must hold, what it is).
+_HEADER_MARKERS = {
+    0: (0x9E, "the header's array marker (14 elements)"),
+    1: (0xA8, "the magic's string marker"),
+    10: (0xD2, "header_len's int32 marker"),
+    15: (0xCF, "frame_len's uint64 marker"),
+    24: (0xA4, "the flags' string marker"),
+    25: (0x12, "the general flags (frame format 2, 64-bit offsets)"),
+    26: (0x00, "the frame type (0: contiguous)"),
+    29: (0xD3, "nbytes' int64 marker"),
+    38: (0xD3, "cbytes' int64 marker"),
+    47: (0xD2, "typesize's int32 marker"),
+    52: (0xD2, "blocksize's int32 marker"),
+    57: (0xD2, "chunksize's int32 marker"),
+    62: (0xD1, "the compression threads' int16 marker"),
+    65: (0xD1, "the decompression threads' int16 marker"),
+    68: (0xC3, "the has-variable-length-metadata flag (true)"),
+    69: (0xD8, "the filter pipeline's fixext 16 marker"),
+    70: (0x06, "the filter pipeline's extension type (6)"),
+    87: (0x93, "the metalayers' array marker"),
+    88: (0xCD, "the metalayer index size's uint16 marker"),
+    91: (0xDE, "the metalayer map's marker"),
+}
+#: Where the 16 bytes of the frame's filter pipeline start (after ``d8 06``).
+PIPELINE_AT = 71
+#: Filter ids a store's frame pipeline may name (FORMAT.md 5.1); 0 is an unused slot.
+_PIPELINE_FILTERS = (0, 1, 2, 3, 35)
+
+
+def header_problems(frame: Frame) -> list[str]:
+    """Every byte of the frame header against the layout of FORMAT.md appendix A.1/A.2.
+
+    ``read_frame`` reads only what a reader needs; this checks the rest too (markers,
+    flags, thread counts, the filter pipeline, the metalayer index and offsets, the b2nd
+    metalayer's layout), which plain blosc2 and the in-place writers rely on. What the
+    fields must hold for a given store's metadata is the reader's part
+    (:func:`carraystore.reader.header_problems`). Returns the problems found, [] if none.
+    """
+    h = frame.header
+    if len(h) != frame.header_len or len(h) < 94:
+        return [f"the header holds {len(h)} bytes, {frame.header_len} expected"]
+    out = [
+        f"byte {pos} ({what}) is 0x{h[pos]:02x}, not 0x{want:02x}"
+        for pos, (want, what) in _HEADER_MARKERS.items()
+        if h[pos] != want
+    ]
+    if h[2:10] != _MAGIC:
+        out.append("the magic is not b2frame")
+    if h[28] > 3:
+        out.append(f"byte 28 (the split mode flags) is {h[28]}, not 0-3")
+    for pos, what in ((63, "compression"), (66, "decompression")):
+        n = int.from_bytes(h[pos : pos + 2], "big", signed=True)
+        if n < 1:
+            out.append(f"the {what} thread count is {n}, not a positive number")
+    # an empty array's chunk and block sizes are not kept by blosc2 < 4.1 (1 or 0): checked with data only
+    if frame.nbytes and (frame.chunksize <= 0 or frame.nbytes % frame.chunksize):
+        out.append(f"nbytes {frame.nbytes} is not a whole number of chunks of {frame.chunksize} bytes")
+    if frame.nbytes and not 0 < frame.blocksize <= frame.chunksize:
+        out.append(f"blocksize {frame.blocksize} does not fit a chunk of {frame.chunksize} bytes")
+    pipe = h[PIPELINE_AT : PIPELINE_AT + 16]
+    if any(f not in _PIPELINE_FILTERS for f in pipe[:6]) or pipe[7] or pipe[14:16] != bytes(2):
+        out.append(f"the filter pipeline {pipe.hex()} names an unknown filter or sets reserved bytes")
+    if pipe[6] != h[27] & 0x0F:
+        out.append(f"the filter pipeline's codec id {pipe[6]} differs from the flags' {h[27] & 0x0F}")
+    try:
+        out += _metalayer_problems(h)
+    except IndexError:
+        out.append("the metalayers run past the header's end")
+    b2nd = frame.metalayers.get("b2nd")
+    if b2nd is not None:
+        out += _b2nd_layout_problems(b2nd)
+    return out
+
+
+def _metalayer_problems(h: bytes) -> list[str]:
+    """The metalayer section (A.1 [13]): index size, names, each offset at its content, the header's end."""
+    out: list[str] = []
+    size = int.from_bytes(h[89:91], "big")
+    count = int.from_bytes(h[92:94], "big")
+    pos = 94
+    offsets = []
+    for i in range(count):
+        marker = h[pos]
+        if marker & 0xE0 != 0xA0:
+            return [*out, f"metalayer name {i} has the marker 0x{marker:02x}, not a short string"]
+        pos += 1 + (marker & 0x1F)
+        if h[pos] != 0xD2:
+            return [*out, f"metalayer offset {i} has the marker 0x{h[pos]:02x}, not int32"]
+        offsets.append(int.from_bytes(h[pos + 1 : pos + 5], "big", signed=True))
+        pos += 5
+    if pos - 87 != size:
+        out.append(f"the metalayer index size is {size}, the index takes {pos - 87} bytes")
+    if h[pos] != 0xDC or int.from_bytes(h[pos + 1 : pos + 3], "big") != count:
+        return [*out, f"the metalayer contents do not follow the index of {count} names"]
+    pos += 3
+    for i, off in enumerate(offsets):
+        if h[pos] != 0xC6:
+            return [*out, f"metalayer content {i} has the marker 0x{h[pos]:02x}, not bin32"]
+        if off != pos:
+            out.append(f"metalayer {i}'s offset is {off}, its content starts at {pos}")
+        pos += 5 + int.from_bytes(h[pos + 1 : pos + 5], "big")
+    if pos != len(h):
+        out.append(f"the metalayers end at byte {pos}, the header at {len(h)}")
+    return out
+
+
+def _b2nd_layout_problems(c: bytes) -> list[str]:
+    """The b2nd metalayer (A.2): ``97 00 ndim``, three arrays of ndim ints (int64, int32, int32), ``00``, str32."""
+    ndim = c[2] if len(c) > 2 else 0
+    if len(c) < 3 or c[0] != 0x97 or c[1] != 0 or not 1 <= ndim <= 8:
+        return [f"the b2nd metalayer does not start with 97 00 and a dimension count ({c[:3].hex()})"]
+    pos = 3
+    for marker, width, what in ((0xD3, 8, "shape"), (0xD2, 4, "chunk shape"), (0xD2, 4, "block shape")):
+        if c[pos : pos + 1] != bytes([0x90 | ndim]):
+            return [f"the b2nd {what} is not an array of {ndim}"]
+        pos += 1
+        for _ in range(ndim):
+            if c[pos : pos + 1] != bytes([marker]):
+                return [f"the b2nd {what} holds an integer not written as {8 * width} bits"]
+            pos += 1 + width
+    if c[pos : pos + 2] != b"\x00\xdb":
+        return [f"the b2nd dtype format is {c[pos : pos + 1].hex()} (0: numpy) or its text marker is wrong"]
+    n = int.from_bytes(c[pos + 2 : pos + 6], "big")
+    if pos + 6 + n != len(c):
+        return [f"the b2nd dtype text of {n} bytes does not end the metalayer"]
+    return []
 
 
 def special_chunk_header(special: int, nbytes: int, blocksize: int, typesize: int) -> bytes:

@@ -23,7 +23,16 @@ import blosc2
 import msgpack
 import numpy as np
 
-from carraystore.codec import Codec, check_codec_against_header, chunk_crc_ok, crc32, parse_chunk_header
+from carraystore.codec import (
+    CODECS,
+    FILTERS,
+    SPLITMODES,
+    Codec,
+    check_codec_against_header,
+    chunk_crc_ok,
+    crc32,
+    parse_chunk_header,
+)
 from carraystore.errors import (
     CarrayStoreError,
     ChecksumError,
@@ -46,7 +55,8 @@ from carraystore.format import (
     as_records,
     metadata_limit,
 )
-from carraystore.frame import Frame, read_frame, special_chunk_header
+from carraystore.frame import PIPELINE_AT, Frame, read_frame, special_chunk_header
+from carraystore.frame import header_problems as frame_header_problems
 from carraystore.journal import JournalSource, journal_path, load_journal, rollback_if_abandoned
 from carraystore.sources import ByteSource, LocalFileSource
 
@@ -54,7 +64,16 @@ from carraystore.sources import ByteSource, LocalFileSource
 CRC_REFETCHES = 2
 _log = logging.getLogger("carraystore.remote")  # the refetches are the remote reader's business
 
-__all__ = ["StoreReader", "ChunkProblem", "open_store", "open_source", "is_url", "open_unguarded"]
+__all__ = [
+    "StoreReader",
+    "ChunkProblem",
+    "open_store",
+    "open_source",
+    "is_url",
+    "open_unguarded",
+    "header_problems",
+    "check_header_for_write",
+]
 
 # Decompression in threads only runs in parallel when blosc2 releases the GIL.
 blosc2.set_releasegil(True)
@@ -501,6 +520,13 @@ class StoreReader:
                     problems.append(ChunkProblem(i, str(exc)))
         finally:
             self.check_reads = check_reads
+        # the whole frame header, and plain blosc2 (the README promises `blosc2.open` reads a
+        # store); blosc2 only sees the file once every check above passed
+        problems += [ChunkProblem(None, p) for p in header_problems(self._frame, self.meta)]
+        if not problems and type(self._source) is LocalFileSource:  # not a JournalSource: the file itself
+            bad = _plain_blosc2_problem(self.path, self._frame, self.meta, quiet_if_changed=True)
+            if bad is not None:
+                problems.append(ChunkProblem(None, bad))
         return problems
 
     # -- lifetime -----------------------------------------------------------------------
@@ -575,6 +601,93 @@ def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> N
         )
     if problems:
         raise CodecMismatchError(f"{location}: " + "; ".join(problems))
+
+
+#: The fixed ``carraystore`` metalayer, byte for byte (FORMAT.md section 3): this version's, and 0.1.0's.
+_FIXED_METALAYERS = tuple(
+    msgpack.packb({"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **extra})
+    for extra in ({META_CRC_KEY: True}, {})
+)
+
+
+def header_problems(frame: Frame, meta: StoreMeta) -> list[str]:
+    """Every field of the frame header against what it must hold for ``meta`` (FORMAT.md A.1, A.2, 3, 6).
+
+    Open reads only the fields a reader needs; plain blosc2 and the in-place writers need
+    the rest too (a damaged filter pipeline or metalayer offset reads fine here and breaks
+    them). Returns the problems, each prefixed with "frame header: ", or [] for a sound header.
+    """
+    out = frame_header_problems(frame)
+    dt = meta.np_dtype
+    chunk_nbytes = meta.chunk_images * meta.image_nbytes
+    want = [("typesize", frame.typesize, dt.itemsize), ("nbytes", frame.nbytes, meta.nchunks * chunk_nbytes)]
+    if meta.nimages:  # an empty array's are not kept by blosc2 < 4.1 (as its chunk and block shapes)
+        want += [("blocksize", frame.blocksize, meta.blocksize), ("chunksize", frame.chunksize, chunk_nbytes)]
+    out += [f"{name} is {got}, the metadata makes it {expected}" for name, got, expected in want if got != expected]
+    h = frame.header
+    codec = meta.codec
+    if len(h) > PIPELINE_AT + 16:
+        if h[28] != SPLITMODES[codec.splitmode] - 1:
+            out.append(
+                f"the split mode flags are {h[28]}, splitmode {codec.splitmode!r} makes them {SPLITMODES[codec.splitmode] - 1}"
+            )
+        pipe = bytearray(16)  # the codec's filters where its typesize is the itemsize, else none (FORMAT.md 6)
+        if codec.typesize == dt.itemsize:
+            for slot, (f, m) in enumerate(zip(codec.filters, codec.filters_meta, strict=True)):
+                pipe[slot], pipe[8 + slot] = FILTERS[f], m
+        pipe[6] = CODECS[codec.codec]
+        got = h[PIPELINE_AT : PIPELINE_AT + 16]
+        if got != pipe:
+            out.append(f"the filter pipeline is {got.hex()}, the codec makes it {pipe.hex()}")
+    if frame.metalayers.get(META_KEY) not in _FIXED_METALAYERS:
+        out.append(f"the fixed {META_KEY!r} metalayer is not the one a store holds (FORMAT.md 3)")
+    if isinstance(meta.dtype, str):
+        try:
+            text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False)[6]
+        except Exception:
+            text = None
+        if text != meta.dtype:
+            out.append(f"the b2nd dtype is {text!r}, the record's {meta.dtype!r}")
+    return [f"frame header: {p}" for p in out]
+
+
+def _plain_blosc2_problem(
+    path: str | os.PathLike[str], frame: Frame, meta: StoreMeta, quiet_if_changed: bool = False
+) -> str | None:
+    """Open the local store with plain ``blosc2.open`` and read its first item; why that fails, or None.
+
+    Call it only once :func:`header_problems` found nothing (blosc2 trusts the header).
+    ``quiet_if_changed``: a file that a writer is changing, or that changed since ``frame``
+    was read (another length, a journal beside it), says nothing about ``frame``: None.
+    """
+    real = Path(os.path.realpath(path))
+    before = _file_state(real)
+    if quiet_if_changed and (before[0] is None or before[1] is not None or before[0][1] != frame.frame_len):
+        return None
+    try:
+        array = blosc2.open(str(path), mode="r")
+        if meta.nimages:
+            array[:1]
+        del array
+    except Exception as exc:
+        if quiet_if_changed and _file_state(real) != before:
+            return None
+        return f"frame header: plain blosc2 cannot read the file ({type(exc).__name__}: {exc})"
+    return None
+
+
+def check_header_for_write(frame: Frame, meta: StoreMeta, path: str | os.PathLike[str]) -> None:
+    """Raise CorruptStoreError when the frame header is damaged: a writer must not write into it."""
+    problems = header_problems(frame, meta)
+    if not problems:
+        bad = _plain_blosc2_problem(path, frame, meta)
+        problems = [bad] if bad is not None else []
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CorruptStoreError(
+            f"{path}: the store's frame header is damaged ({problems[0]}{more}); nothing was written. "
+            f"Run `carraystore verify {path}` and restore the store from a copy"
+        )
 
 
 def _read_meta(frame: Frame, location: str) -> StoreMeta:

@@ -61,7 +61,7 @@ from carraystore.inplace import _InPlaceWrite, _write_meta
 from carraystore.journal import rollback
 from carraystore.lock import WriterLock
 from carraystore.options import WriteOptions
-from carraystore.reader import check_local_store_path, is_url, open_store, open_unguarded
+from carraystore.reader import check_header_for_write, check_local_store_path, is_url, open_store, open_unguarded
 from carraystore.upload import RemoteTarget
 
 __all__ = [
@@ -153,12 +153,14 @@ class StoreWriter:
         self._crc = list(int(c) for c in meta.crc32)
         self._labels: list[np.ndarray] = [meta.labels] if meta.labels is not None else []
         self._keys: list[StringTable] = [meta.keys] if meta.keys is not None else []
+        # FORMAT.md 4.4: a store is labelled when its record holds labels (an empty bin for an
+        # empty labelled store) or class names; an empty store with neither is undecided until
+        # its first append
         self._has_labels: bool | None = (
-            None if meta.nimages == 0 and meta.class_names is None else meta.labels is not None
+            True if meta.labels is not None or meta.class_names is not None else (None if meta.nimages == 0 else False)
         )
-        if meta.class_names is not None:
-            self._has_labels = True
-        self._has_keys: bool | None = None if meta.nimages == 0 else meta.keys is not None
+        # the same for keys: a key table (empty for an empty store) means every item has a key
+        self._has_keys: bool | None = True if meta.keys is not None else (None if meta.nimages == 0 else False)
         self._skipped: list[dict[str, str]] = list(meta.skipped)
         self._columns: dict[str, list[np.ndarray]] = {name: [col] for name, col in meta.columns.items()}
         self._group_names: list[str] = list(meta.group_names or ())
@@ -858,6 +860,7 @@ def _open_for_append(
     meta = existing.meta
     frame = existing._frame
     existing.close()
+    check_header_for_write(frame, meta, p)  # every header field: blosc2 and the in-place write rely on them
     if codec is not None:
         asked = Codec.preset(codec) if isinstance(codec, str) else codec
         pinned = meta.codec
@@ -977,6 +980,7 @@ def update_metadata(
         store = open_unguarded(real)
         meta, frame = store.meta, store._frame
         store.close()
+        check_header_for_write(frame, meta, real)
         new = _updated_meta(p, meta, class_names, attrs, remove_attrs)
         inplace = _InPlaceWrite(real, frame, meta.nimages)
         try:

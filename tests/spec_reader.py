@@ -193,7 +193,10 @@ def read_store(path: str | Path) -> dict[str, Any]:
     trailer_start = len(data) - trailer_len
     trailer = msgpack.unpackb(data[trailer_start:], raw=True, strict_map_key=False)
     vlmeta = _named_section(data, trailer[1], trailer_start)
-    # -- section 8: cap the record before decompressing it
+    # -- section 8: cap the record before decompressing it; N (the b2nd shape's first dimension)
+    # is bounded by the chunks the frame header counts first, so a damaged N cannot raise the cap
+    if not 0 <= shape[0] <= (-(-nbytes // chunksize) if chunksize else 0) * chunks[0]:
+        raise SpecError("the array's first dimension does not fit the frame's chunks")
     content = vlmeta["carraystore"]
     raw = _decompress(content, 64 * 2**20 + 16 * 2**10 * shape[0])
     # -- 4.3 the checksum
@@ -240,6 +243,8 @@ def read_store(path: str | Path) -> dict[str, Any]:
             parts = key.replace("\\", "/").split("/")  # a backslash counts as a separator here (4.5)
             if not key or "\x00" in key or "\n" in key or key[0] in "/\\~" or key[1:2] == ":" or ".." in parts:
                 raise SpecError(f"bad key {key!r}")
+            if any(part in ("", ".") for part in key.split("/")):  # '/' alone separates here (4.5)
+                raise SpecError(f"bad key {key!r}: an empty or '.' component")
     crc = np.frombuffer(rec["crc32"], "<u4")
     # -- A.4 offsets index and the chunks (5.2, 5.3)
     nchunks = -(-nbytes // chunksize) if chunksize else 0
