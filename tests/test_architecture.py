@@ -124,7 +124,7 @@ LAYERS: list[set[str]] = [
     },
     {"carraystore.reader", "carraystore.inplace", "carraystore.writer", "carraystore.upload", "carraystore.store"},
     {"carraystore.sampling"},
-    {"carraystore.engine"},
+    {"carraystore.engine", "carraystore.shuffle_report"},
     # ingest's parts, one job each: image files, the decoding processes, the bad-file policy
     {"carraystore.images", "carraystore.decodepool", "carraystore.badfiles"},
     # library tools over stores: ingest, the streaming loader, copy, info and export
