@@ -44,6 +44,7 @@ from carraystore.engine import (
 )
 from carraystore.errors import InvalidInputError, LoaderError
 from carraystore.sampling import EpochPlan
+from carraystore.shuffle_report import ShuffleReport, report_for_order, store_groups
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -191,6 +192,22 @@ class BatchIterator:
 
     def __len__(self) -> int:
         return max(0, self._s.nbatches - self._next)
+
+    def shuffle_report(self) -> ShuffleReport:
+        """How well this epoch's order (this rank's) is mixed, against a global shuffle (docs/loading.md)."""
+        spec = self._s.spec
+        groups = spec.options.groups if spec.options.groups is not None else store_groups(spec.store)
+        return report_for_order(
+            self.plan.items,
+            spec.batch_size,
+            labels=spec.store.labels,
+            groups=groups,
+            chunk_size=spec.store.chunk_images,
+            shuffle=spec.shuffle,
+            window=spec.window,
+            seed=spec.seed,
+            epoch=self.epoch,
+        )
 
     # -- iteration -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:

@@ -124,8 +124,8 @@ LAYERS: list[set[str]] = [
     },
     {"carraystore.reader", "carraystore.inplace", "carraystore.writer", "carraystore.upload"},
     {"carraystore.sampling"},
-    {"carraystore.engine"},
-    # ingest's parts, one job each: image files, the decoding processes, the bad-file policy, per-file fields
+    {"carraystore.engine", "carraystore.shuffle_report"},
+    # ingest's parts, one job each: image files, the decoding threads, the bad-file policy, per-file fields
     {"carraystore.images", "carraystore.decodepool", "carraystore.badfiles", "carraystore.manifest"},
     # library tools over stores: ingest, the streaming loader, copy, info and export
     {

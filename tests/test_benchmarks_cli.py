@@ -104,6 +104,30 @@ def test_codecs_quick_grid_on_store_writes_table_and_plot(
     assert all(r["nbytes"] == 24 * images[0].nbytes for r in rows)  # the sample: 24 images, no padding counted
     assert (out_dir / "codecs.png").read_bytes()[:4] == b"\x89PNG"
     assert "| yours | zstd |" in (out_dir / "codecs.md").read_text()
+    # multi-image blocks are in the quick grid, each row with its single-image random-access cost
+    assert {r["block_images"] for r in rows} == {1, 4, 16}
+    assert all(r["random_image_us"] > 0 and r["random_image_via"] in ("block", "chunk") for r in rows)
+    table = out.split("Images per block")[1].split("Presets on your data")[0]
+    assert "b1: 1 image µs" in table and "b16: chunk MB/s" in table
+    assert "| zstd-1 shuffle+bytedelta ts3 |" in table  # the default preset's codec is always compared
+
+
+def test_random_image_cost_reads_one_block_where_getitem_can(photos: Path) -> None:
+    from carraystore import blocks
+
+    images = decode_images(list_image_folder(photos, limit=32).files)
+    plain = [
+        C.measure_codec(images, carraystore.Codec("zstd", 1, filters=(), block_images=b), repeats=1) for b in (1, 16)
+    ]
+    assert [r.block_images for r in plain] == [1, 16]
+    assert all(r.random_image_us > 0 for r in plain)
+    assert {r.random_image_via for r in plain} == {"block" if blocks.available() else "chunk"}
+    # libblosc2's getitem fails on bytedelta chunks: one image then costs its whole chunk, as Store.take reads it
+    delta = C.measure_codec(images, carraystore.Codec("zstd", 1, filters=("shuffle", "bytedelta")), repeats=1)
+    assert delta.random_image_via == "chunk" and delta.random_image_us > 0
+    # rows saved before the measure existed still load
+    old = {k: v for k, v in plain[0].to_dict().items() if not k.startswith("random_image")}
+    assert np.isnan(C.CodecResult.from_dict(old).random_image_us)
 
 
 def test_codecs_bad_paths_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""``carraystore bench codecs PATH`` and ``carraystore bench loaders DIR`` (or ``loaders URL``)."""
+"""``carraystore bench codecs PATH``, ``bench loaders DIR`` (or ``loaders URL``) and ``bench shuffle STORE``."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    """Add the ``bench`` command (sub-commands ``codecs`` and ``loaders``) to the CLI."""
+    """Add the ``bench`` command (sub-commands ``codecs``, ``loaders`` and ``shuffle``) to the CLI."""
     p = sub.add_parser(
         "bench",
         help="measure codecs and loaders on your own data",
         description="Measure blosc2 codecs (and recommend a preset) or compare loaders on your own images.",
     )
-    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT", help="codecs or loaders")
+    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT", help="codecs, loaders or shuffle")
     bsub.required = True
 
     c = bsub.add_parser(
@@ -39,7 +39,10 @@ def register(sub: Any) -> None:
         "--grid",
         choices=["full", "quick", "presets"],
         default="full",
-        help="full: the whole grid (a few minutes); quick: lz4/zstd, levels 1/5, two filters; presets: only the presets",
+        help=(
+            "full: the whole grid (a few minutes); quick: lz4/zstd, levels 1/5, two filters, blocks of 1/4/16 images; "
+            "presets: only the presets"
+        ),
     )
     c.add_argument(
         "--read-mbs",
@@ -110,6 +113,28 @@ def register(sub: Any) -> None:
     )
     lo.set_defaults(func=_cmd_loaders)
 
+    sh = bsub.add_parser(
+        "shuffle",
+        help="how well block shuffle mixes a store's epochs, against a global shuffle, per window size",
+        description=(
+            "Measure one epoch's order of STORE (metadata only, nothing is decoded): distinct classes, groups and "
+            "source chunks per batch, and how far samples travel, each beside what a global shuffle gives, for "
+            "the store's order, block shuffle at each window size and a global shuffle, with the decoded memory "
+            "each window holds."
+        ),
+    )
+    sh.add_argument("store", help="a .b2nd store (path or URL)")
+    sh.add_argument("--batch-size", type=int, default=32, help="images per batch (default 32)")
+    sh.add_argument(
+        "--window",
+        type=int,
+        action="append",
+        help="window in chunks (repeat for several; default: 1, 4, 16 and 64 chunks)",
+    )
+    sh.add_argument("--seed", type=int, default=0, help="the loader's seed (default 0)")
+    sh.add_argument("--epoch", type=int, default=0, help="the epoch to measure (default 0)")
+    sh.set_defaults(func=_cmd_shuffle)
+
 
 def _size_arg(text: str) -> int | None:
     """--cache-size: bytes or a size such as ``20GB`` (as ``carraystore.open(cache_size=...)``)."""
@@ -139,12 +164,18 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
         grid = (
             C.codec_grid()
             if args.grid == "full"
-            else C.codec_grid(("lz4", "zstd"), (0, 1, 5), ("none", "shuffle+bytedelta"), (1, 4), False)
+            else C.codec_grid(("lz4", "zstd"), (0, 1, 5), ("none", "shuffle+bytedelta"), C.BLOCKS, False)
         )
         rows = C.run_suite({"yours": images}, grid, repeats=args.repeats, progress=say)
         front = C.pareto_front(rows)
         print("Pareto front (compression ratio against 1-thread decompression speed):\n")
         print(C.results_table(front, front))
+        print(
+            "Images per block (bN: N images per block): whole-chunk decompression MB/s (1 thread), what block-shuffled "
+            "epochs do, against the microseconds one random image costs alone (its whole block, through libblosc2's "
+            "getitem, as the loader's direct mode reads; 'whole chunk' where getitem cannot, e.g. bytedelta):\n"
+        )
+        print(C.block_table(rows, C.block_families(rows, front)))
         if args.out:
             paths = C.write_results(rows, args.out, info={"title": f"your data: {args.path}", "images": len(images)})
             print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -169,6 +200,24 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
     )
     print(f"\nrecommended preset for {where}: {best}")
     print(f"use it with: carraystore ingest SRC OUT.b2nd --preset {best}   or   carraystore.Codec.preset({best!r})")
+    return 0
+
+
+def _cmd_shuffle(args: argparse.Namespace) -> int:
+    from carraystore.reader import open_store
+    from carraystore.shuffle_report import DEFAULT_WINDOW, compare_windows, shuffle_table
+
+    if args.batch_size < 1:
+        raise InvalidInputError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.seed < 0 or args.epoch < 0:
+        raise InvalidInputError("--seed and --epoch must be integers >= 0")
+    with open_store(args.store) as store:
+        rows = compare_windows(store, args.batch_size, args.window, seed=args.seed, epoch=args.epoch)
+        print(
+            f"# Shuffle quality of {args.store}: {len(store):,} samples in {store.nchunks:,} chunks of "
+            f"{store.chunk_images}, batches of {args.batch_size}, seed {args.seed}, epoch {args.epoch}\n"
+        )
+        print(shuffle_table(rows, store.chunk_nbytes, store.nchunks, default_window=DEFAULT_WINDOW))
     return 0
 
 

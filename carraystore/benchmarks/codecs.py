@@ -8,7 +8,11 @@ images), and decompressed with ``blosc2.decompress2`` into a preallocated buffer
 
 Speeds are MB/s of *uncompressed* pixels. Compression uses one thread; decompression
 is measured with one thread (what each of the loader's threads gets) and with two
-(blosc2 splitting one chunk's blocks over two threads).
+(blosc2 splitting one chunk's blocks over two threads). Beside it, the cost of random
+access: microseconds to decompress one image picked at random out of a compressed chunk
+(libblosc2's getitem, as ``carraystore.blocks`` and the loader's direct mode do), which
+decompresses the whole block holding the image. Multi-image blocks can compress better
+and decompress whole chunks faster, but make one image cost a whole block.
 
 Presets are judged with a simple model of a read-bound loader: an image costs
 ``nbytes / (ratio * R)`` seconds to read at read speed ``R`` plus
@@ -51,6 +55,8 @@ __all__ = [
     "choose_presets",
     "recommend_preset",
     "results_table",
+    "block_table",
+    "block_families",
     "write_results",
     "plot_results",
     "load_sample",
@@ -99,6 +105,10 @@ class CodecResult:
     compress_mbs: float
     decompress_mbs_1t: float
     decompress_mbs_2t: float
+    #: microseconds to decompress one image picked at random (NaN: not measured) ...
+    random_image_us: float = math.nan
+    #: ... by decompressing its ``"block"`` (getitem) or, where getitem cannot, its whole ``"chunk"``
+    random_image_via: str = ""
 
     @property
     def ratio(self) -> float:
@@ -195,7 +205,8 @@ def measure_codec(
     k = default_chunk_images(image_nbytes, resolved.block_images)  # type: ignore[arg-type]
     nchunks = max(1, len(images) // k)
     if len(images) < k:
-        k = len(images) - len(images) % resolved.block_images  # type: ignore[operator]
+        # a sample smaller than one chunk is one chunk, its last block short if need be (as a store's last chunk)
+        k = len(images)
     chunks = [images[i * k : (i + 1) * k] for i in range(nchunks)]
     blocksize = image_nbytes * resolved.block_images  # type: ignore[operator]
     cp = resolved.cparams(blocksize, nthreads=1)
@@ -218,6 +229,7 @@ def measure_codec(
 
     t_d1 = _timeit(decompress(1), repeats, budget_s)
     t_d2 = _timeit(decompress(2), repeats, budget_s)
+    t_one, via = _random_image_s(compressed, k, image_nbytes, int(resolved.typesize), buf, repeats, budget_s)  # type: ignore[arg-type]
     check = np.empty_like(chunks[0])
     blosc2.decompress2(compressed[0], dst=check)
     if not np.array_equal(check, chunks[0]):  # pragma: no cover - a blosc2 bug
@@ -236,7 +248,61 @@ def measure_codec(
         compress_mbs=nbytes / t_c / 1e6,
         decompress_mbs_1t=nbytes / t_d1 / 1e6,
         decompress_mbs_2t=nbytes / t_d2 / 1e6,
+        random_image_us=t_one * 1e6,
+        random_image_via=via,
     )
+
+
+#: Random images decompressed one by one to time random access.
+RANDOM_PICKS = 32
+
+
+def _random_image_s(
+    compressed: Sequence[bytes],
+    k: int,
+    image_nbytes: int,
+    typesize: int,
+    buf: np.ndarray,
+    repeats: int,
+    budget_s: float,
+) -> tuple[float, str]:
+    """Median seconds to decompress one image picked at random out of one of ``compressed``, and how.
+
+    ``"block"``: libblosc2's getitem decompresses only the block holding the image (the
+    loader's direct mode, ``carraystore.blocks``). Where getitem cannot (libblosc2 not
+    found, or it fails: bytedelta chunks), ``"chunk"``: the whole chunk is decompressed
+    into ``buf``, as ``Store.take`` does.
+    """
+    import blosc2
+
+    from carraystore import blocks
+
+    rng = np.random.default_rng(0)
+    chunks = rng.integers(len(compressed), size=RANDOM_PICKS)
+    items = rng.integers(k, size=RANDOM_PICKS)
+    picks = [(compressed[int(c)], int(i)) for c, i in zip(chunks, items, strict=True)]
+    lib = blocks.library()
+    if lib is not None and image_nbytes % typesize == 0:
+        reader = blocks.BlockReader(lib, typesize, image_nbytes)
+        dest = np.empty(image_nbytes, dtype=np.uint8)
+        addr = dest.ctypes.data
+
+        def one_block() -> None:
+            for data, i in picks:
+                reader.get(data, len(data), i, addr)
+
+        try:
+            one_block()
+        except ValueError:  # getitem refuses this chunk (bytedelta: filter pipeline error -18)
+            pass
+        else:
+            return _timeit(one_block, repeats, budget_s) / len(picks), "block"
+
+    def whole_chunk() -> None:
+        for data, _i in picks:
+            blosc2.decompress2(data, dst=buf, nthreads=1)
+
+    return _timeit(whole_chunk, repeats, budget_s) / len(picks), "chunk"
 
 
 def run_suite(
@@ -397,18 +463,76 @@ def measure_presets(images: np.ndarray, repeats: int = 3) -> list[CodecResult]:
 # -- output ------------------------------------------------------------------------------
 
 
+def _us(value: float, via: str = "") -> str:
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:,.0f}" + (" (whole chunk)" if via == "chunk" else "")
+
+
+def block_table(results: Sequence[CodecResult], families: Iterable[tuple[str, int, str, int]] | None = None) -> str:
+    """Per combination, each block size side by side: ratio, whole-chunk MB/s (1 thread), one random image µs.
+
+    ``families`` are (codec, clevel, filters, typesize); default: every combination
+    measured at more than one block size, by falling ratio of its largest block.
+    """
+    groups: dict[tuple[str, int, str, int], dict[int, CodecResult]] = {}
+    for r in results:
+        if r.clevel > 0:
+            groups.setdefault((r.codec, r.clevel, r.filters, r.typesize), {})[r.block_images] = r
+    if families is None:
+        keys = [k for k, g in groups.items() if len(g) > 1]
+        keys.sort(key=lambda k: -groups[k][max(groups[k])].ratio)
+    else:
+        keys = [k for k in families if k in groups]
+    sizes = sorted({b for k in keys for b in groups[k]})
+    head = "| combination | " + " | ".join(f"b{b}: ratio | b{b}: chunk MB/s | b{b}: 1 image µs" for b in sizes) + " |"
+    lines = [head, "|---|" + "---:|" * (3 * len(sizes))]
+    for key in keys:
+        codec, clevel, filters, ts = key
+        ts_label = f" ts{ts}" if filters != "none" else ""
+        cells = [f"{codec}-{clevel} {filters}{ts_label}"]
+        for b in sizes:
+            row = groups[key].get(b)
+            cells += (
+                ["-", "-", "-"]
+                if row is None
+                else [
+                    f"{row.ratio:.3f}",
+                    f"{row.decompress_mbs_1t:,.0f}",
+                    _us(row.random_image_us, row.random_image_via),
+                ]
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def block_families(
+    results: Sequence[CodecResult], front: Iterable[CodecResult] = ()
+) -> list[tuple[str, int, str, int]]:
+    """The combinations worth a block-size comparison: those of ``front`` rows, then the presets' codecs."""
+    keys: list[tuple[str, int, str, int]] = []
+    preset_codecs = {(c.codec, c.clevel, c.filters) for c in PRESETS.values()}
+    picked = list(front) + [r for r in results if (r.codec, r.clevel, FILTERS.get(r.filters)) in preset_codecs]
+    for r in picked:
+        key = (r.codec, r.clevel, r.filters, r.typesize)
+        if r.clevel > 0 and key not in keys:
+            keys.append(key)
+    return keys
+
+
 def results_table(results: Sequence[CodecResult], front: Iterable[CodecResult] = ()) -> str:
     """A markdown table of the rows (Pareto-front rows marked with *)."""
     marks = {id(r) for r in front}
     lines = [
-        "| dataset | codec | clevel | filters | typesize | block imgs | ratio | compress MB/s | decompress MB/s 1t | decompress MB/s 2t | Pareto |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|:-:|",
+        "| dataset | codec | clevel | filters | typesize | block imgs | ratio | compress MB/s | decompress MB/s 1t | decompress MB/s 2t | 1 random image µs | Pareto |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|:-:|",
     ]
     for r in results:
         codec = "none" if r.clevel == 0 else r.codec
         lines.append(
             f"| {r.dataset} | {codec} | {r.clevel} | {r.filters} | {r.typesize} | {r.block_images} | {r.ratio:.3f} | "
-            f"{r.compress_mbs:.0f} | {r.decompress_mbs_1t:.0f} | {r.decompress_mbs_2t:.0f} | {'*' if id(r) in marks else ''} |"
+            f"{r.compress_mbs:.0f} | {r.decompress_mbs_1t:.0f} | {r.decompress_mbs_2t:.0f} | {_us(r.random_image_us, r.random_image_via)} | "
+            f"{'*' if id(r) in marks else ''} |"
         )
     return "\n".join(lines) + "\n"
 
