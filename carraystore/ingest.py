@@ -29,6 +29,7 @@ from PIL import Image
 from carraystore.badfiles import DEFAULT_MAX_SKIPPED, BadFiles, allowed_skips, drop_bad_names, shape_error
 from carraystore.codec import Codec
 from carraystore.decodepool import decoded
+from carraystore.encoded import Encoding, entry_for_pixels, source_entry
 from carraystore.errors import IngestError, InvalidInputError
 from carraystore.images import (
     DEPTH_RULE,
@@ -265,6 +266,8 @@ def _ingest_one(
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
     runner: Runner | None = None,
+    layout: str = "pixels",
+    quality: int | None = None,
 ) -> IngestResult:
     """Plan one store (bad names dropped, the write order, the write arguments) and run it."""
     if not rels:
@@ -288,6 +291,8 @@ def _ingest_one(
         storage_options=storage_options,
         tmp_dir=tmp_dir,
     )
+    if layout == "encoded":
+        write.update(layout="encoded", encoding=Encoding.for_quality(quality))
     job = StoreJob(root, output, rels, labels, class_names, ignored, opts, bad, write, workers, progress, t0)
     return (runner or run_locally)(job)
 
@@ -305,6 +310,15 @@ def run_locally(job: StoreJob) -> IngestResult:
 
     def flush() -> None:
         assert writer is not None
+        if batch_imgs and writer.meta.layout == "encoded":
+            writer.append_encoded(
+                _entries(job, batch_keys, batch_imgs, writer.meta.encoding),
+                labels=np.asarray(batch_labels, dtype=np.int64) if labels is not None else None,
+                keys=list(batch_keys),
+            )
+            batch_imgs.clear()
+            batch_labels.clear()
+            batch_keys.clear()
         if batch_imgs:
             writer.append(
                 np.stack(batch_imgs),
@@ -356,6 +370,23 @@ def run_locally(job: StoreJob) -> IngestResult:
     return job.result(writer, first_shape or ())
 
 
+def _entries(job: StoreJob, rels: list[str], pixels: list[np.ndarray], encoding: Encoding | None) -> list[bytes]:
+    """Layout "encoded": each file's own bytes when they decode to exactly its pixels, else the
+    pixels encoded with the store's pinned format (FORMAT.md 10.3)."""
+    assert encoding is not None
+    out = []
+    for rel, arr in zip(rels, pixels, strict=True):
+        kept = None
+        if encoding.quality is None:  # a quality asks for every image to be encoded at it
+            try:
+                data = (job.root / rel).read_bytes()
+            except OSError:
+                data = b""
+            kept = source_entry(data, arr, job.opts.color_mode)
+        out.append(kept if kept is not None else entry_for_pixels(arr, encoding))
+    return out
+
+
 def _output_folder(path: Path) -> None:
     """Make the folder that receives one store per split; a file in the way is a named error."""
     try:
@@ -398,6 +429,8 @@ def from_directory(
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
     runner: Runner | None = None,
+    layout: str = "pixels",
+    quality: int | None = None,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -433,6 +466,11 @@ def from_directory(
     ``s3://bucket/data`` that receives ``<split>.b2nd`` objects): each store is written in a
     staging folder under ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete.
 
+    ``layout="encoded"`` keeps each image as an encoded file (FORMAT.md 10): a file's own
+    bytes when it is a JPEG, PNG or WebP that decodes to exactly the pixels the default
+    ``layout="pixels"`` would store (no resize, no colour change), else those pixels
+    encoded once as PNG (lossless), or as JPEG at ``quality`` (then every image is).
+
     ``runner`` decodes and writes each planned store (a :class:`StoreJob`): by default
     :func:`run_locally`, in ``workers`` local processes. ``carraystore.dask.from_directory``
     (and ``carraystore.from_directory(..., client=)``) passes one that decodes on a
@@ -445,6 +483,13 @@ def from_directory(
     opts = DecodeOptions(color_mode, size, interpolation, bool(crop_to_aspect_ratio), dtype)
     if workers is None:
         workers = os.cpu_count() or 1
+    if layout not in ("pixels", "encoded"):
+        raise InvalidInputError(f"layout must be 'pixels' or 'encoded', got {layout!r}")
+    if layout == "encoded" and dtype != "uint8":
+        raise InvalidInputError("layout='encoded' holds uint8 images; leave dtype at 'uint8'")
+    if quality is not None and layout != "encoded":
+        raise InvalidInputError("quality= applies to layout='encoded' only")
+    Encoding.for_quality(quality)  # checks the quality
     shuffle = shuffle and not keep_order
     common = dict(
         shuffle=shuffle,
@@ -461,6 +506,8 @@ def from_directory(
         storage_options=storage_options,
         tmp_dir=tmp_dir,
         runner=runner,
+        layout=layout,
+        quality=quality,
     )
 
     def provenance(src_name: str) -> dict[str, Any]:
