@@ -17,6 +17,7 @@ decoded into the same buffer, last image first). Nothing here touches a file.
 
 from __future__ import annotations
 
+import functools
 import io
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -268,7 +269,7 @@ def decode_entry(
 
 def chunk_entries(payload: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
     """The entries of one decompressed chunk (``payload``: its bytes) given their ``sizes``."""
-    flat = memoryview(np.ascontiguousarray(payload).reshape(-1).view(np.uint8))
+    flat = np.ascontiguousarray(payload).reshape(-1).view(np.uint8).data
     ends = np.cumsum(sizes.astype(np.int64))
     starts = ends - sizes.astype(np.int64)
     return [flat[int(a) : int(b)] for a, b in zip(starts, ends, strict=True)]
@@ -293,7 +294,7 @@ def decode_chunk_inplace(
     for j in range(len(sizes) - 1, -1, -1):
         a, b = int(ends[j] - sizes[j]), int(ends[j])
         entry = flat[a:b].tobytes()  # a copy: its bytes may lie under image j's own pixels
-        decode_entry(entry, buf[j], color_mode, formats, lambda j=j: what(j))
+        decode_entry(entry, buf[j], color_mode, formats, functools.partial(what, j))
     if nb and len(sizes) < len(buf):
         buf[len(sizes) :] = 0
 
