@@ -144,6 +144,8 @@ def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
         tmp_dir=args.tmp_dir,
         append=args.append,
         skip_existing=args.skip_existing,
+        layout=args.layout,
+        quality=args.quality,
     )
 
 
@@ -349,7 +351,10 @@ def _cmd_preview(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     with open_for_cli(args.store, args.storage_options) as store:
-        n = export_images(store, args.outdir, fmt=args.format, quality=args.quality, overwrite=args.overwrite)
+        n = export_images(
+            store, args.outdir, fmt=args.format or "png", quality=args.quality, overwrite=args.overwrite,
+            original=None if args.format is None else False,
+        )  # fmt: skip
     print(f"wrote {n} images under {args.outdir}")
     return 0
 
@@ -510,6 +515,7 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="how long to try reaching the --dask-scheduler before giving up (default 30)",
     )
+    _add_layout_arguments(p)
     add_codec_arguments(p)
     add_write_arguments(p)
     p.set_defaults(func=_cmd_ingest)
@@ -602,7 +608,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("store", help="the .b2nd store")
     p.add_argument("outdir", help="folder to write into (created if missing)")
-    p.add_argument("--format", choices=["png", "jpeg"], default="png", help="file format (default png, lossless)")
+    p.add_argument(
+        "--format",
+        choices=["png", "jpeg"],
+        default=None,
+        help="file format (default png, lossless; an encoded store's images are written as stored, byte for byte)",
+    )
     p.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95)")
     p.add_argument("--overwrite", action="store_true", help="replace files that already exist")
     add_read_arguments(p)
@@ -636,6 +647,60 @@ def register(sub: Any) -> None:
         p, ("overwrite", "lock_timeout", "progress"), helps={"overwrite": "replace DST if it exists"}
     )
     p.set_defaults(func=_cmd_copy)
+
+    p = sub.add_parser(
+        "convert",
+        help="rewrite a store in the other pixel layout (pixels <-> encoded) or with another codec (verified)",
+        description=(
+            "Write SRC as DST in --layout pixels or encoded (FORMAT.md 10), chunk by chunk. pixels -> encoded encodes "
+            "each image once as PNG (lossless) unless --quality asks for JPEG; encoded -> encoded keeps every entry. "
+            "DST is compared with SRC (the same pixels when lossless) before it appears."
+        ),
+    )
+    p.add_argument("src", help="the source store (a local .b2nd path)")
+    p.add_argument("dst", help="the new store (a local .b2nd path)")
+    p.add_argument("--layout", choices=["pixels", "encoded"], required=True, help="the layout of DST")
+    p.add_argument("--quality", type=int, default=None, help="encoded: JPEG at this quality (1-100) instead of PNG")
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip comparing DST with SRC")
+    p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    add_codec_arguments(p)
+    p.set_defaults(func=_cmd_convert)
+
+
+def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--layout",
+        choices=["pixels", "encoded"],
+        default="pixels",
+        help="pixels (default): decoded pixels; encoded: each image as its JPEG/PNG/WebP bytes (FORMAT.md 10)",
+    )
+    p.add_argument(
+        "--quality",
+        type=int,
+        default=None,
+        help="--layout encoded: encode every image as JPEG at this quality (default: keep files, else PNG)",
+    )
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from carraystore.convert import convert_store
+
+    r = convert_store(
+        args.src,
+        args.dst,
+        args.layout,
+        quality=args.quality,
+        codec=_codec_from_args(args),
+        chunk_images=args.chunk_images,
+        overwrite=args.overwrite,
+        verify=args.verify,
+    )
+    kind = "verified pixel for pixel" if r.lossless and args.verify else ("lossy" if not r.lossless else "not verified")
+    print(
+        f"{r.path}: {r.nimages} images, layout {r.layout}, {r.src_bytes} -> {r.dst_bytes} bytes "
+        f"({r.dst_bytes / max(1, r.nimages):.0f} per image; {kind})"
+    )
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

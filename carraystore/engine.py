@@ -802,7 +802,8 @@ def direct_possible(store: StoreReader) -> bool:
     """
     codec = store.codec
     return (
-        codec.block_images == 1
+        store.meta.layout != "encoded"  # entries are decoded chunk by chunk (FORMAT.md 10)
+        and codec.block_images == 1
         # libblosc2's getitem fails on bytedelta chunks (error -18, the filter pipeline): the
         # default preset on images over 64 KiB, e.g. 224x224 RGB, decodes whole chunks instead
         and "bytedelta" not in codec.filters

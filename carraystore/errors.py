@@ -11,6 +11,7 @@ __all__ = [
     "CodecMismatchError",
     "CorruptStoreError",
     "ChecksumError",
+    "EncodedImageError",
     "MetadataChecksumError",
     "MetadataTooLargeError",
     "StoreChangedError",
@@ -62,6 +63,13 @@ class CodecMismatchError(FormatError):
 
 class CorruptStoreError(CarrayStoreError):
     """The file is truncated, damaged or inconsistent."""
+
+
+class EncodedImageError(CorruptStoreError):
+    """An image of an encoded store (FORMAT.md 10) does not decode, or is not what the store records.
+
+    The message names the store, the item and the chunk.
+    """
 
 
 class ChecksumError(CorruptStoreError):

@@ -199,9 +199,18 @@ def check_preview_output(out: Path, store_path: Path) -> None:
 
 
 def export_images(
-    store: Any, outdir: str | os.PathLike[str], fmt: str = "png", quality: int = 95, overwrite: bool = False
+    store: Any,
+    outdir: str | os.PathLike[str],
+    fmt: str = "png",
+    quality: int = 95,
+    overwrite: bool = False,
+    original: bool | None = None,
 ) -> int:
     """Write every image as a file under ``outdir`` (keys as relative paths); returns the count.
+
+    ``original`` (default: for stores of layout "encoded") writes each image's stored
+    entry byte for byte: a source file kept at ingest comes back identical, under its key
+    (images stored as raw pixels are written as PNG).
 
     Refuses any key that would land outside ``outdir`` (absolute, ``..``, or through a link),
     and an ``outdir`` that exists but is not a folder. Each file is written through a fresh
@@ -209,7 +218,13 @@ def export_images(
     """
     from PIL import Image
 
-    if store.layout != "NHWC" or store.dtype != np.uint8:
+    from carraystore.encoded import sniff
+
+    if original is None:
+        original = store.layout == "encoded"
+    if original and store.layout != "encoded":
+        raise InvalidInputError(f"{store.path}: only stores of layout 'encoded' keep original files; choose a format")
+    if store.layout not in ("NHWC", "encoded") or store.dtype != np.uint8:
         raise InvalidInputError(
             f"{store.path}: export writes uint8 image stores; this one is {store.layout} {store.dtype}"
         )
@@ -221,6 +236,13 @@ def export_images(
     root.mkdir(parents=True, exist_ok=True)
     root_resolved = root.resolve()
     ext = {"png": ".png", "jpeg": ".jpg"}[fmt]
+    entries: list[str] | None = None  # encoded stores: each entry's file suffix
+    if original:
+        assert store.meta.entry_sizes is not None
+        nb = store.meta.image_nbytes
+        exts = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "raw": ".png"}
+        formats = [sniff(e, nb) for c in range(store.nchunks) for e in store.chunk_entries(c)]  # a first pass
+        entries = [exts[f] for f in formats]
     names: list[Path] = []
     for i in range(len(store)):
         if store.keys is not None:
@@ -230,7 +252,9 @@ def export_images(
                     f"{store.path}: key {key!r} (item {i}) holds a backslash, which is part of the file name in a store "
                     "but a folder separator here; export it on a POSIX system"
                 )
-            rel = Path(key).with_suffix(ext)
+            rel = Path(key) if entries is not None and Path(key).suffix.lower() in _SUFFIXES[formats[i]] else (
+                Path(key).with_suffix(entries[i] if entries is not None else ext)
+            )  # fmt: skip
         else:
             lab = int(store.labels[i]) if store.labels is not None else None
             sub = (
@@ -243,7 +267,7 @@ def export_images(
                     f"{store.path}: class name {sub!r} (item {i}) holds a NUL byte and cannot be a folder name; "
                     "rename the class with `carraystore meta STORE --class-names ...`, then export again"
                 )
-            rel = Path(sub) / f"{i:08d}{ext}"
+            rel = Path(sub) / f"{i:08d}{entries[i] if entries is not None else ext}"
         target = (root / rel).resolve()
         if rel.is_absolute() or ".." in rel.parts or not target.is_relative_to(root_resolved):
             raise InvalidInputError(
@@ -265,6 +289,20 @@ def export_images(
         if existing:
             raise InvalidInputError(f"{existing[0]} already exists; pass --overwrite to replace files")
     count = 0
+    if entries is not None:
+        for c in range(store.nchunks):
+            start, _ = store.chunk_range(c)
+            for j, entry in enumerate(store.chunk_entries(c)):
+                target = names[start + j]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if len(entry) == store.meta.image_nbytes:  # raw pixels: as a PNG
+                    img = np.frombuffer(entry, dtype=np.uint8).reshape(store.image_shape)
+                    pil = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
+                    write_file_safely(target, functools.partial(pil.save, format="PNG"))
+                else:
+                    write_file_safely(target, functools.partial(_write_bytes, entry))
+                count += 1
+        return count
     for c in range(store.nchunks):
         start, _ = store.chunk_range(c)
         for j, img in enumerate(store.read_chunk(c)):
@@ -284,3 +322,10 @@ def export_images(
             write_file_safely(target, functools.partial(pil.save, format="PNG" if fmt == "png" else "JPEG", **options))
             count += 1
     return count
+
+
+_SUFFIXES = {"jpeg": (".jpg", ".jpeg", ".jpe", ".jfif"), "png": (".png",), "webp": (".webp",), "raw": (".png",)}
+
+
+def _write_bytes(data: bytes, f: BinaryIO) -> None:
+    f.write(data)

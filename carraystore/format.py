@@ -21,6 +21,7 @@ import numpy as np
 from numpy.lib.format import descr_to_dtype
 
 from carraystore.codec import Codec, crc32
+from carraystore.encoded import FORMAT_VERSION_ENCODED, Encoding, check_sizes
 from carraystore.errors import FormatError, FormatVersionError, InvalidInputError, MetadataChecksumError
 
 __all__ = [
@@ -50,7 +51,9 @@ DTYPES = ("uint8", "uint16", "float32")
 COLOR_MODES = {1: "grayscale", 3: "rgb", 4: "rgba"}
 #: "NHWC": images (H, W, C) with C in 1/3/4 and a pixel dtype; "array": any item shape and
 #: any fixed-size numpy dtype (migrated legacy arrays, labels, embeddings, ...).
-LAYOUTS = ("NHWC", "array")
+LAYOUTS = ("NHWC", "array", "encoded")
+#: The newest format version this carraystore reads: 2, stores of the "encoded" layout (FORMAT.md 10).
+MAX_FORMAT_VERSION = FORMAT_VERSION_ENCODED
 #: Key of the fixed meta layer that says the metadata record carries its checksum (FORMAT.md 4.3).
 #: Also the name of the record's last entry, which holds that checksum.
 META_CRC_KEY = "meta_crc32"
@@ -429,6 +432,9 @@ class StoreMeta:
     #: groups (video, session, patient): ``groups[i]`` indexes ``group_names`` (FORMAT.md 4.6)
     group_names: tuple[str, ...] | None = None
     groups: np.ndarray | None = None
+    #: layout "encoded" only (FORMAT.md 10): how images are encoded, and each entry's length in bytes
+    encoding: Encoding | None = None
+    entry_sizes: np.ndarray | None = None
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -481,6 +487,10 @@ class StoreMeta:
         if self.group_names is not None:  # written only when present: records without groups stay as they were
             rec["group_names"] = list(self.group_names)
             rec["groups"] = np.asarray(self.groups, dtype="<i4").tobytes()
+        if self.layout == "encoded":
+            rec["encoding"] = self.encoding.to_record() if self.encoding is not None else None
+            sizes = self.entry_sizes if self.entry_sizes is not None else np.zeros(0, dtype="<u4")
+            rec["entry_sizes"] = np.asarray(sizes, dtype="<u4").tobytes()
         return rec
 
     def to_bytes(self) -> bytes:
@@ -530,10 +540,17 @@ class StoreMeta:
         version = rec.get("format_version")
         if not isinstance(version, int):
             raise FormatError(f"{where}: metadata has no integer format_version")
-        if version > FORMAT_VERSION:
+        encoded = rec.get("layout") == "encoded"
+        if version > (FORMAT_VERSION_ENCODED if encoded else FORMAT_VERSION):
             raise FormatVersionError(
                 f"{where}: store format version {version} is newer than this carraystore reads "
-                f"(format version {FORMAT_VERSION}); upgrade carraystore"
+                f"(format version {FORMAT_VERSION_ENCODED if encoded else FORMAT_VERSION}"
+                f"{', layout encoded' if encoded else ''}); upgrade carraystore"
+            )
+        if encoded and version != FORMAT_VERSION_ENCODED:
+            raise FormatError(
+                f"{where}: a store of layout 'encoded' is format version {FORMAT_VERSION_ENCODED}, "
+                f"this one says {version}; the file is damaged"
             )
         if version < FORMAT_VERSION:
             raise FormatVersionError(
@@ -575,6 +592,8 @@ class StoreMeta:
                 skipped=tuple(dict(s) for s in rec.get("skipped") or ()),
                 columns=_columns_from_record(rec.get("columns") or {}, nimages, where),
                 **_groups_from_record(rec, where),
+                encoding=Encoding.from_record(rec.get("encoding"), where) if encoded else None,
+                entry_sizes=np.frombuffer(rec["entry_sizes"], dtype="<u4") if encoded else None,
             )
         except FormatError as exc:  # from a part (codec, keys, dtype): name the file too
             if str(exc).startswith(f"{where}:"):
@@ -594,7 +613,9 @@ class StoreMeta:
         dt = self.np_dtype
         if self.layout not in LAYOUTS:
             raise FormatError(f"{where}: layout {self.layout!r} is not one of {LAYOUTS}")
-        if self.layout == "NHWC":
+        if self.layout == "encoded":
+            self._validate_encoded(where)
+        if self.layout in ("NHWC", "encoded"):
             if dt.name not in DTYPES:
                 raise FormatError(f"{where}: dtype {self.dtype!r} is not one of {DTYPES} (image layout)")
             if len(self.image_shape) != 3 or self.image_shape[2] not in COLOR_MODES or min(self.image_shape) < 1:
@@ -689,6 +710,18 @@ def _groups_from_record(rec: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}: 'group_names' must be an array of str and 'groups' int32 bytes, both present (FORMAT.md 4.6)"
         )
     return {"group_names": tuple(names), "groups": np.frombuffer(groups, dtype="<i4")}
+
+    def _validate_encoded(self, where: str) -> None:
+        """The encoded layout's own rules (FORMAT.md 10.1)."""
+        if self.format_version != FORMAT_VERSION_ENCODED:
+            raise FormatError(f"{where}: layout 'encoded' needs format version {FORMAT_VERSION_ENCODED}")
+        if self.np_dtype != np.uint8:
+            raise FormatError(f"{where}: a store of layout 'encoded' decodes to uint8, not {self.dtype!r}")
+        if self.encoding is None or self.entry_sizes is None:
+            raise FormatError(f"{where}: layout 'encoded' needs 'encoding' and 'entry_sizes' in the metadata")
+        if len(self.entry_sizes) != self.nimages:
+            raise FormatError(f"{where}: {len(self.entry_sizes)} entry sizes for {self.nimages} images")
+        check_sizes(self.entry_sizes, self.image_nbytes, where)
 
 
 def _columns_from_record(rec: Any, n: int, where: str) -> dict[str, np.ndarray]:

@@ -31,6 +31,7 @@ from PIL import Image
 from carraystore.badfiles import DEFAULT_MAX_SKIPPED, BadFiles, allowed_skips, drop_bad_names, shape_error
 from carraystore.codec import Codec
 from carraystore.decodepool import decoded
+from carraystore.encoded import Encoding, entry_for_pixels, source_entry
 from carraystore.errors import GroupSplitError, IngestError, InvalidInputError
 from carraystore.images import (
     DEPTH_RULE,
@@ -493,6 +494,8 @@ def _ingest_one(
     appender: StoreWriter | None = None,
     notes: Sequence[str] = (),
     class_folders: bool = False,
+    layout: str = "pixels",
+    quality: int | None = None,
 ) -> IngestResult:
     """Plan one store (bad names dropped, the write order, the write arguments) and run it."""
     if not rels:
@@ -530,6 +533,8 @@ def _ingest_one(
         storage_options=storage_options,
         tmp_dir=tmp_dir,
     )
+    if layout == "encoded":
+        write.update(layout="encoded", encoding=Encoding.for_quality(quality))
     if appender is not None:
         write["existing"] = appender.nimages
     job = StoreJob(
@@ -555,6 +560,18 @@ def run_locally(job: StoreJob) -> IngestResult:
 
     def flush() -> None:
         assert writer is not None
+        if batch_imgs and writer.meta.layout == "encoded":
+            writer.append_encoded(
+                _entries(job, batch_keys, batch_imgs, writer.meta.encoding),
+                labels=np.asarray(batch_labels, dtype=np.int64) if labels is not None else None,
+                keys=list(batch_keys),
+                columns=job.columns_for(batch_keys),
+                groups=list(batch_groups) if groups is not None else None,
+            )
+            batch_imgs.clear()
+            batch_labels.clear()
+            batch_keys.clear()
+            batch_groups.clear()
         if batch_imgs:
             writer.append(
                 np.stack(batch_imgs),
@@ -642,6 +659,23 @@ def _fields_for(
         table.check_files(rels, str(root))
         fields = table if fields is None else fields.merged(table)
     return fields
+
+
+def _entries(job: StoreJob, rels: list[str], pixels: list[np.ndarray], encoding: Encoding | None) -> list[bytes]:
+    """Layout "encoded": each file's own bytes when they decode to exactly its pixels, else the
+    pixels encoded with the store's pinned format (FORMAT.md 10.3)."""
+    assert encoding is not None
+    out = []
+    for rel, arr in zip(rels, pixels, strict=True):
+        kept = None
+        if encoding.quality is None:  # a quality asks for every image to be encoded at it
+            try:
+                data = (job.root / rel).read_bytes()
+            except OSError:
+                data = b""
+            kept = source_entry(data, arr, job.opts.color_mode)
+        out.append(kept if kept is not None else entry_for_pixels(arr, encoding))
+    return out
 
 
 def _output_folder(path: Path) -> None:
@@ -797,6 +831,8 @@ def from_directory(
     append: bool = False,
     skip_existing: bool = False,
     runner: Runner | None = None,
+    layout: str = "pixels",
+    quality: int | None = None,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
 
@@ -864,6 +900,11 @@ def from_directory(
     ``s3://bucket/data`` that receives ``<split>.b2nd`` objects): each store is written in a
     staging folder under ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete.
 
+    ``layout="encoded"`` keeps each image as an encoded file (FORMAT.md 10): a file's own
+    bytes when it is a JPEG, PNG or WebP that decodes to exactly the pixels the default
+    ``layout="pixels"`` would store (no resize, no colour change), else those pixels
+    encoded once as PNG (lossless), or as JPEG at ``quality`` (then every image is).
+
     ``runner`` decodes and writes each planned store (a :class:`StoreJob`): by default
     :func:`run_locally`, in ``workers`` local threads. ``carraystore.dask.from_directory``
     (and ``carraystore.from_directory(..., client=)``) passes one that decodes on a
@@ -884,6 +925,10 @@ def from_directory(
         raise InvalidInputError("skip_existing applies to append=True (CLI: --skip-existing with --append)")
     if append:
         _check_append_args(output, overwrite, split_dirs, subset, chunk_images, attrs)
+        if layout != "pixels" or quality is not None:
+            raise InvalidInputError(
+                f"{output}: append=True keeps the store's own layout and encoding; leave layout and quality out"
+            )
         return _append_directory(
             root,
             output,
@@ -916,6 +961,13 @@ def from_directory(
     opts = DecodeOptions(color_mode, size, interpolation, crop_to_aspect_ratio, dtype)
     if workers is None:
         workers = os.cpu_count() or 1
+    if layout not in ("pixels", "encoded"):
+        raise InvalidInputError(f"layout must be 'pixels' or 'encoded', got {layout!r}")
+    if layout == "encoded" and dtype not in (None, "uint8"):
+        raise InvalidInputError("layout='encoded' holds uint8 images; leave dtype at 'uint8'")
+    if quality is not None and layout != "encoded":
+        raise InvalidInputError("quality= applies to layout='encoded' only")
+    Encoding.for_quality(quality)  # checks the quality
     shuffle = shuffle and not keep_order
     common: dict[str, Any] = dict(
         shuffle=shuffle,
@@ -933,6 +985,8 @@ def from_directory(
         tmp_dir=tmp_dir,
         runner=runner,
         class_folders=labels == "inferred",
+        layout=layout,
+        quality=quality,
     )
 
     def provenance(src_name: str) -> dict[str, Any]:

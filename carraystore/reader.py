@@ -33,6 +33,7 @@ from carraystore.codec import (
     crc32,
     parse_chunk_header,
 )
+from carraystore.encoded import chunk_entries, decode_chunk_inplace
 from carraystore.errors import (
     CarrayStoreError,
     ChecksumError,
@@ -47,7 +48,7 @@ from carraystore.errors import (
 from carraystore.forksafe import in_forked_child
 from carraystore.format import (
     FORMAT_NAME,
-    FORMAT_VERSION,
+    MAX_FORMAT_VERSION,
     META_CRC_KEY,
     META_KEY,
     StoreMeta,
@@ -401,7 +402,48 @@ class StoreReader:
             raise CorruptStoreError(
                 f"{self.location}: chunk {i} does not decompress ({exc}); run `carraystore verify {self.location}`"
             ) from exc
+        if self.meta.layout == "encoded":  # the chunk's entries, decoded in place (FORMAT.md 10)
+            self._decode_entries(i, out)
         return out[: stop - start]
+
+    # -- the encoded layout (FORMAT.md 10) -----------------------------------------------------
+    def _decode_entries(self, i: int, buf: np.ndarray) -> None:
+        start, stop = self.chunk_range(i)
+        meta = self.meta
+        assert meta.entry_sizes is not None and meta.encoding is not None
+        decode_chunk_inplace(
+            buf,
+            meta.entry_sizes[start:stop],
+            meta.color_mode,
+            meta.encoding.formats,
+            lambda j: f"{self.location}: image {start + j} (chunk {i})",
+        )
+
+    def chunk_entries(self, i: int, verify: bool = True) -> list[bytes]:
+        """The stored entries of chunk ``i`` of an encoded store: each image's file bytes (or raw pixels)."""
+        if self.meta.layout != "encoded":
+            raise InvalidInputError(f"{self.location}: entries exist in stores of layout 'encoded' only")
+        i = self._check_chunk_index(i)
+        data = self.chunk_buffer(i)
+        if verify and not self.check_reads:
+            self.check_chunk_bytes(i, data)
+        buf = np.empty((self.meta.chunk_images, *self.image_shape), dtype=np.uint8)
+        try:
+            blosc2.decompress2(data, dst=buf)
+        except Exception as exc:
+            raise CorruptStoreError(f"{self.location}: chunk {i} does not decompress ({exc})") from exc
+        start, stop = self.chunk_range(i)
+        assert self.meta.entry_sizes is not None
+        return [bytes(e) for e in chunk_entries(buf, self.meta.entry_sizes[start:stop])]
+
+    def entry(self, index: int) -> bytes:
+        """Image ``index``'s stored entry (encoded store): the source file's bytes when kept as they were."""
+        n = len(self)
+        i = int(index) + (n if int(index) < 0 else 0)
+        if not 0 <= i < n:
+            raise IndexError(f"image index {index} out of range for a store of {n} images")
+        c = i // self.meta.chunk_images
+        return self.chunk_entries(c)[i - c * self.meta.chunk_images]
 
     def check_chunk_bytes(self, i: int, data: bytes) -> None:
         """Raise ChecksumError unless ``data`` (chunk ``i`` as read) matches its recorded CRC32."""
@@ -707,9 +749,9 @@ def _read_meta(frame: Frame, location: str) -> StoreMeta:
         raise CorruptStoreError(f"{location}: the {META_KEY!r} meta layer cannot be read ({exc})") from exc
     if fixed_name != FORMAT_NAME or not isinstance(fixed_version, int) or isinstance(fixed_version, bool):
         raise FormatError(f"{location}: the {META_KEY!r} meta layer is not a carraystore header ({fixed_rec!r})")
-    if fixed_version > FORMAT_VERSION:
+    if fixed_version > MAX_FORMAT_VERSION:
         raise FormatVersionError(
-            f"{location}: format version {fixed_version} is newer than this carraystore reads ({FORMAT_VERSION}); "
+            f"{location}: format version {fixed_version} is newer than this carraystore reads ({MAX_FORMAT_VERSION}); "
             "upgrade carraystore (pip install -U carraystore)"
         )
     shape, chunks, _ = frame.b2nd()

@@ -40,6 +40,7 @@ from carraystore.codec import (
     default_chunk_images,
     parse_chunk_header,
 )
+from carraystore.encoded import FORMAT_VERSION_ENCODED, Encoding, default_codec, entry_for_pixels, sniff
 from carraystore.errors import CorruptStoreError, InvalidInputError, StoreExistsError
 from carraystore.format import (
     COLOR_MODES,
@@ -172,6 +173,10 @@ class StoreWriter:
         self._chunk_start = (meta.nimages // k) * k
         self._fill = meta.nimages - self._chunk_start
         self._stored = meta.nimages  # images the array already holds
+        #: layout "encoded": each entry's size, and where the next entry goes in the pending chunk
+        self._sizes: list[np.ndarray] = [meta.entry_sizes] if meta.entry_sizes is not None else []
+        self._encoding = meta.encoding
+        self._pos = int(meta.entry_sizes[self._chunk_start :].sum()) if meta.entry_sizes is not None else 0
         if self._fill:
             ic = self._chunk_start // k
             data = inplace.read_chunk(ic) if inplace is not None else array.schunk.get_chunk(ic)
@@ -210,7 +215,7 @@ class StoreWriter:
         meta = self._meta
         dt = meta.np_dtype
         images = np.asarray(images)
-        if meta.layout == "NHWC":
+        if meta.layout in ("NHWC", "encoded"):
             if images.shape == meta.image_shape:
                 images = images[None]
             if images.ndim == 3 and meta.image_shape[2] == 1 and images.shape[1:] == meta.image_shape[:2]:
@@ -223,6 +228,11 @@ class StoreWriter:
             raise InvalidInputError(
                 f"{self.path}: data is {images.dtype}, the store holds {dt}; convert it with .astype({str(dt)!r})"
             )
+        if meta.layout == "encoded":
+            assert self._encoding is not None
+            entries = [entry_for_pixels(img, self._encoding) for img in images]
+            self.append_encoded(entries, labels, keys, columns, groups)
+            return
         n = len(images)
         lab = self._check_labels(labels, n)
         keytab = self._check_keys(keys, n)
@@ -282,6 +292,69 @@ class StoreWriter:
         """The group names so far (None while the store has no groups)."""
         return tuple(self._group_names) if self._has_groups else None
 
+    def append_encoded(
+        self,
+        entries: Sequence[bytes],
+        labels: Sequence[int] | np.ndarray | None = None,
+        keys: Sequence[str] | None = None,
+        columns: dict[str, np.ndarray] | None = None,
+        groups: Sequence[Any] | np.ndarray | None = None,
+    ) -> None:
+        """Append images of a store of layout "encoded" as entries (FORMAT.md 10.1), kept byte for byte.
+
+        An entry is a JPEG, PNG or WebP file of the store's image size, or the image's raw
+        pixels (exactly ``H*W*C`` bytes). Entries are not decoded here: ``verify`` (or
+        ``convert``, which compares) decodes them. ``from_directory(..., layout="encoded")``
+        keeps a source file only when it decodes to the pixels the pixel layout would hold.
+        """
+        self._check_open()
+        meta = self._meta
+        if meta.layout != "encoded":
+            raise InvalidInputError(
+                f"{self.path}: append_encoded() is for stores of layout 'encoded' (this one: {meta.layout})"
+            )
+        nb = meta.image_nbytes
+        entries = [bytes(e) for e in entries]
+        n = len(entries)
+        formats = []
+        for j, e in enumerate(entries):
+            fmt = sniff(e, nb)
+            if fmt == "unknown" or len(e) > nb or not e:
+                raise InvalidInputError(
+                    f"{self.path}: entry {j} ({len(e)} bytes) is neither a JPEG, PNG or WebP file shorter than the "
+                    f"image's {nb} pixel bytes nor exactly those pixel bytes"
+                )
+            formats.append(fmt)
+        lab = self._check_labels(labels, n)
+        keytab = self._check_keys(keys, n)
+        cols = self._check_columns(columns, n)
+        grp, new_names = self._check_groups(groups, n)
+        if self._has_labels is None:
+            self._has_labels = lab is not None
+        if self._has_keys is None:
+            self._has_keys = keytab is not None
+        self._add_groups(grp, new_names)
+        if lab is not None:
+            self._labels.append(lab)
+        if keytab is not None:
+            self._keys.append(keytab)
+        for name, col in cols.items():
+            self._columns.setdefault(name, []).append(col)
+        assert self._encoding is not None
+        self._encoding = self._encoding.with_formats(formats)
+        self._sizes.append(np.array([len(e) for e in entries], dtype="<u4"))
+        flat = self._buf.reshape(-1).view(np.uint8)
+        k = meta.chunk_images
+        for e in entries:
+            if self._fill == 0:
+                flat[...] = 0  # deterministic padding after the entries
+                self._pos = 0
+            flat[self._pos : self._pos + len(e)] = np.frombuffer(e, dtype=np.uint8)
+            self._pos += len(e)
+            self._fill += 1
+            if self._fill == k:
+                self._flush_chunk()
+
     def add_skipped(self, path: str, reason: str) -> None:
         """Record an input that was skipped (kept in the metadata; nothing is dropped silently)."""
         self._skipped.append({"path": path, "reason": reason})
@@ -308,6 +381,8 @@ class StoreWriter:
         meta = self._meta
         k = meta.chunk_images
         where = f"{self.path}, chunk {self.nimages // k}"
+        if meta.layout == "encoded":
+            raise InvalidInputError(f"{where}: compressed chunks cannot be appended to a store of layout 'encoded'")
         if self._fill:
             raise InvalidInputError(
                 f"{where}: {self._fill} items are pending; a compressed chunk must start at a chunk boundary"
@@ -378,6 +453,8 @@ class StoreWriter:
                     if self._has_groups
                     else None
                 ),
+                encoding=self._encoding,
+                entry_sizes=np.concatenate(self._sizes).astype("<u4") if self._sizes else self._meta.entry_sizes,
                 writer_version=__version__,
                 blosc2_version=blosc2.__version__,
             )
@@ -566,7 +643,7 @@ class StoreWriter:
     def _flush_chunk(self) -> None:
         k = self._meta.chunk_images
         ic = self._chunk_start // k
-        if self._fill < k:
+        if self._fill < k and self._meta.layout != "encoded":  # (entries: zeroed when the chunk began)
             self._buf[self._fill :].view(np.uint8)[...] = 0  # deterministic padding
         data = blosc2.compress2(self._buf, **self._cparams)
         with named_write_errors(self._written_file, f"chunk {ic}", len(data)):
@@ -620,6 +697,7 @@ def create(
     storage_options: Mapping[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
     options: WriteOptions | None = None,
+    encoding: Encoding | None = None,
 ) -> StoreWriter:
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
@@ -628,7 +706,9 @@ def create(
     ``codec`` is a Codec, a preset name, or None for the default (``balanced``).
     ``image_shape`` is the shape of one item: (H, W, C) for images (C = 1, 3 or 4; an
     (H, W) shape gets C = 1), or any shape with ``layout="array"`` (``()`` for scalars).
-    ``layout=None`` picks "NHWC" for (H, W, C) pixel data and "array" otherwise.
+    ``layout=None`` picks "NHWC" for (H, W, C) pixel data and "array" otherwise;
+    ``layout="encoded"`` keeps uint8 images as encoded files (FORMAT.md 10), pixels given
+    to ``append`` being encoded with ``encoding`` (default: PNG, lossless).
 
     ``path`` may be a URL (``s3://bucket/train.b2nd``, ``gs://...``; ``storage_options``
     as for ``carraystore.open``): the store is written in a staging folder under
@@ -675,6 +755,7 @@ def create(
             provenance=provenance,
             nthreads=nthreads,
             layout=layout,
+            encoding=encoding,
         )
     if storage_options:
         raise InvalidInputError(f"{path}: storage_options apply to URLs only, not to local paths")
@@ -712,6 +793,7 @@ def create(
             nthreads,
             layout,
             lock,
+            encoding,
         )
     except BaseException:
         lock.release()
@@ -731,6 +813,7 @@ def _create_new(
     nthreads: int,
     layout: str | None,
     lock: WriterLock,
+    encoding: Encoding | None = None,
 ) -> StoreWriter:
     refuse_folder_target(p)
     if p.exists() and not overwrite:
@@ -754,7 +837,15 @@ def _create_new(
         layout = "NHWC" if is_pixels and (len(shape) == 2 or (len(shape) == 3 and shape[2] in COLOR_MODES)) else "array"
     if layout not in LAYOUTS:
         raise InvalidInputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if layout == "NHWC":
+    if encoding is not None and layout != "encoded":
+        raise InvalidInputError(f"encoding= applies to layout='encoded' only, not {layout!r}")
+    if layout == "encoded":
+        if dt != np.uint8:
+            raise InvalidInputError(f"a store of layout 'encoded' holds uint8 images, not {dt}")
+        encoding = encoding or Encoding()
+        if codec is None:
+            codec = default_codec()
+    if layout in ("NHWC", "encoded"):
         if len(shape) == 2:
             shape = (*shape, 1)
         if len(shape) != 3 or shape[2] not in COLOR_MODES or min(shape) < 1:
@@ -799,7 +890,10 @@ def _create_new(
         codec=codec,
         chunk_images=chunk_images,
         layout=layout,
-        color_mode=COLOR_MODES[shape[2]] if layout == "NHWC" else "",
+        color_mode=COLOR_MODES[shape[2]] if layout in ("NHWC", "encoded") else "",
+        format_version=FORMAT_VERSION_ENCODED if layout == "encoded" else FORMAT_VERSION,
+        encoding=encoding if layout == "encoded" else None,
+        entry_sizes=np.zeros(0, dtype="<u4") if layout == "encoded" else None,
         class_names=names,
         provenance=dict(provenance or {}),
         attrs=json_attrs(attrs, str(p)),
@@ -846,7 +940,7 @@ def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
         blocks=(meta.codec.block_images, *shape),
         urlpath=str(tmp),
         mode="w",
-        meta={META_KEY: {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, META_CRC_KEY: True}},
+        meta={META_KEY: {"format": FORMAT_NAME, "format_version": meta.format_version, META_CRC_KEY: True}},
         cparams=_frame_cparams(meta.codec, meta.np_dtype),
     )
     _write_meta(array, meta)
@@ -875,7 +969,7 @@ def _open_for_append(
             )
     if image_shape is not None:
         shape = tuple(int(x) for x in image_shape)
-        if len(shape) == 2 and meta.layout == "NHWC":
+        if len(shape) == 2 and meta.layout in ("NHWC", "encoded"):
             shape = (*shape, 1)
         if shape != meta.image_shape:
             raise InvalidInputError(

@@ -3,7 +3,8 @@
 It uses numpy, msgpack, zlib and ``blosc2.decompress`` for the bytes of single chunks, and
 follows FORMAT.md's words: the frame of appendix A, the metadata record of section 4 (its
 checksum, 4.3), the CRC rule and canonical zero chunk of 5.2, the chunk-header check of
-5.3 and appendix B. ``read_store(path)`` returns everything a store holds as plain Python
+5.3 and appendix B, and the encoded layout of section 10 (entries decoded with Pillow).
+``read_store(path)`` returns everything a store holds as plain Python
 and numpy values; ``tests/test_spec.py`` compares it with carraystore.
 """
 
@@ -181,8 +182,8 @@ def read_store(path: str | Path) -> dict[str, Any]:
     fixed = msgpack.unpackb(metalayers["carraystore"], raw=False, ext_hook=_refuse_ext)
     if fixed.get("format") != "carraystore" or not isinstance(fixed.get("format_version"), int):
         raise SpecError("not a carraystore store")
-    if fixed["format_version"] != 1:
-        raise SpecError(f"format version {fixed['format_version']} is not 1")
+    if fixed["format_version"] not in (1, 2):
+        raise SpecError(f"format version {fixed['format_version']} is not 1 or 2")
     # -- A.2 b2nd
     b2nd = msgpack.unpackb(metalayers["b2nd"], raw=False)
     _version, _ndim, shape, chunks, blocks, _fmt, b2nd_dtype = b2nd
@@ -272,6 +273,27 @@ def read_store(path: str | Path) -> dict[str, Any]:
             _check_chunk_header(chunk, codec, blocksize)
             out = _decompress(chunk, chunk_nbytes)
             flat[i * chunk_nbytes : (i + 1) * chunk_nbytes] = np.frombuffer(out, np.uint8)
+    # -- section 10: the encoded layout (format version 2): entries decoded with Pillow
+    encoded = rec.get("layout") == "encoded"
+    if encoded != (rec["format_version"] == 2):
+        raise SpecError("format version 2 is the encoded layout, and only it")
+    entries: list[bytes] | None = None
+    if encoded:
+        sizes = np.frombuffer(rec["entry_sizes"], "<u4").astype(np.int64)
+        formats = rec["encoding"]["formats"]
+        if len(sizes) != n or (n and (sizes.min() < 1 or sizes.max() > item_bytes)):
+            raise SpecError("entry sizes out of range")
+        entries = []
+        for i in range(nchunks):
+            payload = flat[i * k * item_bytes : (i + 1) * k * item_bytes].tobytes()
+            pos = 0
+            for size in sizes[i * k : (i + 1) * k].tolist():
+                entries.append(payload[pos : pos + size])
+                pos += size
+        decoded = np.zeros((n, *item_shape), dtype=np.uint8)
+        for j, entry in enumerate(entries):
+            decoded[j] = _decode_entry(entry, item_shape, formats, rec["color_mode"])
+        items = decoded
     columns = {}
     for name, col in (rec.get("columns") or {}).items():
         columns[name] = np.frombuffer(col["data"], dtype=_dtype(col["dtype"])).reshape((n, *col["shape"]))
@@ -303,4 +325,31 @@ def read_store(path: str | Path) -> dict[str, Any]:
         "groups": groups,
         "format_version": rec["format_version"],
         "sealed": sealed,
+        "entries": entries,
     }
+
+
+def _decode_entry(entry: bytes, item_shape: tuple[int, ...], formats: list[str], color_mode: str) -> np.ndarray:
+    """Section 10.2: raw pixels (H*W*C bytes) or a JPEG/PNG/WebP of the store's size, converted to its mode."""
+    import io
+
+    from PIL import Image
+
+    h, w, c = item_shape
+    if len(entry) == h * w * c:
+        if "raw" not in formats:
+            raise SpecError("a raw entry in a store that lists no raw entries")
+        return np.frombuffer(entry, np.uint8).reshape(item_shape)
+    magic = {"jpeg": entry[:3] == b"\xff\xd8\xff", "png": entry[:8] == b"\x89PNG\r\n\x1a\n",
+             "webp": entry[:4] == b"RIFF" and entry[8:12] == b"WEBP"}  # fmt: skip
+    fmt = next((f for f, hit in magic.items() if hit), None)
+    if fmt is None or fmt not in formats:
+        raise SpecError(f"entry of format {fmt} not among {formats}")
+    img = Image.open(io.BytesIO(entry), formats=[fmt.upper()])
+    if img.size != (w, h):
+        raise SpecError(f"entry of {img.size}, not {(w, h)}")
+    img.load()
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        img = Image.fromarray((np.asarray(img).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8), "L")
+    mode = {"grayscale": "L", "rgb": "RGB", "rgba": "RGBA"}[color_mode]
+    return np.asarray(img.convert(mode), dtype=np.uint8).reshape(item_shape)

@@ -311,3 +311,55 @@ def test_header_sizes_are_bounded_before_they_are_trusted(tmp_path: Path) -> Non
         got = _peak(tmp_path / f"{name}.b2nd")
         assert str(got["error"]).startswith(("CorruptStoreError", "MetadataTooLargeError")), (name, got)
         assert got["grew_kib"] < 3 * 1024, (name, got)  # the bugs: 1 GiB, the whole file (6 MB)
+
+
+# -- the encoded layout (FORMAT.md 10) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["jpeg_rgb", "mixed_rgb"])
+def test_mutated_encoded_stores_never_crash_or_hang(tmp_path: Path, name: str) -> None:
+    """Encoded golden stores, mutated in every region: named errors or the original record, never a crash."""
+    original = tmp_path / "orig.b2nd"
+    original.write_bytes((GOLDEN.parent / "carraystore-0.1.0+encoded" / f"{name}.b2nd").read_bytes())
+    data = original.read_bytes()
+    rng = np.random.default_rng(SEED + 2 * len(name))
+    paths = []
+    for region, (lo, hi) in _regions(original).items():
+        for i in range(25):
+            p = tmp_path / f"{region}-{i:03d}.b2nd"
+            p.write_bytes(_mutate(data, lo, hi, rng))
+            paths.append(p)
+    results, crashed, hung = _run_cases(paths)
+    assert not crashed and not hung, (crashed, hung)
+    unexpected = {p: r["unexpected"] for p, r in results.items() if "unexpected" in r}
+    assert not unexpected, f"errors that are not CarrayStoreError: {unexpected}"
+    assert len(results) == len(paths)
+
+
+def test_mutated_entries_behind_valid_checksums_give_named_errors(tmp_path: Path) -> None:
+    """Entries damaged before they were written (so every CRC matches): the decoder itself meets the
+    damage. Each store must read, or fail with a named error (EncodedImageError), never crash or hang."""
+    src = carraystore.open(GOLDEN.parent / "carraystore-0.1.0+encoded" / "mixed_rgb.b2nd")
+    entries = [src.entry(i) for i in range(len(src))]
+    rng = np.random.default_rng(SEED + 7)
+    paths = []
+    for i in range(60):
+        j = int(rng.integers(0, 3))  # the JPEG, PNG or WebP entry
+        e = entries[j]
+        bad = _mutate(e, 0, len(e), rng) if i % 3 else e[: int(rng.integers(4, len(e)))]  # bytes, or a truncation
+        p = tmp_path / f"entry-{i:03d}.b2nd"
+        with carraystore.create(p, src.image_shape, layout="encoded", chunk_images=3) as w:
+            w._encoding = src.meta.encoding
+            try:
+                w.append_encoded([*entries[:j], bad, *entries[j + 1 :]])
+            except carraystore.errors.InvalidInputError:  # the magic bytes were hit: refused at write
+                w.abort()
+                continue
+        paths.append(p)
+    results, crashed, hung = _run_cases(paths)
+    assert not crashed and not hung, (crashed, hung)
+    unexpected = {p: r["unexpected"] for p, r in results.items() if "unexpected" in r}
+    assert not unexpected, f"errors that are not CarrayStoreError: {unexpected}"
+    damaged = [r for r in results.values() if r.get("problems")]
+    assert len(paths) > 30 and len(damaged) > 10, (len(paths), len(damaged))
+    assert all("EncodedImageError" in " ".join(r["problems"]) or "image" in " ".join(r["problems"]) for r in damaged)

@@ -31,6 +31,7 @@ def _ids(case: tuple[Path, str]) -> str:
 def test_there_are_golden_stores() -> None:
     assert FOLDERS, f"no golden folders under {GOLDEN}"
     assert any(d.name == "carraystore-0.1.0" for d in FOLDERS)
+    assert any(d.name == "carraystore-0.1.0+encoded" for d in FOLDERS)  # format version 2, FORMAT.md 10
     names = {name for _, name in CASES}
     assert {"rgb_uint8", "gray_uint8", "rgba_uint8", "uint16_gray", "small_preset_rgb", "array_records"} <= names
 
@@ -93,7 +94,18 @@ def test_golden_store_reads_back_exactly(case: tuple[Path, str]) -> None:
         assert store[len(items) - 1].tobytes() == items[-1].tobytes()
     assert store.verify() == []
     array = blosc2.open(str(path), mode="r")  # plain blosc2 reads the same data
-    assert array.shape == items.shape and array[...].tobytes() == items.tobytes()
+    if store.layout != "encoded":
+        assert array.shape == items.shape and array[...].tobytes() == items.tobytes()
+        return
+    # the encoded layout (FORMAT.md 10): plain blosc2 sees each chunk's entries, one after the other
+    assert array.shape == items.shape and store.meta.encoding.to_record() == exp["encoding"]
+    entries = [store.entry(i) for i in range(len(store))]
+    assert [hashlib.sha256(e).hexdigest() for e in entries] == exp["entries"]
+    k, nb, flat = store.chunk_images, store.meta.image_nbytes, array[...].tobytes()
+    for c in range(store.nchunks):
+        joined = b"".join(entries[c * k : (c + 1) * k])
+        part = flat[c * k * nb : (c + 1) * k * nb]  # the array ends at N items: the last chunk's padding is cut
+        assert part[: len(joined)] == joined and not part[len(joined) :].strip(b"\x00")
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[1] != "empty"], ids=_ids)

@@ -11,6 +11,9 @@ Each store ``NAME.b2nd`` comes with its expected content: ``NAME.npy`` (the item
 ``NAME.col-COLUMN.npy`` per column. ``MANIFEST.json`` lists every file's SHA-256.
 
 Run from the repository root:  python tests/data/golden/make_golden.py
+The stores of the encoded layout (format version 2, FORMAT.md 10) have their own folder,
+``carraystore-0.1.0+encoded``, written once by:  python tests/data/golden/make_golden.py encoded
+(each ``NAME.json`` then also lists every entry's SHA-256 under ``entries``).
 """
 
 from __future__ import annotations
@@ -45,12 +48,12 @@ def write(name: str, items: np.ndarray, appends: list[dict], *, create: dict, ap
     path = OUT / f"{name}.b2nd"
     with carraystore.create(path, items.shape[1:], dtype=items.dtype, **create) as w:
         for a in appends:
-            w.append(**a)
+            (w.append_encoded if "entries" in a else w.append)(**a)
         for p, reason in skipped:
             w.add_skipped(p, reason)
     for a in append_later or []:
         with carraystore.append(path) as w:
-            w.append(**a)
+            (w.append_encoded if "entries" in a else w.append)(**a)
     store = carraystore.open(path)
     assert store.verify() == [] and store[:].tobytes() == items.tobytes(), name
     np.save(OUT / f"{name}.npy", items, allow_pickle=False)
@@ -79,6 +82,9 @@ def write(name: str, items: np.ndarray, appends: list[dict], *, create: dict, ap
         "skipped": [dict(s) for s in store.skipped],
         "columns": columns,
     }
+    if store.layout == "encoded":
+        expected["encoding"] = store.meta.encoding.to_record()
+        expected["entries"] = [hashlib.sha256(store.entry(i)).hexdigest() for i in range(len(store))]
     (OUT / f"{name}.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
@@ -160,5 +166,67 @@ def main() -> None:
     print(f"wrote {len(manifest['files'])} files, {total} bytes, to {OUT}")
 
 
+def encode(img: np.ndarray, fmt: str, **kw) -> bytes:
+    import io
+
+    b = io.BytesIO()
+    Image.fromarray(img[..., 0] if img.shape[2] == 1 else img).save(b, format=fmt, **kw)
+    return b.getvalue()
+
+
+def decode(data: bytes, mode: str) -> np.ndarray:
+    import io
+
+    a = np.asarray(Image.open(io.BytesIO(data)).convert(mode))
+    return a[..., None] if a.ndim == 2 else a
+
+
+def main_encoded() -> None:
+    """The encoded layout's golden stores (format version 2)."""
+    global OUT
+    OUT = HERE / f"carraystore-{carraystore.__version__}+encoded"
+    if OUT.exists():
+        sys.exit(f"{OUT} exists: golden files are written once and never regenerated")
+    OUT.mkdir(parents=True)
+
+    rgb = np.concatenate([crops("astronaut", 7, (32, 32), 21), crops("coffee", 7, (32, 32), 22)])
+    labels = np.array([0] * 7 + [1] * 7)
+    jpegs = [encode(x, "JPEG", quality=85) for x in rgb]
+    items = np.stack([decode(j, "RGB") for j in jpegs])
+    keys = [f"{'astronaut' if lab == 0 else 'coffee'}/{i:03d}.jpg" for i, lab in enumerate(labels)]
+    write("jpeg_rgb", items,
+          [dict(entries=jpegs[:9], labels=labels[:9], keys=keys[:9])],
+          create=dict(layout="encoded", chunk_images=4, class_names=["astronaut", "coffee"],
+                      attrs={"description": "source JPEGs kept byte for byte"}),
+          append_later=[dict(entries=jpegs[9:], labels=labels[9:], keys=keys[9:])])
+
+    g = gray(crops("chelsea", 6, (24, 24), 23))
+    pngs = [encode(x, "PNG") for x in g]
+    write("png_gray", g, [dict(entries=pngs, keys=[f"chelsea/{i}.png" for i in range(6)])],
+          create=dict(layout="encoded", chunk_images=4))
+
+    mixed = crops("rocket", 6, (24, 24), 24)
+    noise = np.random.default_rng(25).integers(0, 256, (24, 24, 3), dtype=np.uint8)  # no encoding is shorter: raw
+    webp = encode(mixed[2], "WEBP", lossless=True)
+    entries = [encode(mixed[0], "JPEG", quality=90), encode(mixed[1], "PNG"), webp, noise.tobytes()]
+    expect = np.stack([decode(entries[0], "RGB"), mixed[1], decode(webp, "RGB"), noise])
+    write("mixed_rgb", np.concatenate([expect, mixed[3:]]),
+          [dict(entries=entries), dict(images=mixed[3:])],  # the last three: pixels, encoded by the writer (PNG)
+          create=dict(layout="encoded", chunk_images=3, codec=carraystore.Codec("zstd", 1, filters=())))
+
+    write("empty_encoded", np.zeros((0, 8, 8, 3), np.uint8), [], create=dict(layout="encoded"))
+
+    manifest = {
+        "writer_version": carraystore.__version__,
+        "blosc2_version": blosc2.__version__,
+        "numpy_version": np.__version__,
+        "pillow_version": Image.__version__,
+        "files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(OUT.iterdir())},
+    }
+    (OUT / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    total = sum(p.stat().st_size for p in OUT.iterdir())
+    print(f"wrote {len(manifest['files'])} files, {total} bytes, to {OUT}")
+
+
 if __name__ == "__main__":
-    main()
+    main_encoded() if sys.argv[1:] == ["encoded"] else main()

@@ -1,0 +1,321 @@
+"""The encoded layout (FORMAT.md 10): images kept as their encoded bytes, decoded when read (layer 1).
+
+A store of layout ``"encoded"`` has the geometry of a uint8 image store (its b2nd array is
+``(N, H, W, C)`` uint8, chunks of ``chunk_images`` rows), but the decompressed bytes of
+chunk ``i`` are not pixels: they are the **entries** of its images, one after the other
+from byte 0, then zero bytes. Entry ``j`` is the image's encoded file (JPEG, PNG or WebP)
+or, when no encoding is shorter than the pixels, the raw pixels (an entry of exactly
+``H*W*C`` bytes). Each entry's length is in the metadata record (``entry_sizes``), so an
+entry is never longer than its image's pixels and a chunk's entries always fit the chunk.
+
+This module owns the entry formats (:func:`sniff`), the pinned re-encoder
+(:class:`Encoding`, :func:`encode_pixels`), the decoder (:func:`decode_entry`: refuses
+an entry whose header does not match the store's image size *before* decoding it, so a
+decompression bomb is never expanded) and :func:`decode_chunk_inplace` (a chunk's entries
+decoded into the same buffer, last image first). Nothing here touches a file.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from carraystore.errors import EncodedImageError, FormatError, InvalidInputError
+
+__all__ = [
+    "LAYOUT",
+    "FORMAT_VERSION_ENCODED",
+    "ENTRY_FORMATS",
+    "ENCODE_FORMATS",
+    "Encoding",
+    "sniff",
+    "encode_pixels",
+    "entry_for_pixels",
+    "source_entry",
+    "decode_entry",
+    "decode_chunk_inplace",
+    "chunk_entries",
+]
+
+#: The layout name recorded in the metadata.
+LAYOUT = "encoded"
+#: Stores of the encoded layout are format version 2 (pixel stores stay version 1).
+FORMAT_VERSION_ENCODED = 2
+#: What an entry may be: an encoded file of one of these formats, or the raw pixels.
+ENTRY_FORMATS = ("jpeg", "png", "webp", "raw")
+#: Formats the writer encodes pixels to (``Encoding.reencode``).
+ENCODE_FORMATS = ("png", "jpeg", "webp")
+#: The one decoder this version knows, and the oldest version of it the stores were tested with.
+DECODER = "pillow"
+DECODER_MIN_VERSION = "10.0"
+_PIL_NAMES = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
+_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+_COLOR_MODE_CHANNELS = {"grayscale": 1, "rgb": 3, "rgba": 4}
+_DEEP_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+#: Pinned encoder settings (FORMAT.md 10.3): a later Pillow must encode the same way.
+PNG_COMPRESS_LEVEL = 6
+JPEG_SUBSAMPLING = 2  # 4:2:0
+
+
+def sniff(entry: bytes | memoryview, image_nbytes: int) -> str:
+    """The format of an entry from its length and first bytes: ``jpeg``, ``png``, ``webp``, ``raw`` or ``unknown``."""
+    if len(entry) == image_nbytes:
+        return "raw"
+    head = bytes(entry[:12])
+    if head[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if head[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    return "unknown"
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How a store of the encoded layout holds its images (the record's ``encoding`` map).
+
+    ``formats``: the entry formats the store's entries use (a reader refuses any other);
+    ``reencode``/``quality``: the pinned format pixels are encoded to by the writer (at
+    ingest when resizing, ``append`` of pixels, ``convert``): ``png`` (lossless, the
+    default) or ``jpeg``/``webp`` at ``quality`` (1-100; webp without a quality is lossless).
+    """
+
+    formats: tuple[str, ...] = ()
+    reencode: str = "png"
+    quality: int | None = None
+    decoder: str = DECODER
+    decoder_min_version: str = DECODER_MIN_VERSION
+
+    def __post_init__(self) -> None:
+        if self.reencode not in ENCODE_FORMATS:
+            raise InvalidInputError(f"encoding format {self.reencode!r} is not one of {ENCODE_FORMATS}")
+        if self.quality is not None and (
+            isinstance(self.quality, bool) or not isinstance(self.quality, int) or not 1 <= self.quality <= 100
+        ):
+            raise InvalidInputError(f"encoding quality must be an integer 1..100, got {self.quality!r}")
+        if self.reencode == "jpeg" and self.quality is None:
+            raise InvalidInputError("encoding jpeg needs a quality (1..100); png is the lossless choice")
+        if self.reencode == "png" and self.quality is not None:
+            raise InvalidInputError("png is lossless and takes no quality; use reencode='jpeg' or 'webp' with quality")
+        bad = [f for f in self.formats if f not in ENTRY_FORMATS]
+        if bad:
+            raise InvalidInputError(f"entry formats {bad} are not among {ENTRY_FORMATS}")
+        object.__setattr__(self, "formats", tuple(f for f in ENTRY_FORMATS if f in self.formats))
+
+    @classmethod
+    def for_quality(cls, quality: int | None, fmt: str | None = None) -> Encoding:
+        """The encoding of ``quality``: PNG (lossless) when None, JPEG (or ``fmt``) at ``quality`` otherwise."""
+        if fmt is None:
+            fmt = "png" if quality is None else "jpeg"
+        return cls(reencode=fmt, quality=quality)
+
+    def with_formats(self, more: Sequence[str]) -> Encoding:
+        return Encoding(
+            tuple({*self.formats, *more}), self.reencode, self.quality, self.decoder, self.decoder_min_version
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "formats": list(self.formats),
+            "reencode": self.reencode,
+            "quality": self.quality,
+            "png_compress_level": PNG_COMPRESS_LEVEL,
+            "jpeg_subsampling": "4:2:0",
+            "decoder": self.decoder,
+            "decoder_min_version": self.decoder_min_version,
+        }
+
+    @classmethod
+    def from_record(cls, rec: Any, where: str) -> Encoding:
+        if not isinstance(rec, Mapping):
+            raise FormatError(f"{where}: metadata 'encoding' must be a mapping")
+        decoder = rec.get("decoder", DECODER)
+        if decoder != DECODER:
+            raise FormatError(
+                f"{where}: the store's images need the decoder {decoder!r}; this carraystore decodes with {DECODER!r} only"
+            )
+        try:
+            formats = tuple(rec.get("formats") or ())
+            if any(not isinstance(f, str) for f in formats):
+                raise InvalidInputError(f"entry formats {list(formats)!r} are not names")
+            return cls(
+                formats=formats,
+                reencode=rec.get("reencode", "png"),
+                quality=rec.get("quality"),
+                decoder=decoder,
+                decoder_min_version=str(rec.get("decoder_min_version", DECODER_MIN_VERSION)),
+            )
+        except InvalidInputError as exc:
+            raise FormatError(f"{where}: metadata 'encoding' is malformed ({exc})") from exc
+
+
+# -- encoding ------------------------------------------------------------------------------------
+
+
+def _pil_image(pixels: np.ndarray) -> Any:
+    from PIL import Image
+
+    c = pixels.shape[2]
+    return Image.fromarray(pixels[..., 0] if c == 1 else pixels, _MODES[c])
+
+
+def encode_pixels(pixels: np.ndarray, encoding: Encoding) -> bytes:
+    """``pixels`` (H, W, C) uint8 encoded with the store's pinned format and quality."""
+    img = _pil_image(np.ascontiguousarray(pixels))
+    buf = io.BytesIO()
+    if encoding.reencode == "png":
+        img.save(buf, format="PNG", compress_level=PNG_COMPRESS_LEVEL, optimize=False)
+    elif encoding.reencode == "jpeg":
+        if img.mode == "RGBA":
+            raise InvalidInputError("RGBA images cannot be encoded as JPEG; use png (the default) or webp")
+        img.save(buf, format="JPEG", quality=encoding.quality, subsampling=JPEG_SUBSAMPLING, optimize=False)
+    else:
+        if encoding.quality is None:
+            img.save(buf, format="WEBP", lossless=True, quality=100, method=4)
+        else:
+            img.save(buf, format="WEBP", quality=encoding.quality, method=4)
+    return buf.getvalue()
+
+
+def entry_for_pixels(pixels: np.ndarray, encoding: Encoding) -> bytes:
+    """The entry that holds ``pixels``: their encoding, or the raw pixels when that is not shorter."""
+    enc = encode_pixels(pixels, encoding)
+    return enc if len(enc) < pixels.nbytes else np.ascontiguousarray(pixels).tobytes()
+
+
+def source_entry(data: bytes, expected: np.ndarray, color_mode: str) -> bytes | None:
+    """``data`` (a source file's bytes) as an entry when it decodes to exactly ``expected``, else None.
+
+    A file is kept as it is when it is a JPEG, PNG or WebP of the store's size that decodes,
+    colour-converted as :func:`carraystore.images.decode_image` does, to the very pixels the
+    pixel layout would hold; anything else (another size, 16-bit, a format not listed) is
+    encoded again from the pixels.
+    """
+    fmt = sniff(data, expected.nbytes)
+    if fmt not in _PIL_NAMES or len(data) >= expected.nbytes:
+        return None
+    out = np.empty_like(expected)
+    try:
+        decode_entry(data, out, color_mode, (fmt,), lambda: "source file")
+    except EncodedImageError:
+        return None
+    return data if np.array_equal(out, expected) else None
+
+
+# -- decoding ------------------------------------------------------------------------------------
+
+
+def decode_entry(
+    entry: bytes | memoryview,
+    out: np.ndarray,
+    color_mode: str,
+    formats: Sequence[str],
+    what: Callable[[], str],
+) -> str:
+    """Decode one entry into ``out`` ((H, W, C) uint8); return its format.
+
+    The entry's format must be among ``formats``; its header must state the store's
+    width and height, which is checked before any pixel is decoded. Any failure is an
+    :class:`~carraystore.errors.EncodedImageError` whose text starts with ``what()``.
+    """
+    h, w, c = out.shape
+    fmt = sniff(entry, out.nbytes)
+    if fmt not in formats:
+        shown = "not a JPEG, PNG or WebP file" if fmt == "unknown" else f"a {fmt.upper()} entry"
+        raise EncodedImageError(
+            f"{what()}: {shown}, but the store's entries are {', '.join(formats) or 'none'}; the store is damaged: "
+            "run `carraystore verify` on it"
+        )
+    if fmt == "raw":
+        out.reshape(-1)[...] = np.frombuffer(entry, dtype=np.uint8)
+        return fmt
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(entry), formats=[_PIL_NAMES[fmt]]) as img:
+                if img.size != (w, h):  # before decoding: a header claiming 100000x100000 is refused here
+                    raise EncodedImageError(
+                        f"{what()}: the {fmt.upper()} header says {img.size[0]}x{img.size[1]} pixels, the store's "
+                        f"images are {w}x{h}; the store is damaged or hostile: run `carraystore verify` on it"
+                    )
+                img.load()
+                if img.mode in _DEEP_MODES:  # 16 bits -> 8: the high byte, as decode_image does
+                    img = Image.fromarray((np.asarray(img).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8), "L")
+                arr = np.asarray(img.convert(_MODES[c]), dtype=np.uint8)
+    except EncodedImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise EncodedImageError(
+            f"{what()}: the {fmt.upper()} header claims an image far larger than the store's {w}x{h}, refused "
+            f"undecoded as a decompression bomb ({exc}); the store is damaged or hostile"
+        ) from exc
+    except Exception as exc:  # Pillow raises many types for bad data
+        raise EncodedImageError(
+            f"{what()}: the {fmt.upper()} entry does not decode ({type(exc).__name__}: {exc}); "
+            "the store is damaged: run `carraystore verify` on it"
+        ) from exc
+    out[...] = arr.reshape(out.shape)
+    return fmt
+
+
+def chunk_entries(payload: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
+    """The entries of one decompressed chunk (``payload``: its bytes) given their ``sizes``."""
+    flat = np.ascontiguousarray(payload).reshape(-1).view(np.uint8).data
+    ends = np.cumsum(sizes.astype(np.int64))
+    starts = ends - sizes.astype(np.int64)
+    return [flat[int(a) : int(b)] for a, b in zip(starts, ends, strict=True)]
+
+
+def decode_chunk_inplace(
+    buf: np.ndarray,
+    sizes: np.ndarray,
+    color_mode: str,
+    formats: Sequence[str],
+    what: Callable[[int], str],
+) -> None:
+    """Decode the ``len(sizes)`` entries that ``buf`` ((k, H, W, C) uint8) holds into ``buf`` itself.
+
+    Entry ``j`` starts at ``sum(sizes[:j])`` <= ``j * H*W*C`` (no entry is longer than its
+    pixels), so images are decoded last first: image ``j``'s pixels never overwrite the
+    bytes of an entry before it. ``what(j)`` names image ``j`` in errors.
+    """
+    nb = int(np.prod(buf.shape[1:]))
+    flat = buf.reshape(-1)
+    ends = np.cumsum(sizes.astype(np.int64))
+    for j in range(len(sizes) - 1, -1, -1):
+        a, b = int(ends[j] - sizes[j]), int(ends[j])
+        entry = flat[a:b].tobytes()  # a copy: its bytes may lie under image j's own pixels
+        decode_entry(entry, buf[j], color_mode, formats, functools.partial(what, j))
+    if nb and len(sizes) < len(buf):
+        buf[len(sizes) :] = 0
+
+
+def check_sizes(sizes: np.ndarray, image_nbytes: int, where: str) -> None:
+    """Every entry size in 1..image_nbytes (so a chunk's entries fit it); FormatError naming the item."""
+    bad = (sizes < 1) | (sizes > image_nbytes)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise FormatError(
+            f"{where}: entry {i} is {int(sizes[i])} bytes; an entry holds 1..{image_nbytes} bytes (FORMAT.md 10.1)"
+        )
+
+
+def color_channels(color_mode: str) -> int:
+    return _COLOR_MODE_CHANNELS[color_mode]
+
+
+def default_codec() -> Any:
+    """The codec of an encoded store unless one is given: lz4 level 1, no filter (the entries are
+    compressed already; lz4 stores them as they are and shrinks the zero bytes after them)."""
+    from carraystore.codec import Codec
+
+    return Codec("lz4", 1, filters=())
