@@ -697,6 +697,18 @@ class StoreMeta:
                 f"{len(names)} group names (FORMAT.md 4.6)"
             )
 
+    def _validate_encoded(self, where: str) -> None:
+        """The encoded layout's own rules (FORMAT.md 10.1)."""
+        if self.format_version != FORMAT_VERSION_ENCODED:
+            raise FormatError(f"{where}: layout 'encoded' needs format version {FORMAT_VERSION_ENCODED}")
+        if self.np_dtype != np.uint8:
+            raise FormatError(f"{where}: a store of layout 'encoded' decodes to uint8, not {self.dtype!r}")
+        if self.encoding is None or self.entry_sizes is None:
+            raise FormatError(f"{where}: layout 'encoded' needs 'encoding' and 'entry_sizes' in the metadata")
+        if len(self.entry_sizes) != self.nimages:
+            raise FormatError(f"{where}: {len(self.entry_sizes)} entry sizes for {self.nimages} images")
+        check_sizes(self.entry_sizes, self.image_nbytes, where)
+
 
 def _groups_from_record(rec: dict[str, Any], where: str) -> dict[str, Any]:
     """``group_names`` and ``groups`` of a record (both absent in stores without groups, and in 0.1.0's)."""
@@ -710,18 +722,6 @@ def _groups_from_record(rec: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}: 'group_names' must be an array of str and 'groups' int32 bytes, both present (FORMAT.md 4.6)"
         )
     return {"group_names": tuple(names), "groups": np.frombuffer(groups, dtype="<i4")}
-
-    def _validate_encoded(self, where: str) -> None:
-        """The encoded layout's own rules (FORMAT.md 10.1)."""
-        if self.format_version != FORMAT_VERSION_ENCODED:
-            raise FormatError(f"{where}: layout 'encoded' needs format version {FORMAT_VERSION_ENCODED}")
-        if self.np_dtype != np.uint8:
-            raise FormatError(f"{where}: a store of layout 'encoded' decodes to uint8, not {self.dtype!r}")
-        if self.encoding is None or self.entry_sizes is None:
-            raise FormatError(f"{where}: layout 'encoded' needs 'encoding' and 'entry_sizes' in the metadata")
-        if len(self.entry_sizes) != self.nimages:
-            raise FormatError(f"{where}: {len(self.entry_sizes)} entry sizes for {self.nimages} images")
-        check_sizes(self.entry_sizes, self.image_nbytes, where)
 
 
 def _columns_from_record(rec: Any, n: int, where: str) -> dict[str, np.ndarray]:

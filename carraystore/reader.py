@@ -645,11 +645,13 @@ def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> N
         raise CodecMismatchError(f"{location}: " + "; ".join(problems))
 
 
-#: The fixed ``carraystore`` metalayer, byte for byte (FORMAT.md section 3): this version's, and 0.1.0's.
-_FIXED_METALAYERS = tuple(
-    msgpack.packb({"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **extra})
-    for extra in ({META_CRC_KEY: True}, {})
-)
+def _fixed_metalayers(version: int) -> tuple[bytes, ...]:
+    """The fixed ``carraystore`` metalayer of a store of ``version``, byte for byte (FORMAT.md
+    section 3): with the metadata checksum flag (this version's writers), and without (0.1.0's)."""
+    return tuple(
+        msgpack.packb({"format": FORMAT_NAME, "format_version": version, **extra})
+        for extra in ({META_CRC_KEY: True}, {})
+    )
 
 
 def header_problems(frame: Frame, meta: StoreMeta) -> list[str]:
@@ -681,7 +683,7 @@ def header_problems(frame: Frame, meta: StoreMeta) -> list[str]:
         got = h[PIPELINE_AT : PIPELINE_AT + 16]
         if got != pipe:
             out.append(f"the filter pipeline is {got.hex()}, the codec makes it {pipe.hex()}")
-    if frame.metalayers.get(META_KEY) not in _FIXED_METALAYERS:
+    if frame.metalayers.get(META_KEY) not in _fixed_metalayers(meta.format_version):
         out.append(f"the fixed {META_KEY!r} metalayer is not the one a store holds (FORMAT.md 3)")
     if isinstance(meta.dtype, str):
         try:
