@@ -682,11 +682,11 @@ class StoreWriter:
 def create(
     path: str | os.PathLike[str],
     image_shape: Sequence[int] | None = None,
-    dtype: str | np.dtype = "uint8",
+    dtype: str | np.dtype | None = "uint8",
     codec: Codec | str | None = None,
     chunk_images: int | None = None,
     class_names: Sequence[str] | None = None,
-    attrs: dict[str, Any] | None = None,
+    attrs: Mapping[str, Any] | None = None,
     *,
     mode: str = "w",
     overwrite: bool = False,
@@ -702,7 +702,8 @@ def create(
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
     ``mode="w"`` creates a new store (``overwrite=True`` to replace an existing file at
-    close); ``mode="a"`` appends to an existing store, keeping its pinned codec.
+    close); ``mode="a"`` appends to an existing store, keeping its pinned codec
+    (``dtype=None`` there: the images' dtype is not checked against the store's here).
     ``codec`` is a Codec, a preset name, or None for the default (``balanced``).
     ``image_shape`` is the shape of one item: (H, W, C) for images (C = 1, 3 or 4; an
     (H, W) shape gets C = 1), or any shape with ``layout="array"`` (``()`` for scalars).
@@ -807,7 +808,7 @@ def _create_new(
     codec: Codec | str | None,
     chunk_images: int | None,
     class_names: Sequence[str] | None,
-    attrs: dict[str, Any] | None,
+    attrs: Mapping[str, Any] | None,
     overwrite: bool,
     provenance: dict[str, Any] | None,
     nthreads: int,
@@ -862,26 +863,30 @@ def _create_new(
         raise InvalidInputError(f"codec must be a Codec, a preset name or None, got {type(codec).__name__}")
     auto_block = codec.block_images is None
     codec = codec.resolve(dt, shape, layout)
+    block_images, typesize = codec.block_images, codec.typesize
+    assert block_images is not None and typesize is not None  # resolve() pins both
     image_nbytes = max(1, math.prod(shape)) * dt.itemsize
     if auto_block and chunk_images is not None:
         # the largest divisor of chunk_images not above the automatic block size
-        want = min(int(chunk_images), codec.block_images)  # type: ignore[type-var]
-        codec = dataclasses.replace(codec, block_images=max(d for d in range(1, want + 1) if chunk_images % d == 0))
-    if (image_nbytes * codec.block_images) % codec.typesize:
+        want = min(int(chunk_images), block_images)
+        block_images = max(d for d in range(1, want + 1) if chunk_images % d == 0)
+        codec = dataclasses.replace(codec, block_images=block_images)
+    if (image_nbytes * block_images) % typesize:
         raise InvalidInputError(
-            f"codec typesize {codec.typesize} does not divide a block of {codec.block_images} image(s) "
-            f"({image_nbytes * codec.block_images} bytes)"
+            f"codec typesize {typesize} does not divide a block of {block_images} image(s) "
+            f"({image_nbytes * block_images} bytes)"
         )
     if chunk_images is None:
-        chunk_images = default_chunk_images(image_nbytes, codec.block_images, layout)  # type: ignore[arg-type]
+        chunk_images = default_chunk_images(image_nbytes, block_images, layout)
     chunk_images = int(chunk_images)
-    if codec.block_images > chunk_images:  # type: ignore[operator]
-        codec = dataclasses.replace(codec, block_images=chunk_images)
-    if chunk_images < 1 or chunk_images % codec.block_images:
+    if block_images > chunk_images:
+        block_images = chunk_images
+        codec = dataclasses.replace(codec, block_images=block_images)
+    if chunk_images < 1 or chunk_images % block_images:
         raise InvalidInputError(
-            f"chunk_images {chunk_images} must be a positive multiple of the codec's block_images {codec.block_images}"
+            f"chunk_images {chunk_images} must be a positive multiple of the codec's block_images {block_images}"
         )
-    if image_nbytes * codec.block_images >= 2**31 or image_nbytes * chunk_images >= 2**31:
+    if image_nbytes * block_images >= 2**31 or image_nbytes * chunk_images >= 2**31:
         raise InvalidInputError(f"chunks of {chunk_images} images of {image_nbytes} bytes exceed blosc2's 2 GiB limit")
     names = tuple(str(c) for c in class_names) if class_names is not None else None
     meta = StoreMeta(
@@ -1032,7 +1037,7 @@ def append(
         dtype=None,
         codec=opts.codec,
         nthreads=nthreads,
-        lock_timeout=opts.lock_timeout,  # type: ignore[arg-type]
+        lock_timeout=opts.lock_timeout,
         storage_options=opts.storage_options,
         tmp_dir=opts.tmp_dir,
     )
