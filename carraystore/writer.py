@@ -479,7 +479,9 @@ class StoreWriter:
         self._release()
 
     def abort(self) -> None:
-        """Throw away everything written; ``path`` is left as it was."""
+        """Throw away everything written; ``path`` is left as it was (nothing, once closed)."""
+        if self._closed:  # closed or aborted already: an in-place writer's _tmp is the store itself
+            return
         self._closed = True
         self._array = None
         try:
