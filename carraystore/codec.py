@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - isal is a dependency
 __all__ = [
     "Codec",
     "PRESETS",
+    "is_preset",
     "CODECS",
     "FILTERS",
     "SPLITMODES",
@@ -221,6 +222,15 @@ PRESETS: dict[str, Codec] = {
     "balanced": Codec("zstd", 1, filters=("shuffle", "bytedelta")),
     "small": Codec("zstd", 5, filters=("shuffle", "bytedelta")),
 }
+
+
+def is_preset(codec: Codec, dtype: np.dtype, item_shape: Sequence[int], layout: str = "NHWC") -> bool:
+    """Whether ``codec`` (resolved) is one of :data:`PRESETS` as :meth:`Codec.resolve` pins it
+    for these items, with any block size (a writer fits the blocks to its chunks)."""
+    return any(
+        dataclasses.replace(p.resolve(dtype, item_shape, layout), block_images=codec.block_images) == codec
+        for p in PRESETS.values()
+    )
 
 
 # -- chunk headers ---------------------------------------------------------------------
