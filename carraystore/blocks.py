@@ -101,7 +101,7 @@ class BlockReader:
     def get_many(self, chunks: list[int], lengths: list[int], items: list[int], dests: list[int]) -> None:
         """Decompress ``items[n]`` of the chunk at address ``chunks[n]`` into ``dests[n]``, for every n."""
         fn, ctx, units, nbytes = self._lib.blosc2_getitem_ctx, self._ctx, self._units, self.item_nbytes
-        for c, length, item, dest in zip(chunks, lengths, items, dests):
+        for c, length, item, dest in zip(chunks, lengths, items, dests, strict=True):
             rc = fn(ctx, c, length, item * units, units, dest, nbytes)
             if rc != nbytes:
                 raise ValueError(f"blosc2_getitem_ctx returned {rc} for item {item} (wanted {nbytes} bytes)")

@@ -234,11 +234,11 @@ class CachedSource:
         return None
 
     def read(self, offset: int, length: int) -> bytes | memoryview:
-        data = self._load(offset, length)
-        if data is not None:
+        cached = self._load(offset, length)
+        if cached is not None:
             with self._lock:
                 self.stats.hits += 1
-            return data
+            return cached
         data = self.inner.read(offset, length)
         if offset + length <= getattr(self.inner, "head_bytes", 0):
             return data  # the inner source holds these in memory: nothing to fetch or keep

@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - isal is a dependency
 __all__ = [
     "Codec",
     "PRESETS",
+    "is_preset",
     "CODECS",
     "FILTERS",
     "SPLITMODES",
@@ -174,7 +175,7 @@ class Codec:
         if typesize > 255:
             typesize = 1  # blosc2's limit; only matters for shuffle filters
         block_images = self.block_images or max(1, BLOCK_TARGET_BYTES // item_nbytes)
-        pairs = list(zip(self.filters, self.filters_meta))
+        pairs = list(zip(self.filters, self.filters_meta, strict=True))
         if typesize == 1:
             # With 1-byte items blosc2 silently drops BYTEDELTA from the chunks it writes, and
             # SHUFFLE is the identity: record what the chunk headers will really hold (so that
@@ -223,6 +224,15 @@ PRESETS: dict[str, Codec] = {
 }
 
 
+def is_preset(codec: Codec, dtype: np.dtype, item_shape: Sequence[int], layout: str = "NHWC") -> bool:
+    """Whether ``codec`` (resolved) is one of :data:`PRESETS` as :meth:`Codec.resolve` pins it
+    for these items, with any block size (a writer fits the blocks to its chunks)."""
+    return any(
+        dataclasses.replace(p.resolve(dtype, item_shape, layout), block_images=codec.block_images) == codec
+        for p in PRESETS.values()
+    )
+
+
 # -- chunk headers ---------------------------------------------------------------------
 
 
@@ -244,7 +254,7 @@ class ChunkHeader:
     special: bool = False
 
 
-def parse_chunk_header(chunk: bytes) -> ChunkHeader:
+def parse_chunk_header(chunk: bytes | memoryview) -> ChunkHeader:
     """Read the header of one compressed Blosc2 chunk (see the c-blosc2 chunk format)."""
     if len(chunk) < 32:
         raise FormatError(f"chunk of {len(chunk)} bytes is too short for a Blosc2 header (32 bytes)")
@@ -257,7 +267,7 @@ def parse_chunk_header(chunk: bytes) -> ChunkHeader:
     filters: list[str] = []
     meta: list[int] = []
     if extended:
-        for code, m in zip(b[16:22], b[24:30]):
+        for code, m in zip(b[16:22], b[24:30], strict=True):
             if code == 0:
                 continue
             filters.append(_FILTER_NAMES.get(code, f"filter{code}"))
@@ -386,7 +396,7 @@ def check_codec_against_header(codec: Codec, blocksize: int, header: ChunkHeader
         raise CodecMismatchError(f"{where}: codec parameters do not match the store's record: " + "; ".join(problems))
 
 
-def crc32(data: bytes) -> int:
+def crc32(data: bytes | memoryview) -> int:
     """CRC32 of a compressed chunk, as recorded in the metadata (zlib's CRC32).
 
     Computed with ISA-L (``isal``) when installed, about 8x zlib's speed on the same
@@ -436,7 +446,7 @@ def zero_chunk(codec: Codec, blocksize: int, nbytes: int, dont_split: bool | Non
     head[4:8] = int(nbytes).to_bytes(4, "little")
     head[8:12] = int(blocksize).to_bytes(4, "little")
     head[12:16] = (32).to_bytes(4, "little")
-    for slot, (f, m) in enumerate(zip(codec.filters, codec.filters_meta)):
+    for slot, (f, m) in enumerate(zip(codec.filters, codec.filters_meta, strict=True)):
         head[16 + slot] = FILTERS[f]
         head[24 + slot] = m
     head[22] = CODECS[codec.codec]

@@ -36,7 +36,7 @@ def decoded(
                 yield rel, arr, err
         return
     with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="carraystore-decode") as pool:
-        pending: deque[tuple[list[str], cf.Future]] = deque()
+        pending: deque[tuple[list[str], cf.Future[list[tuple[np.ndarray | None, str | None]]]]] = deque()
         it = iter(tasks)
         try:
             for t in it:

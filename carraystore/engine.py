@@ -475,13 +475,14 @@ class LoaderSpec:
         """The batch's labels (a clip takes its first frame's label)."""
         if not self.labelled:
             return None
-        y = np.asarray(self.store.labels)[items]
+        y: np.ndarray = np.asarray(self.store.labels)[items]
         if self.label_mode == "categorical":
             if y.size and int(y.max()) >= self.num_classes:
                 raise LoaderError(
                     f"{self.store.location}: label {int(y.max())} is outside the {self.num_classes} classes"
                 )
-            return np.eye(self.num_classes, dtype=np.float32)[y]
+            one_hot: np.ndarray = np.eye(self.num_classes, dtype=np.float32)[y]
+            return one_hot
         if self.label_mode == "binary":
             return y.astype(np.float32).reshape(-1, 1)
         return y
@@ -1214,7 +1215,7 @@ def warn_out_of_order(decoder: EpochDecoder, what: str) -> None:
     w = next((w for w, n in decoder.decode_count.items() if n > 1), None)
     warnings.warn(
         f"carraystore {what} ({decoder.spec.store.location}): window {w} of epoch {decoder.epoch} was decoded "
-        f"{decoder.decode_count.get(w, 0)} times; batches are being asked for out of order. model.fit(shuffle=True), "
+        f"{decoder.decode_count.get(w, 0) if w is not None else 0} times; batches are being asked for out of order. model.fit(shuffle=True), "
         "Keras's default, does that: StoreDataset already shuffles, so pass shuffle=False to fit (or raise cache_windows).",
         RuntimeWarning,
         stacklevel=4,

@@ -19,6 +19,7 @@ __all__ = [
     "CacheFolderError",
     "StoreExistsError",
     "InvalidInputError",
+    "CodecRoundTripError",
     "ImageDecodeError",
     "IngestError",
     "ManifestError",
@@ -100,6 +101,11 @@ class StoreExistsError(CarrayStoreError, FileExistsError):
 
 class InvalidInputError(CarrayStoreError, ValueError):
     """Arguments or data handed to carraystore are not acceptable."""
+
+
+class CodecRoundTripError(InvalidInputError):
+    """A custom codec's filter chain made a chunk that does not decompress to the data given
+    (blosc2 mis-decodes some chains); the writer stores nothing: choose another filter chain."""
 
 
 class CacheFolderError(InvalidInputError, OSError):

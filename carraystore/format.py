@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, SupportsIndex, overload
 
 import msgpack
 import numpy as np
@@ -271,16 +271,22 @@ class StringTable(Sequence[str]):
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: SupportsIndex) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: SupportsIndex | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         n = len(self)
-        i = int(i)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"key index {i} out of range for {n} keys")
-        return self._blob[int(self._offsets[i]) : int(self._offsets[i + 1])].decode("utf-8")
+        k = int(i)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError(f"key index {k} out of range for {n} keys")
+        return self._blob[int(self._offsets[k]) : int(self._offsets[k + 1])].decode("utf-8")
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, StringTable):
@@ -446,7 +452,10 @@ class StoreMeta:
 
     @property
     def blocksize(self) -> int:
-        return self.image_nbytes * self.codec.block_images
+        block_images = self.codec.block_images
+        if block_images is None:  # validate() refuses such a record
+            raise FormatError("the codec's block_images is not pinned")
+        return self.image_nbytes * block_images
 
     @property
     def nchunks(self) -> int:

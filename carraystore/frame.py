@@ -60,7 +60,7 @@ class ByteSource(Protocol):
         ``bytes`` or a read-only ``memoryview`` (a remote source hands out views of the
         buffers its responses arrived in, without a copy)."""
 
-    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> Sequence[bytes | memoryview]:
         """The bytes of every (offset, length) range, in the order given, fetched concurrently."""
 
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
@@ -154,7 +154,7 @@ def _damaged(location: str, what: str) -> CorruptStoreError:
     )
 
 
-def _unpack_first(data: bytes) -> Any:
+def _unpack_first(data: bytes | memoryview) -> Any:
     unpacker = msgpack.Unpacker(raw=True, strict_map_key=False, max_buffer_size=max(1, len(data)))
     unpacker.feed(data)
     return next(unpacker)
@@ -167,7 +167,7 @@ def _named_contents(section: Any, where: str, location: str) -> dict[str, bytes]
         names = [k.decode() if isinstance(k, bytes) else str(k) for k in index]
         if len(names) != len(contents) or not all(isinstance(c, bytes) for c in contents):
             raise ValueError("names and contents do not pair up")
-        return dict(zip(names, contents))
+        return dict(zip(names, contents, strict=True))
     except Exception as exc:
         raise _damaged(location, f"the {where} cannot be parsed ({exc})") from exc
 
@@ -276,7 +276,7 @@ def _index_max_bytes(nchunks: int) -> int:
     return 2 * 8 * nchunks + 16 * 1024
 
 
-def _parse_offsets(index_bytes: bytes, nbytes: int, chunksize: int, cbytes: int, loc: str) -> np.ndarray:
+def _parse_offsets(index_bytes: bytes | memoryview, nbytes: int, chunksize: int, cbytes: int, loc: str) -> np.ndarray:
     nchunks = -(-nbytes // chunksize) if chunksize > 0 else 0
     if nchunks == 0:
         return np.zeros(0, dtype=np.int64)

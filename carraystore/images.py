@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from carraystore.errors import ImageDecodeError, IngestError, InvalidInputError
 from carraystore.writer import check_class_names
@@ -226,7 +226,7 @@ def _png_bit_depth(f: Any) -> int | None:
     head = f.read(26)
     f.seek(0)
     if len(head) == 26 and head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR":
-        return head[24]
+        return int(head[24])
     return None
 
 
@@ -286,7 +286,7 @@ def decode_image(path: str | os.PathLike[str], opts: DecodeOptions = DecodeOptio
         raise ImageDecodeError(f"{path}: file not found") from exc
     except Exception as exc:  # PIL raises many types for bad data
         reason = str(exc) or type(exc).__name__
-        if isinstance(exc, Image.UnidentifiedImageError):  # its text names the file object, whose fd number varies
+        if isinstance(exc, UnidentifiedImageError):  # its text names the file object, whose fd number varies
             reason = "not an image format Pillow can identify"
         if os.path.exists(path) and os.path.getsize(path) == 0:
             reason = "empty file"

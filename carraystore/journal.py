@@ -253,8 +253,8 @@ def _belongs(path: Path, journal: Journal) -> bool:
             now = _pread_path(path, 0, len(head))
             return len(now) == len(head) > _THREADS_END and _masked(now) == _masked(head)
         # development builds' journals: only while the old header is still in place
-        head = next((d for o, d in journal.regions if o == 0), None)
-        if head is None or _pread_path(path, 0, len(head)) != head:
+        old_head = next((d for o, d in journal.regions if o == 0), None)
+        if old_head is None or _pread_path(path, 0, len(old_head)) != old_head:
             return False
         if journal.version == 2 and journal.guard[1]:
             start, length, crc = journal.guard

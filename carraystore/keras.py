@@ -59,7 +59,7 @@ def _after_fork_in_child() -> None:
 at_fork_in_child(_after_fork_in_child)
 
 
-class StoreDataset(keras.utils.PyDataset):
+class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships no type information
     """A store as a Keras ``PyDataset`` of (x, y) batches (x alone for unlabelled stores).
 
     Arguments: every :class:`carraystore.engine.LoaderOptions` field, as for
@@ -270,7 +270,7 @@ class StoreDataset(keras.utils.PyDataset):
         )
 
 
-class TrainingPosition(keras.callbacks.Callback):
+class TrainingPosition(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
     """Records where a ``model.fit`` over a :class:`StoreDataset` is: (epoch, next batch).
 
     After every training batch ``position`` is the dataset's epoch and the index of the

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import blosc2
 import msgpack
@@ -380,7 +380,7 @@ class StoreReader:
     advise_willneed = prefetch_chunks
 
     def decompress_chunk(
-        self, i: int, data: bytes, out: np.ndarray | None = None, nthreads: int | None = None
+        self, i: int, data: bytes | memoryview, out: np.ndarray | None = None, nthreads: int | None = None
     ) -> np.ndarray:
         """Decompress chunk ``i``'s bytes into ``out`` (a full chunk buffer); return its images.
 
@@ -445,7 +445,7 @@ class StoreReader:
         c = i // self.meta.chunk_images
         return self.chunk_entries(c)[i - c * self.meta.chunk_images]
 
-    def check_chunk_bytes(self, i: int, data: bytes) -> None:
+    def check_chunk_bytes(self, i: int, data: bytes | memoryview) -> None:
         """Raise ChecksumError unless ``data`` (chunk ``i`` as read) matches its recorded CRC32."""
         if not chunk_crc_ok(data, int(self.meta.crc32[i]), self.codec, self.meta.blocksize, self.chunk_nbytes):
             offset, length = self.chunk_byte_range(i)
@@ -482,7 +482,8 @@ class StoreReader:
                 i += n
             if not 0 <= i < n:
                 raise IndexError(f"image index {int(index)} out of range for a store of {n} images")
-            return self.take(np.array([i]))[0]
+            image: np.ndarray = self.take(np.array([i]))[0]
+            return image
         if isinstance(index, slice):
             start, stop, step = index.indices(n)
             return self.take(np.arange(start, stop, step))
@@ -588,6 +589,8 @@ class StoreReader:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         location = state.get("location", state.get("path"))
+        if location is None:
+            raise InvalidInputError("a pickled store without a location cannot be re-opened; pickle the store again")
         other = open_store(location, state.get("storage_options") or None, **state.get("open_kwargs", {}))
         self.__dict__.update(other.__dict__)
 
@@ -780,14 +783,36 @@ def _read_meta(frame: Frame, location: str) -> StoreMeta:
     return meta
 
 
+@overload
 def open_store(
     location: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | str | None = None,
-    cls: type[_S] | None = None,
-) -> _S:
+    cls: None = None,
+) -> StoreReader: ...
+
+
+@overload
+def open_store(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str | None = None,
+    cls: type[_S],
+) -> _S: ...
+
+
+def open_store(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str | None = None,
+    cls: type[StoreReader] | None = None,
+) -> StoreReader:
     """Open a store for reading, from a path or a URL; checks the format and the pinned codec.
 
     ``cls`` is the class of the object returned: a :class:`StoreReader` by default;
@@ -799,10 +824,10 @@ def open_store(
     """
     open_kwargs = {k: v for k, v in (("cache_dir", cache_dir), ("cache_size", cache_size)) if v is not None}
     source = open_source(location, storage_options, **open_kwargs)  # type: ignore[arg-type]
-    kind: Any = cls or StoreReader
+    kind = cls or StoreReader
     if isinstance(source, LocalFileSource):
-        return _open_local(source, storage_options, open_kwargs, kind)  # type: ignore[no-any-return]
-    return _open(source, storage_options, open_kwargs, cls=kind)  # type: ignore[no-any-return]
+        return _open_local(source, storage_options, open_kwargs, kind)
+    return _open(source, storage_options, open_kwargs, cls=kind)
 
 
 def _file_state(real: Path) -> tuple[Any, ...]:

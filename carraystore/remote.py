@@ -41,10 +41,10 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from carraystore.buffers import BufferPool
@@ -67,6 +67,9 @@ from carraystore.retry import HTTPStatusError, Retrier, RetryPolicy, ShortRead
 __all__ = ["RemoteSource", "RemoteStats", "open_remote"]
 
 log = logging.getLogger("carraystore.remote")
+
+#: What one request returns: the bytes of a range, or (bytes, meta) of the opening read.
+_Got = TypeVar("_Got", memoryview, tuple[bytes, dict[str, Any]])
 
 #: Hinted ranges remembered beyond the read-ahead bound.
 _MAX_PENDING = 1 << 16
@@ -202,7 +205,7 @@ class RemoteSource:
         self._head, meta = self._fetch_first(HEAD_READ_BYTES, opening)
         self._size = int(meta["size"])
         self.etag: str | None = meta.get("e_tag")
-        last = meta.get("last_modified")
+        last: Any = meta.get("last_modified")
         self.last_modified: str | None = (
             last.isoformat() if hasattr(last, "isoformat") else (str(last) if last else None)
         )
@@ -275,9 +278,12 @@ class RemoteSource:
     def _plain_request(self, start: int, length: int) -> http.client.HTTPResponse:
         """Send one ranged GET with Python's HTTP client (forked children); the response,
         its status checked and its body not read yet."""
+        assert self._plain_url is not None  # the callers checked _plain_only()
         parts = urlsplit(self._plain_url)
         conn = getattr(self._conns, "conn", None)
         if conn is None:
+            if not parts.hostname:
+                raise InvalidInputError(f"{self._plain_url}: the URL names no host")
             cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
             conn = self._conns.conn = cls(parts.hostname, parts.port, timeout=self.timeout)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
@@ -357,7 +363,7 @@ class RemoteSource:
         """``length`` bytes at ``offset``, as a read-only view of a pooled receive buffer."""
 
         def once() -> memoryview:
-            out = memoryview(self._buffers.take(length))[:length]
+            out = self._buffers.take(length).data[:length]
             if self._plain_only():
                 self._plain_fill(offset, out)
             else:
@@ -381,7 +387,7 @@ class RemoteSource:
 
         return self._call(self._retrier, once, offset, length)
 
-    def _call(self, retrier: Retrier, once: Any, offset: int, length: int) -> Any:
+    def _call(self, retrier: Retrier, once: Callable[[], _Got], offset: int, length: int) -> _Got:
         """``once()`` under ``retrier``'s policy; the bytes received are counted."""
         self._check_process()
         out = retrier.call(once, offset, length)

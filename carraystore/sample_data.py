@@ -63,9 +63,9 @@ def photo_crops(
         cw = int(ch * aspect)
         y = int(rng.integers(0, h - ch + 1))
         x = int(rng.integers(0, w - cw + 1))
-        crop = pil.crop((x, y, x + cw, y + ch)).resize((size[1], size[0]), Image.BILINEAR)
+        crop = pil.crop((x, y, x + cw, y + ch)).resize((size[1], size[0]), Image.Resampling.BILINEAR)
         if rng.random() < 0.5:
-            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+            crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         out.append(np.asarray(crop))
     return out
 
@@ -94,7 +94,7 @@ def make_photo_folder(
     per_class = [n // len(names) + (1 if i < n % len(names) else 0) for i in range(len(names))]
     ext = {"jpeg": "jpg", "png": "png"}[fmt]
     split_items = list((splits or {"": 1.0}).items())
-    for cls, count in zip(names, per_class):
+    for cls, count in zip(names, per_class, strict=True):
         photo = load_photo(cls)
         crops = photo_crops(photo, count, size, rng)
         start = 0
@@ -138,6 +138,9 @@ def make_video_folder(
         pil = Image.fromarray(photo)
         for t in range(frames):
             x = int(round((w - cw) * t / max(1, frames - 1)))
-            frame = pil.crop((x, y, x + cw, y + ch)).resize((size[1], size[0]), Image.BILINEAR)
-            frame.save(folder / f"frame_{t:05d}.{ext}", **({"quality": 90} if fmt == "jpeg" else {}))
+            frame = pil.crop((x, y, x + cw, y + ch)).resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            if fmt == "jpeg":
+                frame.save(folder / f"frame_{t:05d}.{ext}", quality=90)
+            else:
+                frame.save(folder / f"frame_{t:05d}.{ext}")
     return root

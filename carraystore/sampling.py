@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 #: ``"block"`` (default), ``"global"``, or ``False`` (store order).
-Shuffle = Union[str, bool, None]
+Shuffle = str | bool | None
 
 _SHUFFLES = ("block", "global", False)
 
@@ -60,7 +60,7 @@ def _check_shuffle(shuffle: Shuffle) -> str | bool:
         return "block"
     if shuffle not in _SHUFFLES:
         raise InvalidInputError(f"shuffle must be 'block', 'global' or False, got {shuffle!r}")
-    return shuffle  # type: ignore[return-value]
+    return shuffle
 
 
 def _nonneg(name: str, value: Any) -> int:
@@ -228,7 +228,7 @@ def _chunks_needed(first: np.ndarray, chunk_size: int, span: int) -> np.ndarray:
     need = np.unique(np.concatenate([lo, hi]))
     # a clip may cover whole chunks between its first and last (span > chunk_size)
     if np.any(hi - lo > 1):
-        extra = [np.arange(a, b + 1) for a, b in zip(lo[hi - lo > 1], hi[hi - lo > 1])]
+        extra = [np.arange(a, b + 1) for a, b in zip(lo[hi - lo > 1], hi[hi - lo > 1], strict=True)]
         need = np.unique(np.concatenate([need, *extra]))
     return need
 
@@ -367,7 +367,8 @@ def clip_starts(
         return np.zeros(0, dtype=np.int64)
     run_of = np.repeat(np.arange(len(count)), count)
     k = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-    return first[run_of] + k * stride
+    starts: np.ndarray = first[run_of] + k * stride
+    return starts
 
 
 def clip_offsets(
@@ -389,7 +390,8 @@ def clip_offsets(
     count = np.where(lens >= length, (lens - length) // max(1, stride) + 1, 0)
     slack = np.where(count > 0, lens - length - (count - 1) * stride, 0)
     u = _rng(seed, epoch, _TAG_CLIPS).random(len(lens))
-    return np.minimum((u * (slack + 1)).astype(np.int64), slack)
+    offsets: np.ndarray = np.minimum((u * (slack + 1)).astype(np.int64), slack)
+    return offsets
 
 
 # -- shuffle quality ------------------------------------------------------------------------

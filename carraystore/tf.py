@@ -192,7 +192,7 @@ def to_dataset(
         its = [iterate(sp, epoch=e, start_batch=sb) for sp in specs]
         try:
             # one batch of each of this pipeline's replicas in turn (they all have nb batches)
-            for group in zip(*its):
+            for group in zip(*its, strict=True):
                 for batch in group:
                     yield batch[0] if single else batch
         finally:

@@ -121,7 +121,7 @@ def stream_verified(store: StoreReader, progress: Any = None) -> Iterator[memory
         window = groups[w : w + COPY_READS_IN_FLIGHT]
         ranges = [(g[0][0], sum(p[1] for p in g)) for g in window]
         blocks = store.source.read_many(ranges)
-        for g, (start, length), block in zip(window, ranges, blocks):
+        for g, (start, length), block in zip(window, ranges, blocks, strict=True):
             if len(block) != length:
                 raise CorruptStoreError(f"{store.location}: {len(block)} of {length} bytes readable at offset {start}")
             view = memoryview(block)

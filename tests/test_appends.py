@@ -672,3 +672,23 @@ def test_a_journal_still_rolls_back_its_own_file(tmp_path: Path) -> None:
     assert r.returncode == -signal.SIGKILL and journal_path(path).exists()
     assert len(carraystore.open(path)) == 10
     assert path.read_bytes() == before and not journal_path(path).exists()
+
+
+def test_abort_after_close_or_twice_keeps_an_appended_store(tmp_path: Path) -> None:
+    # an in-place append's temporary file is the store itself: a second abort(), or one
+    # after close(), used to delete the store
+    path = tmp_path / "s.b2nd"
+    _store(path, 10)
+    w = carraystore.append(path)
+    w.append(_images(10, 3), labels=np.arange(10, 13) % 5, keys=_keys(10, 3))
+    w.close()
+    after = path.read_bytes()
+    w.abort()
+    assert path.read_bytes() == after and len(carraystore.open(path)) == 13
+    w = carraystore.append(path)
+    w.append(_images(13, 5), labels=np.arange(13, 18) % 5, keys=_keys(13, 5))
+    w.abort()
+    w.abort()
+    assert path.read_bytes() == after
+    s = carraystore.open(path)
+    assert len(s) == 13 and s.verify() == []

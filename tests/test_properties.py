@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import carraystore
-from carraystore.codec import CODECS, FILTERS, PRESETS, SPLITMODES, Codec
+from carraystore.codec import CODECS, FILTERS, PRESETS, SPLITMODES, Codec, is_preset
 from carraystore.errors import (
     CarrayStoreError,
+    CodecRoundTripError,
     FormatError,
     InvalidInputError,
     StoreLockedError,
@@ -42,6 +43,7 @@ from carraystore.format import (
 )
 from carraystore.lock import WriterLock
 from carraystore.sampling import clip_offsets, clip_starts, group_runs, plan_epoch, shard_length
+from carraystore.writer import check_round_trip
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -375,13 +377,19 @@ def test_valid_codecs_resolve_to_a_pinned_codec(codec: Codec, dtype: str, shape:
     # the resolved codec compresses and decompresses one block of items unchanged (where the
     # writer takes it: a pinned typesize must divide the block, else InvalidInputError)
     assume(r.block_images * math.prod(shape) * np.dtype(dtype).itemsize % r.typesize == 0)
-    # Only chains of at most one filter, or the presets' chain: blosc2 4.14 silently mis-decodes
-    # some longer chains (bitshuffle three times over 1-byte items; bitshuffle+bytedelta+delta
-    # over RGB uint8), and the writer does not refuse them yet (found by this test, issue 21).
-    assume(len(r.filters) <= 1 or r.filters == ("shuffle", "bytedelta"))
     items = np.random.default_rng(0).integers(0, 255, (r.block_images, *shape)).astype(dtype)
     blob = blosc2.compress2(items.tobytes(), **r.cparams(items.nbytes))
-    assert blosc2.decompress2(blob) == items.tobytes()
+    if len(r.filters) <= 1 or r.filters == ("shuffle", "bytedelta"):
+        assert blosc2.decompress2(blob) == items.tobytes()
+    # Longer chains: blosc2 4.14 mis-decodes some (bitshuffle three times over 1-byte items;
+    # bitshuffle+bytedelta+delta over RGB uint8; found by this test, issue 21). Such a chunk is
+    # never stored: the writer's round-trip check (every codec but the presets) names it.
+    if blosc2.decompress2(blob) == items.tobytes():
+        check_round_trip(blob, items, np.empty_like(items), r, "s.b2nd: chunk 0")
+    else:
+        assert not is_preset(r, np.dtype(dtype), shape)
+        with pytest.raises(CodecRoundTripError, match=r"s\.b2nd: chunk 0: .*filter chain"):
+            check_round_trip(blob, items, np.empty_like(items), r, "s.b2nd: chunk 0")
 
 
 @settings(max_examples=40, deadline=None)
