@@ -191,7 +191,8 @@ def _upload(srv: Any, local: dict[str, Any]) -> dict[str, Any]:
     with ThreadPoolExecutor(16) as pool:
         list(
             pool.map(
-                lambda kr: obstore.put(s3, kr[0], (local["folder"] / kr[1]).read_bytes()), zip(keys, local["rels"])
+                lambda kr: obstore.put(s3, kr[0], (local["folder"] / kr[1]).read_bytes()),
+                zip(keys, local["rels"], strict=True),
             )
         )
         list(pool.map(lambda p: obstore.put(s3, f"wds/{p.name}", p), local["shards"]))

@@ -102,7 +102,7 @@ def _photo_patches(n: int, size: tuple[int, int], seed: int = 0) -> tuple[np.nda
     which = rng.integers(0, len(photos), n)
     ys = rng.integers(0, 96 - size[0] + 1, n)
     xs = rng.integers(0, 96 - size[1] + 1, n)
-    out = np.stack([photos[w][y : y + size[0], x : x + size[1]] for w, y, x in zip(which, ys, xs)])
+    out = np.stack([photos[w][y : y + size[0], x : x + size[1]] for w, y, x in zip(which, ys, xs, strict=True)])
     return out[..., None], which
 
 
@@ -127,7 +127,7 @@ def open_store_path(n: int) -> Path:
             i = np.arange(a, b)
             images = np.roll(pool[i % len(pool)], 1, axis=1) if (a // len(pool)) % 2 else pool[i % len(pool)]
             labels = which[i % len(pool)] % CLASSES
-            keys = [f"train/class{lab}/img_{j:07d}.jpg" for j, lab in zip(i, labels)]
+            keys = [f"train/class{lab}/img_{j:07d}.jpg" for j, lab in zip(i, labels, strict=True)]
             w.append(images, labels=labels, keys=keys)
     return path
 

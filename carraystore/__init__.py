@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import inspect as _inspect
+import os as _os
+from collections.abc import Mapping as _Mapping
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+from typing import cast as _cast
 
 from carraystore import ingest as _ingest  # noqa: E402
 from carraystore._version import __version__  # noqa: E402
@@ -17,8 +22,13 @@ from carraystore.store import Store  # noqa: E402
 from carraystore.store import open_store as open  # noqa: E402,A001
 from carraystore.writer import StoreWriter, append, create, update_metadata  # noqa: E402
 
+if _TYPE_CHECKING:  # transfer (and its upload layer) is imported only when copy is called
+    from carraystore.transfer import CopyResult
 
-def from_directory(directory, output, *, client=None, **options):  # type: ignore[no-untyped-def]
+
+def from_directory(
+    directory: str | _os.PathLike[str], output: str | _os.PathLike[str], *, client: _Any = None, **options: _Any
+) -> _ingest.IngestResult | dict[str, _ingest.IngestResult]:
     """Set below from ``carraystore.ingest.from_directory`` (its docstring and parameters) plus ``client``."""
     if client is not None:  # the dask adapter (and dask) only when asked for
         from carraystore.dask import from_directory as on_cluster
@@ -32,7 +42,8 @@ def _facade_of_ingest() -> None:
     ingest_signature = _inspect.signature(_ingest.from_directory)
     params = [p for p in ingest_signature.parameters.values() if p.name != "runner"]
     client = _inspect.Parameter("client", _inspect.Parameter.KEYWORD_ONLY, default=None, annotation="Any")
-    from_directory.__signature__ = ingest_signature.replace(parameters=[*params, client])  # type: ignore[attr-defined]
+    # functions take a __signature__ attribute (inspect reads it); their type does not declare one
+    _cast(_Any, from_directory).__signature__ = ingest_signature.replace(parameters=[*params, client])
     doc = _inspect.getdoc(_ingest.from_directory) or ""
     doc = doc.partition("\n\n``runner``")[0]
     from_directory.__doc__ = doc + (
@@ -46,17 +57,17 @@ def _facade_of_ingest() -> None:
 _facade_of_ingest()
 
 
-def copy(  # type: ignore[no-untyped-def]
-    src,
-    dst,
+def copy(
+    src: str | _os.PathLike[str],
+    dst: str | _os.PathLike[str],
     *,
-    storage_options=None,
-    dst_storage_options=None,
-    overwrite=False,
-    verify=True,
-    progress=False,
-    options=None,
-):
+    storage_options: _Mapping[str, _Any] | None = None,
+    dst_storage_options: _Mapping[str, _Any] | None = None,
+    overwrite: bool = False,
+    verify: bool = True,
+    progress: bool = False,
+    options: WriteOptions | None = None,
+) -> CopyResult:
     """Copy a store between two locations (paths or URLs), streamed and verified chunk by chunk.
 
     See ``carraystore.transfer.copy_store`` (``options``: a WriteOptions); returns a CopyResult.

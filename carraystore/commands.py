@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,8 +187,9 @@ def _ingest_on_cluster(args: argparse.Namespace, options: dict[str, Any]) -> Any
         ) from exc
     from carraystore.dask import from_directory
 
+    connect: Callable[..., Any] = Client  # distributed.Client.__init__ carries no annotations
     try:
-        client = Client(args.dask_scheduler, timeout=args.dask_timeout)
+        client = connect(args.dask_scheduler, timeout=args.dask_timeout)
     except (OSError, TimeoutError) as exc:
         raise InvalidInputError(
             f"cannot reach the dask scheduler at {args.dask_scheduler} ({exc}); start one (`dask scheduler`) "

@@ -21,7 +21,7 @@ import functools
 import os
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,10 +43,16 @@ from carraystore.store import Store, open_store
 from carraystore.writer import compress_chunk, create
 
 try:
-    import dask
     import dask.array as da
+    from dask.base import compute as _dask_compute
+    from dask.delayed import delayed as _dask_delayed
 except ImportError as exc:  # pragma: no cover - the dask extra is not installed
     raise MissingDependencyError("carraystore.dask needs dask: pip install 'carraystore[dask]'") from exc
+
+# dask's functions carry no annotations: they are called here through these typed names
+_asarray: Callable[..., Any] = da.asarray
+_compute: Callable[..., tuple[Any, ...]] = _dask_compute
+_delayed: Callable[..., Any] = _dask_delayed
 
 __all__ = ["to_dask", "labels", "Labels", "fields", "targets", "from_dask", "from_directory", "in_order"]
 
@@ -57,13 +63,14 @@ def default_client() -> Any | None:
         from distributed import default_client as _default_client
     except ImportError:  # pragma: no cover - distributed is part of the dask extra
         return None
+    current: Callable[[], Any] = _default_client  # distributed carries no annotations
     try:
-        return _default_client()
+        return current()
     except ValueError:
         return None
 
 
-def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> Iterator[Any]:
+def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> Generator[Any, None, None]:
     """Results of futures in submission order, with at most ``window`` futures alive at a time.
 
     ``submits`` yields callables that each submit work to ``client`` and return its future
@@ -253,6 +260,11 @@ def _ingest_on_cluster(client: Any, job: StoreJob) -> IngestResult:
 # -- dask arrays as stores -------------------------------------------------------------------
 
 
+def _local(a: Any) -> Any:
+    """A dask array computed into this process; anything else as it is."""
+    return _compute(a)[0] if isinstance(a, da.Array) else a
+
+
 def _compress_block(block: np.ndarray, meta: StoreMeta) -> tuple[bytes, int, int]:
     """On a worker: one store chunk of items -> (compressed bytes, item count, CRC32)."""
     data, crc = compress_chunk(meta, np.ascontiguousarray(block))
@@ -295,7 +307,7 @@ def from_dask(
     (``s3://bucket/out.b2nd``, with ``storage_options``) is written in a staging file under
     ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete, as ``carraystore.create`` does.
     """
-    x = x if isinstance(x, da.Array) else da.asarray(x)
+    x = x if isinstance(x, da.Array) else _asarray(x)
     if x.ndim < 1:
         raise InvalidInputError(f"from_dask needs an array of items (N, ...), got a {x.ndim}-d array")
     if any(np.isnan(c) for c in x.chunks[0]):
@@ -305,15 +317,15 @@ def from_dask(
     if class_names is None:
         class_names = getattr(labels, "class_names", None)
     if labels is not None:
-        lab = np.asarray(labels.compute() if isinstance(labels, da.Array) else labels)
+        lab = np.asarray(_local(labels))
         if lab.shape != (n,):
             raise InvalidInputError(f"{path_or_url}: {lab.shape} labels for {n} items; give one integer label per item")
     keylist = None
     if keys is not None:
-        keylist = [str(k) for k in (keys.compute() if isinstance(keys, da.Array) else keys)]
+        keylist = [str(k) for k in _local(keys)]
         if len(keylist) != n:
             raise InvalidInputError(f"{path_or_url}: {len(keylist)} keys for {n} items; give one key per item")
-    cols = {name: np.asarray(a.compute() if isinstance(a, da.Array) else a) for name, a in (fields or {}).items()}
+    cols = {name: np.asarray(_local(a)) for name, a in (fields or {}).items()}
     provenance = {"source_kind": "dask_array", "source": f"dask array {x.dtype}{tuple(x.shape)}"}
     with create(
         path_or_url,
@@ -348,7 +360,7 @@ def from_dask(
                 x = x.rechunk(want)
             blocks = x.to_delayed(optimize_graph=True).reshape(-1)
             # meta rides in the function: dask.delayed would walk the dataclass for every task
-            compress = dask.delayed(functools.partial(_compress_block, meta=meta), pure=True)
+            compress = _delayed(functools.partial(_compress_block, meta=meta), pure=True)
             tasks = [compress(b) for b in blocks]
             with contextlib.closing(_compute_in_order(tasks, window)) as results:  # cancels what is left on an error
                 for i, (data, count, crc) in enumerate(results):
@@ -368,7 +380,7 @@ def from_dask(
     return open_store(path_or_url, storage_options)
 
 
-def _compute_in_order(tasks: list[Any], window: int | None) -> Iterator[Any]:
+def _compute_in_order(tasks: list[Any], window: int | None) -> Generator[Any, None, None]:
     """Compute delayed tasks, yielding results in order.
 
     Tasks go to the scheduler in batches (one graph each, so that chunks sharing an input
@@ -378,7 +390,7 @@ def _compute_in_order(tasks: list[Any], window: int | None) -> Iterator[Any]:
     """
     client = default_client()
     nthreads = sum(client.nthreads().values()) if client is not None else (os.cpu_count() or 1)
-    if not nthreads:  # the tasks would wait for a worker for ever
+    if client is not None and not nthreads:  # the tasks would wait for a worker for ever
         raise InvalidInputError(
             f"the dask cluster at {client.scheduler.address} has no workers; start workers (`dask worker ADDRESS`) "
             "or compute without a client"
@@ -386,7 +398,7 @@ def _compute_in_order(tasks: list[Any], window: int | None) -> Iterator[Any]:
     batch = max(1, window // 2) if window else max(16, 4 * nthreads)
     batches = [tasks[i : i + batch] for i in range(0, len(tasks), batch)]
     if client is not None:
-        yield from in_order(client, ((lambda b=b: client.compute(b)) for b in batches), 2 * batch)
+        yield from in_order(client, (functools.partial(client.compute, b) for b in batches), 2 * batch)
         return
     for b in batches:
-        yield from dask.compute(*b)
+        yield from _compute(*b)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ try:
     from dask.base import tokenize
 except ImportError as exc:  # pragma: no cover - the dask extra is not installed
     raise MissingDependencyError("carraystore.dask needs dask: pip install 'carraystore[dask]'") from exc
+
+# dask.array.from_array carries no annotations: called through this typed name
+_from_array: Callable[..., da.Array] = da.from_array
 
 __all__ = ["to_dask", "labels", "Labels", "fields", "targets"]
 
@@ -103,7 +107,8 @@ class _ChunkReader:
         store = self.store
         key = key if isinstance(key, tuple) else (key,)
         if any(k is Ellipsis or k is None for k in key):
-            return store.take(np.arange(len(store)))[key]
+            whole: np.ndarray = store.take(np.arange(len(store)))[key]
+            return whole
         first, rest = (key[0], key[1:]) if key else (slice(None), ())
         if isinstance(first, slice):
             start, stop, step = first.indices(len(store))
@@ -112,7 +117,8 @@ class _ChunkReader:
                 block = store.read_chunk(start // k)
             else:
                 block = store.take(np.arange(start, stop, step))
-            return block[(slice(None), *rest)] if rest else block
+            index = (slice(None), *rest)  # built apart: mypy takes a star inside [] for 3.11 syntax
+            return block[index] if rest else block
         block = store[first]
         return block[rest] if rest else block
 
@@ -138,7 +144,7 @@ def to_dask(
     crcs = np.asarray(store.meta.crc32).tobytes()
     name = "carraystore-" + tokenize(str(store.location), store.storage_options, store.shape, str(store.dtype), crcs)
     meta = np.empty((0,) * len(store.shape), dtype=store.dtype)
-    return da.from_array(_ChunkReader(store), chunks=chunks, name=name, meta=meta, lock=False, inline_array=False)
+    return _from_array(_ChunkReader(store), chunks=chunks, name=name, meta=meta, lock=False, inline_array=False)
 
 
 class Labels(np.ndarray):

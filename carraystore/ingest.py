@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+import PIL
 
 from carraystore.badfiles import DEFAULT_MAX_SKIPPED, BadFiles, allowed_skips, drop_bad_names, shape_error
 from carraystore.codec import Codec
@@ -462,7 +462,7 @@ def _check_options(color_mode: str, image_size: Any, interpolation: str, on_erro
     size = tuple(int(x) for x in image_size)
     if len(size) != 2 or min(size) < 1:
         raise InvalidInputError(f"image_size must be (height, width), got {image_size!r}")
-    return size  # type: ignore[return-value]
+    return size
 
 
 def _ingest_one(
@@ -522,7 +522,7 @@ def _ingest_one(
     if labels is not None:
         labels = labels[order]
     bad = BadFiles(root, len(rels), on_error, max_skipped, allowed, skipped)
-    write = dict(
+    write: dict[str, Any] = dict(
         codec=codec,
         chunk_images=chunk_images,
         class_names=class_names,
@@ -1000,7 +1000,7 @@ def from_directory(
             ),
             "image_size": list(size) if size else None,
             "interpolation": interpolation,
-            "resize_library": f"Pillow {Image.__version__}" if size else None,
+            "resize_library": f"Pillow {PIL.__version__}" if size else None,
             "crop_to_aspect_ratio": bool(crop_to_aspect_ratio),
             "color_mode": color_mode,
             "dtype": dtype,
@@ -1055,7 +1055,7 @@ def from_directory(
                 provenance=provenance(root.name),
                 fields=fields,
                 groups=grp,
-                **common,  # type: ignore[arg-type]
+                **common,
             )
         if not rels:
             raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
@@ -1098,7 +1098,7 @@ def from_directory(
                 fields=fields,
                 groups=[grp[i] for i in idx] if grp is not None else None,
                 notes=split_notes,
-                **common,  # type: ignore[arg-type]
+                **common,
             )
         return results if subset == "both" else results[subset]
 
@@ -1136,8 +1136,8 @@ def from_directory(
             present = [c for c in names_all or () if (src / c).is_dir()]
             rels, _, _, ignored = list_images(src, "inferred", present, follow_links)
             # labels index the shared class list, not the split's own
-            idx = {c: i for i, c in enumerate(names_all or ())}
-            labs = np.asarray([idx[r.split("/", 1)[0]] for r in rels], dtype=np.int64)
+            class_index = {c: i for i, c in enumerate(names_all or ())}
+            labs = np.asarray([class_index[r.split("/", 1)[0]] for r in rels], dtype=np.int64)
             names = names_all
         else:
             rels, labs, names, ignored = list_images(src, None, None, follow_links)
@@ -1146,7 +1146,7 @@ def from_directory(
         listed[split] = (rels, labs, names, ignored, grp)
     if table is not None:  # rows keyed relative to the top folder: every split's files at once
         table.check_files([f"{split}/{r}" for split, (rels, *_) in listed.items() for r in rels], str(root))
-    results: dict[str, IngestResult] = {}
+    results = {}
     for split, (rels, labs, names, ignored, grp) in listed.items():
         results[split] = _ingest_one(
             root / split,
@@ -1159,7 +1159,7 @@ def from_directory(
             provenance=provenance(f"{root.name}/{split}"),
             fields=table.under(split) if table is not None else None,
             groups=grp,
-            **common,  # type: ignore[arg-type]
+            **common,
         )
     return results
 

@@ -93,10 +93,12 @@ def _shared_empty(shape: tuple[int, ...], dtype: Any) -> Any:
     """A tensor in shared memory (a worker's batch crosses to the main process without a copy)."""
     numel = int(np.prod(shape))
     try:  # what torch's own default_collate does in a worker
-        storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
+        empty: Any = torch.empty(0, dtype=dtype)  # Any: torch leaves _typed_storage unannotated
+        storage = empty._typed_storage()._new_shared(numel)
         return torch.empty(0, dtype=dtype).new(storage).resize_(shape)
     except Exception:  # pragma: no cover - a torch without the private call
-        return torch.empty(shape, dtype=dtype).share_memory_()
+        whole: Any = torch.empty(shape, dtype=dtype)  # Any: torch leaves share_memory_ unannotated
+        return whole.share_memory_()
 
 
 class _CudaStaging:
@@ -110,7 +112,8 @@ class _CudaStaging:
     def __init__(self, device: Any, depth: int = 3) -> None:  # pragma: no cover - needs a GPU
         self.device = device
         self.depth = depth
-        self.stream = torch.cuda.Stream(device=device)
+        cuda: Any = torch.cuda  # Any: torch leaves cuda.Stream unannotated
+        self.stream = cuda.Stream(device=device)
         self.slots: list[list[Any]] = []  # [pinned tensor, event or None]
 
     def host(self, shape: tuple[int, ...], dtype: Any) -> Any:  # pragma: no cover - needs a GPU
@@ -135,7 +138,8 @@ class _CudaStaging:
         current = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self.stream):
             g = t.to(self.device, non_blocking=True)
-            ev = torch.cuda.Event()
+            cuda: Any = torch.cuda  # Any: torch leaves cuda.Event unannotated
+            ev = cuda.Event()
             ev.record(self.stream)
         for slot in self.slots:
             if slot[0].data_ptr() == t.data_ptr():
@@ -401,7 +405,7 @@ class _StoreBatches:
         self._pid = os.getpid()
 
 
-class StoreDataset(_StoreBatches, IterableDataset):  # type: ignore[misc]
+class StoreDataset(_StoreBatches, IterableDataset[Any]):
     """A store as an ``IterableDataset`` of whole batches: ``DataLoader(ds, batch_size=None)``.
 
     Arguments: every :class:`carraystore.engine.LoaderOptions` field (``shuffle``,
@@ -478,7 +482,7 @@ class StoreDataset(_StoreBatches, IterableDataset):  # type: ignore[misc]
         )
 
 
-class StoreMapDataset(_StoreBatches, Dataset):  # type: ignore[misc]
+class StoreMapDataset(_StoreBatches, Dataset[Any]):
     """A store as a map-style dataset: ``ds[i]`` is batch ``i`` of this rank's epoch.
 
     Batches, not samples: a sample alone would decompress its whole chunk, while batch
@@ -558,7 +562,7 @@ class StoreMapDataset(_StoreBatches, Dataset):  # type: ignore[misc]
         )
 
 
-class StoreDataLoader(DataLoader):  # type: ignore[misc]
+class StoreDataLoader(DataLoader[Any]):
     """``DataLoader(dataset, batch_size=None, ...)`` for a :class:`StoreDataset` that counts the batches it hands out.
 
     With workers the dataset in this process never sees a batch; this loader counts them,

@@ -138,7 +138,7 @@ def _zero_chunk(codec: dict[str, Any], blocksize: int, nbytes: int, dont_split: 
     h[4:8] = nbytes.to_bytes(4, "little")
     h[8:12] = blocksize.to_bytes(4, "little")
     h[12:16] = (32).to_bytes(4, "little")
-    for slot, (f, m) in enumerate(zip(codec["filters"], codec["filters_meta"])):
+    for slot, (f, m) in enumerate(zip(codec["filters"], codec["filters_meta"], strict=True)):
         h[16 + slot] = FILTER_IDS[f]
         h[24 + slot] = m
     h[22] = CODEC_IDS[codec["codec"]]
@@ -155,8 +155,8 @@ def _check_chunk_header(chunk: bytes, codec: dict[str, Any], blocksize: int) -> 
         return
     if (flags >> 5) != CODEC_FORMATS[codec["codec"]]:
         raise SpecError("codec format differs")
-    slots = [(f, m) for f, m in zip(chunk[16:22], chunk[24:30]) if f]
-    if slots != [(FILTER_IDS[f], m) for f, m in zip(codec["filters"], codec["filters_meta"])]:
+    slots = [(f, m) for f, m in zip(chunk[16:22], chunk[24:30], strict=True) if f]
+    if slots != [(FILTER_IDS[f], m) for f, m in zip(codec["filters"], codec["filters_meta"], strict=True)]:
         raise SpecError("filters differ")
     if codec["splitmode"] in ("never", "always") and bool(flags & 0x10) != (codec["splitmode"] == "never"):
         raise SpecError("split bit differs")

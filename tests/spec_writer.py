@@ -174,7 +174,7 @@ def write_store(
     header_len = section_start + len(section)
     pipeline = bytearray(16)
     if codec["typesize"] == dt.itemsize:  # the frame's filters: the codec's only where typesizes agree
-        for slot, (f, m) in enumerate(zip(codec["filters"], codec["filters_meta"])):
+        for slot, (f, m) in enumerate(zip(codec["filters"], codec["filters_meta"], strict=True)):
             pipeline[slot] = FILTER_IDS[f]
             pipeline[8 + slot] = m
     pipeline[6] = CODEC_IDS[codec["codec"]]

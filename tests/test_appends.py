@@ -584,9 +584,11 @@ def test_a_meta_update_of_an_empty_store_is_in_place_and_locked(tmp_path: Path) 
     with carraystore.create(path, SHAPE, chunk_images=CHUNK, attrs={"a": 1}):
         pass
     inode = path.stat().st_ino
-    with WriterLock(path, purpose="ingest"):  # any writer excludes it, and it waits with a timeout
-        with pytest.raises(StoreLockedError, match=r"being written by ingest .* \(waited 0.2 s\)"):
-            update_metadata(path, attrs={"b": 2}, lock_timeout=0.2)
+    with (
+        WriterLock(path, purpose="ingest"),  # any writer excludes it, and it waits with a timeout
+        pytest.raises(StoreLockedError, match=r"being written by ingest .* \(waited 0.2 s\)"),
+    ):
+        update_metadata(path, attrs={"b": 2}, lock_timeout=0.2)
     assert update_metadata(path, attrs={"b": 2}, remove_attrs=["a"]).attrs == {"b": 2}
     assert path.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == ["s.b2nd"]
     _append(path, 0, 5)  # and it appends as before

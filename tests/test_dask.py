@@ -366,10 +366,13 @@ def test_from_dask_of_an_array_with_empty_chunks(tmp_path: Path) -> None:
 
 def test_from_dask_on_a_cluster_without_workers_fails_at_once(tmp_path: Path) -> None:
     x = da.zeros((40, 4, 4, 3), dtype="uint8", chunks=8)
-    with distributed.LocalCluster(n_workers=0, dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cl:
-        with distributed.Client(cl, set_as_default=False) as empty, empty.as_current():
-            with pytest.raises(InvalidInputError, match=r"has no workers.*start workers"):
-                cdask.from_dask(x, tmp_path / "o.b2nd", chunk_images=8)
+    with (
+        distributed.LocalCluster(n_workers=0, dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cl,
+        distributed.Client(cl, set_as_default=False) as empty,
+        empty.as_current(),
+        pytest.raises(InvalidInputError, match=r"has no workers.*start workers"),
+    ):
+        cdask.from_dask(x, tmp_path / "o.b2nd", chunk_images=8)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -587,12 +590,14 @@ def test_distributed_ingest_refuses_split_folders_and_locked_stores(tmp_path: Pa
 
 def test_distributed_ingest_on_a_cluster_without_workers_fails_at_once(tmp_path: Path, messy_folder: Path) -> None:
     # with no worker the tasks would wait for ever: say so instead of hanging
-    with distributed.LocalCluster(n_workers=0, dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cl:
-        with distributed.Client(cl, set_as_default=False) as empty:
-            t = time.monotonic()
-            with pytest.raises(IngestError, match=r"has no workers.*start workers"):
-                cs.from_directory(messy_folder, tmp_path / "o.b2nd", client=empty, on_error="skip", max_skipped=3)
-            assert time.monotonic() - t < 30
+    with (
+        distributed.LocalCluster(n_workers=0, dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cl,
+        distributed.Client(cl, set_as_default=False) as empty,
+    ):
+        t = time.monotonic()
+        with pytest.raises(IngestError, match=r"has no workers.*start workers"):
+            cs.from_directory(messy_folder, tmp_path / "o.b2nd", client=empty, on_error="skip", max_skipped=3)
+        assert time.monotonic() - t < 30
     assert not (tmp_path / "o.b2nd").exists()
 
 

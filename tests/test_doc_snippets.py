@@ -97,7 +97,7 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding what the documents name: photos/, val.b2nd, data/{train,val}.b2nd."""
     root = tmp_path_factory.mktemp("snippets")
     classes = ("astronaut", "chelsea", "coffee", "rocket")
-    folder = make_photo_folder(root / "photos", n=128, size=(32, 32), classes=classes, seed=4)
+    make_photo_folder(root / "photos", n=128, size=(32, 32), classes=classes, seed=4)
     split = make_photo_folder(
         root / "split", n=128, size=(32, 32), classes=classes, seed=5, splits={"train": 0.75, "val": 0.25}
     )

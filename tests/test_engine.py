@@ -61,7 +61,7 @@ def test_direct_and_arena_modes_give_the_same_batches(direct_store: Path, kwargs
     )
     direct, arena = _epoch(store, True, **kwargs), _epoch(store, False, **kwargs)
     assert len(direct) == len(arena) > 0
-    for (x1, y1), (x2, y2) in zip(direct, arena):
+    for (x1, y1), (x2, y2) in zip(direct, arena, strict=True):
         np.testing.assert_array_equal(x1, x2)
         np.testing.assert_array_equal(y1, y2)
     # and both are the store's own items in the plan's order

@@ -143,9 +143,11 @@ def test_metadata_that_inflates_far_beyond_the_store_is_refused_before_it_is_dec
 
 
 def test_writer_refuses_metadata_over_the_limit(tmp_path: Path) -> None:
-    with pytest.raises(InvalidInputError, match="FORMAT.md, Limits"):
-        with carraystore.create(tmp_path / "big.b2nd", (4, 4, 1), attrs={"pad": "a" * (70 * 2**20)}) as w:
-            w.append(np.zeros((2, 4, 4, 1), np.uint8))
+    with (
+        pytest.raises(InvalidInputError, match="FORMAT.md, Limits"),
+        carraystore.create(tmp_path / "big.b2nd", (4, 4, 1), attrs={"pad": "a" * (70 * 2**20)}) as w,
+    ):
+        w.append(np.zeros((2, 4, 4, 1), np.uint8))
     assert not (tmp_path / "big.b2nd").exists()
 
 
@@ -212,9 +214,11 @@ def test_labels_without_class_names_follow_the_range_rule(store_path: Path, tmp_
     with pytest.raises(FormatError, match="labels span 0..2147483648"):
         carraystore.open(store_path)
     for bad in ([-1, 0], [0, 2**31]):
-        with pytest.raises(InvalidInputError, match="labels must lie in 0..2147483647"):
-            with carraystore.create(tmp_path / "l.b2nd", (4, 4, 1), overwrite=True) as w:
-                w.append(np.zeros((2, 4, 4, 1), np.uint8), labels=bad)
+        with (
+            pytest.raises(InvalidInputError, match="labels must lie in 0..2147483647"),
+            carraystore.create(tmp_path / "l.b2nd", (4, 4, 1), overwrite=True) as w,
+        ):
+            w.append(np.zeros((2, 4, 4, 1), np.uint8), labels=bad)
     with carraystore.create(tmp_path / "ok.b2nd", (4, 4, 1)) as w:  # no class names: any label in range
         w.append(np.zeros((2, 4, 4, 1), np.uint8), labels=[7, 2**31 - 1])
     assert carraystore.open(tmp_path / "ok.b2nd").labels.tolist() == [7, 2**31 - 1]

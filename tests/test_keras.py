@@ -227,7 +227,7 @@ def test_the_loader_arguments_work_here_too(splits: dict[str, Path]) -> None:
     assert len(ds) == len(full) - 3
     ds.on_epoch_begin()
     got = [ds[i] for i in range(len(ds))]
-    assert all(np.array_equal(x, fx) and np.array_equal(y, fy) for (x, y), (fx, fy) in zip(got, full[3:]))
+    assert all(np.array_equal(x, fx) and np.array_equal(y, fy) for (x, y), (fx, fy) in zip(got, full[3:], strict=True))
     ds.on_epoch_end()  # the next epoch is whole again
     assert ds.epoch == 3 and ds.first_batch == 0 and len(ds) == len(full)
     x0, y0 = ds[0]

@@ -89,8 +89,8 @@ def test_same_arguments_give_the_same_batches(photo_store: Path) -> None:
     a = list(batches(photo_store, 16, seed=4, epoch=3, window=2))
     b = list(batches(photo_store, 16, seed=4, epoch=3, window=2))
     c = list(batches(photo_store, 16, seed=5, epoch=3, window=2))
-    assert all(np.array_equal(x1, x2) and np.array_equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
-    assert not all(np.array_equal(x1, x2) for (x1, _), (x2, _) in zip(a, c))
+    assert all(np.array_equal(x1, x2) and np.array_equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b, strict=True))
+    assert not all(np.array_equal(x1, x2) for (x1, _), (x2, _) in zip(a, c, strict=True))
 
 
 @pytest.mark.parametrize("drop", [False, True])
@@ -130,7 +130,7 @@ def test_resuming_yields_exactly_the_remaining_batches(photo_store: Path) -> Non
     assert len(rest) == len(full) - 5
     tail = list(rest)
     assert len(tail) == len(full) - 5
-    for (x1, y1), (x2, y2) in zip(full[5:], tail):
+    for (x1, y1), (x2, y2) in zip(full[5:], tail, strict=True):
         assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
     assert list(batches(photo_store, 12, epoch=2, start_batch=len(full))) == []
     with pytest.raises(InvalidInputError, match="start_batch"):
@@ -178,7 +178,7 @@ def test_batch_diversity_and_shuffle_quality(tmp_path: Path) -> None:
 
 
 def test_stopping_early_leaves_no_thread(photo_store: Path) -> None:
-    for x, y in batches(photo_store, 8, window=2):
+    for _batch in batches(photo_store, 8, window=2):
         break
     gc.collect()
     assert loader_threads() == []
@@ -212,7 +212,7 @@ def test_a_transform_runs_in_the_loader_threads(photo_store: Path) -> None:
     plain = list(store.batches(50, epoch=1))
     done = list(store.batches(50, epoch=1, transform=to_float))
     assert all(n.startswith(THREAD_NAME_PREFIX) for n in names) and names
-    for (x0, y0), (x1, y1) in zip(plain, done):
+    for (x0, y0), (x1, y1) in zip(plain, done, strict=True):
         assert x1.dtype == np.float32 and np.allclose(x1 * 255.0, x0)
         assert np.array_equal(y0, y1)
 
@@ -281,7 +281,7 @@ def test_label_modes_and_unlabelled_stores(photo_store: Path, tmp_path: Path) ->
     store = carraystore.open(photo_store)
     ints = list(store.batches(20, epoch=1))
     cats = list(store.batches(20, epoch=1, label_mode="categorical"))
-    for (x0, y0), (x1, y1) in zip(ints, cats):
+    for (x0, y0), (x1, y1) in zip(ints, cats, strict=True):
         assert np.array_equal(x0, x1)
         assert y1.dtype == np.float32 and y1.shape == (len(x0), len(CLASSES))
         assert np.array_equal(np.argmax(y1, axis=1), y0) and np.all(y1.sum(axis=1) == 1)
@@ -303,7 +303,7 @@ def test_binary_label_mode_as_keras_gives_it(photo_store: Path, tmp_path: Path) 
     ints = list(batches(two, 16, epoch=2))
     bins = list(batches(two, 16, epoch=2, label_mode="binary"))
     assert len(bins) == len(ints) == -(-len(keep) // 16)
-    for (x0, y0), (x1, y1) in zip(ints, bins):
+    for (x0, y0), (x1, y1) in zip(ints, bins, strict=True):
         # image_dataset_from_directory's "binary": float32 0/1 of shape (B, 1)
         assert np.array_equal(x0, x1) and y1.dtype == np.float32 and y1.shape == (len(x0), 1)
         assert np.array_equal(y1[:, 0], y0.astype(np.float32))
@@ -334,7 +334,7 @@ def test_sequences_of_video_frames_never_cross_a_clip(tmp_path: Path) -> None:
     clips = []
     for x, y in store.batches(3, sequence_length=L, window=2, epoch=1):
         assert x.shape[1:] == (L, 24, 24, 3)
-        for clip, label in zip(x, y):
+        for clip, label in zip(x, y, strict=True):
             idx = indices(table, clip)
             assert idx == list(range(idx[0], idx[0] + L)), "frames of a clip are consecutive"
             assert len({k.rsplit("/", 1)[0] for k in (keys[i] for i in idx)}) == 1, "a clip stays in one folder"
@@ -454,7 +454,7 @@ def test_the_buffer_pool_is_reused_across_epochs_and_can_be_released(photo_store
     list(second)
     # batches handed out earlier are copies: reusing the buffers did not touch them
     again = [x for x, _ in store.batches(16, epoch=0, window=2)]
-    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     loader.release_buffers(store)
     assert loader._IDLE_ARENAS.get(store) is None
 
@@ -519,7 +519,7 @@ def test_children_forked_during_decoding_do_not_hang(tmp_path: Path) -> None:
                 try:
                     out = np.empty((store.chunk_images, *store.image_shape), dtype=store.dtype)
                     worker = threading.Thread(
-                        target=lambda: [store.decompress_chunk(0, data, out) for _ in range(5)], daemon=True
+                        target=lambda out=out: [store.decompress_chunk(0, data, out) for _ in range(5)], daemon=True
                     )
                     worker.start()
                     worker.join(timeout=10)

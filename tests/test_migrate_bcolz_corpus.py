@@ -130,7 +130,7 @@ def test_corpus_case(root_name: str, corpus: str, case: str, tmp_path: Path) -> 
         # the pure reader unpickles every element exactly (Python 2 pickles need latin1)
         values = CarrayReader.open(src, allow_pickle=True).read()
         assert len(values) == len(reprs)
-        for v, r in zip(values, reprs):
+        for v, r in zip(values, reprs, strict=True):
             assert repr(v) == r or v == ast.literal_eval(r.rstrip("L")), (v, r)
         # these arrays mix types no fixed-size dtype holds: a clear error, no output
         with pytest.raises(MigrationError, match="no common fixed-size type"):

@@ -17,7 +17,7 @@ from carraystore.migrations.npz import relative_keys
 
 def _cache(photo_arrays, root: str) -> dict[str, np.ndarray]:
     x, _, keys = photo_arrays
-    return {f"{root}/{k}": img for k, img in zip(keys, x)}
+    return {f"{root}/{k}": img for k, img in zip(keys, x, strict=True)}
 
 
 @pytest.mark.parametrize("compressed", [False, True])

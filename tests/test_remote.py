@@ -68,7 +68,7 @@ def _epoch(store: Any, **kw: Any) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def _same(a: list[tuple[np.ndarray, np.ndarray]], b: list[tuple[np.ndarray, np.ndarray]]) -> None:
     assert len(a) == len(b)
-    for i, ((xa, ya), (xb, yb)) in enumerate(zip(a, b)):
+    for i, ((xa, ya), (xb, yb)) in enumerate(zip(a, b, strict=True)):
         assert np.array_equal(xa, xb), f"batch {i}: pixels differ"
         assert np.array_equal(ya, yb), f"batch {i}: labels differ"
 

@@ -237,10 +237,12 @@ def test_a_store_that_appears_meanwhile_is_not_replaced(seaweedfs, bucket: str, 
 
 def test_an_error_while_writing_publishes_nothing(seaweedfs, bucket: str, tmp_path: Path) -> None:
     url = f"s3://{bucket}/broken.b2nd"
-    with pytest.raises(cs.InvalidInputError):
-        with cs.create(url, (8, 8, 3), storage_options=seaweedfs.storage_options, tmp_dir=tmp_path) as w:
-            w.append(_images(20, shape=(8, 8, 3)))
-            w.append(_images(2, shape=(9, 9, 3)))  # wrong shape: the writer aborts
+    with (
+        pytest.raises(cs.InvalidInputError),
+        cs.create(url, (8, 8, 3), storage_options=seaweedfs.storage_options, tmp_dir=tmp_path) as w,
+    ):
+        w.append(_images(20, shape=(8, 8, 3)))
+        w.append(_images(2, shape=(9, 9, 3)))  # wrong shape: the writer aborts
     assert not remote_exists(url, seaweedfs.storage_options)
     assert _staging_dirs(tmp_path) == []
 

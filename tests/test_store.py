@@ -67,7 +67,7 @@ def write_store(
     cuts = np.sort(rng.integers(0, n + 1, pieces - 1)) if n else np.zeros(0, dtype=int)
     kwargs.setdefault("class_names", CLASSES)
     with carraystore.create(path, images.shape[1:], dtype=images.dtype, **kwargs) as w:
-        for a, b in zip([0, *cuts], [*cuts, n]):
+        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
             w.append(images[a:b], labels=labels[a:b], keys=keys[a:b])
     return labels, keys
 

@@ -91,7 +91,7 @@ def test_start_batch_makes_a_dataset_of_the_rest_of_the_epoch(photo_store: Path)
     full = [x.numpy() for x, _ in to_dataset(photo_store, 20, epoch=4)]
     ds = to_dataset(photo_store, 20, epoch=4, start_batch=3)
     first = [x.numpy() for x, _ in ds]
-    assert len(first) == len(full) - 3 and all(np.array_equal(a, b) for a, b in zip(first, full[3:]))
+    assert len(first) == len(full) - 3 and all(np.array_equal(a, b) for a, b in zip(first, full[3:], strict=True))
     # a second pass would not have the dataset's cardinality: it says what to do instead
     with pytest.raises(Exception, match=r"rest of that epoch only.*epoch=5"):
         for _ in ds:

@@ -67,7 +67,7 @@ def test_both_subsets_in_one_call_pick_the_files_keras_picks(
     assert set(val.keys) == k_val and set(train.keys) == k_train
     assert train.class_names == val.class_names == ("astronaut", "coffee", "rocket")
     for store in (train, val):
-        for key, lab in zip(store.keys, store.labels):
+        for key, lab in zip(store.keys, store.labels, strict=True):
             assert store.class_names[lab] == key.split("/")[0]
     assert val.provenance["subset"] == "validation" and val.provenance["validation_split"] == 0.2
     # another seed, another validation set (as in Keras)

@@ -120,14 +120,14 @@ def build(
     shutil.rmtree(tmp, ignore_errors=True)
     if fmt == "mds":
         with streaming.MDSWriter(out=str(tmp), columns={"jpg": "bytes", "cls": "int"}, size_limit=shard_bytes) as w:
-            for f, y in zip(files, labels):
+            for f, y in zip(files, labels, strict=True):
                 w.write({"jpg": Path(f).read_bytes(), "cls": int(y)})
     elif fmt == "litdata":
         from litdata import optimize
 
         optimize(
             fn=_litdata_item,
-            inputs=list(zip(files, labels)),
+            inputs=list(zip(files, labels, strict=True)),
             output_dir=str(tmp),
             chunk_size=shard_images,
             num_workers=1,

@@ -204,13 +204,14 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
 
 
 def _cmd_shuffle(args: argparse.Namespace) -> int:
-    from carraystore.reader import open_store
+    from carraystore.reader import StoreReader, open_store
     from carraystore.shuffle_report import DEFAULT_WINDOW, compare_windows, shuffle_table
 
     if args.batch_size < 1:
         raise InvalidInputError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.seed < 0 or args.epoch < 0:
         raise InvalidInputError("--seed and --epoch must be integers >= 0")
+    store: StoreReader
     with open_store(args.store) as store:
         rows = compare_windows(store, args.batch_size, args.window, seed=args.seed, epoch=args.epoch)
         print(

@@ -380,8 +380,9 @@ def _mean_by_combo(results: Sequence[CodecResult]) -> list[CodecResult]:
         nb = sum(r.nbytes for r in rows)
         cb = sum(r.cbytes for r in rows)
 
-        def hmean(attr: str) -> float:
-            return nb / sum(r.nbytes / getattr(r, attr) for r in rows)
+        def hmean(attr: str, rows: list[CodecResult] = rows, nb: int = nb) -> float:
+            total: float = sum(r.nbytes / getattr(r, attr) for r in rows)
+            return nb / total
 
         out.append(
             dataclasses.replace(
@@ -553,7 +554,7 @@ def plot_results(results: Sequence[CodecResult], path: str | os.PathLike[str], t
     fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 5.2), squeeze=False)
     colors = {"blosclz": "tab:blue", "lz4": "tab:orange", "lz4hc": "tab:green", "zlib": "tab:red", "zstd": "tab:purple"}
     markers = {"none": "o", "shuffle": "s", "bitshuffle": "^", "shuffle+bytedelta": "D", "shuffle-ts1": "x"}
-    for ax, ds in zip(axes[0], datasets):
+    for ax, ds in zip(axes[0], datasets, strict=True):
         rows = [r for r in results if r.dataset == ds]
         for r in rows:
             color = "black" if r.clevel == 0 else colors.get(r.codec, "gray")
@@ -688,9 +689,9 @@ def load_sample(
         folder = list_image_folder(p, limit=n, seed=seed)
         return decode_images(folder.files, image_size)
     if p.suffix == ".b2nd" and p.is_file():
-        from carraystore.reader import open_store
+        from carraystore.reader import StoreReader, open_store
 
-        store = open_store(p)
+        store: StoreReader = open_store(p)
         if store.meta.layout != "NHWC":
             raise InvalidInputError(
                 f"{p}: the codec suite needs an image store (layout NHWC), this one is {store.meta.layout!r}"
@@ -700,5 +701,6 @@ def load_sample(
         k = store.chunk_images
         starts = list(range(0, max(1, total - n + 1), k))
         start = starts[int(np.random.default_rng(seed).integers(len(starts)))]
-        return store[start : start + n]
+        images: np.ndarray = store[start : start + n]
+        return images
     raise InvalidInputError(f"{p}: give a folder of images or a .b2nd store")

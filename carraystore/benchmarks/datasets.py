@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,7 +32,7 @@ __all__ = [
 _DONE = ".complete"
 
 
-def _cached(folder: Path, make) -> Path:  # type: ignore[no-untyped-def]
+def _cached(folder: Path, make: Callable[[Path], object]) -> Path:
     """Return ``folder``, building it with ``make(tmp)`` first unless a finished copy exists."""
     if (folder / _DONE).exists():
         return folder

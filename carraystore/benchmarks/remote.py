@@ -30,7 +30,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +242,7 @@ def run_contender(spec: dict[str, Any], emit: Any = None) -> list[dict[str, Any]
             report=emit,
         )
     rows = []
+    epoch: Callable[[int], Iterator[np.ndarray]]
     with ThreadPoolExecutor(spec.get("threads", 32)) as pool:
         if kind == "jpeg_get":
             store = _s3(spec["endpoint"], spec["bucket"])

@@ -71,7 +71,8 @@ def parse_dtype(text: str, where: str) -> np.dtype:
         pass
     try:
         spec = ast.literal_eval(text)  # literals only: nothing is executed
-        return np.dtype(spec)
+        parsed: np.dtype = np.dtype(spec)
+        return parsed
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
         raise MigrationError(
             f"{where}: meta/storage has a dtype that numpy does not understand: {text!r} ({exc})"
@@ -101,9 +102,8 @@ def describe_cparams(cparams: dict[str, Any]) -> str:
     """bcolz cparams as text, e.g. ``lz4-5 shuffle``."""
     cname = cparams.get("cname", "blosclz")  # bcolz < 0.7.1 had no cname: always blosclz
     shuffle = cparams.get("shuffle", 1)
-    mode = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle", True: "shuffle", False: "noshuffle"}.get(
-        shuffle, str(shuffle)
-    )
+    # a bool shuffle (True/False) hashes as 1/0: the same entries
+    mode = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}.get(shuffle, str(shuffle))
     text = f"{cname}-{cparams.get('clevel', 5)} {mode}"
     if cparams.get("quantize"):
         text += f" quantize={cparams['quantize']}"
@@ -488,8 +488,8 @@ class CtableReader:
         """{name: block} for blocks of exactly ``rows`` rows (last shorter), columns read in step."""
         names = list(names if names is not None else self.names)
         iters = [self.columns[n].iter_blocks(rows) for n in names]
-        for blocks in zip(*iters):
-            yield dict(zip(names, blocks))
+        for blocks in zip(*iters, strict=True):  # open() checked that the columns agree in length
+            yield dict(zip(names, blocks, strict=True))
 
     def read(self) -> np.ndarray:
         """The whole table as a structured array (small tables and tests)."""

@@ -171,7 +171,7 @@ def decompress_into(
 # -- snappy ---------------------------------------------------------------------------------
 
 
-def _snappy_decompress_raw():  # type: ignore[no-untyped-def]
+def _snappy_decompress_raw() -> Callable[[bytes], Any]:
     try:
         import cramjam
     except ImportError as exc:

@@ -32,7 +32,7 @@ from carraystore.journal import rollback
 from carraystore.lock import WriterLock
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
 from carraystore.options import WriteOptions
-from carraystore.reader import is_url, open_store
+from carraystore.reader import StoreReader, is_url, open_store
 from carraystore.upload import RemoteTarget
 from carraystore.writer import create
 
@@ -602,7 +602,7 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
 
 def _verify(source: Source, path: Path, progress: bool) -> None:
     """Compare the store at ``path`` with a fresh pass over the source, chunk by chunk."""
-    store = open_store(path)
+    store: StoreReader = open_store(path)
     try:
         if (
             len(store) != source.nrows

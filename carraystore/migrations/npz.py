@@ -48,7 +48,8 @@ def read_npy_header(f: IO[bytes], where: str, *, allow_objects: bool = False) ->
         elif version == (2, 0):
             shape, fortran, dtype = fmt.read_array_header_2_0(f)
         else:
-            shape, fortran, dtype = fmt._read_array_header(f, version)  # 3.0: utf-8 field names
+            # 3.0: utf-8 field names; numpy's stubs leave out its private reader
+            shape, fortran, dtype = fmt._read_array_header(f, version)  # type: ignore[attr-defined]
     except (ValueError, OSError, EOFError) as exc:
         raise MigrationError(f"{where}: not a valid .npy member ({exc})") from exc
     if dtype.hasobject and not allow_objects:

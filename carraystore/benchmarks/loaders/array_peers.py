@@ -7,7 +7,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -112,7 +112,7 @@ class Zarr(Peer):
         chunk = z.chunks[0]
 
         def epoch(e: int) -> Iterator[Batch]:
-            return chunk_shuffle(len(y), chunk, ctx.batch_size, ctx.seed, e, lambda a, b: z[a:b], y)
+            return chunk_shuffle(len(y), chunk, ctx.batch_size, ctx.seed, e, lambda a, b: np.asarray(z[a:b]), y)
 
         return epoch
 
@@ -216,7 +216,7 @@ class CarrayStore(Peer):
 
         def epoch(e: int) -> Iterator[Batch]:
             with store.batches(ctx.batch_size, shuffle=self.shuffle, seed=ctx.seed, epoch=e) as it:
-                yield from it
+                yield from cast(Iterator[Batch], it)  # ingested from class folders: y is never None
 
         return epoch
 

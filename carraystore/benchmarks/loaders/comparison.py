@@ -171,4 +171,5 @@ def _spawn(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise RuntimeError(f"exit status {proc.returncode}: " + " | ".join(tail))
-    return json.loads(lines[-1])
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result

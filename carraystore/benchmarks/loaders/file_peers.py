@@ -62,7 +62,7 @@ class PillowThreads(Peer):
             with Image.open(files[i]) as im:
                 im = im.convert(ctx.pil_mode)
                 if size is not None and im.size != (size[1], size[0]):
-                    im = im.resize((size[1], size[0]), Image.BILINEAR)
+                    im = im.resize((size[1], size[0]), Image.Resampling.BILINEAR)
                 arr = np.asarray(im)
                 return arr[..., None] if arr.ndim == 2 else arr
 

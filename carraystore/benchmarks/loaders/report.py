@@ -83,7 +83,7 @@ def plot_results(cmp: Comparison, path: str | os.PathLike[str]) -> Path | None:
     ]
     ax.barh(y - 0.2, warm, height=0.4, color=colors, label="warm page cache")
     ax.barh(y + 0.2, cold, height=0.4, color=colors, alpha=0.45, label="cold (evicted before each epoch)")
-    for yi, w in zip(y, warm):
+    for yi, w in zip(y, warm, strict=True):
         ax.text(w, yi - 0.2, f" {w:,.0f}", va="center", fontsize=7)
     ax.set_yticks(y, [r.label for r in rows], fontsize=8)
     ax.invert_yaxis()
