@@ -119,7 +119,6 @@ def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``from_directory`` arguments of ``carraystore ingest`` (all but the cluster)."""
     return dict(
         labels="inferred" if args.labels == "inferred" else None,
-        class_names=_ingest_class_names(args.class_names),
         targets=args.targets,
         image_size=tuple(args.image_size) if args.image_size else None,
         interpolation=args.interpolation,
@@ -129,20 +128,18 @@ def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         workers=args.workers,
         on_error=args.on_error,
-        codec=_codec_from_args(args),
-        chunk_images=args.chunk_images,
         split_dirs=args.split_dirs,
         follow_links=args.follow_links,
-        overwrite=args.overwrite,
         dtype=args.dtype,
-        progress=not args.quiet,
         max_skipped=args.max_skipped,
         allow_split_names=args.allow_split_names,
         validation_split=args.validation_split,
         subset=args.subset,
-        lock_timeout=args.wait,
-        storage_options=args.storage_options,
-        tmp_dir=args.tmp_dir,
+        # codec, chunk size, attrs, overwrite, lock timeout, storage options, staging folder: one value
+        # (--class-names is ingest's own flag: the 0.1 spelling still works)
+        options=WriteOptions.from_args(
+            args, class_names=_ingest_class_names(args.class_names), progress=not args.quiet
+        ),
         append=args.append,
         skip_existing=args.skip_existing,
         layout=args.layout,
@@ -484,7 +481,6 @@ def register(sub: Any) -> None:
         help="ingest sub-folders named like splits (train/, test/, ...) as classes instead of refusing",
     )
     p.add_argument("--follow-links", action="store_true", help="descend into symbolic links to folders")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
     p.add_argument(
         "--append",
         action="store_true",
@@ -494,14 +490,6 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--skip-existing", action="store_true", help="with --append: leave out files whose key is already in the store"
     )
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="while another writer holds the output store, wait up to SECONDS (default: fail at once)",
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--dask-scheduler",
         metavar="ADDRESS",
@@ -518,8 +506,12 @@ def register(sub: Any) -> None:
         help="how long to try reaching the --dask-scheduler before giving up (default 30)",
     )
     _add_layout_arguments(p)
-    add_codec_arguments(p)
-    add_write_arguments(p)
+    # the write options: the flags of carraystore.WriteOptions, as migrate, copy and meta have them
+    WriteOptions.add_arguments(
+        p,
+        ("codec", "chunk_images", "attrs", "overwrite", "lock_timeout", "storage_options", "tmp_dir", "progress"),
+        helps={"overwrite": "replace an existing output store"},
+    )
     p.set_defaults(func=_cmd_ingest)
 
     p = sub.add_parser(

@@ -39,6 +39,7 @@ from carraystore.format import StoreMeta
 from carraystore.images import MODES, DecodeOptions, decode_files
 from carraystore.ingest import IngestResult, StoreJob
 from carraystore.ingest import from_directory as ingest_directory
+from carraystore.options import WriteOptions
 from carraystore.store import Store, open_store
 from carraystore.writer import compress_chunk, create
 
@@ -287,8 +288,12 @@ def from_dask(
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
     fields: dict[str, Any] | None = None,
+    options: WriteOptions | None = None,
 ) -> Store:
     """Write a dask array (N, *item_shape) into a new store at ``path_or_url``; return it opened.
+
+    ``options`` (:class:`~carraystore.options.WriteOptions`) holds the write options in one
+    value; the keywords still work, and one that contradicts ``options`` is an error.
 
     Any shape and dtype a store takes: images (N, H, W, C) uint8, or other items (model
     outputs, features: ``layout="array"``). The array is rechunked along axis 0 to the
@@ -307,6 +312,28 @@ def from_dask(
     (``s3://bucket/out.b2nd``, with ``storage_options``) is written in a staging file under
     ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete, as ``carraystore.create`` does.
     """
+    wopts = WriteOptions.merged(
+        options,
+        str(path_or_url),
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        attrs=attrs,
+        overwrite=overwrite,
+        lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
+    )
+    codec, chunk_images, overwrite, lock_timeout, tmp_dir = (
+        wopts.codec,
+        wopts.chunk_images,
+        wopts.overwrite,
+        wopts.lock_timeout,
+        wopts.tmp_dir,
+    )
+    class_names = list(wopts.class_names) if wopts.class_names is not None else None
+    attrs = dict(wopts.attrs) if wopts.attrs is not None else None
+    storage_options = dict(wopts.storage_options) if wopts.storage_options is not None else None
     x = x if isinstance(x, da.Array) else _asarray(x)
     if x.ndim < 1:
         raise InvalidInputError(f"from_dask needs an array of items (N, ...), got a {x.ndim}-d array")

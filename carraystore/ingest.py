@@ -833,8 +833,14 @@ def from_directory(
     runner: Runner | None = None,
     layout: str = "pixels",
     quality: int | None = None,
+    options: WriteOptions | None = None,
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
+
+    ``options`` (:class:`~carraystore.options.WriteOptions`) holds the write options (codec,
+    chunk_images, class_names, attrs, overwrite, lock_timeout, storage_options, tmp_dir,
+    progress) in one value; the same keywords still work, and one that contradicts
+    ``options`` is an InvalidInputError.
 
     With ``split_dirs=True``, every sub-folder of ``directory`` (train/, validation/, ...)
     becomes its own store ``output/<split>.b2nd`` with one shared list of class names;
@@ -910,6 +916,24 @@ def from_directory(
     (and ``carraystore.from_directory(..., client=)``) passes one that decodes on a
     ``dask.distributed`` cluster.
     """
+    wopts = WriteOptions.merged(
+        options,
+        str(output),
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        attrs=attrs,
+        overwrite=overwrite,
+        lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
+        progress=progress,
+    )
+    codec, chunk_images, overwrite = wopts.codec, wopts.chunk_images, wopts.overwrite
+    class_names = list(wopts.class_names) if wopts.class_names is not None else None
+    attrs = dict(wopts.attrs) if wopts.attrs is not None else None
+    storage_options = dict(wopts.storage_options) if wopts.storage_options is not None else None
+    lock_timeout, tmp_dir, progress = wopts.lock_timeout, wopts.tmp_dir, wopts.progress
     root = Path(directory)
     size = _check_options(color_mode or "rgb", image_size, interpolation or "bilinear", on_error)
     target_values = _float_labels(labels)

@@ -289,3 +289,44 @@ def test_cli_migrate_copy_meta_take_lock_timeout_and_wait(tmp_path: Path, capsys
     assert main(["copy", str(out), str(tmp_path / "c.b2nd"), "-q"]) == 2  # exists
     assert main(["copy", str(out), str(tmp_path / "c.b2nd"), "-q", "--overwrite"]) == 0
     assert (tmp_path / "c.b2nd").read_bytes() == out.read_bytes()
+
+
+def test_from_directory_takes_options_and_refuses_contradictions(tmp_path: Path) -> None:
+    from carraystore.sample_data import make_photo_folder
+
+    src = make_photo_folder(tmp_path / "p", n=12, size=(16, 16), classes=["coffee", "rocket"], seed=1)
+    opts = WriteOptions(codec="fast", chunk_images=5, attrs={"source": "test"}, class_names=["rocket", "coffee"])
+    res = carraystore.from_directory(src, tmp_path / "a.b2nd", options=opts, workers=1)
+    with carraystore.open(res.path) as s:
+        assert (s.codec.codec, s.codec.clevel, s.codec.filters) == ("lz4", 1, ()) and s.chunk_images == 5
+        assert s.attrs == {"source": "test"} and s.class_names == ("rocket", "coffee")
+    with pytest.raises(InvalidInputError, match="given both as a keyword and in options"):
+        carraystore.from_directory(src, tmp_path / "b.b2nd", options=opts, chunk_images=7, workers=1)
+    assert not (tmp_path / "b.b2nd").exists()
+    with pytest.raises(StoreExistsError):  # overwrite comes from options too
+        carraystore.from_directory(src, res.path, options=opts, workers=1)
+    carraystore.from_directory(src, res.path, options=opts.replace(overwrite=True), workers=1)
+
+
+def test_the_ingest_command_builds_its_write_flags_from_write_options(tmp_path: Path) -> None:
+    from carraystore.sample_data import make_photo_folder
+
+    src = make_photo_folder(tmp_path / "p", n=8, size=(16, 16), classes=["coffee", "rocket"], seed=2)
+    out = tmp_path / "o.b2nd"
+    args = [str(src), str(out), "--preset", "fast", "--chunk-images", "3", "--attr", "k=1", "--lock-timeout", "1", "-q"]
+    assert main(["ingest", *args]) == 0
+    with carraystore.open(out) as s:
+        assert s.chunk_images == 3 and s.attrs == {"k": 1} and s.codec.codec == "lz4"
+    assert main(["ingest", str(src), str(out), "--wait", "0.5", "-q", "--overwrite"]) == 0  # the 0.1 spelling
+
+
+def test_from_dask_takes_options(tmp_path: Path) -> None:
+    da = pytest.importorskip("dask.array")
+    from carraystore.dask import from_dask
+
+    x = da.from_array(_images(9), chunks=3)
+    store = from_dask(x, tmp_path / "d.b2nd", options=WriteOptions(chunk_images=4, attrs={"a": 1}))
+    assert store.chunk_images == 4 and store.attrs == {"a": 1}
+    assert np.array_equal(store[:], _images(9))
+    with pytest.raises(InvalidInputError, match="given both"):
+        from_dask(x, tmp_path / "e.b2nd", chunk_images=5, options=WriteOptions(chunk_images=4))
