@@ -24,7 +24,7 @@ from carraystore.export import (
     make_contact_sheet,
     write_file_safely,
 )
-from carraystore.options import WriteOptions
+from carraystore.options import WriteOptions, _positive_int
 from carraystore.summary import class_counts_text, describe_non_store, info_rows, store_info
 
 __all__ = [
@@ -46,14 +46,8 @@ def _codec_from_args(args: argparse.Namespace) -> Codec | None:
 
 
 def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (a clear usage error otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+    """argparse type: an integer >= 1 (a clear usage error otherwise); the one WriteOptions' flags use."""
+    return _positive_int(text)
 
 
 def add_codec_arguments(p: argparse.ArgumentParser) -> None:

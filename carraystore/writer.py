@@ -242,22 +242,7 @@ class StoreWriter:
             self.append_encoded(entries, labels, keys, columns, groups)
             return
         n = len(images)
-        lab = self._check_labels(labels, n)
-        keytab = self._check_keys(keys, n)
-        cols = self._check_columns(columns, n)
-        grp, new_names = self._check_groups(groups, n)
-        # Only an append that passed every check fixes whether the store has labels and keys.
-        if self._has_labels is None:
-            self._has_labels = lab is not None
-        if self._has_keys is None:
-            self._has_keys = keytab is not None
-        self._add_groups(grp, new_names)
-        if lab is not None:
-            self._labels.append(lab)
-        if keytab is not None:
-            self._keys.append(keytab)
-        for name, col in cols.items():
-            self._columns.setdefault(name, []).append(col)
+        self._record_items(n, labels, keys, columns, groups)
         k = meta.chunk_images
         pos = 0
         while pos < n:
@@ -333,21 +318,7 @@ class StoreWriter:
                     f"image's {nb} pixel bytes nor exactly those pixel bytes"
                 )
             formats.append(fmt)
-        lab = self._check_labels(labels, n)
-        keytab = self._check_keys(keys, n)
-        cols = self._check_columns(columns, n)
-        grp, new_names = self._check_groups(groups, n)
-        if self._has_labels is None:
-            self._has_labels = lab is not None
-        if self._has_keys is None:
-            self._has_keys = keytab is not None
-        self._add_groups(grp, new_names)
-        if lab is not None:
-            self._labels.append(lab)
-        if keytab is not None:
-            self._keys.append(keytab)
-        for name, col in cols.items():
-            self._columns.setdefault(name, []).append(col)
+        self._record_items(n, labels, keys, columns, groups)
         assert self._encoding is not None
         self._encoding = self._encoding.with_formats(formats)
         self._sizes.append(np.array([len(e) for e in entries], dtype="<u4"))
@@ -592,6 +563,34 @@ class StoreWriter:
                     )
             out[name] = arr
         return out
+
+    def _record_items(
+        self,
+        n: int,
+        labels: Sequence[int] | np.ndarray | None,
+        keys: Sequence[str] | None,
+        columns: dict[str, np.ndarray] | None,
+        groups: Sequence[Any] | np.ndarray | None,
+    ) -> None:
+        """Check the per-item values of an append of ``n`` items, then record them (all or none).
+
+        Only an append that passed every check fixes whether the store has labels, keys and groups.
+        """
+        lab = self._check_labels(labels, n)
+        keytab = self._check_keys(keys, n)
+        cols = self._check_columns(columns, n)
+        grp, new_names = self._check_groups(groups, n)
+        if self._has_labels is None:
+            self._has_labels = lab is not None
+        if self._has_keys is None:
+            self._has_keys = keytab is not None
+        self._add_groups(grp, new_names)
+        if lab is not None:
+            self._labels.append(lab)
+        if keytab is not None:
+            self._keys.append(keytab)
+        for name, col in cols.items():
+            self._columns.setdefault(name, []).append(col)
 
     def _check_groups(self, groups: Any, n: int) -> tuple[np.ndarray | None, list[str]]:
         """(the items' group indices, the names they add) for ``groups``; nothing is changed yet."""
