@@ -182,7 +182,21 @@ class Codec:
             # e.g. the "small" preset on grayscale uint8 images stays a readable store).
             pairs = [(f, m) for f, m in pairs if f not in ("bytedelta", "shuffle")]
         filters = tuple(f for f, _ in pairs)
+        if typesize > 127:
+            # bytedelta's automatic meta is the typesize, which blosc2 keeps in a signed byte:
+            # over 127 bytes a record cannot be byte-deltaed, so the automatic bytedelta goes
+            # (the file records the codec as resolved, without it)
+            pairs = [(f, m) for f, m in pairs if not (f == "bytedelta" and m == 0)]
+            filters = tuple(f for f, _ in pairs)
         meta = tuple((typesize if (f == "bytedelta" and m == 0) else m) for f, m in pairs)
+        wide = [(f, m) for f, m in zip(filters, meta, strict=True) if not -128 <= m <= 127]
+        if wide:
+            # blosc2 keeps a filter's meta in a signed byte: bytedelta over records of more
+            # than 127 bytes cannot be written (blosc2 raises a bare OverflowError)
+            raise InvalidInputError(
+                f"Codec: filter {wide[0][0]} with meta {wide[0][1]} (records of {typesize} bytes) does not fit blosc2's "
+                "signed-byte filter meta (-128..127); give a typesize of at most 127 or another filter chain"
+            )
         return dataclasses.replace(
             self, typesize=typesize, filters=filters, filters_meta=meta, block_images=block_images
         )

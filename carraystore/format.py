@@ -233,6 +233,8 @@ def _check_key_bytes(blob: bytes, offsets: np.ndarray, what: str) -> None:
     for pos in np.flatnonzero(dots[:-1] & dots[1:]).tolist():  # every "..", then whether it is a component
         i = int(np.searchsorted(ends, pos, side="right"))
         lo, hi = int(starts[i]), int(ends[i])
+        if pos + 1 >= hi:  # the second dot begins the next key: no ".." in one key here
+            continue
         if (pos == lo or blob[pos - 1] in b"/\\") and (pos + 2 == hi or blob[pos + 2] in b"/\\"):
             raise bad(i, "has a '..' component")
     # empty components ('x/', 'a//b') and '.' components ('.', './a', 'a/./b'); '/' only separates here

@@ -110,3 +110,37 @@ def test_a_skipped_file_name_is_skipped_for_its_real_reason(tmp_path: Path, fold
     assert reasons, "the odd name was skipped"
     assert all(reason in r for r in reasons), reasons
     assert not any("NUL or newline" in r for r in reasons)
+
+
+def test_bytedelta_over_records_wider_than_a_signed_byte(tmp_path: Path) -> None:
+    """Found by the property tests: bytedelta's meta is the typesize, which blosc2 keeps in a
+    signed byte, so records of 128..255 bytes made blosc2 raise a bare OverflowError (the default
+    codec on a 128-channel uint8 store could not be written). The automatic bytedelta now goes
+    for such records (the store records the codec without it); an explicit meta over 127 is a
+    named error."""
+    codec = carraystore.Codec("blosclz", 0, filters=("bytedelta",), typesize=141, splitmode="always")
+    assert codec.resolve(np.dtype("uint8"), (1, 47, 3)).filters == ()
+    images = np.random.default_rng(0).integers(0, 4, (6, 2, 2, 128), dtype=np.uint8)
+    with carraystore.create(tmp_path / "wide.b2nd", (2, 2, 128)) as w:  # the default codec, typesize 128
+        w.append(images)
+    with carraystore.open(tmp_path / "wide.b2nd") as s:
+        assert np.array_equal(s[:], images) and "bytedelta" not in s.codec.filters and not s.verify()
+    with pytest.raises(InvalidInputError, match="signed-byte filter meta"):
+        carraystore.Codec("zstd", 1, filters=("bytedelta",), filters_meta=(200,), typesize=200).resolve(
+            np.dtype("uint8"), (1, 1, 200)
+        )
+    ok = carraystore.Codec("zstd", 1, filters=("bytedelta",), typesize=127).resolve(np.dtype("uint8"), (1, 127, 1))
+    assert ok.filters_meta == (127,)
+
+
+def test_a_key_table_of_single_dots_is_refused_by_name_not_index_error() -> None:
+    """Found by the property tests: keys ['.', '.'] sit end to end as '..' in the table's
+    bytes, and the '..' scan read past the table (IndexError) instead of naming the '.' key."""
+    from carraystore.errors import FormatError
+    from carraystore.format import StringTable, _check_key_bytes
+
+    table = StringTable.from_strings([".", "."])
+    with pytest.raises(FormatError, match="key 0"):
+        _check_key_bytes(table._blob, table._offsets, "keys")
+    fine = StringTable.from_strings(["a.", ".b"])  # a '..' across two keys is no component
+    _check_key_bytes(fine._blob, fine._offsets, "keys")
