@@ -30,7 +30,7 @@ import os
 import threading
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -40,6 +40,11 @@ from carraystore.errors import InvalidInputError
 from carraystore.forksafe import at_fork_in_child
 from carraystore.sampling import EpochPlan
 from carraystore.store import open_store
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from carraystore.engine import LoaderKwargs
 
 __all__ = ["StoreDataset", "TrainingPosition", "KERAS_THREAD_PREFIX"]
 
@@ -62,13 +67,10 @@ at_fork_in_child(_after_fork_in_child)
 class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships no type information
     """A store as a Keras ``PyDataset`` of (x, y) batches (x alone for unlabelled stores).
 
-    Arguments: every :class:`carraystore.engine.LoaderOptions` field, as for
-    :func:`carraystore.loader.batches` (``shuffle``, ``seed``, ``epoch``, ``start_batch``,
-    ``window``, ``rank``, ``world_size``, ``drop_remainder``, ``transform``,
-    ``label_mode``, ``targets``, ``sample_weight``, ``sequence_length``, ``verify``,
-    ``prefetch``, ``num_threads``, ``queue_size``, ``retry_timeout``), plus ``cache_windows``
-    (decoded windows kept per process) and Keras's
-    ``workers``, ``use_multiprocessing``, ``max_queue_size``.
+    Arguments: every :class:`carraystore.engine.LoaderOptions` field (documented there, once;
+    typed as ``LoaderKwargs``), as keywords or one ``options`` value, plus ``cache_windows``
+    (decoded windows kept per process) and Keras's ``workers``, ``use_multiprocessing``,
+    ``max_queue_size``.
 
     - ``start_batch=b`` resumes the first epoch served (``epoch``) at batch ``b``: that
       epoch is ``num_batches - b`` long, the epochs after it whole.
@@ -92,7 +94,7 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
         workers: int = 1,
         use_multiprocessing: bool = False,
         max_queue_size: int | None = None,
-        **kwargs: Any,
+        **kwargs: Unpack[LoaderKwargs],
     ) -> None:
         spec = make_spec(store_or_path, batch_size, options, **kwargs)
         if max_queue_size is None:

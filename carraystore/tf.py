@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from carraystore.engine import LoaderOptions, LoaderSpec, make_spec
 from carraystore.errors import InvalidInputError, MissingDependencyError
 from carraystore.loader import iterate
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from carraystore.engine import LoaderKwargs
 
 try:
     import tensorflow as tf
@@ -123,13 +128,12 @@ def to_dataset(
     *,
     output_signature: Any = None,
     input_context: Any = None,
-    **kwargs: Any,
+    **kwargs: Unpack[LoaderKwargs],
 ) -> Any:
     """A ``tf.data.Dataset`` of (x, y) batches (x alone for unlabelled stores).
 
-    ``kwargs`` are :func:`carraystore.loader.batches` arguments (``shuffle``, ``seed``,
-    ``window``, ``rank``, ``world_size``, ``drop_remainder``, ``transform``,
-    ``label_mode``, ``targets``, ``sample_weight``, ``sequence_length``, ...). With
+    ``kwargs`` are the fields of :class:`carraystore.engine.LoaderOptions` (documented there,
+    once; typed as ``LoaderKwargs``), or one ``options`` value. With
     ``sample_weight`` the elements are (x, y, w); y is a tuple or dict when ``targets`` is. The batch dimension is ``None``, or
     ``batch_size`` with ``drop_remainder=True``. Each pass over the dataset is the next
     epoch. ``start_batch=b`` makes a dataset of the rest of epoch ``epoch`` only (its
@@ -204,7 +208,7 @@ def to_dataset(
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
-def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwargs: Any) -> Any:
+def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwargs: Unpack[LoaderKwargs]) -> Any:
     """A store as a ``tf.distribute.DistributedDataset`` for ``strategy``, ready for ``model.fit``.
 
     ``strategy.distribute_datasets_from_function`` over :func:`to_dataset` with one input
@@ -243,7 +247,7 @@ def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwar
     return strategy.distribute_datasets_from_function(fn)
 
 
-def steps_per_epoch(store_or_path: Any, global_batch_size: int, **kwargs: Any) -> int:
+def steps_per_epoch(store_or_path: Any, global_batch_size: int, **kwargs: Unpack[LoaderKwargs]) -> int:
     """Steps of one epoch of :func:`distribute` (or of ``to_dataset`` with the same arguments)."""
     kwargs.setdefault("drop_remainder", True)
     return make_spec(store_or_path, global_batch_size, **kwargs).num_batches
