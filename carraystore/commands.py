@@ -652,6 +652,7 @@ def register(sub: Any) -> None:
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip comparing DST with SRC")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     add_codec_arguments(p)
+    WriteOptions.add_arguments(p, ("lock_timeout",))
     p.set_defaults(func=_cmd_convert)
 
 
@@ -682,6 +683,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         chunk_images=args.chunk_images,
         overwrite=args.overwrite,
         verify=args.verify,
+        lock_timeout=args.lock_timeout,
     )
     kind = "verified pixel for pixel" if r.lossless and args.verify else ("lossy" if not r.lossless else "not verified")
     print(

@@ -22,6 +22,8 @@ from carraystore.atomic import publish, temp_path
 from carraystore.codec import Codec
 from carraystore.encoded import Encoding
 from carraystore.errors import CorruptStoreError, InvalidInputError, StoreExistsError
+from carraystore.journal import rollback
+from carraystore.lock import WriterLock
 from carraystore.reader import open_store
 from carraystore.writer import create
 
@@ -52,6 +54,7 @@ def convert_store(
     chunk_images: int | None = None,
     overwrite: bool = False,
     verify: bool = True,
+    lock_timeout: float | None = 0.0,
 ) -> ConvertResult:
     """Write ``src`` (a local image store) as ``dst`` in ``layout`` (``"pixels"`` or ``"encoded"``).
 
@@ -66,6 +69,24 @@ def convert_store(
     out = Path(dst)
     if out.suffix != ".b2nd":
         raise InvalidInputError(f"{out}: a store's file name must end in .b2nd")
+    # one writer at a time: an append or metadata update of dst in progress is waited for (or
+    # named), never replaced under it; the lock and the journal sit beside the real file
+    real = Path(os.path.realpath(out))
+    with WriterLock(real, purpose="convert", timeout=lock_timeout):
+        rollback(real)  # a write to dst that died half-way is undone first, as every writer does
+        return _convert_locked(src, out, layout, quality, codec, chunk_images, overwrite, verify)
+
+
+def _convert_locked(
+    src: str | os.PathLike[str],
+    out: Path,
+    layout: str,
+    quality: int | None,
+    codec: Codec | str | None,
+    chunk_images: int | None,
+    overwrite: bool,
+    verify: bool,
+) -> ConvertResult:
     if out.exists() and not overwrite:
         raise StoreExistsError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
     with open_store(src) as s:
@@ -102,10 +123,15 @@ def convert_store(
                     labels = s.labels[a:b] if s.labels is not None else None
                     keys = s.keys[a:b] if s.keys is not None else None
                     columns = {name: col[a:b] for name, col in s.columns.items()}
+                    groups = (
+                        [s.group_names[g] for g in s.groups[a:b]]
+                        if s.groups is not None and s.group_names is not None
+                        else None
+                    )
                     if same_entries:
-                        w.append_encoded(s.chunk_entries(c), labels=labels, keys=keys, columns=columns)
+                        w.append_encoded(s.chunk_entries(c), labels=labels, keys=keys, columns=columns, groups=groups)
                     else:
-                        w.append(s.read_chunk(c), labels=labels, keys=keys, columns=columns)
+                        w.append(s.read_chunk(c), labels=labels, keys=keys, columns=columns, groups=groups)
                 for item in s.skipped:
                     w.add_skipped(item.get("path", ""), item.get("reason", ""))
             if verify:
