@@ -560,30 +560,22 @@ def run_locally(job: StoreJob) -> IngestResult:
 
     def flush() -> None:
         assert writer is not None
-        if batch_imgs and writer.meta.layout == "encoded":
-            writer.append_encoded(
-                _entries(job, batch_keys, batch_imgs, writer.meta.encoding),
-                labels=np.asarray(batch_labels, dtype=np.int64) if labels is not None else None,
-                keys=list(batch_keys),
-                columns=job.columns_for(batch_keys),
-                groups=list(batch_groups) if groups is not None else None,
-            )
-            batch_imgs.clear()
-            batch_labels.clear()
-            batch_keys.clear()
-            batch_groups.clear()
-        if batch_imgs:
-            writer.append(
-                np.stack(batch_imgs),
-                labels=np.asarray(batch_labels, dtype=np.int64) if labels is not None else None,
-                keys=list(batch_keys),
-                columns=job.columns_for(batch_keys),
-                groups=list(batch_groups) if groups is not None else None,
-            )
-            batch_imgs.clear()
-            batch_labels.clear()
-            batch_keys.clear()
-            batch_groups.clear()
+        if not batch_imgs:
+            return
+        per_item: dict[str, Any] = dict(
+            labels=np.asarray(batch_labels, dtype=np.int64) if labels is not None else None,
+            keys=list(batch_keys),
+            columns=job.columns_for(batch_keys),
+            groups=list(batch_groups) if groups is not None else None,
+        )
+        if writer.meta.layout == "encoded":  # the files' own bytes where they decode to these pixels
+            writer.append_encoded(_entries(job, batch_keys, batch_imgs, writer.meta.encoding), **per_item)
+        else:
+            writer.append(np.stack(batch_imgs), **per_item)
+        batch_imgs.clear()
+        batch_labels.clear()
+        batch_keys.clear()
+        batch_groups.clear()
 
     if job.store_shape is not None:  # an append: the store fixes the shape
         first_shape, first_rel = job.store_shape, "the store's images"
