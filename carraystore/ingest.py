@@ -930,6 +930,16 @@ def from_directory(
     size = _check_options(color_mode or "rgb", image_size, interpolation or "bilinear", on_error)
     target_values = _float_labels(labels)
     table = read_manifest(targets) if targets is not None else None
+    if table is not None and table.groups is not None:  # the manifest's "group" column
+        if not (isinstance(groups, str) and groups == "inferred"):
+            raise InvalidInputError(
+                f"{targets}: the manifest's 'group' column and groups= both give the files' groups; give one"
+            )
+        if split_dirs:
+            raise InvalidInputError(
+                f"{targets}: a 'group' column with split_dirs is not supported yet; groups come from the folders there"
+            )
+        groups = table.group_of()
     if append and (table is not None or target_values is not None):
         raise InvalidInputError(
             f"{output}: append=True with per-file targets (a manifest, or float labels) is not supported yet; "

@@ -28,12 +28,14 @@ import numpy as np
 
 from carraystore.errors import IngestError, ManifestError
 
-__all__ = ["FieldTable", "read_manifest", "KEY_COLUMNS", "TARGET_FIELD"]
+__all__ = ["FieldTable", "read_manifest", "KEY_COLUMNS", "TARGET_FIELD", "GROUP_COLUMN"]
 
 #: The columns that name the file of a row (exactly one of them).
 KEY_COLUMNS = ("file", "path")
 #: The field that floats (or vectors) given as ``labels=`` become.
 TARGET_FIELD = "target"
+#: The column that names each file's group (video, session, patient): text, not a field.
+GROUP_COLUMN = "group"
 #: A field may not take the name loaders give the class labels.
 _RESERVED = ("label",)
 #: Names shown in an error before "... and N more".
@@ -54,11 +56,19 @@ def _norm_key(key: str) -> str:
 class FieldTable:
     """Fields (name -> array, one row per file) keyed by relative file path."""
 
-    def __init__(self, keys: Sequence[str], fields: dict[str, np.ndarray], source: str) -> None:
+    def __init__(
+        self, keys: Sequence[str], fields: dict[str, np.ndarray], source: str, groups: Sequence[str] | None = None
+    ) -> None:
         self.keys = list(keys)
         self.fields = fields
         self.source = source
         self.index = {k: i for i, k in enumerate(self.keys)}
+        #: each row's group (the manifest's ``group`` column), or None
+        self.groups = list(groups) if groups is not None else None
+
+    def group_of(self) -> dict[str, str] | None:
+        """``relative path -> group`` from the ``group`` column (``from_directory(groups=)``), or None."""
+        return None if self.groups is None else dict(zip(self.keys, self.groups, strict=True))
 
     @classmethod
     def from_values(cls, rels: Sequence[str], name: str, values: Any, source: str = "labels") -> FieldTable:
@@ -88,7 +98,10 @@ class FieldTable:
         p = prefix.rstrip("/") + "/"
         rows = [i for i, k in enumerate(self.keys) if k.startswith(p)]
         return FieldTable(
-            [self.keys[i][len(p) :] for i in rows], {n: a[rows] for n, a in self.fields.items()}, self.source
+            [self.keys[i][len(p) :] for i in rows],
+            {n: a[rows] for n, a in self.fields.items()},
+            self.source,
+            [self.groups[i] for i in rows] if self.groups is not None else None,
         )
 
     def check_files(self, rels: Sequence[str], where: str) -> None:
@@ -187,7 +200,7 @@ def _rows_csv(text: str, source: str) -> tuple[list[str], list[dict[str, Any]], 
             raise ManifestError(f"{source}, line {line}: {len(row)} values for the {len(header)} columns {header}")
         rows.append(
             {
-                h: (c if h in KEY_COLUMNS else _cell(c, f"{source}, line {line}, column {h!r}"))
+                h: (c if h in (*KEY_COLUMNS, GROUP_COLUMN) else _cell(c, f"{source}, line {line}, column {h!r}"))
                 for h, c in zip(header, row, strict=True)
             }
         )
@@ -247,8 +260,8 @@ def read_manifest(path: str | os.PathLike[str]) -> FieldTable:
     jsonl = p.suffix.lower() in (".jsonl", ".ndjson", ".json") or text.lstrip().startswith("{")
     header, rows, lines = (_rows_jsonl if jsonl else _rows_csv)(text, source)
     keycol = _key_column(header, source)
-    names = [h for h in header if h != keycol]
-    if not names:
+    names = [h for h in header if h not in (keycol, GROUP_COLUMN)]
+    if not names and GROUP_COLUMN not in header:
         raise ManifestError(f"{source}: no column besides {keycol!r}; every other column becomes a field")
     for n in names:
         if not n or n in _RESERVED:
@@ -273,4 +286,16 @@ def read_manifest(path: str | os.PathLike[str]) -> FieldTable:
                 if isinstance(rec[n], bool):
                     rec[n] = int(rec[n])
     fields = {n: _column(n, [r[n] for r in rows], lines, source) for n in names}
-    return FieldTable(keys, fields, source)
+    groups = None
+    if GROUP_COLUMN in header:  # a file's group: any text (a video, session or patient id), never empty
+        groups = []
+        for rec, line in zip(rows, lines, strict=True):
+            g = rec[GROUP_COLUMN]
+            g = str(g).strip() if isinstance(g, (str, int)) and not isinstance(g, bool) else ""
+            if not g:
+                raise ManifestError(
+                    f"{source}, line {line}: column {GROUP_COLUMN!r} must name the file's group (text or a whole "
+                    f"number), got {rec[GROUP_COLUMN]!r}"
+                )
+            groups.append(g)
+    return FieldTable(keys, fields, source, groups)

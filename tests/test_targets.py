@@ -377,3 +377,33 @@ def test_an_append_with_per_file_targets_is_refused_not_dropped(frames: Path, tm
     with pytest.raises(InvalidInputError, match="append=True with per-file targets"):
         carraystore.from_directory(frames, out, labels=angles_for(n), keep_order=True, append=True, skip_existing=True)
     assert out.read_bytes() == before
+
+
+def test_a_manifest_group_column_gives_the_groups_and_keeps_them_whole_in_splits(frames: Path, tmp_path: Path) -> None:
+    """Issue 18: groups from a manifest column (a recording session per file), text, not a field;
+    a validation split then keeps every session whole."""
+    rels = rels_of(frames)
+    sessions = [f"session_{i // 6}" for i in range(len(rels))]  # 4 sessions of 6 frames
+    angles = angles_for(len(rels))
+    csv = tmp_path / "frames.csv"
+    csv.write_text(
+        "file,angle,group\n" + "".join(f"{r},{float(a)!r},{g}\n" for r, a, g in zip(rels, angles, sessions, strict=True))
+    )
+    res = carraystore.from_directory(frames, tmp_path / "s.b2nd", labels=None, targets=csv, keep_order=True, workers=1)
+    with carraystore.open(res.path) as s:
+        assert set(s.columns) == {"angle"}  # the group column is no field
+        got = {k: s.group_names[g] for k, g in zip(s.keys, s.groups, strict=True)}
+        assert got == dict(zip(rels, sessions, strict=True))
+        assert np.array_equal(s.columns["angle"], np.array(angles))
+    out = carraystore.from_directory(
+        frames, tmp_path / "split", labels=None, targets=csv, validation_split=0.25, subset="both", workers=1
+    )
+    parts = {name: carraystore.open(r.path) for name, r in out.items()}
+    seen = [{p.group_names[g] for g in p.groups} for p in parts.values()]
+    assert seen[0] and seen[1] and not (seen[0] & seen[1])  # no session in both parts
+    with pytest.raises(InvalidInputError, match="give one"):
+        carraystore.from_directory(frames, tmp_path / "x.b2nd", labels=None, targets=csv, groups=None, workers=1)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("file,group\n" + "".join(f"{r},\n" for r in rels))
+    with pytest.raises(ManifestError, match="must name the file's group"):
+        carraystore.from_directory(frames, tmp_path / "y.b2nd", labels=None, targets=bad, workers=1)
