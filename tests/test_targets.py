@@ -387,7 +387,8 @@ def test_a_manifest_group_column_gives_the_groups_and_keeps_them_whole_in_splits
     angles = angles_for(len(rels))
     csv = tmp_path / "frames.csv"
     csv.write_text(
-        "file,angle,group\n" + "".join(f"{r},{float(a)!r},{g}\n" for r, a, g in zip(rels, angles, sessions, strict=True))
+        "file,angle,group\n"
+        + "".join(f"{r},{float(a)!r},{g}\n" for r, a, g in zip(rels, angles, sessions, strict=True))
     )
     res = carraystore.from_directory(frames, tmp_path / "s.b2nd", labels=None, targets=csv, keep_order=True, workers=1)
     with carraystore.open(res.path) as s:
