@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from carraystore.codec import PRESETS, Codec
 from carraystore.errors import CarrayStoreError, InvalidInputError, MissingDependencyError, NotAStoreError
 from carraystore.export import (
     check_preview_output,
@@ -24,39 +23,13 @@ from carraystore.export import (
     make_contact_sheet,
     write_file_safely,
 )
-from carraystore.options import WriteOptions, _positive_int
+from carraystore.options import WriteOptions
 from carraystore.summary import class_counts_text, describe_non_store, info_rows, store_info
 
 __all__ = [
     "register",
-    "add_write_arguments",
     "storage_options_arg",
 ]
-
-
-def _codec_from_args(args: argparse.Namespace) -> Codec | None:
-    if getattr(args, "codec_config", None):
-        try:
-            return Codec.from_config(json.loads(args.codec_config))
-        except json.JSONDecodeError as exc:
-            raise InvalidInputError(f"--codec-config is not valid JSON: {exc}") from exc
-    if getattr(args, "preset", None):
-        return Codec.preset(args.preset)
-    return None
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (a clear usage error otherwise); the one WriteOptions' flags use."""
-    return _positive_int(text)
-
-
-def add_codec_arguments(p: argparse.ArgumentParser) -> None:
-    """--preset / --codec-config / --chunk-images, shared by ingest and migrate."""
-    p.add_argument("--preset", choices=sorted(PRESETS), help="codec preset (default: balanced); see docs/codecs.md")
-    p.add_argument("--codec-config", metavar="JSON", help='an explicit codec, e.g. \'{"codec": "zstd", "clevel": 3}\'')
-    p.add_argument(
-        "--chunk-images", type=positive_int, metavar="N", help="images per chunk (default: about 4 MiB per chunk)"
-    )
 
 
 def open_for_cli(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Any:
@@ -91,22 +64,6 @@ def add_read_arguments(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="options for an s3://, gs:// or http(s):// store, as pandas/zarr take them (the AWS_* environment works too)",
     )
-
-
-def add_write_arguments(p: argparse.ArgumentParser) -> None:
-    """--storage-options / --tmp-dir for commands that write a store that may be a URL."""
-    p.add_argument(
-        "--storage-options",
-        type=storage_options_arg,
-        metavar="JSON",
-        help="options for an s3:// or gs:// output, as pandas/zarr take them (the AWS_* environment works too)",
-    )
-    p.add_argument(
-        "--tmp-dir", metavar="DIR", help="where a store bound for a URL is staged before its upload (default: $TMPDIR)"
-    )
-
-
-# -- ingest ----------------------------------------------------------------------------------
 
 
 def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -651,9 +608,9 @@ def register(sub: Any) -> None:
     p.add_argument("--layout", choices=["pixels", "encoded"], required=True, help="the layout of DST")
     p.add_argument("--quality", type=int, default=None, help="encoded: JPEG at this quality (1-100) instead of PNG")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip comparing DST with SRC")
-    p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
-    add_codec_arguments(p)
-    WriteOptions.add_arguments(p, ("lock_timeout",))
+    WriteOptions.add_arguments(
+        p, ("codec", "chunk_images", "overwrite", "lock_timeout"), helps={"overwrite": "replace DST if it exists"}
+    )
     p.set_defaults(func=_cmd_convert)
 
 
@@ -675,16 +632,17 @@ def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from carraystore.convert import convert_store
 
+    w = WriteOptions.from_args(args)
     r = convert_store(
         args.src,
         args.dst,
         args.layout,
         quality=args.quality,
-        codec=_codec_from_args(args),
-        chunk_images=args.chunk_images,
-        overwrite=args.overwrite,
+        codec=w.codec,
+        chunk_images=w.chunk_images,
+        overwrite=w.overwrite,
         verify=args.verify,
-        lock_timeout=args.lock_timeout,
+        lock_timeout=w.lock_timeout,
     )
     kind = "verified pixel for pixel" if r.lossless and args.verify else ("lossy" if not r.lossless else "not verified")
     print(
