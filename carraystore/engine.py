@@ -1210,6 +1210,22 @@ def stop_all() -> None:
         d.close()
 
 
+def batch_index(index: int, num_batches: int) -> int:
+    """A random-access adapter's batch ``index`` (negative counts from the end) checked against the epoch."""
+    i = int(index)
+    if i < 0:
+        i += num_batches
+    if not 0 <= i < num_batches:
+        raise IndexError(f"batch {index} out of range for an epoch of {num_batches} batches")
+    return i
+
+
+def cache_slots(max_window_chunks: int, cache_windows: int, prefetch: int | None) -> int:
+    """Chunk slots of a random-access adapter's decoder: ``cache_windows`` windows, and never
+    fewer than one window plus the read-ahead."""
+    return max(cache_windows * max_window_chunks, max_window_chunks + int(prefetch or 0))
+
+
 def warn_out_of_order(decoder: EpochDecoder, what: str) -> None:
     """Warn once that batches were asked for out of order (windows decoded twice)."""
     w = next((w for w, n in decoder.decode_count.items() if n > 1), None)

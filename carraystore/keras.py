@@ -35,7 +35,15 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from carraystore.atomic import publish, temp_path
-from carraystore.engine import EpochDecoder, LoaderOptions, LoaderSpec, make_spec, warn_out_of_order
+from carraystore.engine import (
+    EpochDecoder,
+    LoaderOptions,
+    LoaderSpec,
+    batch_index,
+    cache_slots,
+    make_spec,
+    warn_out_of_order,
+)
 from carraystore.errors import InvalidInputError
 from carraystore.forksafe import at_fork_in_child
 from carraystore.sampling import EpochPlan
@@ -182,17 +190,12 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
                 if c is not None:
                     self._retire(c)
                 mwc = self._spec.plan(self.epoch).max_window_chunks
-                nslots = max(self.cache_windows * mwc, mwc + int(self._spec.options.prefetch or 0))
+                nslots = cache_slots(mwc, self.cache_windows, self._spec.options.prefetch)
                 c = self._cache = EpochDecoder(self._spec, self.epoch, nslots, self.num_threads, KERAS_THREAD_PREFIX)
             return c
 
     def __getitem__(self, index: int) -> Any:
-        n = len(self)
-        i = int(index)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"batch {index} out of range for an epoch of {n} batches")
+        i = batch_index(index, len(self))
         c = self._get_cache()
         out = c.batch(i + self.first_batch)
         if c.out_of_order and not self._warned:

@@ -36,7 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.engine import BatchBuffers, EpochDecoder, LoaderOptions, LoaderSpec, make_spec
+from carraystore.engine import (
+    BatchBuffers,
+    EpochDecoder,
+    LoaderOptions,
+    LoaderSpec,
+    batch_index,
+    cache_slots,
+    make_spec,
+)
 from carraystore.errors import InvalidInputError, MissingDependencyError
 from carraystore.reader import StoreReader
 from carraystore.sampling import EpochPlan, num_batches, remainder_plan
@@ -524,17 +532,12 @@ class StoreMapDataset(_StoreBatches, Dataset[Any]):
             if c is not None and c.pid == os.getpid():
                 c.close()
             mwc = plan.max_window_chunks
-            nslots = max(self.cache_windows * mwc, mwc + int(self._options.prefetch or 0))
+            nslots = cache_slots(mwc, self.cache_windows, self._options.prefetch)
             c = self._cache = self._make_decoder(plan, (0, 1), nslots)
             return c
 
     def __getitem__(self, index: int) -> Any:
-        n = len(self)
-        i = int(index)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"batch {index} out of range for an epoch of {n} batches")
+        i = batch_index(index, len(self))
         worker = get_worker_info() is not None
         dec = self._decoder()
         spec = self.spec
