@@ -99,6 +99,7 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
             assert measured != (kind in data["not_run"]), (kind, data["not_run"])
             assert measured or "make bench-peers-env" in data["not_run"][kind]
         assert "| carraystore |" in (results / "remote.md").read_text()
+        assert data["contenders_in_process"] is True  # tiny: behind the links, in the benchmark's own process
     if path.name == "bench_remote_node.py":
         data = json.loads((results / "remote_node.json").read_text())
         assert {(r["preset"], r["malloc"]) for r in data["presets"].values()} == {
