@@ -1,7 +1,7 @@
 """Every benchmark in bench/ runs on a tiny dataset, so none of them rots.
 
-Each ``bench/bench_*.py`` runs in its own pytest subprocess with ``--benchmark-disable``
-and ``CARRAYSTORE_BENCH_SCALE=tiny``; data and results go to a temporary folder, so the
+Each ``bench/bench_*.py`` runs in its own pytest subprocess (pytest-benchmark its only
+plugin) with ``--benchmark-disable`` and ``CARRAYSTORE_BENCH_SCALE=tiny``; data and results go to a temporary folder, so the
 committed results in bench/results/ are never touched.
 """
 
@@ -30,12 +30,17 @@ def _run(path: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
         CARRAYSTORE_BENCH_RESULTS=str(tmp / "results"),
         TF_CPP_MIN_LOG_LEVEL="2",
         CARRAYSTORE_BENCH_APPEND_BIG_MB="24",  # the append benchmark's big store: 24 MB, not tiny's 200
+        # pytest-benchmark only: the other installed plugins (hypothesis's, zarr's, anyio's)
+        # import their libraries at start-up, ~2 CPU-s of each of these 13 processes
+        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
     )
     return subprocess.run(
         [
             sys.executable,
             "-m",
             "pytest",
+            "-p",
+            "pytest_benchmark.plugin",
             str(path),
             "-o",
             "python_files=bench_*.py",
