@@ -33,14 +33,13 @@ def _run(path: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
         # pytest-benchmark only: the other installed plugins (hypothesis's, zarr's, anyio's)
         # import their libraries at start-up, ~2 CPU-s of each of these 13 processes
         PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+        PYTEST_PLUGINS="pytest_benchmark.plugin",
     )
     return subprocess.run(
         [
             sys.executable,
             "-m",
             "pytest",
-            "-p",
-            "pytest_benchmark.plugin",
             str(path),
             "-o",
             "python_files=bench_*.py",
