@@ -19,7 +19,6 @@ pytest.importorskip("pytest_benchmark", reason="the benchmarks need pytest-bench
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 FILES = sorted(BENCH.glob("bench_*.py"))
-SLOW = {"bench_loaders.py"}  # builds and reads 15 loaders' copies, TensorFlow included
 
 
 def _run(path: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
@@ -64,7 +63,7 @@ def test_bench_files_exist() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW else []) for p in FILES],
+    [pytest.param(p, id=p.name, marks=pytest.mark.slow) for p in FILES],  # each is a pytest run of its own
 )
 def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
     if path.name == "bench_remote_node.py" and len(os.sched_getaffinity(0)) < 2:

@@ -251,6 +251,7 @@ def _epoch(store: Any, **kw: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(x.copy(), y.copy()) for x, y in store.batches(16, **kw)]
 
 
+@pytest.mark.slow
 def test_an_epoch_rides_out_a_storage_node_restart(
     node: tuple[SeaweedFS, str], local_store: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -281,6 +282,7 @@ def test_an_epoch_rides_out_a_storage_node_restart(
     assert any("refused" in w or "reset" in w or "dropped" in w for w in warnings), warnings
 
 
+@pytest.mark.slow
 def test_model_fit_rides_out_a_storage_node_restart(node: tuple[SeaweedFS, str], local_store: Path) -> None:
     keras = pytest.importorskip("keras")
     from carraystore.keras import StoreDataset
