@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # two pytest workers per available core (at most 8): many tests wait on servers, subprocesses
 # and sleeps, so two per core finish sooner than one (measured on 2 cores: 329 s with 4 workers
 # for the suite that took about 360 s with 2; after issue 21's cuts 209-221 s with 4 workers on
-# a shared 2-core machine, where the same commit's parent took 324-363 s; 3 workers: 209 s too)
+# a shared 2-core machine, where the suite before them took 324-363 s; 3 workers: 209 s too)
 PYTEST_XDIST ?= -n $(shell $(PYTHON) -c 'import os; print(min(8, 2 * len(os.sched_getaffinity(0))))') --dist loadgroup
 
 # The pytest plugins the suite uses, and no others: installed plugins load by default
