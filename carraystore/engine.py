@@ -48,6 +48,7 @@ from carraystore.errors import (
 )
 from carraystore.forksafe import FORK_GATE, at_fork_in_child
 from carraystore.reader import StoreReader, open_store
+from carraystore.resources import available_cpus, memory_limit, parse_bytes
 from carraystore.sampling import (
     EpochPlan,
     Shuffle,
@@ -93,8 +94,16 @@ _CLIP_STARTS = ("random", "fixed")
 
 
 def default_threads() -> int:
-    """Decoder threads used when ``num_threads`` is not given: the cpu count (2 to 8)."""
-    return max(2, min(8, os.cpu_count() or 1))
+    """Decoder threads used when ``num_threads`` is not given: the cores this process may
+    use (its affinity mask and cgroup CPU quota, :func:`carraystore.resources.available_cpus`),
+    at least 2 so that reading overlaps decoding."""
+    return max(2, available_cpus())
+
+
+def default_memory_budget() -> int:
+    """``memory_budget`` when not given: a quarter of the memory this process may use (the
+    machine's RAM, or the cgroup's limit when lower)."""
+    return memory_limit() // 4
 
 
 def _int_arg(name: str, value: Any, minimum: int) -> int:
@@ -140,6 +149,7 @@ class LoaderKwargs(TypedDict, total=False):
     num_threads: int | None
     queue_size: int
     retry_timeout: float | None
+    memory_budget: int | str | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,9 +185,18 @@ class LoaderOptions:
     - ``verify``: check every chunk's CRC32 before decoding it (default True; always on
       for remote stores). ``verify=False`` skips the check on local stores.
     - ``prefetch``: decoded chunks held beyond the current window (default ``window``).
-    - ``num_threads``: decoder threads (default: the cpu count, 2 to 8), each
-      decompressing whole chunks with one blosc2 thread.
+    - ``num_threads``: decoder threads (default: the cores this process may use, its
+      affinity mask and cgroup quota, at least 2), each decompressing whole chunks with
+      one blosc2 thread. Batches are assembled several at once by their own threads
+      (one per four decoder threads, at most 4; one when a ``transform`` is given, so a
+      stateful transform sees batches in order).
     - ``queue_size``: finished batches waiting for the consumer.
+    - ``memory_budget``: the most the loader may hold, in bytes or as ``"2GB"``/``"512MiB"``
+      (default: a quarter of the memory the process may use, the cgroup's limit when
+      lower): decoded chunk slots (windows and prefetch), batch buffers and a remote
+      source's read-ahead. Prefetch and the number of batches assembled at once shrink to
+      fit; when one window and ``queue_size`` batches cannot fit, the loader refuses to
+      start and says what to lower. Iterators report what they hold (``.memory``).
     - ``retry_timeout``: remote stores: seconds a failing server is tried again before the
       epoch fails (default: the store's storage option ``retry_timeout``, 120 s); the
       loader waits meanwhile and resumes at the same batch, losing and repeating nothing.
@@ -204,6 +223,7 @@ class LoaderOptions:
     num_threads: int | None = None
     queue_size: int = 2
     retry_timeout: float | None = None
+    memory_budget: int | str | None = None
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -249,6 +269,11 @@ class LoaderOptions:
             default_threads() if self.num_threads is None else _int_arg("num_threads", self.num_threads, 1),
         )
         s(self, "queue_size", _int_arg("queue_size", self.queue_size, 1))
+        s(
+            self,
+            "memory_budget",
+            default_memory_budget() if self.memory_budget is None else parse_bytes(self.memory_budget, "memory_budget"),
+        )
         if self.retry_timeout is not None:
             try:
                 seconds = float(self.retry_timeout)
@@ -746,9 +771,12 @@ def _take_arena(store: StoreReader, nslots: int) -> np.ndarray:
     shape = (store.chunk_images, *store.image_shape)
     with _ARENA_LOCK:
         idle = _IDLE_ARENAS.get(store)
-        if idle is not None and idle.shape[0] >= nslots and idle.shape[1:] == shape and idle.dtype == store.dtype:
+        if idle is not None:
+            # only an arena of exactly this size: a larger one would hold more than the
+            # loader's memory plan counts (memory_budget)
             del _IDLE_ARENAS[store]
-            return idle[:nslots]
+            if idle.shape[0] == nslots and idle.shape[1:] == shape and idle.dtype == store.dtype:
+                return idle
     return np.empty((nslots, *shape), dtype=store.dtype)
 
 
