@@ -485,7 +485,8 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
             self._seen = 0
         if not len(mine):
             return
-        memory = self._memory(plan, 2)
+        # a worker's batches are num_workers apart: one assembler each (the workers are the parallelism)
+        memory = self._memory(plan, 2, assemblers=1 if worker else None)
         if staging is not None:  # pragma: no cover - needs a GPU
             staging.depth = max(staging.depth, memory.batch_buffers)
         pool = staging if staging is not None else BatchBuffers(memory.batch_buffers)
