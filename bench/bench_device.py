@@ -389,6 +389,41 @@ def loaders(run: Run, sec: dict[str, Any]) -> None:
         run.save()
 
 
+def loaders_before(run: Run, sec: dict[str, Any]) -> None:
+    """The same loader epochs with another carraystore (``--old-package``, e.g. the last
+    release's engine), in a subprocess, side by side with this one in the same run."""
+    a = run.args
+    stores = {k: str(run.stores[k]) for k in ("fast", "balanced")}
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(a.old_package).resolve()), *env.get("PYTHONPATH", "").split(os.pathsep)]
+    )
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--out", str(run.out), "--loaders-only", json.dumps(stores)]
+    cmd += ["--threads", a.old_threads, "--cap", str(a.cap), "--batch", str(a.batch), "--size", str(a.size)]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(10.0, run.left() - 5))
+    sec["seconds"] = round(time.perf_counter() - t, 1)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode or not lines:
+        raise RuntimeError(f"old package run failed ({p.returncode}): {p.stderr[-1500:]}")
+    sec.update(json.loads(lines[-1]))
+    log(f"loaders with {a.old_package}: {sec}")
+
+
+def loaders_only(args: argparse.Namespace) -> None:
+    stores = json.loads(args.loaders_only)
+    mb = args.size * args.size * 3 / 1e6
+    res: dict[str, Any] = {"carraystore": carraystore.__file__}
+    for name, path in stores.items():
+        res[name] = {}
+        for t in args.threads:
+            try:
+                res[name][f"T={t}"] = time_store_epoch(Path(path), args.batch, t, args.cap, mb)
+            except Exception as exc:
+                res[name][f"T={t}"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    print(json.dumps(res), flush=True)
+
+
 # ---------------------------------------------------------------------------------------
 # 3. peers
 # ---------------------------------------------------------------------------------------
@@ -898,6 +933,15 @@ def markdown(res: dict[str, Any]) -> str:
         L.append(
             f"One whole epoch (best of two where one took under 1.5 s); * the epoch stopped at --cap {res['args']['cap']} s."
         )
+    ob = res.get("loaders_before") or {}
+    old = [k for k in ("fast", "balanced") if isinstance(ob.get(k), dict)]
+    if old:
+        L += ["", f"## The same epochs with the previous engine ({ob.get('carraystore')}), same run", ""]
+        keys = list(dict.fromkeys(k for s in old for k in ob[s]))
+        L += _table(
+            ["num_threads", *[f"{s} before" for s in old], *[f"{s} now" for s in old]],
+            [[k, *[_ips(ob[s].get(k)) for s in old], *[_ips(lo.get(s, {}).get(k)) for s in old]] for k in keys],
+        )
     p = res.get("peers") or {}
     if any(isinstance(v, dict) for v in p.values()):
         L += ["", "## Peers on the same machine", ""]
@@ -980,6 +1024,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="the data goes in WORKDIR/bench-device-data (default: a temporary folder, removed)",
     )
+    ap.add_argument("--old-package", default=None, help="a folder holding another carraystore/ to compare loaders with")
+    ap.add_argument("--old-threads", default="1,4,16", help="num_threads for the --old-package loaders")
+    ap.add_argument("--loaders-only", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="short caps and few steps (a check of the script)")
     args = ap.parse_args(argv)
     args.threads = [int(t) for t in str(args.threads).split(",") if t.strip()]
@@ -993,6 +1040,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.loaders_only:
+        loaders_only(args)
+        return {}
     own_workdir = args.workdir is None
     if own_workdir:
         args.workdir = tempfile.mkdtemp(prefix="carraystore-device-")
@@ -1007,6 +1057,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run.step("data", lambda s: make_data(run, s), need_s=0)
     if run.res["steps"]["data"]["status"] == "ok":
         run.step("loaders", lambda s: loaders(run, s), need_s=20)
+        if args.old_package:
+            run.step("loaders_before", lambda s: loaders_before(run, s), need_s=25)
         run.step("peers", lambda s: peers(run, s), need_s=15)
         try:  # CUDA is set up only now, after the steps that fork worker processes
             run.res["machine"].update(gpu_info())
