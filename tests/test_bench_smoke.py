@@ -83,6 +83,14 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
             assert r["status"] in ("ok", "skipped"), r
             assert r["reason"] if r["status"] == "skipped" else r["n_images"] == 64
         assert (results / "loaders.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if path.name == "bench_jpeg_decode.py":
+        data = json.loads((results / "jpeg_decode.json").read_text())
+        assert {(r["decoder"], r["threads"]) for r in data["rows"]} >= {
+            (d, t) for d in ("pillow", "simplejpeg", "simplejpeg+copy") for t in (1, 2)
+        }
+        assert all(r["identical"] == "16/16" and r["images_per_s_median"] > 0 for r in data["rows"]), data["rows"]
+        layout = json.loads((results / "layout.json").read_text())["reports"][0]
+        assert layout["encoded"]["stored_as"] == "16 jpeg" and layout["pixels"]["images"] == 16
     if path.name == "bench_remote.py":
         data = json.loads((results / "remote.json").read_text())
         assert [(link["rtt_ms"], link["mbit"]) for link in data["links"]] == [(0, None), (20, 400)]
