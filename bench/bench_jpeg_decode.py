@@ -6,16 +6,18 @@ the reader decodes an encoded chunk's entries, by ``carraystore.encoded.decode_e
 a preallocated (H, W, 3) buffer, with each decoder forced in turn:
 
 * ``pillow``: ``Image.open`` + ``convert("RGB")`` + a copy into the buffer (FORMAT.md 10.2);
-* ``simplejpeg``: libjpeg-turbo through simplejpeg, straight into the buffer (``buffer=``);
-* ``simplejpeg+copy``: the same decoder returning a new array, copied into the buffer:
-  what ``buffer=`` saves.
+* ``simplejpeg``: libjpeg-turbo through simplejpeg, straight into the buffer (``buffer=``).
 
-Each row runs T threads at once (1, 2 and, on a larger machine, more), every thread decoding
-the whole sample into its own buffer; images/s counts all threads' images, and the scaling
-column is images/s at T threads over T times the 1-thread rate (1.00: the GIL is released
-for the whole decode). Rounds are interleaved (decoders alternate) and the median counts,
-the best beside it. Before timing, every photo is decoded by both and compared: the
-identity column counts photos whose pixels are equal, which must be all of them.
+Each row runs T threads at once (1, 2 and, on a larger machine, 8), every thread decoding
+the sample (repeated to at least ~1,200 images of 128x128 worth of pixels) into its own
+buffer; images/s counts all threads' images, and the scaling column is images/s at T
+threads over T times the 1-thread rate (1.00: nothing serialises the threads, the GIL
+included). Rounds are interleaved (decoders alternate) and the median counts, the best
+beside it. A second table gives the CPU time (``time.thread_time``, one thread) per image
+of each step: ``decode_entry`` with either decoder, simplejpeg alone into the buffer,
+simplejpeg returning a new array that is then copied (what ``buffer=`` saves), and the
+header read that comes first. Before timing, every photo is decoded by both and compared:
+the identity column counts photos whose pixels are equal, which must be all of them.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 SCALES = {
     "tiny": dict(n=16, sizes=(32,), rounds=1),
     "small": dict(n=200, sizes=(128, 256), rounds=3),
-    "default": dict(n=400, sizes=(128, 256), rounds=5),
+    "default": dict(n=400, sizes=(128, 256), rounds=7),
     "large": dict(n=1000, sizes=(128, 256, 512), rounds=7),
 }
 if SCALE not in SCALES:
@@ -46,7 +48,8 @@ if SCALE not in SCALES:
 CFG = SCALES[SCALE]
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 THREADS = sorted({1, 2, *([min(8, CPUS)] if CPUS > 2 else [])})
-DECODERS = ("pillow", "simplejpeg", "simplejpeg+copy")
+DECODERS = ("pillow", "simplejpeg")
+STEPS = ("decode_entry pillow", "decode_entry simplejpeg", "simplejpeg buffer=", "simplejpeg + copy", "header only")
 
 
 _CHOSEN: dict[str, E.JpegDecoder] = {}
@@ -65,14 +68,30 @@ def _force(name: str) -> None:
 
 
 def _worker(name: str, entries: list[bytes], out: np.ndarray) -> None:
-    if name == "simplejpeg+copy":
-        import simplejpeg
-
-        for e in entries:
-            out[...] = simplejpeg.decode_jpeg(e, "RGB")
-        return
     for e in entries:
         E.decode_entry(e, out, "rgb", ("jpeg",), str)
+
+
+def cpu_us_per_image(step: str, entries: list[bytes], size: int) -> float:
+    """CPU microseconds (this thread) per image of one step."""
+    import simplejpeg
+
+    out = np.empty((size, size, 3), np.uint8)
+    if step.startswith("decode_entry"):
+        _force(step.split()[1])
+    t0 = time.thread_time()
+    if step.startswith("decode_entry"):
+        _worker("", entries, out)
+    elif step == "simplejpeg buffer=":
+        for e in entries:
+            simplejpeg.decode_jpeg(e, "RGB", buffer=out)
+    elif step == "simplejpeg + copy":
+        for e in entries:
+            out[...] = simplejpeg.decode_jpeg(e, "RGB")
+    else:
+        for e in entries:
+            simplejpeg.decode_jpeg_header(e)
+    return (time.thread_time() - t0) / len(entries) * 1e6
 
 
 def images_per_s(name: str, entries: list[bytes], size: int, threads: int) -> float:
@@ -114,11 +133,18 @@ def test_jpeg_decode(benchmark) -> None:
     from PIL import features
 
     rows = []
+    cpu_rows = []
     try:
         for size in CFG["sizes"]:
             folder = cached_photo_folder(data_dir(), CFG["n"], size=(size, size))
-            entries = [p.read_bytes() for p in sorted(folder.rglob("*.jpg"))]
-            same = identical(entries, size)
+            sample = [p.read_bytes() for p in sorted(folder.rglob("*.jpg"))]
+            same = identical(sample, size)
+            entries = sample * max(1, -(-int(1200 * (128 / size) ** 2) // len(sample)))  # ~0.5 s of Pillow, 1 thread
+            cpu: dict[str, list[float]] = {k: [] for k in STEPS}
+            for r in range(CFG["rounds"]):
+                for k in STEPS if r % 2 == 0 else STEPS[::-1]:
+                    cpu[k].append(cpu_us_per_image(k, sample, size))
+            cpu_rows.append({"size": size, **{k: round(statistics.median(v), 1) for k, v in cpu.items()}})
             rates: dict[tuple[str, int], list[float]] = {(d, t): [] for d in DECODERS for t in THREADS}
             images_per_s("pillow", entries[:8], size, 1)  # warm-up: imports, the check, the page cache
             for r in range(CFG["rounds"]):
@@ -138,11 +164,11 @@ def test_jpeg_decode(benchmark) -> None:
                             "images_per_s_best": round(max(rates[d, t])),
                             "per_thread_median": round(med / t),
                             "scaling": round(med / (t * one), 3),
-                            "identical": f"{same}/{len(entries)}",
-                            "mean_jpeg_kb": round(sum(map(len, entries)) / len(entries) / 1e3, 2),
+                            "identical": f"{same}/{len(sample)}",
+                            "mean_jpeg_kb": round(sum(map(len, sample)) / len(sample) / 1e3, 2),
                         }
                     )
-            assert same == len(entries), f"{len(entries) - same} photos decode differently at {size}px"
+            assert same == len(sample), f"{len(sample) - same} photos decode differently at {size}px"
     finally:
         E._jpeg_decoder = None
     small = CFG["sizes"][0]
@@ -180,6 +206,7 @@ def test_jpeg_decode(benchmark) -> None:
         },
         "speedup_simplejpeg_over_pillow": speedup,
         "rows": rows,
+        "cpu_us_per_image": cpu_rows,
     }
     benchmark.extra_info.update({"speedup": speedup})
     out = results_dir(SCALE)
@@ -204,6 +231,12 @@ def test_jpeg_decode(benchmark) -> None:
         "",
         "simplejpeg over Pillow (median images/s): " + ", ".join(f"{k}: {v:.2f}x" for k, v in speedup.items()),
         "",
+        "CPU microseconds per image, one thread (median of the rounds):",
+        "",
+        "| size | " + " | ".join(STEPS) + " |",
+        "| ---: |" + " ---: |" * len(STEPS),
+        *[f"| {c['size']} | " + " | ".join(f"{c[k]:.1f}" for k in STEPS) + " |" for c in cpu_rows],
+        "",
     ]
     (out / "jpeg_decode.md").write_text("\n".join(lines))
     print("\n" + "\n".join(lines))
@@ -216,10 +249,15 @@ def test_layout_recommendation(benchmark) -> None:
     E._jpeg_decoder = None
     sample = min(CFG["n"], 256)
     reports = [
-        measure_layouts(str(cached_photo_folder(data_dir(), CFG["n"], size=(s, s))), sample, repeats=CFG["rounds"])
+        measure_layouts(
+            str(cached_photo_folder(data_dir(), CFG["n"], size=(s, s))), sample, preset=preset, repeats=CFG["rounds"]
+        )
         for s in CFG["sizes"]
+        for preset in ("balanced", "fast")
     ]
-    benchmark.extra_info.update({f"{r.image_shape[0]}px break-even Mbit/s": r.break_even_mbit()[0] for r in reports})
+    benchmark.extra_info.update(
+        {f"{r.image_shape[0]}px {r.preset} break-even Mbit/s": r.break_even_mbit()[0] for r in reports}
+    )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
     out = results_dir(SCALE)
     out.mkdir(parents=True, exist_ok=True)
@@ -235,7 +273,8 @@ def test_layout_recommendation(benchmark) -> None:
     head = (
         f"# `carraystore bench layout` on real photos ({SCALE})\n\n"
         f"Machine: {m['cpus']} cores ({m['cpu']}), Python {m['python']}; {info['date']}. "
-        f"Real-photo JPEGs (quality 90, 4:2:0), {sample} per size.\n\n"
+        f"Real-photo JPEGs (quality 90, 4:2:0), {sample} per size, against the pixel layout with the balanced "
+        "(default) and the fast preset.\n\n"
     )
     (out / "layout.md").write_text(head + text.replace("\n# ", "\n## ").replace("# Layout", "## Layout", 1) + "\n")
     print("\n" + text)
