@@ -83,6 +83,16 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
             assert r["status"] in ("ok", "skipped"), r
             assert r["reason"] if r["status"] == "skipped" else r["n_images"] == 64
         assert (results / "loaders.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if path.name == "bench_jpeg_decode.py":
+        data = json.loads((results / "jpeg_decode.json").read_text())
+        assert {(r["decoder"], r["threads"]) for r in data["rows"]} >= {
+            (d, t) for d in ("pillow", "simplejpeg") for t in (1, 2)
+        }
+        assert all(v > 0 for c in data["cpu_us_per_image"] for k, v in c.items() if k != "size")
+        assert all(r["identical"] == "16/16" and r["images_per_s_median"] > 0 for r in data["rows"]), data["rows"]
+        reports = json.loads((results / "layout.json").read_text())["reports"]
+        assert [r["preset"] for r in reports] == ["balanced", "fast"]
+        assert all(r["encoded"]["stored_as"] == "16 jpeg" and r["pixels"]["images"] == 16 for r in reports)
     if path.name == "bench_remote.py":
         data = json.loads((results / "remote.json").read_text())
         assert [(link["rtt_ms"], link["mbit"]) for link in data["links"]] == [(0, None), (20, 400)]
