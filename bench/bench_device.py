@@ -1065,9 +1065,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except Exception as exc:
             run.res["machine"]["gpu"] = f"unknown ({type(exc).__name__}: {exc})"
         run.step("gpu_decode", lambda s: gpu_decode(run, s), need_s=15)
-        run.step("gpu_feed", lambda s: gpu_feed(run, s), need_s=30)
-    if not args.no_pytest:
+    if not args.no_pytest:  # before the feeding runs, whose compile may take what time is left
         run.step("pytest", lambda s: run_pytest(run, s), need_s=15)
+    if run.res["steps"]["data"]["status"] == "ok":
+        run.step("gpu_feed", lambda s: gpu_feed(run, s), need_s=30)
     if own_workdir:
         shutil.rmtree(args.workdir, ignore_errors=True)
     run.save()
