@@ -821,6 +821,14 @@ at_fork_in_child(_after_fork_in_child)
 DIRECT_MIN_ITEM_BYTES = 64 * 1024
 
 
+#: Direct mode by default only up to this many decoder threads: its per-image calls and the
+#: batch split into shares contend for the GIL and the decoder's lock, so past 4 threads it
+#: got slower while whole chunks kept scaling (measured on 16 cores, 192x192 photos, ``fast``:
+#: direct 42k/55k/40k/31k images/s at 2/4/8/16 threads, whole chunks 35k/47k/84k/97k;
+#: bench/results/device/probe.log).
+DIRECT_MAX_THREADS = 4
+
+
 def direct_possible(store: StoreReader) -> bool:
     """Whether batches can be decompressed image by image, straight into their slots.
 
@@ -909,7 +917,11 @@ class EpochDecoder:
         self.pid = os.getpid()
         self.nslots = max(1, min(max(nslots, self.plan.max_window_chunks), self._total_chunks()))
         #: direct mode: slots hold compressed chunks and batches are decompressed image by image
-        self.direct = direct_ok(spec.store) if direct is None else bool(direct and direct_possible(spec.store))
+        self.direct = (
+            direct_ok(spec.store) and num_threads <= DIRECT_MAX_THREADS
+            if direct is None
+            else bool(direct and direct_possible(spec.store))
+        )
         self.arena: np.ndarray | None = None if self.direct else _take_arena(spec.store, self.nslots)
         self._readers = threading.local()
         self.cond = threading.Condition()

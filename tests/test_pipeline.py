@@ -184,3 +184,27 @@ def test_a_tight_budget_gives_up_assemblers_before_failing(store_path: Path) -> 
     assert (tight.memory.assemblers, tight.memory.slots, tight.memory.batch_buffers) == (1, 8, 5)
     assert tight.memory.held <= tight.memory.budget
     assert sum(len(x) for x, _ in tight) == N
+
+
+def test_image_by_image_decompression_only_up_to_four_threads(tmp_path: Path) -> None:
+    """Direct mode (each image decompressed into its batch) stopped scaling past 4 threads on
+    16 cores (bench/results/device/probe.log): more threads decode whole chunks instead."""
+    from carraystore import blocks
+    from carraystore.engine import DIRECT_MAX_THREADS
+
+    if not blocks.available():
+        pytest.skip("c-blosc2's getitem is not reachable here")
+    rng = np.random.default_rng(1)
+    x = np.stack(photo_crops(load_photo(PHOTOS[0]), 24, (160, 160), rng))  # 76.8 kB images
+    path = tmp_path / "fast.b2nd"
+    with carraystore.create(path, (160, 160, 3), codec="fast", chunk_images=8) as w:
+        w.append(x, np.arange(24) % 3)
+    got = {}
+    for t in (1, DIRECT_MAX_THREADS, DIRECT_MAX_THREADS + 1, 16):
+        with batches(carraystore.open(path), 5, num_threads=t, seed=3) as it:
+            got[t] = ([b[0].copy() for b in it], it._s.decoder.direct)
+    assert [got[t][1] for t in got] == [True, True, False, False]
+    for t in got:
+        assert len(got[t][0]) == len(got[1][0])
+        for a, b in zip(got[1][0], got[t][0], strict=True):
+            np.testing.assert_array_equal(a, b)
