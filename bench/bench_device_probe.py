@@ -30,11 +30,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+import bench_device as bd  # noqa: E402
+
 import carraystore  # noqa: E402
 from carraystore import engine, loader  # noqa: E402
 from carraystore.sample_data import PHOTOS, load_photo  # noqa: E402
-
-import bench_device as bd  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -130,6 +130,101 @@ def epoch(path: Path, threads: int, sample: bool = False, **kw: Any) -> dict[str
     return best
 
 
+def feed(stores: dict[str, Path], res: dict[str, Any], save: Any, steps: int = 60, warm: int = 8) -> None:
+    """ResNet-50 (bf16, channels_last, torch.compile) from a constant GPU batch, then fed by
+    carraystore.torch.StoreDataset(device="cuda") with several thread counts and GIL switch
+    intervals: what the feeding costs the training loop."""
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+
+    from carraystore.torch import StoreDataset
+
+    if not torch.cuda.is_available():
+        res["feed"] = {"skipped": "no CUDA"}
+        return
+    B, size = 256, 192
+    dev = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+    model = torchvision.models.resnet50(num_classes=10).to(dev).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    mean = torch.tensor([0.485, 0.456, 0.406], device=dev).view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device=dev).view(1, 3, 1, 1) * 255
+    cm = torch.compile(model)
+
+    def step(x: Any, y: Any) -> None:
+        x = x.permute(0, 3, 1, 2).float().sub_(mean).div_(std).contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(cm(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    xc = torch.randint(0, 256, (B, size, size, 3), device=dev, dtype=torch.uint8)
+    yc = torch.randint(0, 10, (B,), device=dev)
+    t = time.perf_counter()
+    for _ in range(3):
+        step(xc, yc)
+    torch.cuda.synchronize()
+    out: dict[str, Any] = {"compile_s": round(time.perf_counter() - t, 1)}
+    res["feed"] = out
+    log(f"compiled in {out['compile_s']} s")
+
+    def constant() -> float:
+        for _ in range(warm):
+            step(xc, yc)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step(xc, yc)
+        torch.cuda.synchronize()
+        return steps * B / (time.perf_counter() - t0)
+
+    def fed(path: Path, threads: int) -> float:
+        ds = StoreDataset(str(path), B, device="cuda", num_threads=threads, drop_remainder=True)
+        it = iter(ds)
+        try:
+            for _ in range(warm):
+                x, y = next(it)
+                step(x, y)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                x, y = next(it)
+                step(x, y)
+            torch.cuda.synchronize()
+            return steps * B / (time.perf_counter() - t0)
+        finally:
+            it.close()  # type: ignore[attr-defined]
+
+    base = round(constant())
+    out["constant"] = base
+    log(f"compiled constant: {base} images/s")
+    default_si = sys.getswitchinterval()
+    for name, preset, threads, si in (
+        ("balanced T=4", "balanced", 4, None),
+        ("balanced T=8", "balanced", 8, None),
+        ("balanced T=14", "balanced", 14, None),
+        ("fast T=4", "fast", 4, None),
+        ("fast T=14", "fast", 14, None),
+        ("balanced T=8 switchinterval=0.5ms", "balanced", 8, 0.0005),
+        ("balanced T=14 switchinterval=0.5ms", "balanced", 14, 0.0005),
+    ):
+        sys.setswitchinterval(si or default_si)
+        try:
+            r = round(fed(stores[preset], threads))
+            out[name] = {"images_per_s": r, "ratio": round(r / base, 3)}
+        except Exception as exc:
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        finally:
+            sys.setswitchinterval(default_si)
+        log(f"compiled fed {name}: {out[name]}")
+        save()
+    out["constant_again"] = round(constant())
+    log(f"compiled constant again: {out['constant_again']} images/s")
+    save()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -137,6 +232,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=192)
     ap.add_argument("--workdir", default="/tmp/probe")
     ap.add_argument("--threads", default="4,8,16")
+    ap.add_argument("--feed", action="store_true", help="then ResNet-50 fed by carraystore.torch (CUDA)")
+    ap.add_argument("--no-probe", action="store_true", help="skip the direct/gather/assembler runs")
     a = ap.parse_args()
     T = [int(t) for t in a.threads.split(",")]
     out = Path(a.out)
@@ -160,21 +257,34 @@ def main() -> None:
     for asm in (1, 2, 4, 8):
         runs.append((f"balanced T={top} assemblers={asm}", stores["balanced"], top, {}, asm))
     runs.append((f"balanced T={top} verify=False", stores["balanced"], top, {"verify": False}, None))
+    if a.no_probe:
+        runs = [(f"{p} T={t}", stores[p], t, {}, None) for p in ("fast", "balanced") for t in T]
     for name, path, t, kw, mode in runs:
         engine.DIRECT_MIN_ITEM_BYTES = 1 << 40 if mode == "gather" else real_min
         loader.assemblers_for = (lambda spec, k=mode: k) if isinstance(mode, int) else real_asm  # type: ignore[misc]
-        sample = name in (f"fast direct T={top}", f"fast gather T={top}", f"balanced T={top} assemblers=4")
+        sample = not a.no_probe and name in (
+            f"fast direct T={top}",
+            f"fast gather T={top}",
+            f"balanced T={top} assemblers=4",
+        )
         try:
             r = epoch(path, t, sample=sample, **kw)
         except Exception as exc:
             r = {"error": f"{type(exc).__name__}: {exc}"}
         res[name] = r
-        log(f"{name}: {({k: v for k, v in r.items() if k != 'stacks'})}")
+        log(f"{name}: { ({k: v for k, v in r.items() if k != 'stacks'}) }")
         for line, c in r.get("stacks", []):
             log(f"    {c:6d}  {line}")
         save()
     engine.DIRECT_MIN_ITEM_BYTES = real_min
     loader.assemblers_for = real_asm  # type: ignore[misc]
+    if a.feed:
+        try:
+            feed(stores, res, save)
+        except Exception as exc:
+            res["feed_error"] = f"{type(exc).__name__}: {exc}"[:1000]
+            log(res["feed_error"])
+        save()
     log("done")
 
 
