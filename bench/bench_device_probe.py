@@ -44,12 +44,16 @@ def log(msg: str) -> None:
 T0 = time.perf_counter()
 
 
-def make_stores(work: Path, n: int, size: int) -> dict[str, Path]:
+def make_stores(work: Path, n: int, size: int, encoded: bool = False) -> dict[str, Path]:
     photos = [load_photo(p) for p in PHOTOS]
+    jpeg_dir = work / "jpeg" if encoded else None
+    if jpeg_dir is not None:
+        for name in PHOTOS:
+            (jpeg_dir / name).mkdir(parents=True, exist_ok=True)
     labels = np.random.default_rng(0).permutation(np.arange(n) % len(PHOTOS)).astype(np.int64)
     shared = mmap.mmap(-1, n * size * size * 3)
     arr = np.frombuffer(shared, dtype=np.uint8).reshape(n, size, size, 3)
-    bd._G.update(arr=arr, labels=labels, photos=photos, size=(size, size), seed=0, jpeg_dir=None, quality=90)
+    bd._G.update(arr=arr, labels=labels, photos=photos, size=(size, size), seed=0, jpeg_dir=jpeg_dir, quality=90)
     ncpu = len(os.sched_getaffinity(0))
     step = max(1, math.ceil(n / (ncpu * 4)))
     with mp.get_context("fork").Pool(ncpu) as pool:
@@ -62,6 +66,10 @@ def make_stores(work: Path, n: int, size: int) -> dict[str, Path]:
             for s in range(0, n, 4096):
                 w.append(arr[s : s + 4096], labels=labels[s : s + 4096])
         out[preset] = path
+    if jpeg_dir is not None:
+        path = work / "encoded.b2nd"
+        carraystore.from_directory(jpeg_dir, path, layout="encoded", workers=ncpu, overwrite=True)
+        out["encoded"] = path
     return out
 
 
@@ -234,6 +242,7 @@ def main() -> None:
     ap.add_argument("--threads", default="4,8,16")
     ap.add_argument("--feed", action="store_true", help="then ResNet-50 fed by carraystore.torch (CUDA)")
     ap.add_argument("--no-probe", action="store_true", help="skip the direct/gather/assembler runs")
+    ap.add_argument("--encoded", action="store_true", help="also an encoded store (JPEG q90) in the scaling runs")
     a = ap.parse_args()
     T = [int(t) for t in a.threads.split(",")]
     out = Path(a.out)
@@ -243,7 +252,7 @@ def main() -> None:
     def save() -> None:
         (out / "probe.json").write_text(json.dumps(res, indent=1))
 
-    stores = make_stores(Path(a.workdir), a.images, a.size)
+    stores = make_stores(Path(a.workdir), a.images, a.size, a.encoded)
     log("stores made")
     real_min = engine.DIRECT_MIN_ITEM_BYTES
     real_asm = loader.assemblers_for
@@ -258,14 +267,19 @@ def main() -> None:
         runs.append((f"balanced T={top} assemblers={asm}", stores["balanced"], top, {}, asm))
     runs.append((f"balanced T={top} verify=False", stores["balanced"], top, {"verify": False}, None))
     if a.no_probe:
-        runs = [(f"{p} T={t}", stores[p], t, {}, None) for p in ("fast", "balanced") for t in T]
+        runs = [(f"{p} T={t}", stores[p], t, {}, None) for p in stores for t in T]
     for name, path, t, kw, mode in runs:
         engine.DIRECT_MIN_ITEM_BYTES = 1 << 40 if mode == "gather" else real_min
         loader.assemblers_for = (lambda spec, k=mode: k) if isinstance(mode, int) else real_asm  # type: ignore[misc]
-        sample = not a.no_probe and name in (
-            f"fast direct T={top}",
-            f"fast gather T={top}",
-            f"balanced T={top} assemblers=4",
+        sample = (
+            name == f"encoded T={top}"
+            or not a.no_probe
+            and name
+            in (
+                f"fast direct T={top}",
+                f"fast gather T={top}",
+                f"balanced T={top} assemblers=4",
+            )
         )
         try:
             r = epoch(path, t, sample=sample, **kw)
