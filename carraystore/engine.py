@@ -465,6 +465,7 @@ class LoaderSpec:
             drop_remainder=self.drop_remainder,
             items=self.items_for(epoch),
             span=self.span,
+            batch_size=self.batch_size,
         )
 
     def batch_bounds(self, plan: EpochPlan, i: int) -> tuple[int, int]:
@@ -1062,8 +1063,11 @@ class EpochDecoder:
             win.pins -= 1
             win.unserved.discard(batch)
             if not win.unserved and win.pins == 0 and self.windows.get(w) is win:
+                # served: its slots are the first taken when needed, and until then a batch
+                # asked for again (Keras asks for batches 0 and 1 before an epoch) is served
+                # without decoding it again
                 self.finished.add(w)
-                self._drop(w)
+                self.cond.notify_all()
 
     def read_ahead(self, w: int) -> None:
         """Start decoding windows from ``w`` on while slots are free (never evicting unserved ones)."""
