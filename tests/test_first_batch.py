@@ -2,14 +2,17 @@
 
 The epoch plan ramps its first windows up (the pieces of one batch, then 4 and 16 times
 as many, up to ``window``), so the engine serves the first batch once its few chunks are
-decoded, not a whole window. The order stays a pure function of the seed and the epoch,
-every sample once.
+decoded, not a whole window; a remote source fetches that first window alone before the
+rest, so that it does not share the link with every chunk in flight. The order stays a
+pure function of the seed and the epoch, every sample once.
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +152,41 @@ def test_the_streaming_loader_hands_out_the_first_batch_before_the_window_is_dec
         held.release.set()
     x = np.concatenate([first[0], *rest])
     assert np.array_equal(x, store[plan.items])
+
+
+@pytest.fixture
+def served_store(http_server: Any, small_store: Path) -> Iterator[str]:
+    pytest.importorskip("obstore")
+    shutil.copy(small_store, http_server.root / "s.b2nd")
+    yield f"{http_server.url}/s.b2nd"
+
+
+def test_a_remote_store_fetches_the_first_window_before_the_rest(served_store: str, small_store: Path) -> None:
+    """Chunks fetched together share the link: the first window's bytes come alone, first."""
+    local = carraystore.open(small_store)
+    with carraystore.open(served_store) as store:
+        src = store.source
+        gets: list[tuple[int, float, float]] = []
+        real_get = src._get
+
+        def timed_get(offset: int, length: int) -> Any:
+            t0 = time.monotonic()
+            try:
+                return real_get(offset, length)
+            finally:
+                gets.append((offset, t0, time.monotonic()))
+
+        src._get = timed_get  # type: ignore[method-assign]
+        for epoch in range(2):
+            gets.clear()
+            plan = engine.make_spec(store, BATCH, seed=2, epoch=epoch).plan(epoch)
+            lead = {local.chunk_byte_range(int(c))[0] for c in plan.window_chunks[0]}
+            x = np.concatenate([x for x, _ in store.batches(BATCH, seed=2, epoch=epoch)])
+            assert np.array_equal(x, local[plan.items])
+            first = [g for g in gets if g[0] in lead]
+            others = [g for g in gets if g[0] not in lead]
+            assert first and others
+            lead_in = max(end for _, _, end in first)
+            assert min(start for _, start, _ in others) >= lead_in, (
+                "another chunk was requested while the first window was on its way"
+            )
