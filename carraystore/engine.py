@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import posixpath
 import queue
@@ -490,6 +491,7 @@ class LoaderSpec:
             drop_remainder=self.drop_remainder,
             items=self.items_for(epoch),
             span=self.span,
+            batch_size=self.batch_size,
         )
 
     def batch_bounds(self, plan: EpochPlan, i: int) -> tuple[int, int]:
@@ -550,12 +552,15 @@ class LoaderSpec:
         except Exception as exc:
             raise _chunk_error(store, chunk, exc) from exc
 
-    def decode_chunk(self, chunk: int, out: np.ndarray) -> None:
-        """Read, check and decompress one chunk into ``out``; errors become LoaderError naming it."""
+    def decode_chunk(self, chunk: int, out: np.ndarray, fetched: Callable[[], None] | None = None) -> None:
+        """Read, check and decompress one chunk into ``out``; errors become LoaderError naming it.
+        ``fetched()`` is called once its bytes are in (before they are decompressed)."""
         store = self.store
         try:
             with FORK_GATE:
                 data = store.chunk_buffer(chunk)
+                if fetched is not None:
+                    fetched()
                 if self.verify and not store.check_reads:
                     store.check_chunk_bytes(chunk, data)
                 # one blosc2 thread per decoder thread: the decoders already run in parallel,
@@ -935,6 +940,17 @@ class EpochDecoder:
         self.closed = False
         self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._announced = -1  # the last window whose byte ranges the source was told about
+        #: a remote source fetches the first window this decoder starts alone (its "lead"):
+        #: later windows are neither announced nor fetched until the lead's bytes are in, so
+        #: that the first batch waits for one round trip and that window's bytes, not for a
+        #: share of the link among every chunk in flight (issue 20)
+        self._lead: _Window | None = None
+        self._lead_w = -1
+        self._lead_need = 0
+        self._lead_arrived: set[int] = set()
+        self._lead_in = threading.Event()
+        if not getattr(spec.store.source, "max_inflight", 0):  # a local file: no link to share
+            self._lead_in.set()
         self.threads = [
             threading.Thread(target=self._decode_loop, name=f"{thread_prefix}-{id(self):x}-decode{i}", daemon=True)
             for i in range(max(1, num_threads))
@@ -957,6 +973,10 @@ class EpochDecoder:
                 task()
                 continue
             win, j = task
+            lead = win is self._lead
+            if not lead:
+                self._lead_in.wait()
+            fetched = functools.partial(self._lead_fetched, j) if lead else None
             err: BaseException | None = None
             if win.error is None and not self.closed:
                 try:
@@ -964,11 +984,13 @@ class EpochDecoder:
                         win.data[j] = self.spec.fetch_chunk(int(win.chunks[j]))
                     else:
                         assert self.arena is not None
-                        self.spec.decode_chunk(int(win.chunks[j]), self.arena[int(win.slots[j])])
+                        self.spec.decode_chunk(int(win.chunks[j]), self.arena[int(win.slots[j])], fetched=fetched)
                 except BaseException as exc:  # reported to whoever waits for the window
                     err = exc if isinstance(exc, LoaderError) else LoaderError(f"chunk {int(win.chunks[j])}: {exc!r}")
                     if err is not exc:
                         err.__cause__ = exc
+            if lead:  # (in direct mode, after a failure or once closed: decode_chunk did not say)
+                self._lead_fetched(j)
             with self.cond:
                 if err is not None and win.error is None:
                     win.error = err
@@ -977,6 +999,20 @@ class EpochDecoder:
                 if win.left == 0:
                     win.done.set()
                     self.cond.notify_all()
+
+    def _lead_fetched(self, j: int) -> None:
+        """The lead window's chunk ``j`` is in (or failed; said once or twice): after its
+        last, announce and fetch the windows after it."""
+        with self.cond:
+            if j in self._lead_arrived:
+                return
+            self._lead_arrived.add(j)
+            if len(self._lead_arrived) < self._lead_need or self._lead_in.is_set():
+                return
+            self._lead_in.set()
+            if not self.closed:
+                for v in sorted({self._lead_w, *self.windows}):
+                    self._announce(v)
 
     # -- windows ------------------------------------------------------------------------------
     def _batches_of(self, w: int) -> range:
@@ -1043,6 +1079,10 @@ class EpochDecoder:
         slots = np.array([self.free.pop() for _ in range(need)], dtype=np.int64)
         win = _Window(chunks, slots, self._batches_of(w))
         self.windows[w] = win
+        if not self._lead_in.is_set() and self._lead is None:
+            self._lead, self._lead_w, self._lead_need = win, w, need
+            if not need:
+                self._lead_in.set()
         n = self.decode_count[w] = self.decode_count.get(w, 0) + 1
         if n > 1:
             self.out_of_order = True
@@ -1056,9 +1096,14 @@ class EpochDecoder:
         remote source two windows and at least its ``max_inflight`` chunks beyond it, so that
         many ranged GETs are in flight (the source bounds the bytes it fetches ahead)."""
         want = int(getattr(self.spec.store.source, "max_inflight", 0) or 0)
-        # a remote source gets two windows ahead: the next one is often fetched before it is
-        # decoded, and the link must not idle meanwhile
-        last = min(self.plan.nwindows - 1, w + (2 if want else 1))
+        if not self._lead_in.is_set():  # the lead window alone until its bytes are in
+            if w != self._lead_w or self._announced >= w:
+                return
+            want, last = 0, w
+        else:
+            # a remote source gets two windows ahead: the next one is often fetched before it is
+            # decoded, and the link must not idle meanwhile
+            last = min(self.plan.nwindows - 1, w + (2 if want else 1))
         n = sum(len(self.plan.window_chunks[v]) for v in range(w + 1, last + 1))
         while n < want and last + 1 < self.plan.nwindows:
             last += 1
@@ -1102,8 +1147,11 @@ class EpochDecoder:
             win.pins -= 1
             win.unserved.discard(batch)
             if not win.unserved and win.pins == 0 and self.windows.get(w) is win:
+                # served: its slots are the first taken when needed, and until then a batch
+                # asked for again (Keras asks for batches 0 and 1 before an epoch) is served
+                # without decoding it again
                 self.finished.add(w)
-                self._drop(w)
+                self.cond.notify_all()
 
     def read_ahead(self, w: int) -> None:
         """Start decoding windows from ``w`` on while slots are free (never evicting unserved ones)."""
@@ -1219,6 +1267,7 @@ class EpochDecoder:
             if self.closed:
                 return
             self.closed = True
+            self._lead_in.set()
             for win in self.windows.values():
                 if not win.done.is_set():
                     win.error = win.error or LoaderError(
