@@ -160,6 +160,9 @@ class LoaderOptions:
     - ``shuffle``: ``"block"`` (chunks in a random order, samples shuffled inside windows
       of ``window`` chunks), ``"global"`` (a full permutation: the whole shard is decoded
       at once; small stores), or False (store order).
+    - ``window``: chunks whose samples are shuffled together (default 16); the first
+      windows of each shard ramp up from one batch's chunks (x4), so the first batch
+      waits for those, not for a whole window.
     - ``seed``, ``epoch``: the order depends on them only; use a new ``epoch`` every epoch.
     - ``start_batch``: resume inside an epoch; yields exactly the batches from that index.
     - ``rank``, ``world_size``: this rank's shard; shards are disjoint, of equal length and

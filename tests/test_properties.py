@@ -356,6 +356,17 @@ def test_damaged_metadata_gives_a_named_error(meta: StoreMeta, data: st.DataObje
 
 
 @FAST
+@given(metas(), st.integers(0, 11), st.integers(1, 255))
+def test_a_damaged_checksum_entry_is_not_an_unsealed_record(meta: StoreMeta, at: int, xor: int) -> None:
+    """Found by the test above with random seeds: a byte flipped in the key ``meta_crc32``
+    (or its uint32 marker) read as an unsealed record with an unknown key."""
+    raw = bytearray(meta.to_bytes())
+    raw[len(raw) - 16 + at] ^= xor  # the fixstr header, the 10 letters, the 0xce marker
+    with pytest.raises(CarrayStoreError):
+        StoreMeta.from_bytes(bytes(raw), "s.b2nd")
+
+
+@FAST
 @given(st.binary(max_size=300))
 def test_hostile_metadata_bytes_give_named_errors(raw: bytes) -> None:
     with pytest.raises(CarrayStoreError, match="s.b2nd"):
