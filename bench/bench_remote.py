@@ -1,7 +1,8 @@
 """Issue 9's goal: training epochs from a storage node, over an emulated link, against the peers.
 
-A SeaweedFS server (S3) on loopback holds the same real photos six ways: a carraystore
-store (uploaded with ``carraystore.copy``), one JPEG object per image, WebDataset tar
+A SeaweedFS server (S3) on loopback holds the same real photos six ways: carraystore
+stores (uploaded with ``carraystore.copy``; pixels, and the encoded layout: the JPEG
+files' own bytes, issue 20), one JPEG object per image, WebDataset tar
 shards of the JPEGs, a zarr v3 array, and the same JPEGs as MosaicML Streaming (MDS)
 shards and LitData chunks (about as many images per shard as the WebDataset shards). A
 :class:`NetProxy` between the readers and the server adds a round-trip time (0, 20, 50 ms)
