@@ -97,6 +97,7 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
         data = json.loads((results / "remote.json").read_text())
         assert [(link["rtt_ms"], link["mbit"]) for link in data["links"]] == [(0, None), (20, 400)]
         for link in data["links"]:  # every contender delivered every image, through the proxy
+            assert {"carraystore", "carraystore_encoded", "webdataset"} <= set(link["rows"]), link["rows"].keys()
             for name, r in link["rows"].items():
                 assert r["status"] == "ok", (name, r)
                 assert all(e["images"] == data["images"] for e in r["epochs"]), (name, r["epochs"])
