@@ -233,7 +233,7 @@ def feed(stores: dict[str, Path], res: dict[str, Any], save: Any, steps: int = 6
     save()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--images", type=int, default=24000)
@@ -243,7 +243,7 @@ def main() -> None:
     ap.add_argument("--feed", action="store_true", help="then ResNet-50 fed by carraystore.torch (CUDA)")
     ap.add_argument("--no-probe", action="store_true", help="skip the direct/gather/assembler runs")
     ap.add_argument("--encoded", action="store_true", help="also an encoded store (JPEG q90) in the scaling runs")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     T = [int(t) for t in a.threads.split(",")]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -300,6 +300,20 @@ def main() -> None:
             log(res["feed_error"])
         save()
     log("done")
+    return res
+
+
+def test_probe_tiny(tmp_path: Path) -> None:
+    """The probe at a tiny scale on the CPU (no feeding): every run gives a rate, the stacks sampled."""
+    res = main(
+        ["--out", str(tmp_path / "out"), "--images", "96", "--size", "32", "--threads", "1,2"]
+        + ["--workdir", str(tmp_path / "work"), "--encoded"]
+    )
+    runs = {k: v for k, v in res.items() if isinstance(v, dict)}
+    assert "fast direct T=2" in runs and "balanced T=2 assemblers=8" in runs
+    assert all(v.get("images_per_s", 0) > 0 for v in runs.values()), runs
+    assert runs["fast direct T=2"]["stacks"], "the sampler saw the loader's threads"
+    assert (tmp_path / "out" / "probe.json").is_file()
 
 
 if __name__ == "__main__":
