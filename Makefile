@@ -12,6 +12,12 @@ PYTEST_ARGS ?=
 # for the suite that took about 360 s with 2)
 PYTEST_XDIST ?= -n $(shell $(PYTHON) -c 'import os; print(min(8, 2 * len(os.sched_getaffinity(0))))') --dist loadgroup
 
+# The pytest plugins the suite uses, and no others: installed plugins load by default
+# (zarr's and anyio's come with those libraries), and pytest rewrites the asserts of every
+# module of a plugin's distribution as it is imported: ~2 CPU-s in each pytest process
+# (the controller and every worker; more where PYTHONDONTWRITEBYTECODE is set)
+PYTEST_ENV ?= PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS=xdist.plugin,_hypothesis_pytestplugin
+
 PEERS_VENV ?= .venv-peers
 
 .PHONY: demo test lint bench bench-peers-env venv clean help
@@ -38,7 +44,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/python -m carraystore.demo --out demo-out
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check .

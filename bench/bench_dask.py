@@ -1,7 +1,8 @@
 """carraystore on dask: ingest images/s locally and on a cluster, and the writer's memory in from_dask.
 
 Two measurements, each mode in a fresh process (so that start-up, caches and memory of one
-mode never leak into another):
+mode never leak into another; at the ``tiny`` scale, the smoke test, every mode runs in one
+process instead, with one cluster grown from 1 to 2 workers):
 
 * **ingest**: a folder of real-photo JPEGs (``carraystore.sample_data``) ingested with
   resizing, side by side: the local ingest with 1 decoding process and with all cores,
@@ -61,34 +62,47 @@ class Peak:
     def __exit__(self, *a):
         self.stop.set(); self.t.join()
 
-def cluster(n):
-    "A started cluster whose workers have imported carraystore (a long-lived cluster's state)."
-    from distributed import Client, LocalCluster
-    cl = LocalCluster(processes=True, n_workers=n, threads_per_worker=1, dashboard_address='127.0.0.1:0', silence_logs=logging.ERROR)
-    client = Client(cl)
-    client.wait_for_workers(n)
-    client.run(lambda: [__import__(m) for m in ("carraystore.images", "carraystore.dask", "PIL.Image")])
-    return cl, client
+class Clusters:
+    # Started clusters whose workers have imported carraystore (a long-lived cluster's state).
+    # One job per process (every scale but tiny): the job's own cluster. Several jobs in one
+    # process (tiny, the smoke test): one cluster, grown to the next job's worker count, and
+    # closed before a job without a cluster (dask would use its client as the default).
+    def __init__(self):
+        self.cl = self.client = None
+    def get(self, n):
+        from distributed import Client, LocalCluster
+        if self.cl is not None and len(self.cl.workers) > n:
+            self.close()
+        if self.cl is None:
+            self.cl = LocalCluster(processes=True, n_workers=n, threads_per_worker=1, dashboard_address='127.0.0.1:0', silence_logs=logging.ERROR)
+            self.client = Client(self.cl)
+        else:
+            self.cl.scale(n)
+        self.client.wait_for_workers(n)
+        self.client.run(lambda: [__import__(m) for m in ("carraystore.images", "carraystore.dask", "PIL.Image")])
+        return self.client
+    def close(self):
+        if self.cl is not None:
+            self.client.close(); self.cl.close()
+            self.cl = self.client = None
 
-def main():
-    kind, mode, src, out = sys.argv[1:5]
+def run(kind, mode, src, out, clusters):
     import numpy as np
     import carraystore as cs
     info = {"kind": kind, "mode": mode}
+    if not mode.startswith("cluster"):
+        clusters.close()
     if kind == "ingest":
-        client = None
         kw = dict(image_size=(128, 128), chunk_images=64, overwrite=True)
         if mode.startswith("cluster"):
-            cl, client = cluster(int(mode.split("-")[1]))
-            kw["client"] = client
+            kw["client"] = clusters.get(int(mode.split("-")[1]))
         else:
             kw["workers"] = 1 if mode == "local-1" else os.cpu_count()
         t = time.perf_counter()
         r = cs.from_directory(src, out, **kw)
         info.update(seconds=time.perf_counter() - t, nimages=r.nimages)
-        if client is not None:
-            client.close(); cl.close()
     else:  # from_dask
+        import contextlib
         import dask.array as da
         from carraystore.dask import from_dask
         from carraystore.sample_data import PHOTOS, load_photo, photo_crops
@@ -99,20 +113,23 @@ def main():
             (a, b), *_ = block_info[None]["array-location"]
             return np.stack([np.roll(crops[i % len(crops)], i // len(crops), axis=1) for i in range(a, b)])
         x = da.map_blocks(make, dtype=np.uint8, chunks=((100,) * (n // 100) + ((n % 100,) if n % 100 else ()), (224,), (224,), (3,)))
-        client = None
-        if mode == "cluster-2":
-            cl, client = cluster(2)
-            client.as_current().__enter__()
-        with Peak() as p:
+        current = clusters.get(2).as_current() if mode == "cluster-2" else contextlib.nullcontext()
+        with current, Peak() as p:
             t = time.perf_counter()
             s = from_dask(x, out, overwrite=True)
             seconds = time.perf_counter() - t
         info.update(seconds=seconds, nbytes=s.nbytes, cbytes=s.cbytes, chunk_images=s.chunk_images,
                     nchunks=s.nchunks, writer_peak_rss_mb=p.peak / 1e6, nitems=len(s))
         s.close()
-        if client is not None:
-            client.close(); cl.close()
-    print(json.dumps(info))
+    return info
+
+def main():
+    "argv[1]: a JSON list of jobs [kind, mode, src, out]; prints a JSON list of their results."
+    clusters = Clusters()
+    try:
+        print(json.dumps([run(*job, clusters) for job in json.loads(sys.argv[1])]))
+    finally:
+        clusters.close()
 
 if __name__ == "__main__":
     main()
@@ -137,14 +154,15 @@ def photo_folder(n: int) -> Path:
     return path
 
 
-def run_child(kind: str, mode: str, src: str, out: Path, tmp: Path) -> dict:
+def run_children(jobs: list[tuple[str, str, str, Path]], tmp: Path) -> list[dict]:
+    """Run ``jobs`` (kind, mode, source, output) in one fresh process; their results in order."""
     script = tmp / "bench_dask_child.py"
     script.write_text(_CHILD)
-    r = subprocess.run(
-        [sys.executable, str(script), kind, mode, src, str(out)], capture_output=True, text=True, cwd=tmp
-    )
+    spec = json.dumps([[kind, mode, src, str(out)] for kind, mode, src, out in jobs])
+    r = subprocess.run([sys.executable, str(script), spec], capture_output=True, text=True, cwd=tmp)
     if r.returncode != 0:
-        raise RuntimeError(f"{kind} {mode} failed:\n{r.stderr[-3000:]}")
+        modes = ", ".join(f"{kind} {mode}" for kind, mode, _, _ in jobs)
+        raise RuntimeError(f"{modes} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -152,33 +170,42 @@ def test_dask_ingest_and_from_dask(benchmark, tmp_path: Path) -> None:
     pytest.importorskip("distributed")
     pytest.importorskip("psutil")
     n = IMAGES[SCALE]
+    m = ARRAY_ITEMS[SCALE]
     src = photo_folder(n)
     out_dir = data_dir() if SCALE != "tiny" else tmp_path
     out_dir.mkdir(parents=True, exist_ok=True)
-    ingest: dict[str, dict] = {}
+    jobs = [("ingest", mode, str(src), out_dir / f"bench-dask-ingest-{mode}.b2nd") for mode in INGEST_MODES]
+    jobs += [
+        ("from_dask", mode, str(m), out_dir / f"bench-dask-from-dask-{mode}.b2nd") for mode in ("cluster-2", "threads")
+    ]
+    results: dict[tuple[str, str], dict] = {}
     stores: dict[str, bytes] = {}
-    for mode in INGEST_MODES:
-        out = out_dir / f"bench-dask-ingest-{mode}.b2nd"
-        try:
-            if mode == "cluster-2":
-                ingest[mode] = benchmark.pedantic(
-                    run_child, args=("ingest", mode, str(src), out, tmp_path), rounds=1, iterations=1
-                )
-            else:
-                ingest[mode] = run_child("ingest", mode, str(src), out, tmp_path)
-            stores[mode] = out.read_bytes()
-        finally:
+    try:
+        if SCALE == "tiny":  # the smoke test: every job in one process, one cluster grown from 1 to 2 workers
+            done = benchmark.pedantic(run_children, args=(jobs, tmp_path), rounds=1, iterations=1)
+            results = {(kind, mode): r for (kind, mode, _, _), r in zip(jobs, done, strict=True)}
+            stores = {mode: out.read_bytes() for kind, mode, _, out in jobs if kind == "ingest"}
+        else:  # every job in a fresh process: start-up, caches and memory of one never leak into another
+            for job in jobs:
+                kind, mode, _, out = job
+                if (kind, mode) == ("ingest", "cluster-2"):
+                    [results[kind, mode]] = benchmark.pedantic(
+                        run_children, args=([job], tmp_path), rounds=1, iterations=1
+                    )
+                else:
+                    [results[kind, mode]] = run_children([job], tmp_path)
+                if kind == "ingest":
+                    stores[mode] = out.read_bytes()
+                out.unlink(missing_ok=True)
+    finally:
+        for _, _, _, out in jobs:
             out.unlink(missing_ok=True)
-        ingest[mode]["images_per_s"] = ingest[mode]["nimages"] / ingest[mode]["seconds"]
+    ingest = {mode: results["ingest", mode] for mode in INGEST_MODES}
+    for r in ingest.values():
+        r["images_per_s"] = r["nimages"] / r["seconds"]
     assert len(set(stores.values())) == 1, "the cluster ingest must write the local ingest's store byte for byte"
-    m = ARRAY_ITEMS[SCALE]
-    written: dict[str, dict] = {}
-    for mode in ("cluster-2", "threads"):
-        out = out_dir / f"bench-dask-from-dask-{mode}.b2nd"
-        try:
-            written[mode] = run_child("from_dask", mode, str(m), out, tmp_path)
-        finally:
-            out.unlink(missing_ok=True)
+    assert len(stores) == len(INGEST_MODES)
+    written = {mode: results["from_dask", mode] for mode in ("cluster-2", "threads")}
     base = ingest["local-1"]["images_per_s"]
     summary = {
         "scale": SCALE,
@@ -222,7 +249,8 @@ def test_dask_ingest_and_from_dask(benchmark, tmp_path: Path) -> None:
         "",
         f"## Ingest: {n} images ({summary['ingest']['source']})",
         "",
-        "Every mode in a fresh process. Timed: the whole `from_directory` call (the local modes start their decoding "
+        ("Every mode in a fresh process. " if SCALE != "tiny" else "Every mode in one process (the tiny smoke run). ")
+        + "Timed: the whole `from_directory` call (the local modes start their decoding "
         "processes inside it; the clusters are started, with carraystore imported on the workers, before). "
         "All four stores are byte-identical.",
         "",

@@ -41,7 +41,10 @@ def test_loader_comparison(benchmark) -> None:
     cmp = benchmark.pedantic(
         L.run_comparison,
         args=(root, work),
-        kwargs=dict(batch_size=CFG["batch_size"], epochs=CFG["epochs"], cold=True, progress=print),
+        # tiny (the smoke test): every loader in this process, each library imported once
+        kwargs=dict(
+            batch_size=CFG["batch_size"], epochs=CFG["epochs"], cold=True, progress=print, fresh_process=SCALE != "tiny"
+        ),
         rounds=1,
         iterations=1,
     )

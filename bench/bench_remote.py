@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
-from carraystore.benchmarks.remote import SKIPPED_PEERS, TORCH_PEERS, build_store, select_run
+from carraystore.benchmarks.remote import SKIPPED_PEERS, TORCH_PEERS, build_store, run_contender, select_run
 from testsupport.netproxy import NetProxy
 from testsupport.servers import start_seaweedfs, stop_process, weed_binary
 
@@ -88,6 +89,10 @@ PEERS = (*STORES, "jpeg_get", "webdataset", "zarr", *(TORCH_PEERS if HAVE_TORCH_
 #: CARRAYSTORE_BENCH_REMOTE_LINKS=20:400 (RTT ms:Mbit/s, 0:none uncapped)
 #: CARRAYSTORE_BENCH_REMOTE_NAME=remote_encoded (writes remote_encoded.md/.json)
 STORES, PEERS, CFG["links"], RESULTS_NAME = select_run(STORES, PEERS, CFG["links"], os.environ)
+#: tiny (the smoke test): the contenders behind the links run in this process, each library
+#: imported once, not in a fresh process per contender and link; the local runs, and the
+#: PyTorch peers (another Python), keep their fresh processes
+IN_PROCESS = SCALE == "tiny"
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +245,43 @@ def _upload(srv: Any, local: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class _EpochLog:
+    """A contender's epochs as it reports them, with the proxy's requests and bytes between
+    each epoch's start and end (``link`` None: no proxy, nothing counted)."""
+
+    def __init__(self, link: NetProxy | None) -> None:
+        self.link = link
+        self.epochs: list[dict[str, Any]] = []
+        self.mark = (0, 0)
+
+    def __call__(self, d: dict[str, Any]) -> None:
+        if d["phase"] == "start" and self.link is not None:
+            self.mark = (self.link.stats.requests, self.link.stats.bytes_down)
+        elif d["phase"] == "end":
+            if self.link is not None:
+                d["link_requests"] = self.link.stats.requests - self.mark[0]
+                d["link_mb"] = (self.link.stats.bytes_down - self.mark[1]) / 1e6
+            self.epochs.append(d)
+
+    def result(self) -> dict[str, Any]:
+        epochs = self.epochs
+
+        def med(key: str) -> float | None:
+            vals = [e[key] for e in epochs if key in e]
+            return statistics.median(vals) if vals else None
+
+        return {
+            "status": "ok",
+            "images_per_s": med("images_per_s"),
+            "first_batch_s": epochs[0]["first_batch_s"],
+            "after_first_images_per_s": med("after_first_images_per_s"),
+            "requests_per_epoch": med("link_requests"),
+            "mb_per_epoch": med("link_mb"),
+            "peak_rss_mb": max(e["peak_rss_mb"] for e in epochs),
+            "epochs": epochs,
+        }
+
+
 def _run(spec: dict[str, Any], link: NetProxy | None, timeout: float = 900) -> dict[str, Any]:
     """One contender in a fresh process; the proxy's counters are read at its epoch boundaries.
 
@@ -257,22 +299,14 @@ def _run(spec: dict[str, Any], link: NetProxy | None, timeout: float = 900) -> d
         stderr=subprocess.PIPE,
         text=True,
     )
-    epochs: list[dict[str, Any]] = []
+    log = _EpochLog(link)
     rows = None
-    mark = (0, 0)
     t_end = time.monotonic() + timeout
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("EPOCH "):
-                d = json.loads(line[6:])
-                if d["phase"] == "start" and link is not None:
-                    mark = (link.stats.requests, link.stats.bytes_down)
-                elif d["phase"] == "end":
-                    if link is not None:
-                        d["link_requests"] = link.stats.requests - mark[0]
-                        d["link_mb"] = (link.stats.bytes_down - mark[1]) / 1e6
-                    epochs.append(d)
+                log(json.loads(line[6:]))
             elif line.startswith("RESULT "):
                 rows = json.loads(line[7:])
             if time.monotonic() > t_end:
@@ -287,24 +321,27 @@ def _run(spec: dict[str, Any], link: NetProxy | None, timeout: float = 900) -> d
     if rows is None:
         err = proc.stderr.read() if proc.stderr else ""
         return {"status": "error", "error": err[-2000:]}
-    med = lambda key: statistics.median(e[key] for e in epochs if key in e) if any(key in e for e in epochs) else None  # noqa: E731
-    return {
-        "status": "ok",
-        "images_per_s": med("images_per_s"),
-        "first_batch_s": epochs[0]["first_batch_s"],
-        "after_first_images_per_s": med("after_first_images_per_s"),
-        "requests_per_epoch": med("link_requests"),
-        "mb_per_epoch": med("link_mb"),
-        "peak_rss_mb": max(e["peak_rss_mb"] for e in epochs),
-        "epochs": epochs,
-    }
+    return log.result()
 
 
-CALIBRATION_BYTES = 32 * 1024 * 1024
+def _run_here(spec: dict[str, Any], link: NetProxy | None) -> dict[str, Any]:
+    """One contender in this process (:data:`IN_PROCESS`), counted as :func:`_run` counts."""
+    if spec["kind"] in TORCH_PEERS:  # another Python
+        return _run(spec, link)
+    log = _EpochLog(link)
+    try:
+        run_contender(spec, log)
+    except Exception:
+        return {"status": "error", "error": traceback.format_exc()[-2000:]}
+    return log.result()
+
+
+CALIBRATION_BYTES = (4 if SCALE == "tiny" else 32) * 1024 * 1024
 
 
 def _link_mb_per_s(srv: Any, endpoint: str) -> float:
-    """What the emulated link really delivers: 8 concurrent 4 MiB GETs through it (best of 2)."""
+    """What the emulated link really delivers: 8 concurrent GETs of an eighth of
+    :data:`CALIBRATION_BYTES` (4 MiB; 512 KiB at tiny scale) through it (best of 2)."""
     import obstore
     from obstore.store import S3Store
 
@@ -387,7 +424,8 @@ def test_remote_epochs(benchmark, server) -> None:  # type: ignore[no-untyped-de
     for rtt, mbit in CFG["links"]:
         with NetProxy("127.0.0.1", server.s3_port, rtt=rtt / 1000, bandwidth=mbit * 1e6 / 8 if mbit else None) as link:
             measured = _link_mb_per_s(server, link.url)
-            rows = {kind: _run(_spec(kind, link.url, up), link) for kind in PEERS}
+            run = _run_here if IN_PROCESS else _run
+            rows = {kind: run(_spec(kind, link.url, up), link) for kind in PEERS}
         links.append({"rtt_ms": rtt, "mbit": mbit, "measured_link_mb_per_s": measured, "rows": rows})
     benchmark.pedantic(lambda: None, rounds=1)
     info = {
@@ -409,6 +447,8 @@ def test_remote_epochs(benchmark, server) -> None:  # type: ignore[no-untyped-de
         "local_warm_images_per_s": local_rate,
         "local_runs": local_runs,
         "links": links,
+        "calibration_get_bytes": CALIBRATION_BYTES // 8,
+        "contenders_in_process": IN_PROCESS,
         "not_run": {} if HAVE_TORCH_PEERS else {k: f"{v} ({PEERS_PYTHON} is absent)" for k, v in SKIPPED_PEERS.items()},
     }
     summarise(info)
@@ -485,7 +525,8 @@ def _markdown(info: dict[str, Any]) -> str:
         lines += [
             f"## RTT {link['rtt_ms']} ms, {cap}",
             "",
-            f"The emulated link delivered {link['measured_link_mb_per_s']:,.0f} MB/s to 8 concurrent 4 MiB GETs"
+            f"The emulated link delivered {link['measured_link_mb_per_s']:,.0f} MB/s to 8 concurrent "
+            f"{info['calibration_get_bytes'] / 2**20:g} MiB GETs"
             + (
                 f" (nominal cap {link['mbit'] / 8:,.0f} MB/s; the link limits below use the lesser)."
                 if link["mbit"]
@@ -521,6 +562,11 @@ def _markdown(info: dict[str, Any]) -> str:
                 f"/ link limit: **{g.get('over_link_limit', '-')}**; / best peer: **{g['over_best_peer']}**"
             )
         lines.append("")
+    if info.get("contenders_in_process"):
+        lines += [
+            "The contenders behind the links ran in one process (the tiny smoke run): peak RSS is that process's.",
+            "",
+        ]
     if info["not_run"]:
         lines += ["Not run: " + "; ".join(f"{k}: {v}" for k, v in info["not_run"].items()) + ".", ""]
     return "\n".join(lines)

@@ -362,7 +362,7 @@ def check_record_seal(raw: bytes, where: str) -> bool:
     if tail != _SEAL:
         # the seal with a byte or two changed (its key's name, the uint32 marker): damaged,
         # which would otherwise read as an unsealed record with an unknown key
-        if sum(a != b for a, b in zip(tail, _SEAL)) <= 2:
+        if sum(a != b for a, b in zip(tail, _SEAL, strict=True)) <= 2:
             raise MetadataChecksumError(
                 f"{where}: the metadata record's checksum entry is damaged (its key reads {tail[1:-1]!r}); "
                 "keys, labels or other metadata may be damaged too: restore the file from a copy"

@@ -107,5 +107,12 @@ def photo_patches() -> Callable[..., np.ndarray]:
     return _photo_patches
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` first, in their collected order. pytest-xdist hands tests out in
+    collection order: a long test handed out near the end keeps its worker busy after the
+    others have finished, while at the start it runs beside the short ones."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 # Real servers on loopback for the remote tests (SeaweedFS's S3 gateway, a plain HTTP Range server).
 from remote_servers import http_server, seaweedfs  # noqa: E402,F401

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"carraystore": ROOT / "carraystore"}
 
@@ -251,6 +253,7 @@ def _external_imports(path: Path) -> set[str]:
     return out
 
 
+@pytest.mark.slow
 def test_adapters_are_imported_by_no_other_module_and_alone_import_their_framework() -> None:
     graph = import_graph()
     modules = _modules()

@@ -1,7 +1,7 @@
 """Every benchmark in bench/ runs on a tiny dataset, so none of them rots.
 
-Each ``bench/bench_*.py`` runs in its own pytest subprocess with ``--benchmark-disable``
-and ``CARRAYSTORE_BENCH_SCALE=tiny``; data and results go to a temporary folder, so the
+Each ``bench/bench_*.py`` runs in its own pytest subprocess (pytest-benchmark its only
+plugin) with ``--benchmark-disable`` and ``CARRAYSTORE_BENCH_SCALE=tiny``; data and results go to a temporary folder, so the
 committed results in bench/results/ are never touched.
 """
 
@@ -19,7 +19,6 @@ pytest.importorskip("pytest_benchmark", reason="the benchmarks need pytest-bench
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 FILES = sorted(BENCH.glob("bench_*.py"))
-SLOW = {"bench_loaders.py"}  # starts a fresh process per loader, TensorFlow included
 
 
 def _run(path: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
@@ -30,6 +29,10 @@ def _run(path: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
         CARRAYSTORE_BENCH_RESULTS=str(tmp / "results"),
         TF_CPP_MIN_LOG_LEVEL="2",
         CARRAYSTORE_BENCH_APPEND_BIG_MB="24",  # the append benchmark's big store: 24 MB, not tiny's 200
+        # pytest-benchmark only: the other installed plugins (hypothesis's, zarr's, anyio's)
+        # import their libraries at start-up, ~2 CPU-s of each of these 13 processes
+        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+        PYTEST_PLUGINS="pytest_benchmark.plugin",
     )
     return subprocess.run(
         [
@@ -60,7 +63,7 @@ def test_bench_files_exist() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW else []) for p in FILES],
+    [pytest.param(p, id=p.name, marks=pytest.mark.slow) for p in FILES],  # each is a pytest run of its own
 )
 def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
     if path.name == "bench_remote_node.py" and len(os.sched_getaffinity(0)) < 2:
@@ -83,6 +86,9 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
             assert r["status"] in ("ok", "skipped"), r
             assert r["reason"] if r["status"] == "skipped" else r["n_images"] == 64
         assert (results / "loaders.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        # tiny: every loader in the benchmark's own process (one TensorFlow import), and the report says so
+        assert data["info"]["fresh_process"] is False
+        assert "every loader ran in one process" in (results / "loaders.md").read_text()
     if path.name == "bench_jpeg_decode.py":
         data = json.loads((results / "jpeg_decode.json").read_text())
         assert {(r["decoder"], r["threads"]) for r in data["rows"]} >= {
@@ -107,6 +113,7 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
             assert measured != (kind in data["not_run"]), (kind, data["not_run"])
             assert measured or "make bench-peers-env" in data["not_run"][kind]
         assert "| carraystore |" in (results / "remote.md").read_text()
+        assert data["contenders_in_process"] is True  # tiny: behind the links, in the benchmark's own process
     if path.name == "bench_remote_node.py":
         data = json.loads((results / "remote_node.json").read_text())
         assert {(r["preset"], r["malloc"]) for r in data["presets"].values()} == {

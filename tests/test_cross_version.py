@@ -11,6 +11,7 @@ reason, when pip cannot install the old release (no registry, no wheel for this 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -101,6 +102,15 @@ def _floor() -> str:
     return m.group(1)
 
 
+def _pip_version() -> tuple[int, ...]:
+    """This Python's pip version as numbers, (0,) when it is absent."""
+    try:
+        version = importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
+        return (0,)
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+
+
 def _old_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, version: str) -> Path:
     """A venv with blosc2==version (cached in pytest's cache folder when it is enabled)."""
     cache = getattr(request.config, "cache", None)
@@ -114,12 +124,17 @@ def _old_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     if stamp.exists() and json.loads(stamp.read_text()) == pins and python.exists():
         return python
     shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    # Without a pip of its own (ensurepip takes most of the time): this Python's pip installs
+    # into it (``pip --python``, pip >= 22.3); an older pip gets the venv its own pip.
+    outer = _pip_version() >= (22, 3)
+    subprocess.run(
+        [sys.executable, "-m", "venv", *(["--without-pip"] if outer else []), str(venv)],
+        check=True,
+        capture_output=True,
+    )
     r = subprocess.run(
         [
-            str(python),
-            "-m",
-            "pip",
+            *([sys.executable, "-m", "pip", "--python", str(python)] if outer else [str(python), "-m", "pip"]),
             "install",
             "--disable-pip-version-check",
             "--quiet",

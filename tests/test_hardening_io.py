@@ -335,6 +335,7 @@ def test_disk_full_is_a_named_error_and_leaves_no_temp_file(tmp_path: Path) -> N
     assert ".partial" not in r.stdout  # the unfinished files are removed
 
 
+@pytest.mark.slow
 def test_fifos_are_never_opened(photos: Path, tmp_path: Path) -> None:
     src = tmp_path / "src"
     shutil.copytree(photos, src)

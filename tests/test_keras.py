@@ -170,6 +170,7 @@ def test_pickles_as_the_path_and_gives_the_same_batches(splits: dict[str, Path])
     clone.close()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("jax") is None, reason="needs a second Keras backend: pip install jax (CPU)"
 )
@@ -194,6 +195,7 @@ def test_another_backend_never_imports_tensorflow(splits: dict[str, Path]) -> No
     assert "TF False" in proc.stdout and int(proc.stdout.split()[1]) >= 1, proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("jax") is None, reason="Keras' numpy backend imports jax: pip install jax (CPU)"
 )

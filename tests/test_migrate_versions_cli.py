@@ -138,6 +138,7 @@ def test_cli_verification_failure_exits_1(tmp_path: Path, capsys, monkeypatch) -
 # -- packaging -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_wheel_ships_migrations_inside_carraystore_and_migrates(tmp_path: Path) -> None:
     """The wheel installs carraystore.migrations (no top-level package named ``migrations``),
     and the installed copy migrates a real bcolz carray."""

@@ -4,9 +4,12 @@
   ``retry_timeout`` is spent, one warning per interval, and the wording of what failed
   (refused, timed out); the same wording from real obstore requests to a closed port and to
   a server that never answers.
-- SeaweedFS killed (SIGKILL) in the middle of an epoch and started again 30 s later on the
-  same ports and data folder (its own restart then takes about 15-17 s more here, the
-  master's raft election): the outage the tests ride out, about 45 s in all. ``batches()`` and ``model.fit`` on a ``StoreDataset`` complete
+- SeaweedFS killed (SIGKILL) in the middle of an epoch and started again 15 s later on the
+  same ports and data folder (``DOWN_SECONDS``: longer than the warning interval plus the
+  longest backoff pause, so requests fail for longer than a warning takes and retry at the
+  capped pause; its own restart then takes a few seconds more, the master's raft election
+  shortened by the test servers): the outage the tests ride out, about 20 s in all.
+  ``batches()`` and ``model.fit`` on a ``StoreDataset`` complete
   the epoch with every sample once and the pixels of a local read; with a small
   ``retry_timeout`` and no restart the epoch fails quickly, saying the connection was refused.
 """
@@ -33,7 +36,7 @@ import carraystore
 from carraystore.engine import LoaderOptions
 from carraystore.errors import InvalidInputError, RemoteReadError
 from carraystore.remote import RemoteSource
-from carraystore.retry import Retrier, RetryPolicy, short, what_failed
+from carraystore.retry import BACKOFF_MAX, LOG_EVERY, Retrier, RetryPolicy, short, what_failed
 
 pytest.importorskip("obstore")
 
@@ -207,8 +210,11 @@ def _up(server: SeaweedFS) -> None:
         server.restart()
 
 
-#: How long the node stays down before it is started again: the issue's "restarted 30 s later".
-DOWN_SECONDS = 30.0
+#: How long the node stays down before it is started again. What the length has to prove:
+#: requests keep failing past the warning interval (a warning naming the URL is logged, and
+#: checked) and past the longest backoff pause (retries at the cap), all well inside the
+#: retry budget (120 s by default, 90 s in the fit test). The issue's 30 s proves no more.
+DOWN_SECONDS = LOG_EVERY + BACKOFF_MAX
 
 
 class Outage:
@@ -245,6 +251,7 @@ def _epoch(store: Any, **kw: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(x.copy(), y.copy()) for x, y in store.batches(16, **kw)]
 
 
+@pytest.mark.slow
 def test_an_epoch_rides_out_a_storage_node_restart(
     node: tuple[SeaweedFS, str], local_store: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -269,12 +276,13 @@ def test_an_epoch_rides_out_a_storage_node_restart(
         assert np.array_equal(xa, xb) and np.array_equal(ya, yb), f"batch {i} differs from the local read"
     assert sum(len(y) for _, y in got) == N  # every sample once
     assert retries >= 1 and gone > DOWN_SECONDS, (retries, gone)
-    if gone > 12:  # failing for over 10 s: said so, naming the URL, the bytes and what failed
-        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-        assert warnings and all(url in w and "bytes" in w for w in warnings), warnings
-        assert any("refused" in w or "reset" in w or "dropped" in w for w in warnings), warnings
+    # failing for longer than LOG_EVERY: said so, naming the URL, the bytes and what failed
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings and all(url in w and "bytes" in w for w in warnings), warnings
+    assert any("refused" in w or "reset" in w or "dropped" in w for w in warnings), warnings
 
 
+@pytest.mark.slow
 def test_model_fit_rides_out_a_storage_node_restart(node: tuple[SeaweedFS, str], local_store: Path) -> None:
     keras = pytest.importorskip("keras")
     from carraystore.keras import StoreDataset

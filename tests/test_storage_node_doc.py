@@ -175,6 +175,7 @@ def node_group() -> Iterator[list[int]]:
             os.killpg(pgid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_the_seaweedfs_node_runs_as_documented(
     local_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_group: list[int]
 ) -> None:

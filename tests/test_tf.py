@@ -124,6 +124,7 @@ def test_fit_on_a_tf_dataset(photo_store: Path) -> None:
     assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"]).all()
 
 
+@pytest.mark.slow
 def test_distribute_datasets_from_function_over_two_cpu_replicas(photo_store: Path) -> None:
     """MirroredStrategy over two logical CPU devices (needs a fresh process to split the CPU):
     the documented ways give every replica full batches of its own shard, the right number of

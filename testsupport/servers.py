@@ -235,6 +235,9 @@ def _start_seaweedfs(workdir: Path, timeout: float) -> SeaweedFS:
         "-s3.port.iceberg=0",  # no Iceberg catalog or Lance namespace: fixed default ports
         "-s3.port.lance=0",
         "-volume.preStopSeconds=0",  # stop at once when told to
+        # a restarted master waits this long for a leader before it elects itself (the only
+        # master): 10 s by default, and the volume servers and the filer wait for it
+        "-master.electionTimeout=1s",
     ]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -15,7 +15,7 @@ from typing import Any
 
 from carraystore.benchmarks.datasets import decode_images, path_size
 from carraystore.benchmarks.loaders.artifacts import build_artifact
-from carraystore.benchmarks.loaders.child import CHILD_MODULE
+from carraystore.benchmarks.loaders.child import CHILD_MODULE, child_main
 from carraystore.benchmarks.loaders.machine import library_versions, machine_info
 from carraystore.benchmarks.loaders.peer import Context, Peer
 from carraystore.benchmarks.loaders.registry import PEER_BY_NAME, available_peers
@@ -39,8 +39,15 @@ def run_comparison(
     peers: Sequence[str] | None = None,
     timeout_s: float = 600.0,
     progress: Callable[[str], None] | None = None,
+    fresh_process: bool = True,
 ) -> Comparison:
-    """Build every available peer's copy of the images under ``work`` and time each in a fresh process."""
+    """Build every available peer's copy of the images under ``work`` and time each in a fresh process.
+
+    ``fresh_process=False`` runs every round in this process instead (the benchmark's smoke
+    test at its tiny scale: one import of each library, not one per peer and round); the
+    timings then exclude imports and the peak RSS is this process's, so the numbers are
+    not comparable and the report says so.
+    """
     say = progress or (lambda s: None)
     if color_mode not in ("grayscale", "rgb", "rgba"):
         raise InvalidInputError(f"color_mode must be grayscale, rgb or rgba, got {color_mode!r}")
@@ -91,7 +98,7 @@ def run_comparison(
                 continue
             spec = {"peer": peer.name, "dest": str(dest), "ctx": ctx.to_json(), "round": rnd, "cold": cold}
             try:
-                res = _spawn(spec, timeout_s)
+                res = _spawn(spec, timeout_s) if fresh_process else child_main(spec)
             except Exception as exc:
                 row.status, row.reason = "error", str(exc)[:500]
                 say(f"{peer.name}: failed: {str(exc)[:300]}")
@@ -130,6 +137,7 @@ def run_comparison(
         "epochs": epochs,
         "cold": cold,
         "seed": seed,
+        "fresh_process": fresh_process,
         "machine": machine_info(),
         "versions": library_versions(),
         "date": time.strftime("%Y-%m-%d"),

@@ -129,8 +129,13 @@ def markdown_report(cmp: Comparison, heading: str = "# Loader comparison") -> st
         heading,
         "",
         f"{i.get('images')} images of {shape} (uint8) from `{Path(str(i.get('source', ''))).name}`, batch {i.get('batch_size')}, "
-        f"median of {i.get('epochs')} rounds; in each round every loader runs in a fresh process (peak RSS is its own, "
-        "imports included): a cold epoch (every file of the loader evicted from the page cache first), then a warm epoch. "
+        f"median of {i.get('epochs')} rounds; "
+        + (
+            "in each round every loader runs in a fresh process (peak RSS is its own, imports included)"
+            if i.get("fresh_process", True)
+            else "every loader ran in one process (a smoke run: peak RSS is that process's, not each loader's)"
+        )
+        + ": a cold epoch (every file of the loader evicted from the page cache first), then a warm epoch. "
         "On-disk copies are written in class-sorted folder order (the worst case for chunk-level shuffles: see labels/batch).",
         "",
         f"Machine: {m.get('cpus')} cores ({m.get('cpu')}), {m.get('memory_gb')} GB RAM, {m.get('system')}, Python {m.get('python')}; "
