@@ -31,8 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder
+from carraystore.benchmarks.remote import link_mb_per_s
 from testsupport.netproxy import NetProxy
 from testsupport.servers import seaweedfs_bucket, weed_binary
 
@@ -119,20 +118,7 @@ def _build(work: Path, srv: Any) -> dict[str, Any]:
 
 def _link_mb_per_s(endpoint: str) -> float:
     """What the emulated link delivers: 8 concurrent 4 MiB GETs through it (best of 2)."""
-    import obstore
-    from obstore.store import S3Store
-
-    store = S3Store(
-        BUCKET, endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True}
-    )
-    part = CALIBRATION_BYTES // 8
-    best = 0.0
-    with ThreadPoolExecutor(8) as pool:
-        for _ in range(2):
-            t0 = time.perf_counter()
-            list(pool.map(lambda i: obstore.get_range(store, "calibration.bin", start=i * part, length=part), range(8)))
-            best = max(best, CALIBRATION_BYTES / (time.perf_counter() - t0) / 1e6)
-    return best
+    return link_mb_per_s(endpoint, BUCKET, "calibration.bin", CALIBRATION_BYTES)
 
 
 def _run(kind: str, store: dict[str, Any], endpoint: str) -> dict[str, Any]:

@@ -41,7 +41,14 @@ from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
-from carraystore.benchmarks.remote import SKIPPED_PEERS, TORCH_PEERS, build_store, run_contender, select_run
+from carraystore.benchmarks.remote import (
+    SKIPPED_PEERS,
+    TORCH_PEERS,
+    build_store,
+    link_mb_per_s,
+    run_contender,
+    select_run,
+)
 from testsupport.netproxy import NetProxy
 from testsupport.servers import seaweedfs_bucket, weed_binary
 
@@ -337,20 +344,7 @@ CALIBRATION_BYTES = (4 if SCALE == "tiny" else 32) * 1024 * 1024
 def _link_mb_per_s(srv: Any, endpoint: str) -> float:
     """What the emulated link really delivers: 8 concurrent GETs of an eighth of
     :data:`CALIBRATION_BYTES` (4 MiB; 512 KiB at tiny scale) through it (best of 2)."""
-    import obstore
-    from obstore.store import S3Store
-
-    store = S3Store(
-        BUCKET, endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True}
-    )
-    part = CALIBRATION_BYTES // 8
-    best = 0.0
-    with ThreadPoolExecutor(8) as pool:
-        for _ in range(2):
-            t0 = time.perf_counter()
-            list(pool.map(lambda i: obstore.get_range(store, "calibration.bin", start=i * part, length=part), range(8)))
-            best = max(best, CALIBRATION_BYTES / (time.perf_counter() - t0) / 1e6)
-    return best
+    return link_mb_per_s(endpoint, BUCKET, "calibration.bin", CALIBRATION_BYTES)
 
 
 def _spec(kind: str, endpoint: str, up: dict[str, Any]) -> dict[str, Any]:

@@ -364,3 +364,24 @@ def _child_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":  # pragma: no cover - a child process of bench/bench_remote.py
     sys.exit(_child_main(sys.argv[1:]))
+
+
+def link_mb_per_s(endpoint: str, bucket: str, key: str, total_bytes: int) -> float:
+    """What an emulated link delivers: 8 concurrent ranged GETs of an eighth of ``total_bytes``
+    of the object ``key`` through ``endpoint`` (an unsigned S3 endpoint), MB/s, best of 2."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(
+        bucket, endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True}
+    )
+    part = total_bytes // 8
+    best = 0.0
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            list(pool.map(lambda i: obstore.get_range(store, key, start=i * part, length=part), range(8)))
+            best = max(best, total_bytes / (time.perf_counter() - t0) / 1e6)
+    return best
