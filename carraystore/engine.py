@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import posixpath
 import queue
@@ -48,6 +49,7 @@ from carraystore.errors import (
 )
 from carraystore.forksafe import FORK_GATE, at_fork_in_child
 from carraystore.reader import StoreReader, open_store
+from carraystore.resources import available_cpus, memory_limit, parse_bytes
 from carraystore.sampling import (
     EpochPlan,
     Shuffle,
@@ -93,8 +95,16 @@ _CLIP_STARTS = ("random", "fixed")
 
 
 def default_threads() -> int:
-    """Decoder threads used when ``num_threads`` is not given: the cpu count (2 to 8)."""
-    return max(2, min(8, os.cpu_count() or 1))
+    """Decoder threads used when ``num_threads`` is not given: the cores this process may
+    use (its affinity mask and cgroup CPU quota, :func:`carraystore.resources.available_cpus`),
+    at least 2 so that reading overlaps decoding."""
+    return max(2, available_cpus())
+
+
+def default_memory_budget() -> int:
+    """``memory_budget`` when not given: a quarter of the memory this process may use (the
+    machine's RAM, or the cgroup's limit when lower)."""
+    return memory_limit() // 4
 
 
 def _int_arg(name: str, value: Any, minimum: int) -> int:
@@ -140,6 +150,7 @@ class LoaderKwargs(TypedDict, total=False):
     num_threads: int | None
     queue_size: int
     retry_timeout: float | None
+    memory_budget: int | str | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,6 +160,9 @@ class LoaderOptions:
     - ``shuffle``: ``"block"`` (chunks in a random order, samples shuffled inside windows
       of ``window`` chunks), ``"global"`` (a full permutation: the whole shard is decoded
       at once; small stores), or False (store order).
+    - ``window``: chunks whose samples are shuffled together (default 16); the first
+      windows of each shard ramp up from one batch's chunks (x4), so the first batch
+      waits for those, not for a whole window.
     - ``seed``, ``epoch``: the order depends on them only; use a new ``epoch`` every epoch.
     - ``start_batch``: resume inside an epoch; yields exactly the batches from that index.
     - ``rank``, ``world_size``: this rank's shard; shards are disjoint, of equal length and
@@ -175,9 +189,18 @@ class LoaderOptions:
     - ``verify``: check every chunk's CRC32 before decoding it (default True; always on
       for remote stores). ``verify=False`` skips the check on local stores.
     - ``prefetch``: decoded chunks held beyond the current window (default ``window``).
-    - ``num_threads``: decoder threads (default: the cpu count, 2 to 8), each
-      decompressing whole chunks with one blosc2 thread.
+    - ``num_threads``: decoder threads (default: the cores this process may use, its
+      affinity mask and cgroup quota, at least 2), each decompressing whole chunks with
+      one blosc2 thread. Batches are assembled several at once by their own threads
+      (one per four decoder threads, at most 4; one when a ``transform`` is given, so a
+      stateful transform sees batches in order).
     - ``queue_size``: finished batches waiting for the consumer.
+    - ``memory_budget``: the most the loader may hold, in bytes or as ``"2GB"``/``"512MiB"``
+      (default: a quarter of the memory the process may use, the cgroup's limit when
+      lower): decoded chunk slots (windows and prefetch), batch buffers and a remote
+      source's read-ahead. Prefetch and the number of batches assembled at once shrink to
+      fit; when one window and ``queue_size`` batches cannot fit, the loader refuses to
+      start and says what to lower. Iterators report what they hold (``.memory``).
     - ``retry_timeout``: remote stores: seconds a failing server is tried again before the
       epoch fails (default: the store's storage option ``retry_timeout``, 120 s); the
       loader waits meanwhile and resumes at the same batch, losing and repeating nothing.
@@ -204,6 +227,7 @@ class LoaderOptions:
     num_threads: int | None = None
     queue_size: int = 2
     retry_timeout: float | None = None
+    memory_budget: int | str | None = None
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -249,6 +273,11 @@ class LoaderOptions:
             default_threads() if self.num_threads is None else _int_arg("num_threads", self.num_threads, 1),
         )
         s(self, "queue_size", _int_arg("queue_size", self.queue_size, 1))
+        s(
+            self,
+            "memory_budget",
+            default_memory_budget() if self.memory_budget is None else parse_bytes(self.memory_budget, "memory_budget"),
+        )
         if self.retry_timeout is not None:
             try:
                 seconds = float(self.retry_timeout)
@@ -465,6 +494,7 @@ class LoaderSpec:
             drop_remainder=self.drop_remainder,
             items=self.items_for(epoch),
             span=self.span,
+            batch_size=self.batch_size,
         )
 
     def batch_bounds(self, plan: EpochPlan, i: int) -> tuple[int, int]:
@@ -525,12 +555,15 @@ class LoaderSpec:
         except Exception as exc:
             raise _chunk_error(store, chunk, exc) from exc
 
-    def decode_chunk(self, chunk: int, out: np.ndarray) -> None:
-        """Read, check and decompress one chunk into ``out``; errors become LoaderError naming it."""
+    def decode_chunk(self, chunk: int, out: np.ndarray, fetched: Callable[[], None] | None = None) -> None:
+        """Read, check and decompress one chunk into ``out``; errors become LoaderError naming it.
+        ``fetched()`` is called once its bytes are in (before they are decompressed)."""
         store = self.store
         try:
             with FORK_GATE:
                 data = store.chunk_buffer(chunk)
+                if fetched is not None:
+                    fetched()
                 if self.verify and not store.check_reads:
                     store.check_chunk_bytes(chunk, data)
                 # one blosc2 thread per decoder thread: the decoders already run in parallel,
@@ -746,9 +779,12 @@ def _take_arena(store: StoreReader, nslots: int) -> np.ndarray:
     shape = (store.chunk_images, *store.image_shape)
     with _ARENA_LOCK:
         idle = _IDLE_ARENAS.get(store)
-        if idle is not None and idle.shape[0] >= nslots and idle.shape[1:] == shape and idle.dtype == store.dtype:
+        if idle is not None:
+            # only an arena of exactly this size: a larger one would hold more than the
+            # loader's memory plan counts (memory_budget)
             del _IDLE_ARENAS[store]
-            return idle[:nslots]
+            if idle.shape[0] == nslots and idle.shape[1:] == shape and idle.dtype == store.dtype:
+                return idle
     return np.empty((nslots, *shape), dtype=store.dtype)
 
 
@@ -791,6 +827,14 @@ at_fork_in_child(_after_fork_in_child)
 #: Items smaller than this are gathered from decoded chunks: per-item calls cost more than
 #: the copy they save (measured: 64x64 RGB images ran at half the speed image by image).
 DIRECT_MIN_ITEM_BYTES = 64 * 1024
+
+
+#: Direct mode by default only up to this many decoder threads: its per-image calls and the
+#: batch split into shares contend for the GIL and the decoder's lock, so past 4 threads it
+#: got slower while whole chunks kept scaling (measured on 16 cores, 192x192 photos, ``fast``:
+#: direct 42k/55k/40k/31k images/s at 2/4/8/16 threads, whole chunks 35k/47k/84k/97k;
+#: bench/results/device/probe.log).
+DIRECT_MAX_THREADS = 4
 
 
 def direct_possible(store: StoreReader) -> bool:
@@ -881,7 +925,11 @@ class EpochDecoder:
         self.pid = os.getpid()
         self.nslots = max(1, min(max(nslots, self.plan.max_window_chunks), self._total_chunks()))
         #: direct mode: slots hold compressed chunks and batches are decompressed image by image
-        self.direct = direct_ok(spec.store) if direct is None else bool(direct and direct_possible(spec.store))
+        self.direct = (
+            direct_ok(spec.store) and num_threads <= DIRECT_MAX_THREADS
+            if direct is None
+            else bool(direct and direct_possible(spec.store))
+        )
         self.arena: np.ndarray | None = None if self.direct else _take_arena(spec.store, self.nslots)
         self._readers = threading.local()
         self.cond = threading.Condition()
@@ -895,6 +943,17 @@ class EpochDecoder:
         self.closed = False
         self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._announced = -1  # the last window whose byte ranges the source was told about
+        #: a remote source fetches the first window this decoder starts alone (its "lead"):
+        #: later windows are neither announced nor fetched until the lead's bytes are in, so
+        #: that the first batch waits for one round trip and that window's bytes, not for a
+        #: share of the link among every chunk in flight (issue 20)
+        self._lead: _Window | None = None
+        self._lead_w = -1
+        self._lead_need = 0
+        self._lead_arrived: set[int] = set()
+        self._lead_in = threading.Event()
+        if not getattr(spec.store.source, "max_inflight", 0):  # a local file: no link to share
+            self._lead_in.set()
         self.threads = [
             threading.Thread(target=self._decode_loop, name=f"{thread_prefix}-{id(self):x}-decode{i}", daemon=True)
             for i in range(max(1, num_threads))
@@ -917,6 +976,10 @@ class EpochDecoder:
                 task()
                 continue
             win, j = task
+            lead = win is self._lead
+            if not lead:
+                self._lead_in.wait()
+            fetched = functools.partial(self._lead_fetched, j) if lead else None
             err: BaseException | None = None
             if win.error is None and not self.closed:
                 try:
@@ -924,11 +987,13 @@ class EpochDecoder:
                         win.data[j] = self.spec.fetch_chunk(int(win.chunks[j]))
                     else:
                         assert self.arena is not None
-                        self.spec.decode_chunk(int(win.chunks[j]), self.arena[int(win.slots[j])])
+                        self.spec.decode_chunk(int(win.chunks[j]), self.arena[int(win.slots[j])], fetched=fetched)
                 except BaseException as exc:  # reported to whoever waits for the window
                     err = exc if isinstance(exc, LoaderError) else LoaderError(f"chunk {int(win.chunks[j])}: {exc!r}")
                     if err is not exc:
                         err.__cause__ = exc
+            if lead:  # (in direct mode, after a failure or once closed: decode_chunk did not say)
+                self._lead_fetched(j)
             with self.cond:
                 if err is not None and win.error is None:
                     win.error = err
@@ -937,6 +1002,20 @@ class EpochDecoder:
                 if win.left == 0:
                     win.done.set()
                     self.cond.notify_all()
+
+    def _lead_fetched(self, j: int) -> None:
+        """The lead window's chunk ``j`` is in (or failed; said once or twice): after its
+        last, announce and fetch the windows after it."""
+        with self.cond:
+            if j in self._lead_arrived:
+                return
+            self._lead_arrived.add(j)
+            if len(self._lead_arrived) < self._lead_need or self._lead_in.is_set():
+                return
+            self._lead_in.set()
+            if not self.closed:
+                for v in sorted({self._lead_w, *self.windows}):
+                    self._announce(v)
 
     # -- windows ------------------------------------------------------------------------------
     def _batches_of(self, w: int) -> range:
@@ -1003,6 +1082,10 @@ class EpochDecoder:
         slots = np.array([self.free.pop() for _ in range(need)], dtype=np.int64)
         win = _Window(chunks, slots, self._batches_of(w))
         self.windows[w] = win
+        if not self._lead_in.is_set() and self._lead is None:
+            self._lead, self._lead_w, self._lead_need = win, w, need
+            if not need:
+                self._lead_in.set()
         n = self.decode_count[w] = self.decode_count.get(w, 0) + 1
         if n > 1:
             self.out_of_order = True
@@ -1016,9 +1099,14 @@ class EpochDecoder:
         remote source two windows and at least its ``max_inflight`` chunks beyond it, so that
         many ranged GETs are in flight (the source bounds the bytes it fetches ahead)."""
         want = int(getattr(self.spec.store.source, "max_inflight", 0) or 0)
-        # a remote source gets two windows ahead: the next one is often fetched before it is
-        # decoded, and the link must not idle meanwhile
-        last = min(self.plan.nwindows - 1, w + (2 if want else 1))
+        if not self._lead_in.is_set():  # the lead window alone until its bytes are in
+            if w != self._lead_w or self._announced >= w:
+                return
+            want, last = 0, w
+        else:
+            # a remote source gets two windows ahead: the next one is often fetched before it is
+            # decoded, and the link must not idle meanwhile
+            last = min(self.plan.nwindows - 1, w + (2 if want else 1))
         n = sum(len(self.plan.window_chunks[v]) for v in range(w + 1, last + 1))
         while n < want and last + 1 < self.plan.nwindows:
             last += 1
@@ -1062,8 +1150,11 @@ class EpochDecoder:
             win.pins -= 1
             win.unserved.discard(batch)
             if not win.unserved and win.pins == 0 and self.windows.get(w) is win:
+                # served: its slots are the first taken when needed, and until then a batch
+                # asked for again (Keras asks for batches 0 and 1 before an epoch) is served
+                # without decoding it again
                 self.finished.add(w)
-                self._drop(w)
+                self.cond.notify_all()
 
     def read_ahead(self, w: int) -> None:
         """Start decoding windows from ``w`` on while slots are free (never evicting unserved ones)."""
@@ -1179,6 +1270,7 @@ class EpochDecoder:
             if self.closed:
                 return
             self.closed = True
+            self._lead_in.set()
             for win in self.windows.values():
                 if not win.done.is_set():
                     win.error = win.error or LoaderError(

@@ -356,7 +356,17 @@ def seal_record(rec: Mapping[str, Any]) -> bytes:
 
 def check_record_seal(raw: bytes, where: str) -> bool:
     """Whether ``raw`` is a sealed record (raise MetadataChecksumError if its checksum fails)."""
-    if len(raw) < len(_SEAL) + 5 or raw[-4 - len(_SEAL) : -4] != _SEAL:
+    if len(raw) < len(_SEAL) + 5:
+        return False
+    tail = raw[-4 - len(_SEAL) : -4]
+    if tail != _SEAL:
+        # the seal with a byte or two changed (its key's name, the uint32 marker): damaged,
+        # which would otherwise read as an unsealed record with an unknown key
+        if sum(a != b for a, b in zip(tail, _SEAL, strict=True)) <= 2:
+            raise MetadataChecksumError(
+                f"{where}: the metadata record's checksum entry is damaged (its key reads {tail[1:-1]!r}); "
+                "keys, labels or other metadata may be damaged too: restore the file from a copy"
+            )
         return False
     want = int.from_bytes(raw[-4:], "big")
     got = crc32(memoryview(raw)[:-4])  # no copy of a record that may be tens of MB

@@ -46,6 +46,7 @@ from carraystore.engine import (
 )
 from carraystore.errors import InvalidInputError
 from carraystore.forksafe import at_fork_in_child
+from carraystore.pipeline import plan_memory
 from carraystore.sampling import EpochPlan
 from carraystore.store import open_store
 
@@ -189,9 +190,14 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
             if c is None or c.epoch != self.epoch:
                 if c is not None:
                     self._retire(c)
-                mwc = self._spec.plan(self.epoch).max_window_chunks
-                nslots = cache_slots(mwc, self.cache_windows, self._spec.options.prefetch)
-                c = self._cache = EpochDecoder(self._spec, self.epoch, nslots, self.num_threads, KERAS_THREAD_PREFIX)
+                plan = self._spec.plan(self.epoch)
+                mwc = plan.max_window_chunks
+                want = cache_slots(mwc, self.cache_windows, self._spec.options.prefetch)
+                # Keras holds the batches (max_queue_size): only the slots are the decoder's
+                self.memory = plan_memory(self._spec, plan, want, 0, 1, "StoreDataset")
+                c = self._cache = EpochDecoder(
+                    self._spec, self.epoch, self.memory.slots, self.num_threads, KERAS_THREAD_PREFIX, plan=plan
+                )
             return c
 
     def __getitem__(self, index: int) -> Any:

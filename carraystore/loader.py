@@ -1,12 +1,13 @@
 """Streaming (x, y) batches out of a store: ``batches(store, batch_size, ...)`` (also ``Store.batches``).
 
-A thin adapter over the decoding engine (:mod:`carraystore.engine`): an assembler thread
-asks the engine for batch after batch, in order, writes each into a reused buffer and
-puts finished batches into a small bounded queue; the consumer only takes batches off
-that queue. The arguments are :class:`carraystore.engine.LoaderOptions`.
+A thin adapter over the decoding engine (:mod:`carraystore.engine`): assembler threads
+(:class:`carraystore.pipeline.OrderedBatches`) ask the engine for the next batches,
+several at once, each written into a reused buffer; the consumer takes them in order.
+The arguments are :class:`carraystore.engine.LoaderOptions`.
 
 Memory: the slot pool holds ``max chunks of a window + prefetch`` decoded chunks (by
-default ``2 * window``), plus ``queue_size + 3`` batches (docs/loading.md). Nothing is
+default ``2 * window``), plus ``queue_size + assemblers + 2`` batches, all within
+``memory_budget`` (docs/loading.md; ``BatchIterator.memory`` says what). Nothing is
 reallocated per chunk. ``shuffle="global"`` needs the whole shard decoded at once (one
 window). When an epoch ends its pool is kept for the next epoch on the same Store object;
 ``release_buffers()`` or dropping the Store frees it.
@@ -20,18 +21,18 @@ from __future__ import annotations
 
 import atexit
 import os
-import queue
 import threading
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from carraystore.engine import (
     DEFAULT_WINDOW,
     Batch,
     BatchBuffers,
     EpochDecoder,
-    LoaderClosed,
     LoaderKwargs,
     LoaderOptions,
     LoaderSpec,
@@ -42,7 +43,8 @@ from carraystore.engine import (
     release_buffers,
     stop_all,
 )
-from carraystore.errors import InvalidInputError, LoaderError
+from carraystore.errors import InvalidInputError
+from carraystore.pipeline import MemoryPlan, OrderedBatches, assemblers_for, plan_memory
 from carraystore.sampling import EpochPlan
 from carraystore.shuffle_report import ShuffleReport, report_for_order, store_groups
 
@@ -67,11 +69,9 @@ __all__ = [
 #: Every loader thread's name starts with this (tests and debuggers look for it).
 THREAD_NAME_PREFIX = "carraystore-loader"
 
-_END = object()
-
 
 class _Stream:
-    """The assembler thread and its queue. It never references the BatchIterator, so the
+    """The assembler threads and the decoder. It never references the BatchIterator, so the
     consumer dropping the iterator garbage-collects it and stops the threads."""
 
     def __init__(self, spec: LoaderSpec, epoch: int, start_batch: int) -> None:
@@ -80,64 +80,38 @@ class _Stream:
         self.epoch = epoch
         self.start_batch = start_batch
         self.nbatches = spec.num_batches
-        plan_chunks = spec.plan(epoch).max_window_chunks
+        plan = spec.plan(epoch)
+        window = plan.max_window_chunks
+        # buffers: the queue, one per assembler, the batch the consumer holds and one spare
+        self.memory = plan_memory(spec, plan, window + int(opts.prefetch or 0), 2, assemblers_for(spec), "batches()")
         self.decoder = EpochDecoder(
-            spec, epoch, plan_chunks + int(opts.prefetch or 0), int(opts.num_threads or 1), THREAD_NAME_PREFIX
+            spec, epoch, self.memory.slots, int(opts.num_threads or 1), THREAD_NAME_PREFIX, plan=plan
         )
-        self.out: queue.Queue[Any] = queue.Queue(maxsize=opts.queue_size)
-        self.stopped = False
-        self.assembler = threading.Thread(
-            target=self._assemble_loop, name=f"{THREAD_NAME_PREFIX}-{id(self):x}-assemble", daemon=True
-        )
-        self.assembler.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self.stopped:
-            try:
-                self.out.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _assemble_loop(self) -> None:
-        spec, dec = self.spec, self.decoder
-        pool = BatchBuffers(self.out.maxsize + 3)
+        self.pool = BatchBuffers(self.memory.batch_buffers)
         dtype = spec.store.dtype
-        try:
-            dec.read_ahead(dec.plan.window_of(self.start_batch * spec.batch_size) if self.nbatches else 0)
-            for bi in range(self.start_batch, self.nbatches):
-                a, b = spec.batch_bounds(dec.plan, bi)
-                out = dec.batch(bi, pool.get(spec.x_shape(b - a), dtype))
-                del a, b
-                if not self._put(out):
-                    return
-                del out
-            self._put(_END)
-        except LoaderClosed:
-            return
-        except BaseException as exc:
-            if self.stopped:
-                return
-            if not isinstance(exc, LoaderError):
-                err = LoaderError(f"{spec.store.location}: loader failed: {type(exc).__name__}: {exc}")
-                err.__cause__ = exc
-                exc = err
-            self._put(exc)
+
+        def buffer(i: int) -> tuple[np.ndarray, None]:
+            a, b = spec.batch_bounds(plan, i)
+            return self.pool.get(spec.x_shape(b - a), dtype), None
+
+        if self.nbatches:
+            self.decoder.read_ahead(plan.window_of(start_batch * spec.batch_size) if start_batch < self.nbatches else 0)
+        self.batches = OrderedBatches(
+            self.decoder,
+            range(start_batch, self.nbatches),
+            buffer,
+            opts.queue_size,
+            self.memory.assemblers,
+            THREAD_NAME_PREFIX,
+        )
 
     def stop(self) -> None:
         """Stop and join every thread (idempotent; safe from any thread)."""
         if self.decoder.pid != os.getpid():
             return
-        self.stopped = True
+        self.batches.stopped = True
         self.decoder.close()
-        if self.assembler is not threading.current_thread() and self.assembler.is_alive():
-            self.assembler.join(timeout=30)
-        try:
-            while True:
-                self.out.get_nowait()
-        except queue.Empty:
-            pass
+        self.batches.stop()
 
 
 atexit.register(stop_all)
@@ -188,7 +162,12 @@ class BatchIterator:
 
     @property
     def threads(self) -> list[threading.Thread]:
-        return [*self._s.decoder.threads, self._s.assembler]
+        return [*self._s.decoder.threads, *self._s.batches.threads]
+
+    @property
+    def memory(self) -> MemoryPlan:
+        """What this loader holds at most (slots, batch buffers, remote read-ahead) and its budget."""
+        return self._s.memory
 
     def __len__(self) -> int:
         return max(0, self._s.nbatches - self._next)
@@ -216,23 +195,16 @@ class BatchIterator:
     def __next__(self) -> Batch:
         if self._closed:
             raise StopIteration
-        s = self._s
-        while True:
-            try:
-                item = s.out.get(timeout=0.5)
-                break
-            except queue.Empty:
-                if not s.assembler.is_alive() and s.out.empty():
-                    self.close()
-                    raise LoaderError(f"{s.spec.store.location}: the loader thread ended without a result") from None
-        if item is _END:
+        try:
+            item, _ = self._s.batches.next()
+        except StopIteration:
             self.close()
-            raise StopIteration
-        if isinstance(item, BaseException):
+            raise
+        except BaseException:
             self.close()
-            raise item
+            raise
         self._next += 1
-        return item  # type: ignore[no-any-return]
+        return item
 
     def close(self) -> None:
         """Stop the loader threads and wait for them to end."""

@@ -292,6 +292,7 @@ def shuffle_report(
             rank=rank,
             world_size=world_size,
             drop_remainder=drop_remainder,
+            batch_size=batch_size,
         )
         return report_for_order(
             plan.items,

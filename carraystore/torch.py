@@ -46,6 +46,7 @@ from carraystore.engine import (
     make_spec,
 )
 from carraystore.errors import InvalidInputError, MissingDependencyError
+from carraystore.pipeline import MemoryPlan, OrderedBatches, assemblers_for, plan_memory
 from carraystore.reader import StoreReader
 from carraystore.sampling import EpochPlan, num_batches, remainder_plan
 from carraystore.store import open_store
@@ -109,6 +110,9 @@ def _shared_empty(shape: tuple[int, ...], dtype: Any) -> Any:
         return whole.share_memory_()
 
 
+_BUSY = object()
+
+
 class _CudaStaging:
     """Pinned host buffers reused across batches, copied to the GPU on a side stream.
 
@@ -125,17 +129,22 @@ class _CudaStaging:
         self.slots: list[list[Any]] = []  # [pinned tensor, event or None]
 
     def host(self, shape: tuple[int, ...], dtype: Any) -> Any:  # pragma: no cover - needs a GPU
+        # a slot is [tensor, state]: _BUSY (handed out, not sent yet: batches are assembled
+        # several at once), a CUDA event (its copy to the GPU), or None (free)
         for slot in self.slots:
             t, ev = slot
-            if tuple(t.shape) == shape and t.dtype == dtype and (ev is None or ev.query()):
-                slot[1] = None
+            if tuple(t.shape) == shape and t.dtype == dtype and ev is not _BUSY and (ev is None or ev.query()):
+                slot[1] = _BUSY
                 return t
         if len(self.slots) >= self.depth:
-            slot = self.slots.pop(0)
-            if slot[1] is not None:
-                slot[1].synchronize()
+            for i, slot in enumerate(self.slots):
+                if slot[1] is not _BUSY:
+                    self.slots.pop(i)
+                    if slot[1] is not None:
+                        slot[1].synchronize()
+                    break
         t = torch.empty(shape, dtype=dtype, pin_memory=True)
-        self.slots.append([t, None])
+        self.slots.append([t, _BUSY])
         return t
 
     def send(self, t: Any) -> Any:  # pragma: no cover - needs a GPU
@@ -348,6 +357,16 @@ class _StoreBatches:
         self.plan()  # checks the runs against the store now, not in a worker
 
     # -- one batch --------------------------------------------------------------------------------------
+    def _memory(
+        self, plan: EpochPlan, spare: int, want_slots: int | None = None, assemblers: int | None = None
+    ) -> MemoryPlan:
+        """Slots and batch buffers within ``memory_budget`` (:func:`carraystore.pipeline.plan_memory`)."""
+        mwc = plan.max_window_chunks
+        if want_slots is None:
+            want_slots = mwc + int(self._options.prefetch or 0)
+        a = assemblers_for(self.spec) if assemblers is None else assemblers
+        return plan_memory(self.spec, plan, want_slots, spare, a, type(self).__name__)
+
     def _make_decoder(self, plan: EpochPlan, serves: tuple[int, int], nslots: int | None = None) -> EpochDecoder:
         spec = self.spec
         opts = spec.options
@@ -466,14 +485,26 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
             self._seen = 0
         if not len(mine):
             return
-        pool = staging if staging is not None else BatchBuffers(4)
-        dec = self._make_decoder(plan, (k, n))
+        # a worker's batches are num_workers apart: one assembler each (the workers are the parallelism)
+        memory = self._memory(plan, 2, assemblers=1 if worker else None)
+        if staging is not None:  # pragma: no cover - needs a GPU
+            staging.depth = max(staging.depth, memory.batch_buffers)
+        pool = staging if staging is not None else BatchBuffers(memory.batch_buffers)
+        dec = self._make_decoder(plan, (k, n), memory.slots)
+
+        def buffer(b: int) -> tuple[np.ndarray, Any]:
+            a, e = spec.batch_bounds(plan, b)
+            xa, xt = self._host_buffer(spec.x_shape(e - a), worker, pool)
+            return xa, (b, xa, xt)
+
+        dec.read_ahead(plan.window_of(k * self._batch_size))
+        batches = OrderedBatches(dec, mine, buffer, spec.options.queue_size, memory.assemblers, TORCH_THREAD_PREFIX)
         try:
-            dec.read_ahead(plan.window_of(k * self._batch_size))
-            for b in mine:
-                a, e = spec.batch_bounds(plan, b)
-                xa, xt = self._host_buffer(spec.x_shape(e - a), worker, pool)
-                x, y = dec.batch(b, xa)
+            while True:
+                try:
+                    (x, y), (b, xa, xt) = batches.next()
+                except StopIteration:
+                    return
                 out = self._deliver(x, y, xt, xa, staging)
                 del x, y, xa, xt
                 if not worker:
@@ -481,7 +512,9 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
                 yield out
                 del out
         finally:
+            batches.stopped = True
             dec.close()
+            batches.stop()
 
     def __repr__(self) -> str:
         return (
@@ -532,8 +565,9 @@ class StoreMapDataset(_StoreBatches, Dataset[Any]):
             if c is not None and c.pid == os.getpid():
                 c.close()
             mwc = plan.max_window_chunks
-            nslots = cache_slots(mwc, self.cache_windows, self._options.prefetch)
-            c = self._cache = self._make_decoder(plan, (0, 1), nslots)
+            want = cache_slots(mwc, self.cache_windows, self._options.prefetch)
+            self.memory = self._memory(plan, 0, want, 1)
+            c = self._cache = self._make_decoder(plan, (0, 1), self.memory.slots)
             return c
 
     def __getitem__(self, index: int) -> Any:

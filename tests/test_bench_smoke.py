@@ -89,10 +89,21 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
         # tiny: every loader in the benchmark's own process (one TensorFlow import), and the report says so
         assert data["info"]["fresh_process"] is False
         assert "every loader ran in one process" in (results / "loaders.md").read_text()
+    if path.name == "bench_jpeg_decode.py":
+        data = json.loads((results / "jpeg_decode.json").read_text())
+        assert {(r["decoder"], r["threads"]) for r in data["rows"]} >= {
+            (d, t) for d in ("pillow", "simplejpeg") for t in (1, 2)
+        }
+        assert all(v > 0 for c in data["cpu_us_per_image"] for k, v in c.items() if k != "size")
+        assert all(r["identical"] == "16/16" and r["images_per_s_median"] > 0 for r in data["rows"]), data["rows"]
+        reports = json.loads((results / "layout.json").read_text())["reports"]
+        assert [r["preset"] for r in reports] == ["balanced", "fast"]
+        assert all(r["encoded"]["stored_as"] == "16 jpeg" and r["pixels"]["images"] == 16 for r in reports)
     if path.name == "bench_remote.py":
         data = json.loads((results / "remote.json").read_text())
         assert [(link["rtt_ms"], link["mbit"]) for link in data["links"]] == [(0, None), (20, 400)]
         for link in data["links"]:  # every contender delivered every image, through the proxy
+            assert {"carraystore", "carraystore_encoded", "webdataset"} <= set(link["rows"]), link["rows"].keys()
             for name, r in link["rows"].items():
                 assert r["status"] == "ok", (name, r)
                 assert all(e["images"] == data["images"] for e in r["epochs"]), (name, r["epochs"])

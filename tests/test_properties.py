@@ -42,7 +42,7 @@ from carraystore.format import (
     validate_key,
 )
 from carraystore.lock import WriterLock
-from carraystore.sampling import clip_offsets, clip_starts, group_runs, plan_epoch, shard_length
+from carraystore.sampling import RAMP_GROWTH, clip_offsets, clip_starts, group_runs, plan_epoch, shard_length
 from carraystore.writer import check_round_trip
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -64,6 +64,8 @@ def epochs(draw: st.DrawFn) -> dict[str, object]:
         "window": draw(st.integers(1, 8)),
         "world_size": world_size,
         "drop_remainder": draw(st.booleans()),
+        "batch_size": draw(st.integers(1, 64)),
+        "ramp": draw(st.booleans()),
     }
 
 
@@ -124,6 +126,34 @@ def test_windows_cover_the_shard_and_name_the_chunks_they_need(kw: dict[str, obj
         assert np.array_equal(np.sort(plan.chunk_order()), np.sort(np.concatenate(plan.window_chunks)))
 
 
+@FAST
+@given(epochs())
+def test_the_first_windows_ramp_up_from_one_batch(kw: dict[str, object]) -> None:
+    plan = plan_epoch(**kw)  # type: ignore[arg-type]
+    if kw["shuffle"] == "global" or not len(plan):
+        return
+    window, batch = int(kw["window"]), int(kw["batch_size"])  # type: ignore[call-overload]
+    # the shard's pieces (runs of its items in one chunk), in order: windows of one piece
+    bounds = plan_epoch(**{**kw, "window": 1, "ramp": False}).window_starts  # type: ignore[arg-type]
+    assert np.all(np.isin(plan.window_starts, bounds))  # windows hold whole pieces
+    sizes = np.diff(np.searchsorted(bounds, plan.window_starts)).tolist()  # pieces per window
+    assert all(s <= window for s in sizes)
+    if not kw["ramp"]:
+        assert all(s == window for s in sizes[:-1])
+        return
+    # the first window: the fewest pieces that hold a batch (at most a window's)
+    need = int(np.searchsorted(bounds[1:], batch)) + 1
+    assert sizes[0] == min(need, window, len(bounds) - 1)
+    # then growing up to a full window, and full windows to the end
+    for a, b in zip(sizes, sizes[1:-1], strict=False):
+        assert b == min(RAMP_GROWTH * a, window)
+    # the ramp changes windows only: the shard holds the same items, a store order stays
+    flat = plan_epoch(**{**kw, "ramp": False})  # type: ignore[arg-type]
+    assert np.array_equal(np.sort(plan.items), np.sort(flat.items))
+    if kw["shuffle"] is False:
+        assert np.array_equal(plan.items, flat.items)
+
+
 @st.composite
 def runs(draw: st.DrawFn) -> tuple[np.ndarray, int, int]:
     groups = draw(st.lists(st.integers(0, 3), min_size=0, max_size=120))
@@ -165,7 +195,7 @@ def test_clips_stay_inside_their_runs(arg: tuple[np.ndarray, int, int], seed: in
 
 @settings(max_examples=30, deadline=None)
 @given(
-    st.sampled_from(["n_samples", "chunk_size", "window", "world_size", "seed", "epoch"]),
+    st.sampled_from(["n_samples", "chunk_size", "window", "world_size", "seed", "epoch", "batch_size"]),
     st.one_of(st.integers(-5, -1), st.floats(0.5, 2.5).filter(lambda x: x != int(x)), st.just("3"), st.none()),
 )
 def test_bad_sampling_arguments_are_named(name: str, bad: object) -> None:
@@ -323,6 +353,17 @@ def test_damaged_metadata_gives_a_named_error(meta: StoreMeta, data: st.DataObje
     with pytest.raises(CarrayStoreError) as info:
         StoreMeta.from_bytes(bytes(raw), "s.b2nd")
     assert isinstance(info.value, FormatError) or "s.b2nd" in str(info.value)
+
+
+@FAST
+@given(metas(), st.integers(0, 11), st.integers(1, 255))
+def test_a_damaged_checksum_entry_is_not_an_unsealed_record(meta: StoreMeta, at: int, xor: int) -> None:
+    """Found by the test above with random seeds: a byte flipped in the key ``meta_crc32``
+    (or its uint32 marker) read as an unsealed record with an unknown key."""
+    raw = bytearray(meta.to_bytes())
+    raw[len(raw) - 16 + at] ^= xor  # the fixstr header, the 10 letters, the 0xce marker
+    with pytest.raises(CarrayStoreError):
+        StoreMeta.from_bytes(bytes(raw), "s.b2nd")
 
 
 @FAST

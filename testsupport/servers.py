@@ -14,6 +14,7 @@ Only loopback addresses are used. The pytest fixtures are in tests/remote_server
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import hashlib
 import http.server
@@ -24,8 +25,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,6 +183,19 @@ def _wait_ready(server: SeaweedFS, timeout: float) -> None:
                 raise RuntimeError(f"SeaweedFS did not become ready ({exc}); log: {server.log}") from exc
             server.buckets.discard("ready-check")
             time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def seaweedfs_bucket(bucket: str, prefix: str = "carraystore-bench-weed-") -> Iterator[SeaweedFS]:
+    """A SeaweedFS server in a temporary folder with ``bucket`` made, stopped (by PID) and
+    removed on exit; the caller skips first when :func:`weed_binary` is None."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as d:
+        srv = start_seaweedfs(Path(d))
+        try:
+            srv.make_bucket(bucket)
+            yield srv
+        finally:
+            stop_process(srv.proc)
 
 
 def start_seaweedfs(workdir: Path, timeout: float = 60, attempts: int = 3) -> SeaweedFS:

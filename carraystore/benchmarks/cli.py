@@ -1,4 +1,5 @@
-"""``carraystore bench codecs PATH``, ``bench loaders DIR`` (or ``loaders URL``) and ``bench shuffle STORE``."""
+"""``carraystore bench codecs PATH``, ``bench loaders DIR`` (or ``loaders URL``), ``bench shuffle STORE`` and
+``bench layout SRC``."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    """Add the ``bench`` command (sub-commands ``codecs``, ``loaders`` and ``shuffle``) to the CLI."""
+    """Add the ``bench`` command (sub-commands ``codecs``, ``loaders``, ``shuffle`` and ``layout``) to the CLI."""
     p = sub.add_parser(
         "bench",
         help="measure codecs and loaders on your own data",
         description="Measure blosc2 codecs (and recommend a preset) or compare loaders on your own images.",
     )
-    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT", help="codecs, loaders or shuffle")
+    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT", help="codecs, loaders, shuffle or layout")
     bsub.required = True
 
     c = bsub.add_parser(
@@ -135,6 +136,50 @@ def register(sub: Any) -> None:
     sh.add_argument("--epoch", type=int, default=0, help="the epoch to measure (default 0)")
     sh.set_defaults(func=_cmd_shuffle)
 
+    ly = bsub.add_parser(
+        "layout",
+        help="pixels or encoded: which layout feeds more images/s for your images, cores and link",
+        description=(
+            "Write a sample of SRC (a folder of images or a .b2nd store) into a store of each layout, as ingest "
+            "would, and measure bytes per image (what crosses the link) and decoded images/s per core (CRC, "
+            "decompression and, for the encoded layout, decoding the JPEG/PNG files). Each layout delivers "
+            "min(link bytes/s / bytes per image, cores x images/s per core); prints both at each link rate, the "
+            "layout that feeds more, and the break-even link rate."
+        ),
+    )
+    ly.add_argument("src", help="folder of images (class sub-folders or flat) or a .b2nd store")
+    ly.add_argument("--sample", type=int, default=64, help="images to measure on (default 64)")
+    ly.add_argument("--cores", type=int, default=None, help="cores that decode (default: the cores available here)")
+    ly.add_argument(
+        "--link-mbit",
+        type=float,
+        action="append",
+        metavar="MBIT",
+        help="the link's rate in Mbit/s (network or disk; repeat for several; default: 100, 1000 and 10000)",
+    )
+    ly.add_argument("--preset", default="balanced", help="codec preset of the pixel layout (default balanced)")
+    ly.add_argument(
+        "--quality",
+        type=int,
+        default=None,
+        help="encoded layout: encode every image as JPEG at this quality (default: keep files, PNG otherwise)",
+    )
+    ly.add_argument(
+        "--image-size",
+        nargs=2,
+        type=int,
+        metavar=("H", "W"),
+        help="resize images of a folder (default: all must agree)",
+    )
+    ly.add_argument(
+        "--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb", help="channels, as ingest (default rgb)"
+    )
+    ly.add_argument("--repeats", type=int, default=5, help="timing repeats, the median counts (default 5)")
+    ly.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
+    ly.add_argument("--json", metavar="PATH", help="also write the measurements as JSON")
+    ly.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    ly.set_defaults(func=_cmd_layout)
+
 
 def _size_arg(text: str) -> int | None:
     """--cache-size: bytes or a size such as ``20GB`` (as ``carraystore.open(cache_size=...)``)."""
@@ -219,6 +264,31 @@ def _cmd_shuffle(args: argparse.Namespace) -> int:
             f"{store.chunk_images}, batches of {args.batch_size}, seed {args.seed}, epoch {args.epoch}\n"
         )
         print(shuffle_table(rows, store.chunk_nbytes, store.nchunks, default_window=DEFAULT_WINDOW))
+    return 0
+
+
+def _cmd_layout(args: argparse.Namespace) -> int:
+    from carraystore.benchmarks.layout import DEFAULT_LINKS_MBIT, measure_layouts, report_text
+
+    report = measure_layouts(
+        args.src,
+        args.sample,
+        seed=args.seed,
+        image_size=tuple(args.image_size) if args.image_size else None,
+        color_mode=args.color_mode,
+        quality=args.quality,
+        preset=args.preset,
+        cores=args.cores,
+        links_mbit=args.link_mbit or DEFAULT_LINKS_MBIT,
+        repeats=args.repeats,
+        progress=_say(args.quiet),
+    )
+    print(report_text(report))
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -2,8 +2,12 @@
 
 Used by ``carraystore bench loaders URL`` (:func:`store_epochs`) and by
 ``bench/bench_remote.py`` (:func:`run_contender` in a fresh process per contender, behind
-a :class:`~testsupport.netproxy.NetProxy`). The peers, all reading the same
-images from the same S3 server through the same link:
+a :class:`~testsupport.netproxy.NetProxy`). carraystore runs as one store per
+:data:`STORE_KINDS` entry (written by :func:`build_store`, read with
+``carraystore.open(url).batches``): ``carraystore`` (pixels, the default preset),
+``carraystore_fast`` (pixels, ``fast``) and ``carraystore_encoded`` (layout ``"encoded"``:
+the JPEG files' own bytes, decoded by the loader's threads). The peers, all reading the
+same images from the same S3 server through the same link:
 
 - ``jpeg_get``: one GET per JPEG with a thread pool, decoded with Pillow (today's habit);
 - ``webdataset``: WebDataset tar shards of JPEGs streamed over HTTP (its ``curl`` pipe),
@@ -38,11 +42,27 @@ import numpy as np
 
 from carraystore.benchmarks.procstats import cpu_seconds, peak_rss_mb
 
-__all__ = ["store_epochs", "run_contender", "CONTENDERS", "TORCH_PEERS", "SKIPPED_PEERS"]
+__all__ = [
+    "store_epochs",
+    "run_contender",
+    "build_store",
+    "select_run",
+    "CONTENDERS",
+    "STORE_KINDS",
+    "TORCH_PEERS",
+    "SKIPPED_PEERS",
+]
 
+#: The carraystore contenders, each a store written from the same image folder: how
+#: (``build_store``'s arguments beside the chunk size). ``encoded`` keeps each JPEG file's
+#: bytes as they are (FORMAT.md 10); its codec is the layout's default (lz4 1, no filter).
+STORE_KINDS: dict[str, dict[str, Any]] = {
+    "carraystore": {"codec": "balanced"},
+    "carraystore_fast": {"codec": "fast"},
+    "carraystore_encoded": {"layout": "encoded"},
+}
 CONTENDERS = (
-    "carraystore",
-    "carraystore_fast",
+    *STORE_KINDS,
     "carraystore_local",
     "jpeg_get",
     "webdataset",
@@ -95,12 +115,14 @@ def store_epochs(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | None = None,
     report: Any = None,
+    loader: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Time ``epochs`` block-shuffled epochs of ``store.batches`` from a path or URL.
 
     Per epoch: images/s, time to the first batch, and for a URL the requests and MB the
     source fetched (its own counters; retries included). ``report(dict)`` is called at
-    each epoch's start and end.
+    each epoch's start and end. ``loader``: more arguments of ``batches`` (``window``,
+    ``num_threads``, ...).
     """
     from carraystore.store import open_store
 
@@ -123,7 +145,7 @@ def store_epochs(
             row: dict[str, Any] = {
                 "epoch": e,
                 "open_s": open_s,
-                **_timed(x for x, _ in store.batches(batch_size, seed=seed, epoch=e)),
+                **_timed(x for x, _ in store.batches(batch_size, seed=seed, epoch=e, **dict(loader or {}))),
             }
             if stats is not None:
                 row["requests"] = stats.requests - r0[0]
@@ -135,6 +157,50 @@ def store_epochs(
         return out
     finally:
         store.close()
+
+
+def build_store(
+    kind: str, folder: str | os.PathLike[str], out: str | os.PathLike[str], *, chunk_images: int, workers: int = 1
+) -> None:
+    """Write the image folder ``folder`` as the store of contender ``kind`` (:data:`STORE_KINDS`) at ``out``."""
+    from carraystore.ingest import from_directory
+
+    if kind not in STORE_KINDS:
+        raise ValueError(f"unknown store contender {kind!r}; one of {sorted(STORE_KINDS)}")
+    from_directory(folder, out, workers=workers, chunk_images=chunk_images, **STORE_KINDS[kind])
+
+
+def select_run(
+    stores: Mapping[str, str],
+    contenders: tuple[str, ...],
+    links: list[tuple[int, int | None]],
+    env: Mapping[str, str],
+) -> tuple[dict[str, str], tuple[str, ...], list[tuple[int, int | None]], str]:
+    """A benchmark run of some of its contenders and links, and the name of its results.
+
+    ``env`` (the environment): ``CARRAYSTORE_BENCH_REMOTE_ONLY`` (contenders, comma
+    separated, in the order given), ``CARRAYSTORE_BENCH_REMOTE_LINKS`` (``RTT:Mbit`` pairs,
+    comma separated; ``none`` for no cap: ``0:none,20:400``), ``CARRAYSTORE_BENCH_REMOTE_NAME``
+    (results file name, default ``remote``). Returns (stores, contenders, links, name) with
+    the stores and contenders kept in the order asked.
+    """
+    only = [c.strip() for c in env.get("CARRAYSTORE_BENCH_REMOTE_ONLY", "").split(",") if c.strip()]
+    if only:
+        unknown = [c for c in only if c not in contenders]
+        if unknown:
+            raise ValueError(f"CARRAYSTORE_BENCH_REMOTE_ONLY: {unknown} not among the contenders {list(contenders)}")
+        contenders = tuple(only)
+        stores = {k: v for k, v in stores.items() if k in only}
+    given = env.get("CARRAYSTORE_BENCH_REMOTE_LINKS", "").strip()
+    if given:
+        links = []
+        for pair in given.split(","):
+            rtt, _, mbit = pair.strip().partition(":")
+            links.append((int(rtt), None if mbit.strip().lower() in ("", "none") else int(mbit)))
+    name = env.get("CARRAYSTORE_BENCH_REMOTE_NAME", "").strip() or "remote"
+    if not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"CARRAYSTORE_BENCH_REMOTE_NAME must be a plain file name, got {name!r}")
+    return dict(stores), contenders, links, name
 
 
 # ---------------------------------------------------------------------------------------
@@ -230,9 +296,12 @@ def run_contender(spec: dict[str, Any], emit: Any = None) -> list[dict[str, Any]
     emit = emit or (lambda d: None)
     kind = spec["kind"]
     epochs = spec["epochs"]
-    if kind in ("carraystore", "carraystore_fast", "carraystore_local"):
+    if kind in STORE_KINDS or kind == "carraystore_local":
+        loader = spec.get("loader")  # more arguments of batches (window, num_threads, ...)
         if kind == "carraystore_local":  # the local warm rate: one untimed epoch fills the page cache
-            store_epochs(spec["location"], None, batch_size=spec["batch_size"], epochs=1, seed=spec["seed"] + 1000)
+            store_epochs(
+                spec["location"], None, batch_size=spec["batch_size"], epochs=1, seed=spec["seed"] + 1000, loader=loader
+            )
         return store_epochs(
             spec["location"],
             spec.get("storage_options"),
@@ -240,6 +309,7 @@ def run_contender(spec: dict[str, Any], emit: Any = None) -> list[dict[str, Any]
             epochs=epochs,
             seed=spec["seed"],
             report=emit,
+            loader=loader,
         )
     rows = []
     epoch: Callable[[int], Iterator[np.ndarray]]
@@ -294,3 +364,24 @@ def _child_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":  # pragma: no cover - a child process of bench/bench_remote.py
     sys.exit(_child_main(sys.argv[1:]))
+
+
+def link_mb_per_s(endpoint: str, bucket: str, key: str, total_bytes: int) -> float:
+    """What an emulated link delivers: 8 concurrent ranged GETs of an eighth of ``total_bytes``
+    of the object ``key`` through ``endpoint`` (an unsigned S3 endpoint), MB/s, best of 2."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(
+        bucket, endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True}
+    )
+    part = total_bytes // 8
+    best = 0.0
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            list(pool.map(lambda i: obstore.get_range(store, key, start=i * part, length=part), range(8)))
+            best = max(best, total_bytes / (time.perf_counter() - t0) / 1e6)
+    return best
