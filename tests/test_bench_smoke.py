@@ -114,6 +114,11 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
             assert measured or "make bench-peers-env" in data["not_run"][kind]
         assert "| carraystore |" in (results / "remote.md").read_text()
         assert data["contenders_in_process"] is True  # tiny: behind the links, in the benchmark's own process
+    if path.name == "bench_transport.py":  # both transports read the whole object, both server-side kinds
+        rows = json.loads((results / "transport.json").read_text())["rows"]
+        assert {r["transport"] for r in rows} == {"obstore", "s3fs"} and all(r["mb_per_s"] > 0 for r in rows), rows
+        kinds = {r["kind"] for r in json.loads((results / "transport_server.json").read_text())["rows"]}
+        assert kinds == {"ranges of one object", "whole objects"}, kinds
     if path.name == "bench_remote_node.py":
         data = json.loads((results / "remote_node.json").read_text())
         assert {(r["preset"], r["malloc"]) for r in data["presets"].values()} == {
