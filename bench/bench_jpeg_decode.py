@@ -38,7 +38,8 @@ from carraystore.benchmarks.loaders.machine import library_versions, machine_inf
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 SCALES = {
-    "tiny": dict(n=16, sizes=(32,), rounds=1),
+    # tiny (the smoke test): a sample repeated to ~60 images of 128x128 worth, not ~1,200
+    "tiny": dict(n=16, sizes=(32,), rounds=1, images_128=60),
     "small": dict(n=200, sizes=(128, 256), rounds=3),
     "default": dict(n=400, sizes=(128, 256), rounds=7),
     "large": dict(n=1000, sizes=(128, 256, 512), rounds=7),
@@ -139,7 +140,8 @@ def test_jpeg_decode(benchmark) -> None:
             folder = cached_photo_folder(data_dir(), CFG["n"], size=(size, size))
             sample = [p.read_bytes() for p in sorted(folder.rglob("*.jpg"))]
             same = identical(sample, size)
-            entries = sample * max(1, -(-int(1200 * (128 / size) ** 2) // len(sample)))  # ~0.5 s of Pillow, 1 thread
+            work = CFG.get("images_128", 1200)  # ~0.5 s of Pillow, 1 thread
+            entries = sample * max(1, -(-int(work * (128 / size) ** 2) // len(sample)))
             cpu: dict[str, list[float]] = {k: [] for k in STEPS}
             for r in range(CFG["rounds"]):
                 for k in STEPS if r % 2 == 0 else STEPS[::-1]:
