@@ -65,7 +65,7 @@ BUCKET = "ttfb"
 OTHERS = dict(item.split("=", 1) for item in os.environ.get("CARRAYSTORE_BENCH_OTHERS", "").split(",") if "=" in item)
 OTHERS_NOTE = os.environ.get("CARRAYSTORE_BENCH_OTHERS_NOTE", "")
 CONTENDERS = ("carraystore", *OTHERS, "zarr")
-CALIBRATION_BYTES = 32 << 20
+CALIBRATION_BYTES = (4 if SCALE == "tiny" else 32) << 20  # tiny: the smoke test
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,8 @@ def _build(work: Path, srv: Any) -> dict[str, Any]:
 
 
 def _link_mb_per_s(endpoint: str) -> float:
-    """What the emulated link delivers: 8 concurrent 4 MiB GETs through it (best of 2)."""
+    """What the emulated link delivers: 8 concurrent GETs of an eighth of :data:`CALIBRATION_BYTES`
+    (4 MiB; 512 KiB at tiny scale) through it (best of 2)."""
     return link_mb_per_s(endpoint, BUCKET, "calibration.bin", CALIBRATION_BYTES)
 
 
@@ -235,7 +236,8 @@ def _markdown(info: dict[str, Any]) -> str:
         "SeaweedFS on loopback behind a link proxy. Block-shuffled epochs, default window (16 chunks); "
         f"{info['rounds']} alternating rounds of {info['epochs_per_run']} epochs per contender, each run a fresh "
         "process (the store opened before its epochs). Medians over every epoch. The link limit is the link's "
-        "rate (what 8 concurrent 4 MiB GETs got, capped at the nominal rate) over the bytes per image; "
+        f"rate (what 8 concurrent {CALIBRATION_BYTES / 8 / 2**20:g} MiB GETs got, capped at the nominal rate) "
+        "over the bytes per image; "
         "`one RTT + one chunk` is the round trip plus one chunk's bytes at that rate."
         + (f" {info['others_note']}" if info["others_note"] else ""),
         "",
