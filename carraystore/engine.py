@@ -923,7 +923,7 @@ class EpochDecoder:
         self.serves = (int(serves[0]), max(1, int(serves[1])))
         self.k = spec.store.chunk_images
         self.pid = os.getpid()
-        self.nslots = max(1, min(max(nslots, self.plan.max_window_chunks), self._total_chunks()))
+        self.nslots = max(1, min(max(nslots, self.plan.max_window_chunks), self.plan.total_chunks))
         #: direct mode: slots hold compressed chunks and batches are decompressed image by image
         self.direct = (
             direct_ok(spec.store) and num_threads <= DIRECT_MAX_THREADS
@@ -962,9 +962,6 @@ class EpochDecoder:
             _LIVE.add(self)
         for t in self.threads:
             t.start()
-
-    def _total_chunks(self) -> int:
-        return sum(len(c) for c in self.plan.window_chunks) or 1
 
     # -- decoder threads -------------------------------------------------------------------
     def _decode_loop(self) -> None:

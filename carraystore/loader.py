@@ -109,8 +109,6 @@ class _Stream:
         """Stop and join every thread (idempotent; safe from any thread)."""
         if self.decoder.pid != os.getpid():
             return
-        self.batches.stopped = True
-        self.decoder.close()
         self.batches.stop()
 
 
@@ -197,10 +195,7 @@ class BatchIterator:
             raise StopIteration
         try:
             item, _ = self._s.batches.next()
-        except StopIteration:
-            self.close()
-            raise
-        except BaseException:
+        except BaseException:  # the end (StopIteration) or a failed batch
             self.close()
             raise
         self._next += 1

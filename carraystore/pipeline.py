@@ -134,24 +134,16 @@ def plan_memory(
             + (f" (with {format_bytes(source)} of remote read-ahead)" if source else "")
             + "; raise memory_budget, or lower window= (chunks per window), batch_size or queue_size"
         )
-    a = max(1, assemblers)
-    while True:
+    if assemblers > 1:
         # batches assembled at once pin the windows they draw from together, and the next
         # window is decoded meanwhile: with fewer slots, windows would be evicted while
         # batches of them are still to come, and decoded again
-        floor = need if a == 1 else min(plan_chunks(plan), chunks_in_flight(plan, spec.batch_size, a) + need)
-        slots = max(floor, want_slots)
-        fit = (budget - make(0, a).held) // slot
+        floor = min(plan.total_chunks, chunks_in_flight(plan, spec.batch_size, assemblers) + need)
+        fit = (budget - make(0, assemblers).held) // slot
         if fit >= floor:
-            return make(int(min(slots, fit)), a)
-        if a == 1:
-            return make(need, 1)
-        a = 1
-
-
-def plan_chunks(plan: EpochPlan) -> int:
-    """Chunks of all the plan's windows together."""
-    return max(1, sum(len(c) for c in plan.window_chunks))
+            return make(int(min(max(floor, want_slots), fit, plan.total_chunks)), assemblers)
+    fit = (budget - make(0, 1).held) // slot  # at least one window: ``smallest`` fits
+    return make(int(min(max(need, want_slots), fit, plan.total_chunks)), 1)
 
 
 class OrderedBatches:
@@ -225,7 +217,8 @@ class OrderedBatches:
             del item
 
     def next(self) -> tuple[tuple[Any, ...], Any]:
-        """The next batch in order, as ``(decoder.batch(i) result, extra)``; StopIteration at the end."""
+        """The next batch in order, as ``(decoder.batch(i) result, extra)``; StopIteration at
+        the end. A failed batch stops the stream and is raised."""
         with self.cond:
             while self.given not in self.ready:
                 if self.given >= len(self.indices) or self.stopped:
@@ -247,11 +240,13 @@ class OrderedBatches:
         return self.given
 
     def stop(self) -> None:
-        """Stop handing out batches and join the threads (the decoder is the owner's to close)."""
+        """Stop handing out batches, close the decoder (a thread waiting for a window gets
+        LoaderClosed) and join the threads."""
         with self.cond:
             self.stopped = True
             self.ready.clear()
             self.cond.notify_all()
+        self.decoder.close()
         me = threading.current_thread()
         for t in self.threads:
             if t is not me and t.is_alive():

@@ -119,6 +119,11 @@ class EpochPlan:
         return len(self.window_starts) - 1
 
     @property
+    def total_chunks(self) -> int:
+        """Chunks of all windows together (at least 1): the most a decoder ever holds."""
+        return max(1, sum(len(c) for c in self.window_chunks))
+
+    @property
     def max_window_chunks(self) -> int:
         """The most chunks any one window needs at once."""
         return max((len(c) for c in self.window_chunks), default=0)

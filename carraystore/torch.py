@@ -512,8 +512,6 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
                 yield out
                 del out
         finally:
-            batches.stopped = True
-            dec.close()
             batches.stop()
 
     def __repr__(self) -> str:
