@@ -30,8 +30,8 @@ import time
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import numpy as np
@@ -50,6 +50,7 @@ from carraystore.errors import (
 from carraystore.forksafe import FORK_GATE, at_fork_in_child
 from carraystore.reader import StoreReader, open_store
 from carraystore.resources import available_cpus, memory_limit, parse_bytes
+from carraystore.resume import ORDER_FIELDS, ResumePoint, check_order
 from carraystore.sampling import (
     EpochPlan,
     Shuffle,
@@ -59,6 +60,7 @@ from carraystore.sampling import (
     group_runs,
     num_batches,
     plan_epoch,
+    remainder_plan,
     shard_length,
 )
 
@@ -151,6 +153,7 @@ class LoaderKwargs(TypedDict, total=False):
     queue_size: int
     retry_timeout: float | None
     memory_budget: int | str | None
+    resume: Mapping[str, Any] | ResumePoint | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,6 +168,11 @@ class LoaderOptions:
       waits for those, not for a whole window.
     - ``seed``, ``epoch``: the order depends on them only; use a new ``epoch`` every epoch.
     - ``start_batch``: resume inside an epoch; yields exactly the batches from that index.
+    - ``resume``: a state a ``state_dict()`` returned (any adapter's, or
+      ``BatchIterator.state_dict()``): start in its epoch with what it had not consumed,
+      cut into this ``world_size``'s equal shards (the world size may differ from the one
+      that saved it; :mod:`carraystore.resume`). The epoch is the state's (``epoch`` may be
+      left out), the epochs after it are whole; not with ``start_batch``.
     - ``rank``, ``world_size``: this rank's shard; shards are disjoint, of equal length and
       cover every sample (``drop_remainder=False`` pads a shard by wrapping around,
       ``True`` drops the few samples over and also the last short batch).
@@ -228,6 +236,7 @@ class LoaderOptions:
     queue_size: int = 2
     retry_timeout: float | None = None
     memory_budget: int | str | None = None
+    resume: Mapping[str, Any] | ResumePoint | None = None
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -235,6 +244,18 @@ class LoaderOptions:
         s(self, "seed", _int_arg("seed", self.seed, 0))
         s(self, "epoch", _int_arg("epoch", self.epoch, 0))
         s(self, "start_batch", _int_arg("start_batch", self.start_batch, 0))
+        if self.resume is not None:
+            point = ResumePoint.from_state(self.resume)
+            if self.start_batch:
+                raise InvalidInputError(
+                    "give resume= or start_batch=, not both: the state says where the epoch stopped"
+                )
+            if self.epoch not in (0, point.epoch):
+                raise InvalidInputError(
+                    f"resume= is a state of epoch {point.epoch}, but epoch={self.epoch} was given; leave epoch out"
+                )
+            s(self, "resume", point)
+            s(self, "epoch", point.epoch)
         s(self, "window", DEFAULT_WINDOW if self.window is None else _int_arg("window", self.window, 1))
         s(self, "world_size", _int_arg("world_size", self.world_size, 1))
         s(self, "rank", _int_arg("rank", self.rank, 0))
@@ -286,6 +307,13 @@ class LoaderOptions:
             if not seconds >= 0:
                 raise InvalidInputError(f"retry_timeout must be seconds >= 0, got {self.retry_timeout!r}")
             s(self, "retry_timeout", seconds)
+
+    @property
+    def resume_point(self) -> ResumePoint | None:
+        """``resume`` as parsed (a :class:`carraystore.resume.ResumePoint`), or None."""
+        r = self.resume
+        assert r is None or isinstance(r, ResumePoint)
+        return r
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> LoaderOptions:
@@ -381,6 +409,8 @@ class LoaderSpec:
     runs: np.ndarray | None = None  # sequences: boundaries of the groups' runs
     #: ``targets`` resolved: names of fields, ``_CLASS`` for the class label; None: no y
     y_struct: Any = None
+    #: the resumed epoch's plan, once made (``options.resume``)
+    _resumed: dict[int, EpochPlan] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- the options, by name ---------------------------------------------------------------
     shuffle = property(lambda self: self.options.shuffle)
@@ -405,8 +435,14 @@ class LoaderSpec:
 
     @property
     def num_batches(self) -> int:
-        """Batches per rank per epoch (the same every epoch)."""
+        """Batches per rank of a whole epoch (the same every epoch; a resumed one: :meth:`epoch_batches`)."""
         return num_batches(self.shard_length, self.batch_size, self.drop_remainder)
+
+    def epoch_batches(self, epoch: int) -> int:
+        """Batches per rank of ``epoch``: :attr:`num_batches`, or what is left of the epoch ``resume`` names."""
+        if self.resumes_epoch(epoch):
+            return num_batches(len(self.plan(epoch)), self.batch_size, self.drop_remainder)
+        return self.num_batches
 
     @property
     def labelled(self) -> bool:
@@ -481,7 +517,62 @@ class LoaderSpec:
         offsets = clip_offsets(self.runs, self.span, o.sequence_stride, seed=o.seed, epoch=epoch)
         return clip_starts(self.runs, self.span, o.sequence_stride, offsets=offsets)
 
+    def resumes_epoch(self, epoch: int) -> bool:
+        """Whether ``epoch`` is the interrupted epoch ``resume`` names (its plan is the rest of it)."""
+        r = self.options.resume_point
+        return r is not None and bool(r.runs) and r.epoch == epoch
+
     def plan(self, epoch: int) -> EpochPlan:
+        """This rank's order for ``epoch`` (the rest of it, for the epoch ``resume`` names)."""
+        if self.resumes_epoch(epoch):
+            p = self._resumed.get(epoch)
+            if p is None:
+                r = self.options.resume_point
+                assert r is not None
+                p = self._resumed[epoch] = remainder_plan(
+                    self._whole_plan_of(epoch, r.batch_size or self.batch_size),
+                    r.runs,
+                    self.rank,
+                    self.world_size,
+                    self.drop_remainder,
+                )
+            return p
+        return self._whole_plan(epoch, self.rank, self.world_size, self.batch_size)
+
+    def _whole_plan_of(self, epoch: int, batch_size: int) -> Callable[[int, int], EpochPlan]:
+        def whole(rank: int, world_size: int) -> EpochPlan:
+            return self._whole_plan(epoch, rank, world_size, batch_size)
+
+        return whole
+
+    def order_facts(self) -> dict[str, Any]:
+        """What the order depends on, as a resume state records it (:data:`carraystore.resume.ORDER_FIELDS`)."""
+        o = self.options
+        return {
+            **{f: getattr(o, f) for f in ORDER_FIELDS},
+            "num_items": self.n_items,
+            "chunk_images": self.store.chunk_images,
+        }
+
+    def state_dict(self, epoch: int, batches: int) -> dict[str, Any]:
+        """The resume state after this rank consumed ``batches`` batches of ``epoch`` (of the rest
+        of it, for the epoch ``resume`` names): :mod:`carraystore.resume`. Ranks move in
+        lockstep, so one rank's state is every rank's."""
+        length = len(self.plan(epoch)) if self.resumes_epoch(epoch) else self.shard_length
+        nb = num_batches(length, self.batch_size, self.drop_remainder)
+        b = _int_arg("batches", batches, 0)
+        if b > nb:
+            raise InvalidInputError(f"batches must be between 0 and the epoch's {nb} batches, got {batches}")
+        r = self.options.resume_point
+        facts = tuple(self.order_facts().items())
+        if r is not None and r.epoch == epoch and r.runs:  # the epoch was resumed: its first run's order
+            start = ResumePoint(epoch, r.runs, facts, r.batch_size or self.batch_size)
+        else:
+            start = ResumePoint(epoch, (), facts, self.batch_size)
+        per_rank = min(b * self.batch_size, length)
+        return start.then(epoch, self.world_size, per_rank, batches_left=not (nb and b == nb)).to_state()
+
+    def _whole_plan(self, epoch: int, rank: int, world_size: int, batch_size: int) -> EpochPlan:
         return plan_epoch(
             len(self.store),
             self.store.chunk_images,
@@ -489,12 +580,12 @@ class LoaderSpec:
             seed=self.seed,
             epoch=epoch,
             window=self.window,
-            rank=self.rank,
-            world_size=self.world_size,
+            rank=rank,
+            world_size=world_size,
             drop_remainder=self.drop_remainder,
             items=self.items_for(epoch),
             span=self.span,
-            batch_size=self.batch_size,
+            batch_size=batch_size,
         )
 
     def batch_bounds(self, plan: EpochPlan, i: int) -> tuple[int, int]:
@@ -687,7 +778,7 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
                 f"{store.location}: sample_weight field {sw!r} is {col.dtype} of shape {col.shape[1:]}; "
                 "a sample weight is one number per sample"
             )
-    return LoaderSpec(
+    spec = LoaderSpec(
         store=store,
         batch_size=batch_size,
         options=options,
@@ -697,6 +788,10 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
         runs=runs,
         y_struct=y_struct,
     )
+    if options.resume_point is not None:
+        check_order(options.resume_point, spec.order_facts(), str(store.location))
+        spec.plan(options.epoch)  # runs the ranks could not have made are refused here, not in a thread
+    return spec
 
 
 def _run_name(groups: Any, names: Sequence[str] | None, start: int) -> str:

@@ -16,8 +16,10 @@ which makes every batch decode its window again unless the whole epoch fits in t
 cache; StoreDataset warns when it sees that. It already shuffles: pass ``shuffle=False``.
 
 Resuming in the middle of an epoch: :class:`TrainingPosition` records (epoch, next
-batch) after every batch; ``StoreDataset(..., epoch=e, start_batch=b)`` then serves the
-rest of epoch ``e`` first (``len()`` is the batches left) and whole epochs after it, and
+batch) and the resume state after every batch; ``StoreDataset(..., resume=state)`` (at
+any world size: the rest of the epoch is cut into the new shards) or, at the same world
+size, ``StoreDataset(..., epoch=e, start_batch=b)`` then serves the rest of epoch ``e``
+first (``len()`` is the batches left) and whole epochs after it, and
 ``model.fit(ds, initial_epoch=e, ...)`` keeps Keras's epoch count in step (docs/loading.md).
 
 Only ``keras`` is imported here, never ``tensorflow``, so another Keras backend works.
@@ -25,6 +27,7 @@ Only ``keras`` is imported here, never ``tensorflow``, so another Keras backend 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -111,8 +114,8 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
         super().__init__(workers=workers, use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
         self._spec = spec
         self.epoch = self._spec.options.epoch
-        nb = self._spec.num_batches
-        #: (epoch, first batch) while the first epoch is being resumed, else None
+        nb = self._spec.epoch_batches(self.epoch)
+        #: (epoch, first batch) while the first epoch is being resumed at start_batch, else None
         self._resume: tuple[int, int] | None = None
         sb = self._spec.options.start_batch
         if sb > nb:
@@ -175,7 +178,14 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
         return r[1] if r is not None and r[0] == self.epoch else 0
 
     def __len__(self) -> int:
-        return self._spec.num_batches - self.first_batch
+        return self._spec.epoch_batches(self.epoch) - self.first_batch
+
+    def state_dict(self, batch: int) -> dict[str, Any]:
+        """The resume state (:mod:`carraystore.resume`) when ``batch`` is the next batch of the
+        current epoch, counted as ``TrainingPosition.position`` counts (from the epoch's start,
+        or from the resumed point of an epoch started with ``resume=``). Any carraystore loader
+        resumes from it as ``resume=``, at any world size."""
+        return self._spec.state_dict(self.epoch, batch)
 
     # -- batches ---------------------------------------------------------------------------------
     def _get_cache(self) -> EpochDecoder:
@@ -219,6 +229,8 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
             self._used = False
             self._resume = None
             self._resumed_len = None
+            if self._spec.options.resume is not None:  # the epoch is served whole, as with start_batch
+                self._spec = dataclasses.replace(self._spec, options=self._spec.options.replace(resume=None))
 
     def on_epoch_begin(self) -> None:
         """Keras calls this before each epoch; the epoch in use is ``self.epoch``."""
@@ -238,6 +250,8 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
                 return  # the same epoch goes on: batches already decoded stay valid
             if self._resume is not None and self._resume[0] == self.epoch:
                 self._resumed_len = self._spec.num_batches - self._resume[1]
+            elif self._spec.resumes_epoch(self.epoch):
+                self._resumed_len = self._spec.epoch_batches(self.epoch)
             else:
                 self._resumed_len = None
             self.epoch += 1
@@ -282,23 +296,27 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
 
 
 class TrainingPosition(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
-    """Records where a ``model.fit`` over a :class:`StoreDataset` is: (epoch, next batch).
+    """Records where a ``model.fit`` over a :class:`StoreDataset` is: (epoch, next batch) and the resume state.
 
     After every training batch ``position`` is the dataset's epoch and the index of the
-    next batch of that epoch (counting from the epoch's start, resumed or not); after the
-    last batch of an epoch it is (epoch + 1, 0). With ``path``, the position is also
-    written there as JSON (``{"epoch": e, "batch": b}``, atomically) every ``every``
-    batches and at each epoch's end, so it survives a crash. To resume::
+    next batch of that epoch (counting from the epoch's start, or from the resumed point of
+    an epoch started with ``resume=``); after the last batch of an epoch it is (epoch + 1, 0)
+    (a fit stopped inside an epoch, ``model.stop_training``, leaves it inside).
+    ``state`` is the same place as a resume state (:mod:`carraystore.resume`), which any
+    carraystore loader takes as ``resume=`` at any world size. With ``path``, both are
+    written there as JSON (``{"epoch": e, "batch": b, "state": {...}}``, atomically) every
+    ``every`` batches and at each epoch's end, so they survive a crash. To resume::
 
-        pos = TrainingPosition.load("pos.json")            # or callback.position
-        ds = StoreDataset("train.b2nd", 32, epoch=pos[0], start_batch=pos[1])
-        model.fit(ds, initial_epoch=pos[0], epochs=10, shuffle=False,
+        state = TrainingPosition.load_state("pos.json")     # or callback.state; None: from the start
+        ds = StoreDataset("train.b2nd", 32, resume=state)   # any number of workers / ranks
+        model.fit(ds, initial_epoch=ds.epoch, epochs=10, shuffle=False,
                   callbacks=[TrainingPosition(ds, "pos.json")])
 
-    The dataset's ``epoch`` follows Keras's epoch index when it starts at the same number
-    (``StoreDataset(epoch=e)`` with ``fit(initial_epoch=e)``; both start at 0 by default).
-    A fit that would go on past a resumed epoch (Keras would run the next epochs at the
-    resumed epoch's length, losing batches) stops with an error saying what to do.
+    (``TrainingPosition.load(path)`` gives (epoch, batch) for ``epoch=, start_batch=``, which
+    resume at the same world size only.) The dataset's ``epoch`` follows Keras's epoch index
+    when it starts at the same number (``fit(initial_epoch=ds.epoch)``; both start at 0 by
+    default). A fit that would go on past a resumed epoch (Keras would run the next epochs at
+    the resumed epoch's length, losing batches) stops with an error saying what to do.
     """
 
     def __init__(self, dataset: StoreDataset, path: str | os.PathLike[str] | None = None, every: int = 1) -> None:
@@ -313,6 +331,7 @@ class TrainingPosition(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self.position: tuple[int, int] = (dataset.epoch, dataset.first_batch)
         self._first = dataset.first_batch
         self._epoch = dataset.epoch
+        self._end = dataset.first_batch + len(dataset)
         self._count = 0
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
@@ -327,6 +346,8 @@ class TrainingPosition(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             )
         self._epoch = ds.epoch
         self._first = ds.first_batch
+        self._end = ds.first_batch + len(ds)
+        self.position = (self._epoch, self._first)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.position = (self._epoch, self._first + int(batch) + 1)
@@ -335,25 +356,54 @@ class TrainingPosition(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             self.save()
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self.position = (self._epoch + 1, 0)
+        if self.position[1] >= self._end:  # not after a fit stopped inside the epoch (stop_training)
+            self.position = (self._epoch + 1, 0)
         if self.path is not None:
             self.save()
 
+    @property
+    def state(self) -> dict[str, Any]:
+        """``position`` as a resume state: ``StoreDataset(..., resume=state)`` continues there, at any world size."""
+        return self.dataset.spec.state_dict(*self.position)
+
     def save(self) -> None:
-        """Write the position to ``path``: a temporary file, fsynced and renamed over it."""
+        """Write the position and the state to ``path``: a temporary file, fsynced and renamed over it."""
         assert self.path is not None
+        epoch, batch = self.position
+        # a batch index of an epoch resumed from a state counts from the resumed point: no start_batch
+        shown = None if self.dataset.spec.resumes_epoch(epoch) else batch
         tmp = temp_path(self.path)
         try:
-            tmp.write_text(json.dumps({"epoch": self.position[0], "batch": self.position[1]}))
+            tmp.write_text(json.dumps({"epoch": epoch, "batch": shown, "state": self.state}))
             publish(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
 
     @staticmethod
     def load(path: str | os.PathLike[str]) -> tuple[int, int]:
-        """(epoch, batch) from a file ``save`` wrote; (0, 0) when there is none yet."""
+        """(epoch, batch) from a file ``save`` wrote, for ``epoch=, start_batch=``; (0, 0) when there is none yet."""
         p = Path(path)
         if not p.exists():
             return (0, 0)
         rec = json.loads(p.read_text())
+        if rec.get("batch") is None:
+            raise InvalidInputError(
+                f"{p}: this position is inside an epoch that was itself resumed from a state, so it has no "
+                "start_batch; resume with StoreDataset(..., resume=TrainingPosition.load_state(path))"
+            )
         return int(rec["epoch"]), int(rec["batch"])
+
+    @staticmethod
+    def load_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+        """The resume state from a file ``save`` wrote (``resume=`` of any loader); None when there is none yet."""
+        p = Path(path)
+        if not p.exists():
+            return None
+        rec = json.loads(p.read_text())
+        if "state" not in rec:
+            raise InvalidInputError(
+                f"{p} was written by an older carraystore (epoch and batch only); resume with "
+                "StoreDataset(..., epoch=e, start_batch=b) from TrainingPosition.load(path)"
+            )
+        state: dict[str, Any] = rec["state"]
+        return state

@@ -79,7 +79,7 @@ class _Stream:
         self.spec = spec
         self.epoch = epoch
         self.start_batch = start_batch
-        self.nbatches = spec.num_batches
+        self.nbatches = spec.epoch_batches(epoch)
         plan = spec.plan(epoch)
         window = plan.max_window_chunks
         # buffers: the queue, one per assembler, the batch the consumer holds and one spare
@@ -146,8 +146,14 @@ class BatchIterator:
 
     @property
     def position(self) -> tuple[int, int]:
-        """(epoch, index of the next batch): pass them as ``epoch=``, ``start_batch=`` to resume."""
+        """(epoch, index of the next batch): pass them as ``epoch=``, ``start_batch=`` to resume
+        at the same world size (in an epoch started with ``resume=``, batches count from the
+        resumed point: use :meth:`state_dict` there)."""
         return self._s.epoch, self._next
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is: pass it as ``resume=`` to any loader, at any world size (:mod:`carraystore.resume`)."""
+        return self._s.spec.state_dict(self._s.epoch, self._next)
 
     @property
     def pool_chunks(self) -> int:
@@ -235,7 +241,7 @@ def iterate(spec: LoaderSpec, epoch: int | None = None, start_batch: int | None 
     opts = spec.options
     epoch = opts.epoch if epoch is None else LoaderOptions(epoch=epoch).epoch
     start_batch = opts.start_batch if start_batch is None else LoaderOptions(start_batch=start_batch).start_batch
-    nb = spec.num_batches
+    nb = spec.epoch_batches(epoch)
     if start_batch > nb:
         raise InvalidInputError(f"start_batch {start_batch} is past the epoch's {nb} batches")
     return BatchIterator(_Stream(spec, epoch, start_batch))

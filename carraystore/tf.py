@@ -13,12 +13,17 @@ with ``to_dataset(..., input_context=ctx)``).
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import warnings
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from carraystore.atomic import publish, temp_path
 from carraystore.engine import LoaderOptions, LoaderSpec, make_spec
 from carraystore.errors import InvalidInputError, MissingDependencyError
 from carraystore.loader import iterate
@@ -33,7 +38,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError("carraystore.tf needs TensorFlow: pip install 'carraystore[tf]'") from exc
 
-__all__ = ["to_dataset", "distribute", "steps_per_epoch", "element_spec_for"]
+__all__ = ["to_dataset", "distribute", "steps_per_epoch", "element_spec_for", "TrainingPosition"]
 
 
 def _tensor_spec(shape: tuple[Any, ...], dtype: np.dtype, what: str) -> Any:
@@ -92,26 +97,56 @@ def element_spec_for(spec: LoaderSpec) -> Any:
 
 
 class _Passes:
-    """Hands out the epoch of each pass over the dataset (a resumed dataset has one pass)."""
+    """Hands out the epoch of each pass over the dataset (a resumed dataset has one epoch).
 
-    def __init__(self, epoch: int, start_batch: int, location: str) -> None:
+    Passes count up from the first epoch, unless a :class:`TrainingPosition` pins the epoch
+    of the passes to come (Keras under a ``tf.distribute`` strategy takes one batch of a
+    pass to build the model before each ``fit``: pinned, that pass does not use up an epoch).
+    """
+
+    def __init__(self, epoch: int, start_batch: int, resumed: bool, location: str) -> None:
         self._lock = threading.Lock()
         self._next = 0
         self._epoch = epoch
         self._start = start_batch
+        self._resumed = resumed or bool(start_batch)
         self._location = location
+        self._pinned: int | None = None
+
+    def pin(self, epoch: int) -> None:
+        """Every pass from now on serves ``epoch`` (the next one after it, once unpinned)."""
+        with self._lock:
+            self._pinned = int(epoch)
+            self._next = int(epoch) - self._epoch + 1
 
     def take(self) -> tuple[int, int]:
         with self._lock:
-            k = self._next
-            self._next += 1
-        if self._start and k:
+            if self._pinned is not None:
+                k = self._pinned - self._epoch
+            else:
+                k = self._next
+                self._next += 1
+        if self._resumed and k:
+            where = f"at batch {self._start}" if self._start else "from a resume state"
             raise InvalidInputError(
-                f"{self._location}: this dataset resumes epoch {self._epoch} at batch {self._start}, so it holds the "
+                f"{self._location}: this dataset resumes epoch {self._epoch} {where}, so it holds the "
                 f"rest of that epoch only (its cardinality); go on with to_dataset(..., epoch={self._epoch + 1}) "
-                f"(with Keras: fit it with initial_epoch={self._epoch}, epochs={self._epoch + 1}, then fit a whole dataset)"
+                f"(with Keras: fit it with initial_epoch={self._epoch}, epochs={self._epoch + 1}, then fit a whole "
+                "dataset; under tf.distribute give the fit a carraystore.tf.TrainingPosition of the dataset)"
             )
-        return self._epoch + k, self._start
+        return self._epoch + k, self._start if k == 0 else 0
+
+
+@dataclass
+class _Feed:
+    """What a dataset of :func:`to_dataset` / :func:`distribute` tells its :class:`TrainingPosition`."""
+
+    spec: LoaderSpec | None  # one replica's (world size, per-replica batch, order, resume); None until made
+    passes: list[_Passes]
+
+
+#: the attribute of a returned dataset that holds its _Feed
+_FEED = "_carraystore_feed"
 
 
 def _replicas_per_pipeline(ctx: Any) -> int:
@@ -136,8 +171,10 @@ def to_dataset(
     once; typed as ``LoaderKwargs``), or one ``options`` value. With
     ``sample_weight`` the elements are (x, y, w); y is a tuple or dict when ``targets`` is. The batch dimension is ``None``, or
     ``batch_size`` with ``drop_remainder=True``. Each pass over the dataset is the next
-    epoch. ``start_batch=b`` makes a dataset of the rest of epoch ``epoch`` only (its
-    cardinality is the batches left; a second pass is an error saying what to do).
+    epoch. ``start_batch=b`` or ``resume=state`` (a resume state, :mod:`carraystore.resume`,
+    e.g. from :class:`TrainingPosition`; any world size) makes a dataset of the rest of that
+    epoch only (its cardinality is the batches left; a second pass is an error saying what
+    to do).
     ``prefetch`` is in chunks, as for ``batches``; batches are also prefetched with
     ``tf.data.AUTOTUNE``. ``output_signature`` overrides the element spec worked out from
     the store (and the transform, run once on zeros).
@@ -179,7 +216,7 @@ def to_dataset(
         specs = [make_spec(store_or_path, batch_size, options, **kwargs)]
     spec = specs[0]
     epoch, start_batch = spec.options.epoch, spec.options.start_batch
-    nb = spec.num_batches
+    nb = spec.epoch_batches(epoch)
     if input_context is not None and nb == 0:
         raise InvalidInputError(
             f"{spec.store.location}: each of the {world} replicas gets {spec.shard_length} samples, fewer than one "
@@ -189,7 +226,7 @@ def to_dataset(
         raise InvalidInputError(f"start_batch {start_batch} is outside the epoch's {nb} batches")
     sig = output_signature if output_signature is not None else element_spec_for(spec)
     single = not isinstance(sig, tuple)
-    passes = _Passes(int(epoch), int(start_batch), str(spec.store.location))
+    passes = _Passes(int(epoch), int(start_batch), spec.resumes_epoch(epoch), str(spec.store.location))
 
     def generate() -> Any:
         e, sb = passes.take()
@@ -205,7 +242,9 @@ def to_dataset(
 
     ds = tf.data.Dataset.from_generator(generate, output_signature=sig)
     ds = ds.apply(tf.data.experimental.assert_cardinality((nb - int(start_batch)) * replicas))
-    return ds.prefetch(tf.data.AUTOTUNE)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    setattr(ds, _FEED, _Feed(spec, [passes]))
+    return ds
 
 
 def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwargs: Unpack[LoaderKwargs]) -> Any:
@@ -224,8 +263,15 @@ def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwar
     ``fit`` ``steps_per_epoch=steps_per_epoch(store, global_batch_size)``.
     """
 
+    feed = _Feed(None, [])  # filled as the strategy makes its pipelines
+
     def fn(ctx: Any) -> Any:
-        return to_dataset(store_or_path, ctx.get_per_replica_batch_size(global_batch_size), input_context=ctx, **kwargs)
+        ds = to_dataset(store_or_path, ctx.get_per_replica_batch_size(global_batch_size), input_context=ctx, **kwargs)
+        mine: _Feed = getattr(ds, _FEED)
+        if feed.spec is None:
+            feed.spec = mine.spec
+        feed.passes.extend(mine.passes)
+        return ds
 
     if strategy.num_replicas_in_sync > 1:
         per_replica = tf.distribute.InputOptions(
@@ -238,16 +284,113 @@ def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwar
         ext = strategy.extended
         saved = getattr(ext, "_input_workers_devices", None)
         try:
-            return strategy.distribute_datasets_from_function(fn, options=per_replica)
+            dist = strategy.distribute_datasets_from_function(fn, options=per_replica)
+            setattr(dist, _FEED, feed)
+            return dist
         except NotImplementedError:  # strategies without per-replica input: one pipeline per worker
             pass
         finally:
             if saved is not None:
                 ext._input_workers_devices = saved
-    return strategy.distribute_datasets_from_function(fn)
+    dist = strategy.distribute_datasets_from_function(fn)
+    setattr(dist, _FEED, feed)
+    return dist
 
 
 def steps_per_epoch(store_or_path: Any, global_batch_size: int, **kwargs: Unpack[LoaderKwargs]) -> int:
-    """Steps of one epoch of :func:`distribute` (or of ``to_dataset`` with the same arguments)."""
+    """Steps of one whole epoch of :func:`distribute` (or of ``to_dataset`` with the same arguments)."""
     kwargs.setdefault("drop_remainder", True)
     return make_spec(store_or_path, global_batch_size, **kwargs).num_batches
+
+
+class TrainingPosition(tf.keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
+    """Records where a ``model.fit`` over a dataset of :func:`distribute` or :func:`to_dataset` is, as a resume state.
+
+    After every step ``state`` is the resume state (:mod:`carraystore.resume`): the epoch
+    and the samples its replicas consumed, so a run with another number of replicas (or
+    workers, or another global batch size) goes on with nothing lost or repeated::
+
+        ds = distribute(strategy, path, 64)
+        model.fit(ds, epochs=10, callbacks=[TrainingPosition(ds, save_to="pos.json")])
+        # later, on 2 GPUs instead of 4:
+        state = TrainingPosition.load_state("pos.json")
+        ds = distribute(strategy2, path, 64, resume=state)   # the rest of that epoch
+        model.fit(ds, initial_epoch=state["epoch"], epochs=state["epoch"] + 1,
+                  callbacks=[TrainingPosition(ds, save_to="pos.json")])
+        # then whole epochs: distribute(strategy2, path, 64, epoch=state["epoch"] + 1)
+
+    It also pins each Keras epoch to one epoch of the dataset: the n-th epoch of a fit
+    serves the dataset's first epoch + n (Keras under a strategy takes a batch of an extra
+    pass to build the model before each fit, which would otherwise use up an epoch).
+    ``save_to``: the state is written there as JSON (atomically) every ``every`` steps and at
+    each epoch's end.
+    """
+
+    def __init__(self, dataset: Any, save_to: str | os.PathLike[str] | None = None, every: int = 1) -> None:
+        super().__init__()
+        feed = getattr(dataset, _FEED, None)
+        if not isinstance(feed, _Feed):
+            raise InvalidInputError(
+                "TrainingPosition follows a dataset that carraystore.tf.to_dataset or distribute returned "
+                f"(not one derived from it), got {type(dataset).__name__}"
+            )
+        self._feed = feed
+        self.path = None if save_to is None else Path(save_to)
+        self.every = int(every)
+        if self.every < 1:
+            raise InvalidInputError(f"every must be >= 1, got {every}")
+        self._epochs = 0
+        #: (the dataset's epoch, steps of it taken); None before the first epoch
+        self.position: tuple[int, int] | None = None
+
+    def _spec(self) -> LoaderSpec:
+        spec = self._feed.spec
+        if spec is None:
+            raise InvalidInputError("the strategy has not made this dataset's input pipelines yet: fit it first")
+        return spec
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """Where training is, as a resume state: ``resume=`` of :func:`distribute` / :func:`to_dataset`."""
+        spec = self._spec()
+        return spec.state_dict(*(self.position or (spec.options.epoch, 0)))
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        e = self._spec().options.epoch + self._epochs
+        self._epochs += 1
+        for passes in self._feed.passes:
+            passes.pin(e)
+        self.position = (e, 0)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        assert self.position is not None
+        self.position = (self.position[0], self.position[1] + 1)
+        if self.path is not None and self.position[1] % self.every == 0:
+            self.save()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        assert self.position is not None
+        e, steps = self.position
+        if steps >= self._spec().epoch_batches(e):  # not after a fit stopped inside the epoch (stop_training)
+            self.position = (e + 1, 0)
+        if self.path is not None:
+            self.save()
+
+    def save(self) -> None:
+        """Write ``state`` to ``save_to``: a temporary file, fsynced and renamed over it."""
+        assert self.path is not None
+        tmp = temp_path(self.path)
+        try:
+            tmp.write_text(json.dumps(self.state))
+            publish(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def load_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+        """The state ``save`` wrote (None when there is none yet)."""
+        p = Path(path)
+        if not p.exists():
+            return None
+        state: dict[str, Any] = json.loads(p.read_text())
+        return state

@@ -18,7 +18,8 @@ disjoint, padded by wrapping around (or cut with ``drop_remainder``).
 
 ``state_dict()`` records the epoch and the samples consumed; ``load_state_dict`` resumes
 mid-epoch, at the same or another world size (what remains is cut into new equal shards:
-nothing consumed comes back, nothing left is lost; :func:`carraystore.sampling.remainder_plan`).
+nothing consumed comes back, nothing left is lost; :mod:`carraystore.resume`). The state is
+the one every carraystore loader takes as ``resume=`` (Keras, tf.data, ``batches``).
 
 :class:`StoreMapDataset` is the map-style variant: ``ds[i]`` is batch ``i`` of the epoch,
 for samplers. Datasets pickle as the store's location and the options (each worker
@@ -48,7 +49,8 @@ from carraystore.engine import (
 from carraystore.errors import InvalidInputError, MissingDependencyError
 from carraystore.pipeline import MemoryPlan, OrderedBatches, assemblers_for, plan_memory
 from carraystore.reader import StoreReader
-from carraystore.sampling import EpochPlan, num_batches, remainder_plan
+from carraystore.resume import STATE_VERSION, ResumePoint
+from carraystore.sampling import EpochPlan, num_batches
 from carraystore.store import open_store
 
 try:
@@ -61,12 +63,6 @@ __all__ = ["StoreDataset", "StoreMapDataset", "StoreDataLoader", "TORCH_THREAD_P
 
 #: Name prefix of the decoder threads these datasets start.
 TORCH_THREAD_PREFIX = "carraystore-torch"
-
-#: ``state_dict()["version"]``.
-STATE_VERSION = 1
-
-#: What a state must agree on with the dataset that loads it (the epoch's order depends on them).
-_ORDER_FIELDS = ("shuffle", "seed", "window", "drop_remainder", "sequence_length", "sequence_stride", "clip_starts")
 
 
 def _distributed() -> tuple[int, int] | None:
@@ -197,8 +193,6 @@ class _StoreBatches:
         self._batch_size = spec.batch_size
         self._pid = os.getpid()
         self.epoch = opts.epoch
-        #: (epoch, ((world_size, samples per rank), ...)): the runs an epoch being resumed had
-        self._resume: tuple[int, tuple[tuple[int, int], ...]] | None = None
         self._plans: dict[Any, EpochPlan] = {}
         self._lock = threading.RLock()
         #: batches of the current plan handed out in this process (or counted by StoreDataLoader)
@@ -213,13 +207,13 @@ class _StoreBatches:
             raise InvalidInputError(f"device must be None, 'cpu' or a CUDA device, got {device!r}")
         #: pinned host tensors (only where CUDA is available: pinning needs it)
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
-        if opts.start_batch:
+        if opts.start_batch:  # the same as resuming from the state of that batch
             nb = self.num_batches
             if opts.start_batch > nb:
                 raise InvalidInputError(f"start_batch {opts.start_batch} is past the epoch's {nb} batches")
             per_rank = min(opts.start_batch * self._batch_size, len(self.plan()))
-            self._resume = (self.epoch, ((opts.world_size, per_rank),))
-            self._plans.clear()
+            facts = tuple(spec.order_facts().items())
+            self._resume_at(ResumePoint(self.epoch, ((opts.world_size, per_rank),), facts, self._batch_size))
 
     # -- the store, per process ------------------------------------------------------------------
     @property
@@ -257,26 +251,14 @@ class _StoreBatches:
         return self._options.world_size
 
     # -- the epoch ----------------------------------------------------------------------------------
-    def _consumed(self, epoch: int) -> tuple[tuple[int, int], ...]:
-        r = self._resume
-        return r[1] if r is not None and r[0] == epoch else ()
-
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """This rank's order for ``epoch`` (default: the current one; the rest of it when resumed)."""
         e = self.epoch if epoch is None else int(epoch)
         spec = self.spec
-        consumed = self._consumed(e)
-        key = (e, consumed)
-        p = self._plans.get(key)
+        p = self._plans.get(e)
         if p is None:
-
-            def first(rank: int, world_size: int) -> EpochPlan:
-                if rank == spec.rank and world_size == spec.world_size:
-                    return spec.plan(e)
-                return dataclasses.replace(spec, options=spec.options.replace(rank=rank, world_size=world_size)).plan(e)
-
-            p = remainder_plan(first, consumed, spec.rank, spec.world_size, spec.drop_remainder)
-            self._plans = {key: p}
+            p = spec.plan(e)
+            self._plans = {e: p}
         return p
 
     @property
@@ -294,34 +276,14 @@ class _StoreBatches:
 
     # -- resuming -------------------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None) -> dict[str, Any]:
-        """Where training is: the epoch and the samples consumed of it, by run (JSON-friendly).
+        """Where training is: the epoch and the samples consumed of it, by run (JSON-friendly;
+        :mod:`carraystore.resume`; any carraystore loader resumes from it as ``resume=``).
 
         ``batches``: batches of the current epoch this rank consumed (default: those the
         dataset counted, which :class:`StoreDataLoader` or a loop over the dataset itself
         keeps). Ranks move in lockstep under DDP, so any rank's state is every rank's.
         """
-        plan = self.plan()
-        nb = num_batches(len(plan), self._batch_size, self._options.drop_remainder)
-        seen = self._seen if batches is None else int(batches)
-        if not 0 <= seen <= nb:
-            raise InvalidInputError(f"batches must be between 0 and the epoch's {nb} batches, got {batches}")
-        runs = list(self._consumed(self.epoch))
-        epoch = self.epoch
-        if nb and seen == nb:  # the epoch is over: the next one starts whole
-            epoch, runs = epoch + 1, []
-        elif seen:
-            runs.append((self.world_size, min(seen * self._batch_size, len(plan))))
-        o = self._options
-        return {
-            "version": STATE_VERSION,
-            "epoch": epoch,
-            # each run of the epoch so far: its world size and the samples all its ranks consumed
-            "consumed": [{"world_size": w, "samples": c * w} for w, c in runs],
-            "samples": sum(c * w for w, c in runs),
-            "num_items": self.spec.n_items,
-            "chunk_images": self.spec.store.chunk_images,
-            **{f: getattr(o, f) for f in _ORDER_FIELDS},
-        }
+        return self.spec.state_dict(self.epoch, self._seen if batches is None else batches)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where ``state`` (from :meth:`state_dict`) was: its epoch, without the samples consumed.
@@ -329,32 +291,15 @@ class _StoreBatches:
         The world size may differ from the one that saved it: the rest of the epoch is cut
         into this world size's shards. The epochs after it are whole.
         """
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise InvalidInputError(
-                f"not a carraystore.torch state of version {STATE_VERSION}: {str(state)[:200]}; "
-                "pass what StoreDataset.state_dict() returned"
-            )
-        o = self._options
-        mine = {"num_items": self.spec.n_items, "chunk_images": self.spec.store.chunk_images}
-        mine.update({f: getattr(o, f) for f in _ORDER_FIELDS})
-        diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
-        if diff:
-            what = ", ".join(f"{k}: saved {a!r}, here {b!r}" for k, (a, b) in diff.items())
-            raise InvalidInputError(
-                f"{self.spec.store.location}: this state was saved for another order ({what}); "
-                "make the dataset with the same store and options to resume"
-            )
-        runs = []
-        for run in state["consumed"]:
-            w, total = int(run["world_size"]), int(run["samples"])
-            if w < 1 or total < 0 or total % w:
-                raise InvalidInputError(f"a run of {total} samples over world_size {w} is not a run ranks make")
-            runs.append((w, total // w))
-        epoch = int(state["epoch"])
-        self.epoch = epoch
-        self._resume = (epoch, tuple(runs)) if runs else None
+        self._resume_at(ResumePoint.from_state(state))
         self._seen = 0
-        self.plan()  # checks the runs against the store now, not in a worker
+
+    def _resume_at(self, point: ResumePoint) -> None:
+        opts = self._options.replace(resume=point, epoch=point.epoch, start_batch=0)
+        spec = make_spec(self.spec.store, self._batch_size, opts)  # checks the state against the store, here
+        with self._lock:
+            self._options, self._spec, self._plans = opts, spec, {}
+        self.epoch = point.epoch
 
     # -- one batch --------------------------------------------------------------------------------------
     def _memory(

@@ -132,7 +132,7 @@ LAYERS: list[set[str]] = [
         "carraystore.journal",
     },
     {"carraystore.reader", "carraystore.inplace", "carraystore.writer", "carraystore.upload"},
-    {"carraystore.sampling"},
+    {"carraystore.sampling", "carraystore.resume"},
     {"carraystore.engine", "carraystore.pipeline", "carraystore.shuffle_report"},
     # ingest's parts, one job each: image files, the decoding threads, the bad-file policy, per-file fields
     {"carraystore.images", "carraystore.decodepool", "carraystore.badfiles", "carraystore.manifest"},

@@ -215,6 +215,52 @@ def test_distribute_datasets_from_function_over_two_cpu_replicas(photo_store: Pa
                 lambda ctx: to_dataset(path, ctx.get_per_replica_batch_size(30), input_context=ctx).repeat())
             model.fit(dist, epochs=2, steps_per_epoch=steps_per_epoch(path, 30), verbose=0, callbacks=[Steps()], shuffle=False)
         assert counts == [(5, 5)] * 2, counts
+
+        # resume at another number of replicas: 2 replicas stopped after 2 steps, 1 replica
+        # goes on for 1 step, then 2 replicas finish the epoch: nothing trained on twice
+        from carraystore.tf import TrainingPosition
+
+        class Stop(keras.callbacks.Callback):
+            def __init__(self, after):
+                super().__init__()
+                self.after = after
+            def on_train_batch_end(self, batch, logs=None):
+                if batch + 1 == self.after:
+                    self.model.stop_training = True
+
+        seen[:] = []
+        ds = distribute(strategy, path, 32, epoch=1)
+        pos = TrainingPosition(ds)
+        model.fit(ds, initial_epoch=1, epochs=2, verbose=0, callbacks=[pos, Stop(2)], shuffle=False)
+        # the fit trained on epoch 1's order (Keras's build pass did not use the epoch up)
+        want = [[table[img.tobytes()] for x, _ in store.batches(16, rank=r, world_size=2, epoch=1,
+                 drop_remainder=True) for img in x] for r in (0, 1)]
+        assert sorted(want[0][:32] + want[1][:32]) == sorted(i for _, b in seen for i in b)
+        state = pos.state
+        assert state["epoch"] == 1 and state["consumed"] == [{{"world_size": 2, "samples": 64}}], state
+        part1 = [i for _, b in seen for i in b]
+        assert len(part1) == len(set(part1)) == 64, len(part1)
+
+        seen[:] = []
+        model1 = keras.Sequential([keras.Input((24, 24, 3)), Record(), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+        model1.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), run_eagerly=True)
+        one = to_dataset(path, 32, resume=state, drop_remainder=True)
+        assert int(one.cardinality()) == 2, one.cardinality()  # 2 x 43 left: 86 -> 2 batches of 32
+        pos1 = TrainingPosition(one)
+        model1.fit(one, initial_epoch=1, epochs=2, verbose=0, callbacks=[pos1, Stop(1)], shuffle=False)
+        state2 = pos1.state
+        assert state2["consumed"] == [{{"world_size": 2, "samples": 64}}, {{"world_size": 1, "samples": 32}}], state2
+        part2 = [i for _, b in seen for i in b]
+        assert len(part2) == 32 and not set(part2) & set(part1), (len(part2), sorted(set(part2) & set(part1)))
+
+        seen[:] = []
+        dist = distribute(strategy, path, 32, resume=state2)
+        assert int(dist.cardinality) == 1, dist.cardinality  # 54 left: 27 per replica -> 1 step of 2 x 16
+        pos2 = TrainingPosition(dist)
+        model.fit(dist, initial_epoch=1, epochs=2, verbose=0, callbacks=[pos2], shuffle=False)
+        part3 = [i for _, b in seen for i in b]
+        assert len(part3) == 32 and not set(part3) & (set(part1) | set(part2))
+        assert pos2.state["epoch"] == 2 and pos2.state["consumed"] == []
         print("DISTRIBUTED OK")
         """
     )

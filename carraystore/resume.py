@@ -1,0 +1,135 @@
+"""Where training stopped inside an epoch, at any world size: the resume state every adapter shares.
+
+A state is a JSON-friendly dict (``version`` 1)::
+
+    {"version": 1, "epoch": 3,
+     "consumed": [{"world_size": 4, "samples": 640}, {"world_size": 2, "samples": 128}],
+     "samples": 768, "batch_size": 32, "num_items": 5000, "chunk_images": 84,
+     "shuffle": "block", "seed": 0, "window": 16, ...}
+
+``consumed`` lists the runs of the interrupted epoch, oldest first: the world size of each
+run and the samples all its ranks consumed together (ranks move in lockstep, as under DDP,
+``tf.distribute`` and JAX). The rest of the epoch is :func:`carraystore.sampling.remainder_plan`
+of those runs, cut into the world size that resumes: nothing consumed comes back, nothing
+left over is lost. ``batch_size`` is the per-rank batch size the epoch's order was made
+with (the first windows ramp up from one batch's chunks), so a run may change its batch
+size too (as ``tf.distribute`` does when the replicas change under one global batch). The
+other keys are what the epoch's order depends on; a loader whose store or options differ
+refuses the state (:func:`check_order`).
+
+Pure data and index math: the loaders (``LoaderOptions.resume``) and the adapters'
+``state_dict()`` methods build on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from carraystore.errors import InvalidInputError
+
+__all__ = ["STATE_VERSION", "ORDER_FIELDS", "ResumePoint", "check_order"]
+
+#: ``state["version"]``.
+STATE_VERSION = 1
+
+#: Loader options the epoch's order depends on: a state must agree on them with the loader resuming it.
+ORDER_FIELDS = ("shuffle", "seed", "window", "drop_remainder", "sequence_length", "sequence_stride", "clip_starts")
+
+#: Store facts the order depends on.
+STORE_FACTS = ("num_items", "chunk_images")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """An interrupted epoch: its number, the runs of it so far and the order they were made in.
+
+    ``runs``: ``(world_size, samples each rank consumed)``, oldest first (empty: the epoch
+    starts whole). ``order``: the saved ORDER_FIELDS and STORE_FACTS, as (name, value) pairs.
+    ``batch_size``: the per-rank batch size the epoch's first run was ordered with (its first
+    windows ramp up from one batch's chunks), which a loader of another batch size needs to
+    rebuild that order; 0 when the state does not say (the loader's own is used).
+    """
+
+    epoch: int
+    runs: tuple[tuple[int, int], ...]
+    order: tuple[tuple[str, Any], ...]
+    batch_size: int = 0
+
+    @classmethod
+    def from_state(cls, state: Any) -> ResumePoint:
+        """Parse a state dict (what a ``state_dict()`` returned); a named error for anything else."""
+        if isinstance(state, ResumePoint):
+            return state
+        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+            raise InvalidInputError(
+                f"not a carraystore resume state of version {STATE_VERSION}: {str(state)[:200]}; "
+                "pass what a carraystore state_dict() returned"
+            )
+        missing = [k for k in ("epoch", "consumed", *ORDER_FIELDS, *STORE_FACTS) if k not in state]
+        if missing:
+            raise InvalidInputError(f"this resume state lacks {missing}; pass what a carraystore state_dict() returned")
+        epoch = state["epoch"]
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise InvalidInputError(f"a resume state's epoch must be an integer >= 0, got {epoch!r}")
+        runs = []
+        for run in state["consumed"]:
+            try:
+                w, total = int(run["world_size"]), int(run["samples"])
+            except (TypeError, KeyError, ValueError):
+                raise InvalidInputError(
+                    f"a run of a resume state must be {{'world_size', 'samples'}}, got {run!r}"
+                ) from None
+            if w < 1 or total < 0 or total % w:
+                raise InvalidInputError(f"a run of {total} samples over world_size {w} is not a run ranks make")
+            runs.append((w, total // w))
+        order = tuple((k, _frozen(state[k])) for k in (*ORDER_FIELDS, *STORE_FACTS))
+        bs = state.get("batch_size", 0)
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 0:
+            raise InvalidInputError(f"a resume state's batch_size must be an integer >= 1, got {bs!r}")
+        return cls(epoch, tuple(runs), order, bs)
+
+    def to_state(self) -> dict[str, Any]:
+        """The JSON-friendly dict form (what ``from_state`` reads)."""
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "consumed": [{"world_size": w, "samples": c * w} for w, c in self.runs],
+            "samples": sum(c * w for w, c in self.runs),
+            "batch_size": self.batch_size,
+            **{k: _thawed(v) for k, v in self.order},
+        }
+
+    def then(self, epoch: int, world_size: int, per_rank: int, batches_left: bool) -> ResumePoint:
+        """The point after a run at ``world_size`` consumed ``per_rank`` samples of ``epoch`` on each rank.
+
+        ``self`` describes how ``epoch`` began (its runs count only when its epoch is
+        ``epoch``); ``batches_left`` False: the epoch is over, the next one starts whole.
+        """
+        if not batches_left:
+            return ResumePoint(epoch + 1, (), self.order, self.batch_size)
+        runs = self.runs if self.epoch == epoch else ()
+        if per_rank:
+            runs = (*runs, (int(world_size), int(per_rank)))
+        return ResumePoint(epoch, runs, self.order, self.batch_size)
+
+
+def _frozen(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def _thawed(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+def check_order(point: ResumePoint, mine: Mapping[str, Any], location: str) -> None:
+    """Refuse a state saved for another order: ``mine`` is the loader's ORDER_FIELDS and STORE_FACTS."""
+    saved = dict(point.order)
+    diff = {k: (saved.get(k), _frozen(v)) for k, v in mine.items() if saved.get(k) != _frozen(v)}
+    if diff:
+        what = ", ".join(f"{k}: saved {a!r}, here {b!r}" for k, (a, b) in diff.items())
+        raise InvalidInputError(
+            f"{location}: this resume state was saved for another order ({what}); "
+            "make the loader with the same store and options to resume"
+        )

@@ -1,0 +1,248 @@
+"""Resume states (carraystore.resume) through every loader: batches(), Keras, tf.data, PyTorch,
+at the same and at another world size, on real photo pixels (label = sample index)."""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import carraystore
+from carraystore.errors import InvalidInputError
+from carraystore.loader import batches
+from carraystore.resume import ResumePoint
+
+B = 10
+OPTS = {"window": 2, "num_threads": 2}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, photo_patches: Callable[..., np.ndarray]) -> Path:
+    """203 real photo patches (16x16), label = index: shards of 2 and 3 ranks need padding."""
+    images = photo_patches(203, (16, 16), seed=11)
+    path = tmp_path_factory.mktemp("resume") / "s.b2nd"
+    with carraystore.create(path, images.shape[1:], chunk_images=8) as w:
+        w.append(images, np.arange(len(images)))
+    return path
+
+
+def _pixels(path: Path) -> np.ndarray:
+    return carraystore.open(path)[:]
+
+
+def _take(it: object, k: int) -> list[int]:
+    """The sample ids of the next k batches of ``it`` (checking their pixels against the store)."""
+    ids: list[int] = []
+    for _ in range(k):
+        x, y = next(it)  # type: ignore[call-overload]
+        ids.extend(int(v) for v in np.asarray(y))
+    return ids
+
+
+def _rest(path: Path, batches_: object) -> list[int]:
+    pixels = _pixels(path)
+    ids: list[int] = []
+    for x, y in batches_:  # type: ignore[attr-defined]
+        y = np.asarray(y)
+        np.testing.assert_array_equal(np.asarray(x), pixels[y])
+        ids.extend(int(v) for v in y)
+    return ids
+
+
+def _whole_epoch(path: Path, world: int, epoch: int, drop: bool = False) -> collections.Counter[int]:
+    """What an uninterrupted epoch gives over ``world`` ranks (padding included)."""
+    out: collections.Counter[int] = collections.Counter()
+    for r in range(world):
+        for _, y in batches(path, B, rank=r, world_size=world, epoch=epoch, drop_remainder=drop, **OPTS):
+            out.update(int(v) for v in y)
+    return out
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1), (1, 2)])
+def test_batches_resume_at_another_world_size_losing_and_repeating_nothing(
+    store: Path, before: int, after: int
+) -> None:
+    its = [iter(batches(store, B, rank=r, world_size=before, epoch=2, **OPTS)) for r in range(before)]
+    consumed = [i for it in its for i in _take(it, 4)]
+    states = [it.state_dict() for it in its]  # type: ignore[attr-defined]
+    assert all(s == states[0] for s in states) and states[0]["epoch"] == 2
+    assert states[0]["consumed"] == [{"world_size": before, "samples": 40 * before}]
+    json.dumps(states[0])  # JSON-friendly
+    rest = [batches(store, B, rank=r, world_size=after, resume=states[0], **OPTS) for r in range(after)]
+    assert len({len(it) for it in rest}) == 1  # equal shards
+    got = collections.Counter(consumed)
+    for it in rest:
+        assert it.epoch == 2
+        got.update(_rest(store, it))
+    # every sample at least once; only the pads of the (re)shardings repeat, never more than the ranks
+    assert sorted(got) == list(range(203))
+    pads = sum(got.values()) - 203
+    assert 0 <= pads < before + after, got.most_common(3)
+    # the epoch after the resumed one is whole, in the uninterrupted order
+    nxt = batches(store, B, rank=0, world_size=after, resume=states[0], epoch=2, **OPTS)
+    assert nxt.epoch == 2
+
+
+def test_a_state_at_the_same_world_size_equals_start_batch(store: Path) -> None:
+    it = batches(store, B, rank=1, world_size=2, epoch=1, **OPTS)
+    _take(it, 5)
+    state = it.state_dict()
+    via_state = _rest(store, batches(store, B, rank=1, world_size=2, resume=state, **OPTS))
+    via_start = _rest(store, batches(store, B, rank=1, world_size=2, epoch=1, start_batch=5, **OPTS))
+    assert via_state == via_start and len(via_state) == 102 - 50
+
+
+def test_drop_remainder_states_resume_on_full_batches_only(store: Path) -> None:
+    its = [batches(store, B, rank=r, world_size=2, drop_remainder=True, **OPTS) for r in range(2)]
+    consumed = [i for it in its for i in _take(it, 3)]
+    state = its[0].state_dict()
+    rest = batches(store, B, rank=0, world_size=1, drop_remainder=True, resume=state, **OPTS)
+    ids = _rest(store, rest)
+    assert len(ids) % B == 0 and not set(ids) & set(consumed) and len(set(ids)) == len(ids)
+    # 203 - 1 dropped by the first sharding = 202; 60 consumed; 142 left -> 14 full batches
+    assert len(ids) == 140
+
+
+def test_a_finished_epoch_gives_the_next_one_whole(store: Path) -> None:
+    it = batches(store, B, epoch=4, **OPTS)
+    n = len(_rest(store, it))
+    assert n == 203
+    state = it.state_dict()
+    assert state["epoch"] == 5 and state["consumed"] == [] and state["samples"] == 0
+    again = batches(store, B, resume=state, **OPTS)
+    assert again.epoch == 5 and len(again) == 21
+    want = [int(v) for _, y in batches(store, B, epoch=5, **OPTS) for v in y]
+    assert _rest(store, again) == want
+
+
+def test_states_of_another_order_or_malformed_are_named_errors(store: Path) -> None:
+    it = batches(store, B, seed=3, **OPTS)
+    _take(it, 2)
+    state = it.state_dict()
+    with pytest.raises(InvalidInputError, match=r"another order \(seed: saved 3, here 0\)"):
+        batches(store, B, resume=state, **OPTS)
+    with pytest.raises(InvalidInputError, match="window: saved 2, here 4"):
+        batches(store, B, seed=3, window=4, resume=state)
+    with pytest.raises(InvalidInputError, match="not both"):
+        batches(store, B, seed=3, resume=state, start_batch=1, **OPTS)
+    with pytest.raises(InvalidInputError, match="leave epoch out"):
+        batches(store, B, seed=3, resume=state, epoch=7, **OPTS)
+    with pytest.raises(InvalidInputError, match="state_dict"):
+        batches(store, B, resume={"epoch": 0}, **OPTS)
+    with pytest.raises(InvalidInputError, match="lacks"):
+        batches(store, B, resume={"version": 1, "epoch": 0, "consumed": []}, **OPTS)
+    bad = dict(state, consumed=[{"world_size": 2, "samples": 3}])
+    with pytest.raises(InvalidInputError, match="not a run ranks make"):
+        batches(store, B, seed=3, resume=bad, **OPTS)
+    too_many = dict(state, consumed=[{"world_size": 1, "samples": 500}])
+    with pytest.raises(InvalidInputError, match="cannot have consumed 500"):
+        batches(store, B, seed=3, resume=too_many, **OPTS)
+    # another store (fewer samples): refused, naming what differs
+    images = carraystore.open(store)[:100]
+    smaller = store.with_name("smaller.b2nd")
+    with carraystore.create(smaller, images.shape[1:], chunk_images=8, overwrite=True) as w:
+        w.append(images, np.arange(100))
+    with pytest.raises(InvalidInputError, match="num_items: saved 203, here 100"):
+        batches(smaller, B, seed=3, resume=state, **OPTS)
+    assert ResumePoint.from_state(state).to_state() == state
+
+
+def test_keras_resumes_a_state_at_another_world_size_and_records_it(store: Path, tmp_path: Path) -> None:
+    keras = pytest.importorskip("keras")
+    from carraystore.keras import StoreDataset, TrainingPosition
+
+    ranks = [StoreDataset(store, B, rank=r, world_size=3, epoch=1, **OPTS) for r in range(3)]
+    consumed = [int(v) for ds in ranks for i in range(3) for v in ds[i][1]]
+    state = ranks[2].state_dict(3)
+    assert state["consumed"] == [{"world_size": 3, "samples": 90}] and state == ranks[0].state_dict(3)
+    one = StoreDataset(store, B, resume=state, **OPTS)
+    assert one.epoch == 1 and len(one) == 12  # 204 - 90 = 114 left: 12 batches
+    x0 = _pixels(store)
+    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    class Stop(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+            if batch == 4:
+                self.model.stop_training = True
+
+    # labels are indices up to 202: a 4-class head sees them as out-of-range, so train on y % 4
+    one_mod = StoreDataset(store, B, resume=state, transform=lambda x, y: (x, y % 4), **OPTS)
+    pos = TrainingPosition(one_mod, tmp_path / "pos.json")
+    model.fit(one_mod, epochs=2, initial_epoch=1, shuffle=False, verbose=0, callbacks=[pos, Stop()])
+    assert pos.position == (1, 5)
+    rec = json.loads((tmp_path / "pos.json").read_text())
+    assert rec["batch"] is None  # inside an epoch resumed from a state: no start_batch to give
+    with pytest.raises(InvalidInputError, match="resume=TrainingPosition.load_state"):
+        TrainingPosition.load(tmp_path / "pos.json")
+    state2 = TrainingPosition.load_state(tmp_path / "pos.json")
+    assert state2 == pos.state
+    assert state2["consumed"] == [{"world_size": 3, "samples": 90}, {"world_size": 1, "samples": 50}]
+    served = [int(v) for i in range(5) for v in one[i][1]]  # what the fit trained on (same order)
+    for i in range(5):
+        x, y = one[i]
+        np.testing.assert_array_equal(x, x0[y])
+    # two ranks take the rest: everything once (pads aside)
+    last = [StoreDataset(store, B, rank=r, world_size=2, resume=state2, **OPTS) for r in range(2)]
+    rest = [int(v) for ds in last for i in range(len(ds)) for v in ds[i][1]]
+    got = collections.Counter(consumed + served + rest)
+    assert sorted(got) == list(range(203)) and sum(got.values()) - 203 < 3
+    assert TrainingPosition.load_state(tmp_path / "none.json") is None
+
+
+def test_a_torch_state_resumes_in_keras_and_tf(store: Path) -> None:
+    torch_mod = pytest.importorskip("carraystore.torch")
+    ds = torch_mod.StoreDataset(store, B, rank=0, world_size=2, epoch=3, **OPTS)
+    first = []
+    for k, (_, y) in enumerate(ds):
+        first.extend(int(v) for v in y)
+        if k == 1:
+            break
+    state = ds.state_dict(batches=2)
+    want = [int(v) for _, y in batches(store, B, resume=state, **OPTS) for v in y]
+    keras_mod = pytest.importorskip("carraystore.keras")
+    kds = keras_mod.StoreDataset(store, B, resume=state, **OPTS)
+    assert [int(v) for i in range(len(kds)) for v in kds[i][1]] == want
+    tf_mod = pytest.importorskip("carraystore.tf")
+    tds = tf_mod.to_dataset(store, B, resume=state, **OPTS)
+    assert int(tds.cardinality()) == len(kds)
+    assert [int(v) for _, y in tds for v in y.numpy()] == want
+    with pytest.raises(Exception, match="from a resume state"):
+        for _ in tds:
+            pass
+
+
+def test_tf_training_position_counts_steps_into_states(store: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")
+    import keras
+
+    from carraystore.tf import TrainingPosition, to_dataset
+
+    ds = to_dataset(store, B, epoch=2, transform=lambda x, y: (x, y % 4), **OPTS)
+    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pos = TrainingPosition(ds, save_to=tmp_path / "s.json")
+
+    class Stop(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+            if batch == 6:
+                self.model.stop_training = True
+
+    model.fit(ds, epochs=3, shuffle=False, verbose=0, callbacks=[pos, Stop()])
+    state = TrainingPosition.load_state(tmp_path / "s.json")
+    assert state == pos.state and state["epoch"] == 2
+    assert state["consumed"] == [{"world_size": 1, "samples": 70}]
+    full = [int(v) for _, y in batches(store, B, epoch=2, **OPTS) for v in y]
+    rest = [int(v) for _, y in to_dataset(store, B, resume=state, **OPTS) for v in y.numpy()]
+    assert rest == full[70:]
+    # a whole epoch moves the state to the next epoch; the second fit epoch is the dataset's next epoch
+    ds2 = to_dataset(store, B, epoch=2, transform=lambda x, y: (x, y % 4), **OPTS)
+    pos2 = TrainingPosition(ds2)
+    model.fit(ds2, epochs=2, shuffle=False, verbose=0, callbacks=[pos2])
+    assert pos2.state["epoch"] == 4 and pos2.state["consumed"] == []
+    with pytest.raises(InvalidInputError, match="to_dataset or distribute returned"):
+        TrainingPosition(ds2.take(3))
