@@ -75,6 +75,7 @@ __all__ = [
     "gather",
     "default_threads",
     "release_buffers",
+    "image_scale",
     "DEFAULT_WINDOW",
 ]
 
@@ -330,10 +331,12 @@ def _check_image_size(v: Any) -> tuple[int, int]:
     return h, w
 
 
-def _resolve_scale(store: StoreReader, image_size: tuple[int, int] | None) -> int:
-    """The factor ``image_size`` divides the store's images by (1, 2, 4 or 8)."""
+def image_scale(store: StoreReader, image_size: Sequence[int] | None) -> int:
+    """The factor ``image_size`` (checked: see ``LoaderOptions``) divides the store's images by:
+    1, 2, 4 or 8; InvalidInputError naming the sizes this store allows otherwise."""
     if image_size is None:
         return 1
+    image_size = _check_image_size(image_size)
     shape = tuple(store.image_shape)
     if len(shape) != 3 or not store.meta.color_mode:
         raise InvalidInputError(
@@ -768,7 +771,7 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
         span=span,
         runs=runs,
         y_struct=y_struct,
-        scale=_resolve_scale(store, options.image_size),
+        scale=image_scale(store, options.image_size),
     )
 
 
