@@ -39,7 +39,7 @@ from carraystore.benchmarks.loaders.machine import library_versions, machine_inf
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 SCALES = {
     "tiny": dict(n=16, sizes=(64,), rounds=1, factors=(1, 2, 4, 8)),
-    "small": dict(n=100, sizes=(256, 512), rounds=3, factors=(1, 2, 4, 8)),
+    "small": dict(n=100, sizes=(256, 512), rounds=5, factors=(1, 2, 4, 8)),
     "default": dict(n=200, sizes=(256, 512), rounds=5, factors=(1, 2, 4, 8)),
     "large": dict(n=400, sizes=(256, 512, 1024), rounds=7, factors=(1, 2, 4, 8)),
 }
