@@ -211,8 +211,8 @@ class LoaderOptions:
       None: the stored size, at no cost). It must be the stored size divided by 1, 2, 4 or
       8 (both sides by the same factor, exactly); any other size is refused with the ones
       this store allows (resize in a ``transform`` instead). Encoded stores decode JPEG
-      entries at that size with libjpeg's scaled IDCT (Pillow's ``Image.draft`` pixels, a
-      fraction of the work); PNG, WebP and raw entries and pixel stores (uint8 images
+      entries at that size with libjpeg's scaled IDCT (Pillow's ``Image.draft`` pixels, less
+      work than a full decode); PNG, WebP and raw entries and pixel stores (uint8 images
       only) are reduced after decoding by a box average, Pillow's ``Image.reduce`` (RGBA:
       each channel on its own). Clips keep their frames; batches, shards, resume and every
       adapter see the smaller images; the decoded-chunk slots stay full size, batch
