@@ -21,6 +21,12 @@ per process :func:`jpeg_decoder` decodes a set of small JPEGs (baseline and prog
 simplejpeg only when every pixel agrees. Entries it was not checked on (CMYK, 4:4:0, 12-bit,
 anything it reports a warning for) and any failure go to Pillow, which defines the pixels
 (FORMAT.md 10.2). ``CARRAYSTORE_JPEG_DECODER=pillow`` turns it off.
+
+Decoding at a smaller size (the loader's ``image_size``, the stored size divided by
+``scale`` = 2, 4 or 8): a JPEG entry is decoded by libjpeg's scaled IDCT, the pixels of
+Pillow's ``Image.draft(mode, (W // scale, H // scale))`` (simplejpeg decodes them where the
+same check found it identical); every other entry (PNG, WebP, raw) is decoded at full size
+and reduced by :func:`box_reduce`, the box average of Pillow's ``Image.reduce(scale)``.
 """
 
 from __future__ import annotations
@@ -52,6 +58,11 @@ __all__ = [
     "chunk_entries",
     "jpeg_decoder",
     "JpegDecoder",
+    "SCALES",
+    "box_reduce",
+    "reduce_images_inplace",
+    "reduced_sizes",
+    "reduced_view",
 ]
 
 #: The layout name recorded in the metadata.
@@ -229,16 +240,22 @@ def decode_entry(
     color_mode: str,
     formats: Sequence[str],
     what: Callable[[], str],
+    scale: int = 1,
 ) -> str:
-    """Decode one entry into ``out`` ((H, W, C) uint8); return its format.
+    """Decode one entry into ``out`` ((H, W, C) uint8, or (H/scale, W/scale, C)); return its format.
 
     The entry's format must be among ``formats``; its header must state the store's
-    width and height, which is checked before any pixel is decoded. Any failure is an
-    :class:`~carraystore.errors.EncodedImageError` whose text starts with ``what()``.
-    ``entry`` must not share memory with ``out``. JPEG entries are decoded by simplejpeg
-    where :func:`jpeg_decoder` found it identical to Pillow, by Pillow otherwise.
+    width and height (``out``'s times ``scale``), which is checked before any pixel is
+    decoded. Any failure is an :class:`~carraystore.errors.EncodedImageError` whose text
+    starts with ``what()``. ``entry`` must not share memory with ``out``. JPEG entries are
+    decoded by simplejpeg where :func:`jpeg_decoder` found it identical to Pillow, by Pillow
+    otherwise. ``scale`` (1, 2, 4 or 8): a JPEG is decoded at the reduced size by libjpeg's
+    scaled IDCT (Pillow's ``draft``), any other entry at full size, then reduced by :func:`box_reduce`.
     """
-    fmt = sniff(entry, out.nbytes)
+    h, w, c = out.shape
+    full = (h * scale, w * scale, c)
+    nbytes = h * w * c * scale * scale
+    fmt = sniff(entry, nbytes)
     if fmt not in formats:
         shown = "not a JPEG, PNG or WebP file" if fmt == "unknown" else f"a {fmt.upper()} entry"
         raise EncodedImageError(
@@ -246,20 +263,31 @@ def decode_entry(
             "run `carraystore verify` on it"
         )
     if fmt == "raw":
-        out.reshape(-1)[...] = np.frombuffer(entry, dtype=np.uint8)
+        pixels = np.frombuffer(entry, dtype=np.uint8).reshape(full)
+        if scale == 1:
+            out[...] = pixels
+        else:
+            box_reduce(pixels, scale, out=out)
         return fmt
-    if fmt == "jpeg" and jpeg_decoder().name == "simplejpeg":
-        import simplejpeg
+    if fmt == "jpeg":
+        dec = jpeg_decoder()
+        if dec.name == "simplejpeg" and (scale == 1 or dec.scaled):
+            import simplejpeg
 
-        if _decode_simplejpeg(simplejpeg, entry, out):
-            return fmt
-    _decode_pillow(entry, out, fmt, what)
+            if _decode_simplejpeg(simplejpeg, entry, out, scale):
+                return fmt
+    _decode_pillow(entry, out, fmt, what, scale)
     return fmt
 
 
-def _decode_pillow(entry: bytes | memoryview, out: np.ndarray, fmt: str, what: Callable[[], str]) -> None:
-    """Decode an entry of ``fmt`` into ``out`` with Pillow: the pixels FORMAT.md 10.2 defines."""
+def _decode_pillow(
+    entry: bytes | memoryview, out: np.ndarray, fmt: str, what: Callable[[], str], scale: int = 1
+) -> None:
+    """Decode an entry of ``fmt`` into ``out`` with Pillow: the pixels FORMAT.md 10.2 defines
+    (``scale`` > 1: a JPEG through ``draft``, libjpeg's scaled IDCT; any other format reduced
+    from its full-size pixels by :func:`box_reduce`)."""
     h, w, c = out.shape
+    h, w = h * scale, w * scale
     from PIL import Image
 
     try:
@@ -271,6 +299,15 @@ def _decode_pillow(entry: bytes | memoryview, out: np.ndarray, fmt: str, what: C
                         f"{what()}: the {fmt.upper()} header says {img.size[0]}x{img.size[1]} pixels, the store's "
                         f"images are {w}x{h}; the store is damaged or hostile: run `carraystore verify` on it"
                     )
+                reduce_after = scale
+                if scale > 1 and fmt == "jpeg":
+                    # the JPEG's own mode: only the size changes (draft("L") would decode the Y plane,
+                    # not the full decode's convert("L")); a draft of another size is not used
+                    img.draft(img.mode, (w // scale, h // scale))
+                    if img.size == (w // scale, h // scale):
+                        reduce_after = 1
+                    else:  # pragma: no cover - libjpeg scales by 1/2, 1/4 and 1/8 exactly
+                        img = Image.open(io.BytesIO(entry), formats=["JPEG"])
                 img.load()
                 if img.mode in _DEEP_MODES:  # 16 bits -> 8: the high byte, as decode_image does
                     img = Image.fromarray((np.asarray(img).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8), "L")
@@ -287,7 +324,93 @@ def _decode_pillow(entry: bytes | memoryview, out: np.ndarray, fmt: str, what: C
             f"{what()}: the {fmt.upper()} entry does not decode ({type(exc).__name__}: {exc}); "
             "the store is damaged: run `carraystore verify` on it"
         ) from exc
-    out[...] = arr.reshape(out.shape)
+    if reduce_after > 1:
+        box_reduce(arr.reshape(h, w, c), reduce_after, out=out)
+    else:
+        out[...] = arr.reshape(out.shape)
+
+
+# -- decoding at a smaller size -------------------------------------------------------------------
+
+#: What the stored size may be divided by when decoding at a smaller size (libjpeg's scaled IDCT).
+SCALES = (1, 2, 4, 8)
+
+
+def reduced_sizes(height: int, width: int) -> list[tuple[int, int]]:
+    """The (height, width) an image of ``height`` x ``width`` may be decoded at: divided by
+    1, 2, 4 or 8 where both divide exactly."""
+    return [(height // k, width // k) for k in SCALES if height % k == 0 and width % k == 0]
+
+
+def box_reduce(images: np.ndarray, scale: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``images`` (..., H, W, C) uint8 reduced by ``scale`` (H and W multiples of it): each
+    output pixel the mean of a ``scale`` x ``scale`` box, rounded half up, per channel.
+
+    Exactly Pillow's ``Image.reduce(scale)`` for L and RGB images (its ``(sum + n/2) / n``
+    with n = scale² a power of two). An RGBA image is averaged channel by channel (Pillow
+    premultiplies the colour by alpha first, so its RGBA result differs).
+    """
+    *lead, h, w, c = images.shape
+    if h % scale or w % scale:
+        raise InvalidInputError(f"box_reduce: a {h}x{w} image does not divide by {scale}")
+    hr, wr = h // scale, w // scale
+    if out is None:
+        out = np.empty((*lead, hr, wr, c), dtype=np.uint8)
+    if scale == 1:
+        out[...] = images
+        return out
+    n = scale * scale
+    # sums of up to 64 uint8 fit uint16; rows first (adding whole contiguous rows), then the
+    # columns one channel at a time (long strided loops; all channels at once would make
+    # numpy's inner loop the 3 channels, about twice slower)
+    x = images.reshape(-1, hr, scale, w * c)
+    rows = x[:, :, 0].astype(np.uint16)
+    for r in range(1, scale):
+        rows += x[:, :, r]
+    cols = rows.reshape(-1, hr, wr, scale, c)
+    total = np.empty((len(cols), hr, wr, c), np.uint16)
+    for ch in range(c):
+        t = total[..., ch]
+        np.add(cols[:, :, :, 0, ch], cols[:, :, :, 1, ch], out=t)
+        for q in range(2, scale):
+            t += cols[:, :, :, q, ch]
+    total += n // 2
+    total >>= n.bit_length() - 1
+    out[...] = total.reshape(out.shape)
+    return out
+
+
+#: images reduced at once by :func:`reduce_images_inplace` (bounds its temporary arrays)
+_REDUCE_GROUP_BYTES = 4 << 20
+
+
+def reduce_images_inplace(buf: np.ndarray, scale: int, count: int | None = None) -> None:
+    """Reduce the first ``count`` images of ``buf`` ((k, H, W, C) uint8, C-contiguous) by
+    ``scale``, each into the first (H/scale)*(W/scale)*C bytes of its own slot.
+
+    Image ``j``'s reduced pixels are written only over image ``j``'s own bytes, after all
+    of them were read, so no image is overwritten before it is reduced; the temporaries
+    hold a few MiB at a time.
+    """
+    k, h, w, c = buf.shape
+    count = k if count is None else count
+    nb = h * w * c
+    m = nb // (scale * scale)
+    flat = buf.reshape(k, nb)
+    group = max(1, _REDUCE_GROUP_BYTES // max(1, nb))
+    for a in range(0, count, group):
+        b = min(count, a + group)
+        small = box_reduce(buf[a:b], scale)
+        flat[a:b, :m] = small.reshape(b - a, m)
+
+
+def reduced_view(buf: np.ndarray, scale: int) -> np.ndarray:
+    """The reduced images of ``buf`` ((k, H, W, C), each in the first bytes of its slot, see
+    :func:`reduce_images_inplace`) as a strided (k, H/scale, W/scale, C) view."""
+    k, h, w, c = buf.shape
+    nb = h * w * c
+    hr, wr = h // scale, w // scale
+    return buf.reshape(k, nb)[:, : hr * wr * c].reshape(k, hr, wr, c)
 
 
 # -- the fast JPEG path ---------------------------------------------------------------------------
@@ -308,16 +431,22 @@ class JpegDecoder:
     name: str  # "simplejpeg" or "pillow"
     version: str
     reason: str  # why: "identical to Pillow on N checks", or why simplejpeg is not used
+    #: whether simplejpeg also decodes at reduced sizes (its scaled IDCT gave Pillow's draft pixels)
+    scaled: bool = False
 
 
 _jpeg_decoder: JpegDecoder | None = None
 
+#: the check images' sizes: odd (the edges of upsampling), and one that 8 divides (scaled decoding)
+_CHECK_SIZE = (29, 37)
+_CHECK_SIZE_SCALED = (40, 56)
 
-def _check_images() -> list[bytes]:
+
+def _check_images(size: tuple[int, int] = _CHECK_SIZE) -> list[bytes]:
     """Small JPEGs encoded by Pillow: every kind the fast path takes (odd sizes: the edges of upsampling)."""
     from PIL import Image
 
-    h, w = 29, 37
+    h, w = size
     y, x = np.mgrid[0:h, 0:w]
     hashed = (x * 7919 + y * 104729 + x * y * 31) % 251  # texture without a random generator
     rgb = np.stack([(x * 7 + hashed) % 256, (y * 9 + 2 * hashed) % 256, ((x + y) * 3 + hashed // 2) % 256], -1)
@@ -333,6 +462,22 @@ def _check_images() -> list[bytes]:
     return out
 
 
+def _agrees(simplejpeg: Any, size: tuple[int, int], scales: Sequence[int]) -> int:
+    """Checks on which simplejpeg gave Pillow's pixels (0 at the first that differs)."""
+    h, w = size
+    checks = 0
+    for data in _check_images(size):
+        for c in _FAST_TARGETS:
+            for k in scales:
+                want = np.empty((h // k, w // k, c), np.uint8)
+                got = np.full((h // k, w // k, c), 7, np.uint8)
+                _decode_pillow(data, want, "jpeg", lambda: "check image", k)
+                if not _decode_simplejpeg(simplejpeg, data, got, k) or not np.array_equal(got, want):
+                    return 0
+                checks += 1
+    return checks
+
+
 def _decide_jpeg_decoder() -> JpegDecoder:
     from PIL import __version__ as pillow_version
 
@@ -344,19 +489,21 @@ def _decide_jpeg_decoder() -> JpegDecoder:
     except ImportError:
         return pillow("simplejpeg is not installed")
     version = str(getattr(simplejpeg, "__version__", "?"))
-    checks = 0
     try:
-        for data in _check_images():
-            for c in _FAST_TARGETS:
-                want = np.empty((29, 37, c), np.uint8)
-                got = np.full((29, 37, c), 7, np.uint8)
-                _decode_pillow(data, want, "jpeg", lambda: "check image")
-                if not _decode_simplejpeg(simplejpeg, data, got) or not np.array_equal(got, want):
-                    return pillow(f"simplejpeg {version} does not give Pillow {pillow_version}'s pixels on every check")
-                checks += 1
+        checks = _agrees(simplejpeg, _CHECK_SIZE, (1,))
+        if not checks:
+            return pillow(f"simplejpeg {version} does not give Pillow {pillow_version}'s pixels on every check")
     except Exception as exc:  # a broken install: Pillow decodes
         return pillow(f"simplejpeg {version} failed its check ({type(exc).__name__}: {exc})")
-    return JpegDecoder("simplejpeg", version, f"identical to Pillow {pillow_version} on {checks} checks")
+    reason = f"identical to Pillow {pillow_version} on {checks} checks"
+    try:  # decoding at 1/2, 1/4, 1/8: against Pillow's draft, the same way
+        scaled = _agrees(simplejpeg, _CHECK_SIZE_SCALED, SCALES[1:])
+    except Exception as exc:
+        scaled, why = 0, f"failed its check ({type(exc).__name__}: {exc})"
+    else:
+        why = "does not give Pillow's draft pixels on every check"
+    reason += f", {scaled} scaled" if scaled else f"; reduced sizes by Pillow (simplejpeg {why})"
+    return JpegDecoder("simplejpeg", version, reason, scaled=bool(scaled))
 
 
 def jpeg_decoder() -> JpegDecoder:
@@ -367,21 +514,38 @@ def jpeg_decoder() -> JpegDecoder:
     return _jpeg_decoder
 
 
-def _decode_simplejpeg(simplejpeg: Any, entry: bytes | memoryview, out: np.ndarray) -> bool:
-    """Decode a JPEG entry into ``out`` with simplejpeg; False (``out`` undefined) where Pillow must."""
+def _decode_simplejpeg(simplejpeg: Any, entry: bytes | memoryview, out: np.ndarray, scale: int = 1) -> bool:
+    """Decode a JPEG entry into ``out`` (the store's size divided by ``scale``) with simplejpeg;
+    False (``out`` undefined) where Pillow must."""
     h, w, c = out.shape
     try:
         eh, ew, colorspace, subsampling = simplejpeg.decode_jpeg_header(entry)
-        if (eh, ew) != (h, w) or colorspace not in _FAST_COLORSPACES or subsampling not in _FAST_SUBSAMPLINGS:
+        if (
+            (eh, ew) != (h * scale, w * scale)
+            or colorspace not in _FAST_COLORSPACES
+            or subsampling not in _FAST_SUBSAMPLINGS
+        ):
             return False  # another size (Pillow names the error), CMYK, 4:4:0...: Pillow
+        kw: dict[str, Any] = {}
+        if scale > 1:
+            # simplejpeg picks the smallest libjpeg scale n/8 whose size is at least the one asked
+            # for: 1/scale exactly when a side has 8 pixels or more (below, a smaller n/8 may round
+            # to the same size), and then only if that is the size it reports
+            kw = {"min_height": h, "min_width": w}
+            if max(eh, ew) < 8 or simplejpeg.decode_jpeg_header(entry, **kw)[:2] != (h, w):
+                return False
         if c == 1 and colorspace != "Gray":  # Pillow's L of a colour JPEG is its RGB converted, not the Y plane
             from PIL import Image
 
-            rgb = simplejpeg.decode_jpeg(entry, "RGB", strict=True)
+            rgb = simplejpeg.decode_jpeg(entry, "RGB", strict=True, **kw)
+            if rgb.shape[:2] != (h, w):
+                return False
             out[..., 0] = np.asarray(Image.fromarray(rgb, "RGB").convert("L"))
             return True
         target = out if out.flags.c_contiguous else np.empty(out.shape, np.uint8)
-        simplejpeg.decode_jpeg(entry, _FAST_TARGETS[c], buffer=target, strict=True)
+        got = simplejpeg.decode_jpeg(entry, _FAST_TARGETS[c], buffer=target, strict=True, **kw)
+        if got.shape != out.shape:
+            return False
         if target is not out:
             out[...] = target
     except Exception:  # corrupt data, a libjpeg warning (strict): Pillow decides, and names the error
@@ -403,20 +567,29 @@ def decode_chunk_inplace(
     color_mode: str,
     formats: Sequence[str],
     what: Callable[[int], str],
+    scale: int = 1,
 ) -> None:
     """Decode the ``len(sizes)`` entries that ``buf`` ((k, H, W, C) uint8) holds into ``buf`` itself.
 
     Entry ``j`` starts at ``sum(sizes[:j])`` <= ``j * H*W*C`` (no entry is longer than its
     pixels), so images are decoded last first: image ``j``'s pixels never overwrite the
     bytes of an entry before it. ``what(j)`` names image ``j`` in errors.
+
+    ``scale`` > 1: image ``j`` is decoded at (H/scale, W/scale) into the first bytes of its
+    own slot (``j * H*W*C`` on), which lie inside that slot as the full image would, so the
+    same argument holds; :func:`reduced_view` is the (k, H/scale, W/scale, C) view of them.
     """
-    nb = int(np.prod(buf.shape[1:]))
+    k, h, w, c = buf.shape
+    nb = h * w * c
+    small = (h // scale, w // scale, c)
+    m = small[0] * small[1] * c
     flat = buf.reshape(-1)
     ends = np.cumsum(sizes.astype(np.int64))
     for j in range(len(sizes) - 1, -1, -1):
         a, b = int(ends[j] - sizes[j]), int(ends[j])
         entry = flat[a:b].tobytes()  # a copy: its bytes may lie under image j's own pixels
-        decode_entry(entry, buf[j], color_mode, formats, functools.partial(what, j))
+        out = buf[j] if scale == 1 else flat[j * nb : j * nb + m].reshape(small)
+        decode_entry(entry, out, color_mode, formats, functools.partial(what, j), scale)
     if nb and len(sizes) < len(buf):
         buf[len(sizes) :] = 0
 

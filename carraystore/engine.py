@@ -37,6 +37,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from carraystore import blocks
+from carraystore.encoded import SCALES, reduced_sizes
 from carraystore.errors import (
     CarrayStoreError,
     ChecksumError,
@@ -76,6 +77,7 @@ __all__ = [
     "gather",
     "default_threads",
     "release_buffers",
+    "image_scale",
     "DEFAULT_WINDOW",
 ]
 
@@ -153,6 +155,7 @@ class LoaderKwargs(TypedDict, total=False):
     queue_size: int
     retry_timeout: float | None
     memory_budget: int | str | None
+    image_size: tuple[int, int] | None
     resume: Mapping[str, Any] | ResumePoint | None
 
 
@@ -212,6 +215,16 @@ class LoaderOptions:
     - ``retry_timeout``: remote stores: seconds a failing server is tried again before the
       epoch fails (default: the store's storage option ``retry_timeout``, 120 s); the
       loader waits meanwhile and resumes at the same batch, losing and repeating nothing.
+    - ``image_size=(height, width)``: the size of the images the loader yields (default
+      None: the stored size, at no cost). It must be the stored size divided by 1, 2, 4 or
+      8 (both sides by the same factor, exactly); any other size is refused with the ones
+      this store allows (resize in a ``transform`` instead). Encoded stores decode JPEG
+      entries at that size with libjpeg's scaled IDCT (Pillow's ``Image.draft`` pixels, less
+      work than a full decode); PNG, WebP and raw entries and pixel stores (uint8 images
+      only) are reduced after decoding by a box average, Pillow's ``Image.reduce`` (RGBA:
+      each channel on its own). Clips keep their frames; batches, shards, resume and every
+      adapter see the smaller images; the decoded-chunk slots stay full size, batch
+      buffers are the smaller size.
     """
 
     shuffle: Shuffle = "block"
@@ -236,6 +249,7 @@ class LoaderOptions:
     queue_size: int = 2
     retry_timeout: float | None = None
     memory_budget: int | str | None = None
+    image_size: tuple[int, int] | None = None
     resume: Mapping[str, Any] | ResumePoint | None = None
 
     def __post_init__(self) -> None:
@@ -307,6 +321,8 @@ class LoaderOptions:
             if not seconds >= 0:
                 raise InvalidInputError(f"retry_timeout must be seconds >= 0, got {self.retry_timeout!r}")
             s(self, "retry_timeout", seconds)
+        if self.image_size is not None:
+            s(self, "image_size", _check_image_size(self.image_size))
 
     @property
     def resume_point(self) -> ResumePoint | None:
@@ -329,6 +345,50 @@ class LoaderOptions:
     def replace(self, **changes: Any) -> LoaderOptions:
         """A copy with some options changed (checked again)."""
         return dataclasses.replace(self, **changes)
+
+
+def _check_image_size(v: Any) -> tuple[int, int]:
+    """``image_size`` checked: a pair (height, width) of integers >= 1."""
+    what = f"image_size must be (height, width), two integers >= 1, got {v!r}"
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or len(v) != 2:
+        raise InvalidInputError(what)
+    try:
+        h, w = (_int_arg("image_size", x, 1) for x in v)
+    except InvalidInputError:
+        raise InvalidInputError(what) from None
+    return h, w
+
+
+def image_scale(store: StoreReader, image_size: Sequence[int] | None) -> int:
+    """The factor ``image_size`` (checked: see ``LoaderOptions``) divides the store's images by:
+    1, 2, 4 or 8; InvalidInputError naming the sizes this store allows otherwise."""
+    if image_size is None:
+        return 1
+    image_size = _check_image_size(image_size)
+    shape = tuple(store.image_shape)
+    if len(shape) != 3 or not store.meta.color_mode:
+        raise InvalidInputError(
+            f"{store.location}: image_size= applies to image stores; this store's items are {store.dtype} of shape "
+            f"{shape}, not (height, width, channels) images"
+        )
+    h, w = shape[:2]
+    if tuple(image_size) == (h, w):
+        return 1
+    allowed = reduced_sizes(h, w)
+    scale = next((k for k in SCALES if h % k == 0 and w % k == 0 and (h // k, w // k) == tuple(image_size)), None)
+    if scale is None:
+        shown = ", ".join(f"({a}, {b})" for a, b in allowed)
+        raise InvalidInputError(
+            f"{store.location}: image_size={tuple(image_size)} is not one the store's {h}x{w} images can be decoded "
+            f"at: the stored size divided by 1, 2, 4 or 8 exactly, here {shown}; for any other size, resize in a "
+            "transform="
+        )
+    if store.dtype != np.uint8:
+        raise InvalidInputError(
+            f"{store.location}: image_size={tuple(image_size)} reduces {store.dtype} images; only uint8 images are "
+            "decoded at a smaller size (resize in a transform= instead)"
+        )
+    return scale
 
 
 def _check_targets(t: Any) -> Targets:
@@ -409,6 +469,8 @@ class LoaderSpec:
     runs: np.ndarray | None = None  # sequences: boundaries of the groups' runs
     #: ``targets`` resolved: names of fields, ``_CLASS`` for the class label; None: no y
     y_struct: Any = None
+    #: ``image_size`` resolved: the stored images' sides are divided by this (1, 2, 4 or 8)
+    scale: int = 1
     #: the resumed epoch's plan, once made (``options.resume``)
     _resumed: dict[int, EpochPlan] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -448,8 +510,21 @@ class LoaderSpec:
     def labelled(self) -> bool:
         return self.label_mode is not None and self.store.labels is not None
 
-    def x_shape(self, n: int) -> tuple[int, ...]:
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """The shape of one image as the loader yields it (``image_size`` applied)."""
         item = tuple(self.store.image_shape)
+        if self.scale == 1:
+            return item
+        return (item[0] // self.scale, item[1] // self.scale, *item[2:])
+
+    @property
+    def item_nbytes(self) -> int:
+        """Bytes of one image as the loader yields it."""
+        return int(np.prod(self.item_shape)) * self.store.dtype.itemsize
+
+    def x_shape(self, n: int) -> tuple[int, ...]:
+        item = self.item_shape
         return (n, *item) if self.span == 1 else (n, self.span, *item)
 
     def y_shape(self, n: int | None) -> tuple[int | None, ...]:
@@ -660,7 +735,7 @@ class LoaderSpec:
                 # one blosc2 thread per decoder thread: the decoders already run in parallel,
                 # and blosc2's own threads on top would oversubscribe the cores (measured: lz4
                 # chunks came 1.8x faster this way on 2 cores)
-                store.decompress_chunk(chunk, data, out, nthreads=1)
+                store.decompress_chunk(chunk, data, out, nthreads=1, scale=self.scale)
         except Exception as exc:
             raise _chunk_error(store, chunk, exc) from exc
 
@@ -787,6 +862,7 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
         span=span,
         runs=runs,
         y_struct=y_struct,
+        scale=image_scale(store, options.image_size),
     )
     if options.resume_point is not None:
         check_order(options.resume_point, spec.order_facts(), str(store.location))
@@ -814,18 +890,32 @@ def gather(
     arena: np.ndarray,
     chunk_size: int,
     out: np.ndarray | None = None,
+    scale: int = 1,
 ) -> np.ndarray:
     """The items at ``samples`` (any shape) out of decoded chunks.
 
     Chunk ``chunks[j]`` (sorted) sits in ``arena[slots[j]]``, an array of shape
     (slots, chunk_size, *item_shape). The result has shape ``samples.shape + item_shape``;
     it is written into ``out`` (C-contiguous, that shape) when given, else a new array.
+    ``scale`` > 1: the chunks hold images decoded at (H/scale, W/scale), each in the first
+    bytes of its full-size slot (:func:`carraystore.encoded.reduced_view`); those are gathered.
     """
     s = samples.reshape(-1)
     c = s // chunk_size
     slot = slots[np.searchsorted(chunks, c)]
     flat = slot * chunk_size + (s - c * chunk_size)
     item = arena.shape[2:]
+    if scale != 1:
+        h, w, *rest = item
+        small = (h // scale, w // scale, *rest)
+        if out is None:
+            out = np.empty((*samples.shape, *small), dtype=arena.dtype)
+        rows = arena.reshape(len(arena) * chunk_size, -1)
+        m = int(np.prod(small))
+        # a strided view of the images' first bytes: take() would copy the whole arena to
+        # make it contiguous, so index it (a temporary of the batch's size)
+        out.reshape(len(s), m)[...] = rows[flat, :m]
+        return out
     if out is None:
         out = np.empty((*samples.shape, *item), dtype=arena.dtype)
     # mode="clip" (the indices are valid) lets take() write straight into out, unbuffered
@@ -1020,7 +1110,7 @@ class EpochDecoder:
         self.pid = os.getpid()
         self.nslots = max(1, min(max(nslots, self.plan.max_window_chunks), self.plan.total_chunks))
         #: direct mode: slots hold compressed chunks and batches are decompressed image by image
-        self.direct = (
+        self.direct = spec.scale == 1 and (  # reduced images are made from decoded chunks
             direct_ok(spec.store) and num_threads <= DIRECT_MAX_THREADS
             if direct is None
             else bool(direct and direct_possible(spec.store))
@@ -1280,7 +1370,13 @@ class EpochDecoder:
                 else:
                     assert self.arena is not None
                     gather(
-                        plan.samples(pos, end), win.chunks, win.slots, self.arena, self.k, out=out[pos - a : end - a]
+                        plan.samples(pos, end),
+                        win.chunks,
+                        win.slots,
+                        self.arena,
+                        self.k,
+                        out=out[pos - a : end - a],
+                        scale=spec.scale,
                     )
             finally:
                 self._release(w, win, i)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from carraystore.engine import image_scale
 from carraystore.errors import InvalidInputError
 from carraystore.reader import StoreReader
 from carraystore.store import open_store
@@ -43,6 +44,9 @@ class StoreDataSource:
     - ``cache_chunks``: decoded chunks kept per process (default 8).
     - ``verify``: check each chunk's CRC32 before decoding it (default True).
     - ``with_key``: add ``"key"`` (the sample's source name) where the store has keys.
+    - ``image_size``: (height, width) of the images returned, the stored size divided by 1,
+      2, 4 or 8 (as the loaders' ``image_size``: JPEG entries decoded at that size, other
+      images box-averaged); the cache holds the smaller images.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class StoreDataSource:
         verify: bool = True,
         with_key: bool = False,
         storage_options: dict[str, Any] | None = None,
+        image_size: tuple[int, int] | None = None,
     ) -> None:
         if isinstance(store_or_path, StoreReader):
             store = store_or_path
@@ -67,6 +72,7 @@ class StoreDataSource:
             raise InvalidInputError(f"cache_chunks must be >= 1, got {cache_chunks}")
         self.verify = bool(verify)
         self.with_key = bool(with_key)
+        self.scale = image_scale(store, image_size)
         self._open_state: dict[str, Any] = store.__getstate__()
         self._setup(store)
 
@@ -97,7 +103,9 @@ class StoreDataSource:
             if arr is not None:
                 self._cache.move_to_end(c)
                 return arr
-        arr = store.read_chunk(c, verify=self.verify)  # outside the lock: threads decode in parallel
+        arr = store.read_chunk(c, verify=self.verify, scale=self.scale)  # outside the lock: threads decode in parallel
+        if self.scale != 1:  # the reduced images, compact: the full-size buffer is let go
+            arr = np.ascontiguousarray(arr)
         with self._lock:
             self._cache[c] = arr
             while len(self._cache) > self.cache_chunks:
@@ -127,6 +135,7 @@ class StoreDataSource:
             "cache_chunks": self.cache_chunks,
             "verify": self.verify,
             "with_key": self.with_key,
+            "scale": self.scale,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -134,6 +143,7 @@ class StoreDataSource:
         self.cache_chunks = state["cache_chunks"]
         self.verify = state["verify"]
         self.with_key = state["with_key"]
+        self.scale = state.get("scale", 1)
         self._setup(None)
 
     def __repr__(self) -> str:

@@ -52,7 +52,8 @@ class MemoryPlan:
     budget: int
     #: chunk slots (the current window, the next windows decoded ahead)
     slots: int
-    #: bytes of one slot (a decoded chunk; a compressed one, never larger, in direct mode)
+    #: bytes of one slot (a decoded chunk, full size also with ``image_size``; a compressed one,
+    #: never larger, in direct mode)
     slot_bytes: int
     #: batch buffers the loader keeps (finished, under way, reused)
     batch_buffers: int
@@ -79,7 +80,7 @@ class MemoryPlan:
 
 def _batch_bytes(spec: LoaderSpec) -> int:
     frames = int(spec.options.sequence_length or 1)
-    return max(1, spec.batch_size * frames * int(spec.store.meta.image_nbytes))
+    return max(1, spec.batch_size * frames * spec.item_nbytes)  # image_size= applied
 
 
 def _source_bytes(spec: LoaderSpec) -> int:

@@ -33,7 +33,7 @@ from carraystore.codec import (
     crc32,
     parse_chunk_header,
 )
-from carraystore.encoded import chunk_entries, decode_chunk_inplace
+from carraystore.encoded import chunk_entries, decode_chunk_inplace, reduce_images_inplace, reduced_view
 from carraystore.errors import (
     CarrayStoreError,
     ChecksumError,
@@ -380,12 +380,22 @@ class StoreReader:
     advise_willneed = prefetch_chunks
 
     def decompress_chunk(
-        self, i: int, data: bytes | memoryview, out: np.ndarray | None = None, nthreads: int | None = None
+        self,
+        i: int,
+        data: bytes | memoryview,
+        out: np.ndarray | None = None,
+        nthreads: int | None = None,
+        scale: int = 1,
     ) -> np.ndarray:
         """Decompress chunk ``i``'s bytes into ``out`` (a full chunk buffer); return its images.
 
         ``nthreads`` is blosc2's own thread count for this chunk (default: blosc2's global
         setting); callers that decompress several chunks in parallel threads pass 1.
+
+        ``scale`` (2, 4 or 8; uint8 image stores): the images at their size divided by
+        ``scale``, each in the first bytes of its slot of ``out``, returned as a strided
+        view. An encoded store decodes its JPEG entries at that size (libjpeg's scaled
+        IDCT), every other image is reduced by :func:`carraystore.encoded.box_reduce`.
         """
         start, stop = self.chunk_range(i)
         shape = (self.meta.chunk_images, *self.image_shape)
@@ -393,6 +403,8 @@ class StoreReader:
             out = np.empty(shape, dtype=self.dtype)
         elif out.shape != shape or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise InvalidInputError(f"out buffer must be C-contiguous {self.dtype} of shape {shape}")
+        if scale != 1 and (self.dtype != np.uint8 or len(self.image_shape) != 3):
+            raise InvalidInputError(f"{self.location}: only uint8 (H, W, C) images are decoded at a smaller size")
         try:
             if in_forked_child() or nthreads is not None:
                 blosc2.decompress2(data, dst=out, nthreads=1 if in_forked_child() else nthreads)
@@ -403,11 +415,15 @@ class StoreReader:
                 f"{self.location}: chunk {i} does not decompress ({exc}); run `carraystore verify {self.location}`"
             ) from exc
         if self.meta.layout == "encoded":  # the chunk's entries, decoded in place (FORMAT.md 10)
-            self._decode_entries(i, out)
+            self._decode_entries(i, out, scale)
+        elif scale != 1:
+            reduce_images_inplace(out, scale, stop - start)
+        if scale != 1:
+            return reduced_view(out, scale)[: stop - start]
         return out[: stop - start]
 
     # -- the encoded layout (FORMAT.md 10) -----------------------------------------------------
-    def _decode_entries(self, i: int, buf: np.ndarray) -> None:
+    def _decode_entries(self, i: int, buf: np.ndarray, scale: int = 1) -> None:
         start, stop = self.chunk_range(i)
         meta = self.meta
         assert meta.entry_sizes is not None and meta.encoding is not None
@@ -417,6 +433,7 @@ class StoreReader:
             meta.color_mode,
             meta.encoding.formats,
             lambda j: f"{self.location}: image {start + j} (chunk {i})",
+            scale,
         )
 
     def chunk_entries(self, i: int, verify: bool = True) -> list[bytes]:
@@ -454,17 +471,18 @@ class StoreReader:
                 "the file is damaged (or changed while read): run `carraystore verify` on it"
             )
 
-    def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = True) -> np.ndarray:
+    def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = True, scale: int = 1) -> np.ndarray:
         """The images of chunk ``i`` as an array (a view of ``out`` when given).
 
         ``verify`` (default True) checks the chunk's CRC32 first: a damaged chunk raises
-        ChecksumError naming it instead of handing out wrong pixels.
+        ChecksumError naming it instead of handing out wrong pixels. ``scale``: the images
+        at their size divided by 2, 4 or 8 (:meth:`decompress_chunk`).
         """
         i = self._check_chunk_index(i)
         data = self.chunk_buffer(i)
         if verify and not self.check_reads:
             self.check_chunk_bytes(i, data)
-        return self.decompress_chunk(i, data, out)
+        return self.decompress_chunk(i, data, out, scale=scale)
 
     def iter_chunks(self) -> Iterator[np.ndarray]:
         """Every chunk in file order (a fresh array each)."""

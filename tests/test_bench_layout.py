@@ -142,3 +142,21 @@ def test_layout_refuses_bad_arguments(photos: Path, capsys: pytest.CaptureFixtur
     assert "link rates must be positive" in capsys.readouterr().err
     assert main(["bench", "layout", str(photos), "--preset", "tiny"]) == 2
     assert "unknown preset" in capsys.readouterr().err
+    assert main(["bench", "layout", str(photos), "--sample", "8", "--decode-size", "30", "30", "-q"]) == 2
+    assert "64x64, 32x32, 16x16, 8x8" in capsys.readouterr().err
+
+
+def test_layout_decode_size_reports_both_rates(
+    photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r, out = _run([str(photos), "--sample", "16", "--cores", "2", "--decode-size", "32", "32"], tmp_path, capsys)
+    assert r["decode_size"] == [32, 32]
+    for x in (r["pixels"], r["encoded"]):
+        assert x["decode_per_core"] > 0 and x["reduced_decode_per_core"] > 0
+        assert (
+            f"| {_n(x['decode_per_core'])} | {_n(x['reduced_decode_per_core'])} | "
+            f"{_n(2 * x['reduced_decode_per_core'])} |"
+        ) in out
+    assert "at 32x32 | images/s on 2 cores at 32x32 |" in out and "image_size=(32, 32)" in out
+    for row in r["links"]:  # the cores' limit is the reduced size's rate
+        assert row["encoded"] <= 2 * r["encoded"]["reduced_decode_per_core"] + 1e-6

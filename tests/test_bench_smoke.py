@@ -99,6 +99,15 @@ def test_bench_runs_tiny(path: Path, tmp_path: Path) -> None:
         reports = json.loads((results / "layout.json").read_text())["reports"]
         assert [r["preset"] for r in reports] == ["balanced", "fast"]
         assert all(r["encoded"]["stored_as"] == "16 jpeg" and r["pixels"]["images"] == 16 for r in reports)
+    if path.name == "bench_reduced_decode.py":
+        data = json.loads((results / "reduced_decode.json").read_text())
+        assert {(r["decoder"], r["factor"]) for r in data["rows"]} == {
+            (d, k) for d in ("simplejpeg", "pillow") for k in (1, 2, 4, 8)
+        }
+        assert all(r["identical"] == "16/16" and r["images_per_s_per_core"] > 0 for r in data["rows"]), data["rows"]
+        assert {(r["layout"], r["factor"]) for r in data["chunk_rows"]} == {
+            (x, k) for x in ("encoded", "pixels (balanced)") for k in (1, 2, 4, 8)
+        }
     if path.name == "bench_remote.py":
         data = json.loads((results / "remote.json").read_text())
         assert [(link["rtt_ms"], link["mbit"]) for link in data["links"]] == [(0, None), (20, 400)]

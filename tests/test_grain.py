@@ -40,6 +40,17 @@ def test_records_are_the_store_samples(store_path: Path) -> None:
         StoreDataSource(store_path, cache_chunks=0)
 
 
+def test_image_size_gives_pillows_reduce_and_survives_pickling(store_path: Path) -> None:
+    from PIL import Image
+
+    pixels = carraystore.open(store_path)[:]
+    src = pickle.loads(pickle.dumps(StoreDataSource(store_path, image_size=(8, 8))))
+    for i in (0, 9, 100):
+        np.testing.assert_array_equal(src[i]["image"], np.asarray(Image.fromarray(pixels[i]).reduce(2)))
+    with pytest.raises(InvalidInputError, match=r"\(16, 16\), \(8, 8\), \(4, 4\), \(2, 2\)"):
+        StoreDataSource(store_path, image_size=(5, 5))
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_grain_dataloader_with_a_shuffling_sampler(store_path: Path, workers: int) -> None:
     if workers:

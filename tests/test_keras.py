@@ -248,6 +248,20 @@ class _Crash(Exception):
     pass
 
 
+def test_image_size_gives_smaller_batches_of_pillows_reduce(splits: dict[str, Path]) -> None:
+    from PIL import Image
+
+    store = carraystore.open(splits["val"])
+    ds = StoreDataset(store, 16, shuffle=False, image_size=(16, 16), num_threads=2)
+    x, y = ds[1]
+    assert x.shape == (16, 16, 16, 3) and x.dtype == np.uint8
+    want = np.stack([np.asarray(Image.fromarray(a).reduce(4)) for a in store[16:32]])
+    np.testing.assert_array_equal(x, want)
+    np.testing.assert_array_equal(y, store.labels[16:32])
+    with pytest.raises(carraystore.errors.InvalidInputError, match=r"\(64, 64\), \(32, 32\), \(16, 16\), \(8, 8\)"):
+        StoreDataset(store, 16, image_size=(20, 20))
+
+
 def test_a_fit_interrupted_mid_epoch_resumes_with_exactly_one_epoch_of_samples(
     splits: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -192,6 +192,8 @@ def test_keras_resumes_a_state_at_another_world_size_and_records_it(store: Path,
     got = collections.Counter(consumed + served + rest)
     assert sorted(got) == list(range(203)) and sum(got.values()) - 203 < 3
     assert TrainingPosition.load_state(tmp_path / "none.json") is None
+    for d in [*ranks, one, one_mod, *last]:
+        d.close()  # the decoder threads end now, not when garbage collected (test_keras counts them)
 
 
 def test_a_torch_state_resumes_in_keras_and_tf(store: Path) -> None:
@@ -207,6 +209,7 @@ def test_a_torch_state_resumes_in_keras_and_tf(store: Path) -> None:
     keras_mod = pytest.importorskip("carraystore.keras")
     kds = keras_mod.StoreDataset(store, B, resume=state, **OPTS)
     assert [int(v) for i in range(len(kds)) for v in kds[i][1]] == want
+    kds.close()
     tf_mod = pytest.importorskip("carraystore.tf")
     tds = tf_mod.to_dataset(store, B, resume=state, **OPTS)
     assert int(tds.cardinality()) == len(kds)

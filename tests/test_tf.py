@@ -64,6 +64,21 @@ def test_element_spec(photo_store: Path, tmp_path: Path) -> None:
     assert sum(int(xb.shape[0]) for xb, _ in vds) == 6
 
 
+def test_image_size_in_the_element_spec_and_the_batches(photo_store: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    store = carraystore.open(photo_store)
+    ds = to_dataset(photo_store, 32, shuffle=False, image_size=(12, 12))
+    assert ds.element_spec[0].shape.as_list() == [None, 12, 12, 3]
+    xs = np.concatenate([xb.numpy() for xb, _ in ds])
+    np.testing.assert_array_equal(xs, np.stack([np.asarray(Image.fromarray(a).reduce(2)) for a in store[:]]))
+    video = make_video_folder(tmp_path / "video", clips=1, frames=8, size=(16, 16))
+    vstore = carraystore.from_directory(video, tmp_path / "v.b2nd", keep_order=True, chunk_images=4, workers=1).path
+    vds = to_dataset(vstore, 2, sequence_length=4, image_size=(4, 4))
+    assert vds.element_spec[0].shape.as_list() == [None, 4, 4, 4, 3]
+    assert [tuple(xb.shape) for xb, _ in vds] == [(2, 4, 4, 4, 3)]
+
+
 def test_every_pass_is_a_new_epoch_visiting_every_sample_once(photo_store: Path) -> None:
     store = carraystore.open(photo_store)
     table = index_of(store)

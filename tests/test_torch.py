@@ -75,6 +75,24 @@ def test_zero_and_two_workers_give_every_sample_once_in_the_same_order(odd_store
     _check_pixels(odd_store, two)
 
 
+def test_image_size_gives_pillows_reduce_in_the_workers_too(odd_store: Path) -> None:
+    from PIL import Image
+
+    pixels = carraystore.open(odd_store)[:]
+    small = np.stack([np.asarray(Image.fromarray(a).reduce(2)) for a in pixels])
+    ds = StoreDataset(odd_store, B, image_size=(8, 8), **OPTS)
+    for workers in (0, 2):
+        got = list(DataLoader(ds, batch_size=None, num_workers=workers))
+        assert sorted(_ids(got)) == list(range(203))
+        for x, y in got:
+            assert tuple(x.shape[1:]) == (8, 8, 3)
+            np.testing.assert_array_equal(x.numpy(), small[y.numpy()])
+    m = StoreMapDataset(odd_store, B, image_size=(4, 4), shuffle=False, **OPTS)
+    x, y = m[3]
+    assert tuple(x.shape) == (10, 4, 4, 3)
+    np.testing.assert_array_equal(x.numpy(), [np.asarray(Image.fromarray(a).reduce(4)) for a in pixels[y.numpy()]])
+
+
 # forkserver works the same way (the dataset pickles as for spawn); it costs another ~10 s here
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_multiprocessing_contexts(odd_store: Path, context: str) -> None:

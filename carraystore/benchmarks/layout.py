@@ -22,6 +22,11 @@ holds, others are encoded with the store's pinned format), in whole chunks; then
   into memory first, so no storage time is counted; the median of the repeats counts.
 
 :func:`break_even` solves where both layouts feed the same images/s.
+
+``decode_size`` (``--decode-size H W``): the images decoded as the loader's
+``image_size=(H, W)`` decodes them (the stored size divided by 2, 4 or 8: JPEG entries by
+libjpeg's scaled IDCT, every other image box-reduced); both rates are reported, and the
+reduced one is the cores' limit in the links table and the break-even.
 """
 
 from __future__ import annotations
@@ -76,10 +81,17 @@ class LayoutResult:
     raw_bytes_per_image: int  # H * W * C
     bytes_per_image: float  # compressed chunk bytes per image: what crosses the link
     decode_per_core: float  # images/s one core decodes (CRC, decompression, entries)
+    #: images/s one core decodes at the report's ``decode_size`` (None: not measured)
+    reduced_decode_per_core: float | None = None
+
+    @property
+    def rate(self) -> float:
+        """Images/s one core delivers at the size the loader yields (``decode_size`` if given)."""
+        return self.decode_per_core if self.reduced_decode_per_core is None else self.reduced_decode_per_core
 
     def capacity(self, cores: int) -> float:
-        """Images/s ``cores`` cores decode when the link is no limit."""
-        return cores * self.decode_per_core
+        """Images/s ``cores`` cores decode when the link is no limit (at ``decode_size`` if given)."""
+        return cores * self.rate
 
     def images_per_s(self, cores: int, link_bytes_per_s: float) -> float:
         """Images/s delivered: the link's and the cores' limit, whichever is lower."""
@@ -120,6 +132,8 @@ class LayoutReport:
     jpeg_decoder: str
     preset: str = "balanced"
     quality: int | None = None
+    #: the size images were also decoded at (the loader's ``image_size``), or None
+    decode_size: tuple[int, int] | None = None
 
     def ingest_command(self, layout: str) -> str:
         """The ``carraystore ingest`` that writes the measured ``layout``."""
@@ -151,6 +165,7 @@ class LayoutReport:
             "cores": self.cores,
             "preset": self.preset,
             "quality": self.quality,
+            "decode_size": None if self.decode_size is None else list(self.decode_size),
             "jpeg_decoder": self.jpeg_decoder,
             "pixels": self.pixels.to_dict(),
             "encoded": self.encoded.to_dict(),
@@ -220,8 +235,9 @@ def _sample(
 # -- measuring ---------------------------------------------------------------------------------
 
 
-def _decode_rate(path: Path, repeats: int) -> tuple[float, float, int]:
-    """(bytes per image, images/s of one core, images) of the store at ``path``."""
+def _decode_rate(path: Path, repeats: int, scale: int = 1) -> tuple[float, float, int]:
+    """(bytes per image, images/s of one core, images) of the store at ``path`` (decoded at its
+    size divided by ``scale``)."""
     from carraystore.reader import StoreReader, open_store
 
     store: StoreReader
@@ -234,7 +250,7 @@ def _decode_rate(path: Path, repeats: int) -> tuple[float, float, int]:
             t0 = time.thread_time()
             for c, data in enumerate(chunks):
                 store.check_chunk_bytes(c, data)
-                store.decompress_chunk(c, data, buf, nthreads=1)
+                store.decompress_chunk(c, data, buf, nthreads=1, scale=scale)
             times.append(time.thread_time() - t0)
         cpu = max(statistics.median(times), 1e-9)
         return sum(len(d) for d in chunks) / n, n / cpu, n
@@ -254,8 +270,10 @@ def measure_layouts(
     repeats: int = 5,
     work: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    decode_size: tuple[int, int] | None = None,
 ) -> LayoutReport:
-    """Measure both layouts on ``sample`` images of ``src`` (a folder of images or a store)."""
+    """Measure both layouts on ``sample`` images of ``src`` (a folder of images or a store);
+    ``decode_size``: also decoded at that size (the loader's ``image_size``)."""
     from carraystore.codec import PRESETS, default_chunk_images
     from carraystore.encoded import jpeg_decoder, sniff
     from carraystore.writer import create
@@ -274,6 +292,7 @@ def measure_layouts(
     pixels, entries, encoding = _sample(src, sample, seed, image_size, color_mode, quality)
     shape = tuple(int(x) for x in pixels.shape[1:])
     nb = int(np.prod(shape))
+    scale = _scale_of(shape, decode_size)
     # whole chunks only (a partial chunk still costs a whole chunk's decompression): the sample in chunks of k
     k = min(len(pixels), default_chunk_images(nb, 1, "encoded"), default_chunk_images(nb))
     n = len(pixels) // k * k
@@ -288,8 +307,10 @@ def measure_layouts(
             w.append_encoded(entries)
         say("measuring the pixel layout")
         pb, pr, _ = _decode_rate(root / "pixels.b2nd", repeats)
+        prr = None if scale == 1 else _decode_rate(root / "pixels.b2nd", repeats, scale)[1]
         say("measuring the encoded layout")
         eb, er, _ = _decode_rate(root / "encoded.b2nd", repeats)
+        err = None if scale == 1 else _decode_rate(root / "encoded.b2nd", repeats, scale)[1]
     finally:
         tmp.cleanup()
     formats = Counter(sniff(e, nb) for e in entries)
@@ -301,11 +322,30 @@ def measure_layouts(
         image_shape=shape,
         cores=cores,
         links_mbit=links,
-        pixels=LayoutResult("pixels", f"{preset} ({Codec.preset(preset).describe()})", n, nb, pb, pr),
-        encoded=LayoutResult("encoded", ", ".join(f"{c} {f}" for f, c in sorted(formats.items())), n, nb, eb, er),
+        pixels=LayoutResult("pixels", f"{preset} ({Codec.preset(preset).describe()})", n, nb, pb, pr, prr),
+        encoded=LayoutResult("encoded", ", ".join(f"{c} {f}" for f, c in sorted(formats.items())), n, nb, eb, er, err),
         jpeg_decoder=f"{dec.name} {dec.version} ({dec.reason})",
         preset=preset,
         quality=quality,
+        decode_size=None if scale == 1 else (shape[0] // scale, shape[1] // scale),
+    )
+
+
+def _scale_of(shape: tuple[int, ...], decode_size: tuple[int, int] | None) -> int:
+    """The factor ``decode_size`` divides the sample's images by; InvalidInputError naming the allowed sizes."""
+    from carraystore.encoded import SCALES, reduced_sizes
+
+    if decode_size is None:
+        return 1
+    h, w = shape[:2]
+    want = tuple(int(x) for x in decode_size)
+    for k in SCALES:
+        if h % k == 0 and w % k == 0 and (h // k, w // k) == want:
+            return k
+    shown = ", ".join(f"{a}x{b}" for a, b in reduced_sizes(h, w))
+    raise InvalidInputError(
+        f"--decode-size {want[0]} {want[1]}: the sample's {h}x{w} images decode at their size divided by 1, 2, 4 "
+        f"or 8 exactly: {shown}"
     )
 
 
@@ -324,13 +364,28 @@ def report_text(r: LayoutReport) -> str:
         "",
         f"JPEG entries decoded by {r.jpeg_decoder}.",
         "",
-        f"| layout | stored as | bytes/image | of raw | decoded images/s per core | images/s on {c} cores |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
+    if r.decode_size is None:
+        lines += [
+            f"| layout | stored as | bytes/image | of raw | decoded images/s per core | images/s on {c} cores |",
+            "| --- | --- | ---: | ---: | ---: | ---: |",
+        ]
+    else:
+        ds = "x".join(map(str, r.decode_size))
+        lines += [
+            f"Decoded at {ds} as well (the loader's image_size=({r.decode_size[0]}, {r.decode_size[1]})); the links "
+            f"table and the break-even are at {ds}.",
+            "",
+            f"| layout | stored as | bytes/image | of raw | decoded images/s per core | at {ds} | "
+            f"images/s on {c} cores at {ds} |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
     for x in (r.pixels, r.encoded):
+        reduced = "" if x.reduced_decode_per_core is None else f" {_n(x.reduced_decode_per_core)} |"
         lines.append(
             f"| {x.layout} | {x.stored_as} | {_n(x.bytes_per_image)} | "
-            f"{100 * x.bytes_per_image / x.raw_bytes_per_image:.1f}% | {_n(x.decode_per_core)} | {_n(x.capacity(c))} |"
+            f"{100 * x.bytes_per_image / x.raw_bytes_per_image:.1f}% | {_n(x.decode_per_core)} |{reduced} "
+            f"{_n(x.capacity(c))} |"
         )
     lines += ["", "| link (Mbit/s) | pixels images/s | encoded images/s | feeds more |", "| ---: | ---: | ---: | --- |"]
     for row in r.rows():
