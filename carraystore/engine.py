@@ -58,6 +58,7 @@ from carraystore.sampling import (
     _check_shuffle,
     clip_offsets,
     clip_starts,
+    epoch_sequence,
     group_runs,
     num_batches,
     plan_epoch,
@@ -615,8 +616,18 @@ class LoaderSpec:
         return self._whole_plan(epoch, self.rank, self.world_size, self.batch_size)
 
     def _whole_plan_of(self, epoch: int, batch_size: int) -> Callable[[int, int], EpochPlan]:
+        """Every rank's plan of ``epoch`` at any world size, the epoch's items and sequence made once."""
+        made: list[tuple[np.ndarray | None, np.ndarray]] = []
+
         def whole(rank: int, world_size: int) -> EpochPlan:
-            return self._whole_plan(epoch, rank, world_size, batch_size)
+            if not made:
+                o, items = self.options, self.items_for(epoch)
+                seq = epoch_sequence(
+                    len(self.store), self.store.chunk_images, shuffle=o.shuffle, seed=o.seed, epoch=epoch, items=items
+                )
+                made.append((items, seq))
+            items, seq = made[0]
+            return self._whole_plan(epoch, rank, world_size, batch_size, items, seq)
 
         return whole
 
@@ -647,7 +658,15 @@ class LoaderSpec:
         per_rank = min(b * self.batch_size, length)
         return start.then(epoch, self.world_size, per_rank, batches_left=not (nb and b == nb)).to_state()
 
-    def _whole_plan(self, epoch: int, rank: int, world_size: int, batch_size: int) -> EpochPlan:
+    def _whole_plan(
+        self,
+        epoch: int,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        items: np.ndarray | None = None,
+        sequence: np.ndarray | None = None,
+    ) -> EpochPlan:
         return plan_epoch(
             len(self.store),
             self.store.chunk_images,
@@ -658,9 +677,10 @@ class LoaderSpec:
             rank=rank,
             world_size=world_size,
             drop_remainder=self.drop_remainder,
-            items=self.items_for(epoch),
+            items=self.items_for(epoch) if sequence is None else items,
             span=self.span,
             batch_size=batch_size,
+            sequence=sequence,
         )
 
     def batch_bounds(self, plan: EpochPlan, i: int) -> tuple[int, int]:

@@ -133,3 +133,10 @@ def check_order(point: ResumePoint, mine: Mapping[str, Any], location: str) -> N
             f"{location}: this resume state was saved for another order ({what}); "
             "make the loader with the same store and options to resume"
         )
+    n = int(mine.get("num_items", 0))
+    for w, _ in point.runs:
+        if w > max(1, n):  # each rank of a run holds at least one item: more ranks are no run of this store
+            raise InvalidInputError(
+                f"{location}: this resume state has a run of world_size {w} over the store's {n} items, which no "
+                "run makes (every rank holds at least one item); the state is damaged"
+            )

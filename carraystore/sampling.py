@@ -38,6 +38,7 @@ __all__ = [
     "Shuffle",
     "EpochPlan",
     "plan_epoch",
+    "epoch_sequence",
     "ramp_windows",
     "epoch_order",
     "remainder_plan",
@@ -169,6 +170,7 @@ def plan_epoch(
     span: int = 1,
     batch_size: int = 1,
     ramp: bool = True,
+    sequence: np.ndarray | None = None,
 ) -> EpochPlan:
     """The epoch's order for one rank (see the module docstring).
 
@@ -176,7 +178,9 @@ def plan_epoch(
     starts instead of samples; ``span`` is how many consecutive samples an item covers.
     The first windows ramp up (:func:`ramp_windows`) from the pieces that hold the first
     ``batch_size`` items (one batch); ``ramp=False`` makes every window ``window`` pieces,
-    the first ones too (the order of the versions before the ramp).
+    the first ones too (the order of the versions before the ramp). ``sequence``: what
+    :func:`epoch_sequence` returns for the same arguments, when the plans of many ranks
+    are made at once (it is the same for every rank).
     """
     shuffle = _check_shuffle(shuffle)
     n_samples = _nonneg("n_samples", n_samples)
@@ -188,38 +192,31 @@ def plan_epoch(
         raise InvalidInputError("chunk_size, window, world_size, span and batch_size must all be >= 1")
     if rank >= world_size:
         raise InvalidInputError(f"rank {rank} is not below world_size {world_size}")
-    if items is None:
+    if sequence is not None:  # made for these arguments: the items are in it, already checked
+        m = len(sequence)
+    elif items is None:
         items = np.arange(n_samples, dtype=np.int64)
+        m = n_samples
     else:
         items = np.asarray(items, dtype=np.int64).reshape(-1)
         if items.size and (items[0] < 0 or items[-1] + span > n_samples or np.any(np.diff(items) <= 0)):
             raise InvalidInputError("items must be strictly increasing and lie inside the store (with their span)")
-    m = len(items)
+        m = len(items)
     length = shard_length(m, world_size, drop_remainder)
     empty = EpochPlan(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), (), chunk_size, span)
     if length == 0:
         return empty
 
     # 1. the sequence every rank agrees on
-    ichunk = items // chunk_size
-    if shuffle == "global":
-        seq = items[_rng(seed, epoch, _TAG_GLOBAL).permutation(m)]
-    elif shuffle == "block":
-        run_starts = np.concatenate([[0], np.flatnonzero(np.diff(ichunk)) + 1])
-        run_lens = np.diff(np.concatenate([run_starts, [m]]))
-        perm = _rng(seed, epoch, _TAG_CHUNKS).permutation(len(run_starts))
-        lens = run_lens[perm]
-        out_starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        pos = np.arange(m, dtype=np.int64) + np.repeat(run_starts[perm] - out_starts, lens)
-        seq = items[pos]
+    if sequence is None:
+        assert items is not None
+        seq = _sequence(items, chunk_size, shuffle, seed, epoch)
     else:
-        seq = items
+        seq = sequence
 
-    # 2. this rank's shard (wrapping pads; drop_remainder cuts)
-    total = length * world_size
-    if total != m:
-        seq = np.resize(seq, total)  # np.resize repeats cyclically: wrap-around padding
-    part = np.ascontiguousarray(seq[rank * length : (rank + 1) * length])
+    # 2. this rank's shard (wrapping pads: item i of the padded sequence is seq[i % m]; drop_remainder cuts)
+    lo, hi = rank * length, (rank + 1) * length
+    part = np.ascontiguousarray(seq[lo:hi] if hi <= m else seq[np.arange(lo, hi, dtype=np.int64) % m])
 
     # 3. windows of `window` chunk pieces (the first ones ramping up from one batch's
     #    pieces); items permuted inside each window
@@ -242,6 +239,47 @@ def plan_epoch(
     starts = np.concatenate([[0], np.flatnonzero(np.diff(window_id)) + 1, [length]]).astype(np.int64)
     chunks = [_chunks_needed(part[starts[w] : starts[w + 1]], chunk_size, span) for w in range(len(starts) - 1)]
     return EpochPlan(part, starts, tuple(chunks), chunk_size, span)
+
+
+def epoch_sequence(
+    n_samples: int,
+    chunk_size: int,
+    *,
+    shuffle: Shuffle = "block",
+    seed: int = 0,
+    epoch: int = 0,
+    items: np.ndarray | None = None,
+) -> np.ndarray:
+    """The epoch's item sequence every rank agrees on, before it is cut into shards and
+    windows: chunks in a random order (``"block"``), a full permutation (``"global"``), or
+    the store's order. ``plan_epoch(..., sequence=)`` takes it to make many ranks' plans
+    at the cost of one sequence (the rest of an epoch at another world size needs them all)."""
+    shuffle = _check_shuffle(shuffle)
+    seed, epoch = _nonneg("seed", seed), _nonneg("epoch", epoch)
+    chunk_size = _nonneg("chunk_size", chunk_size)
+    if chunk_size < 1:
+        raise InvalidInputError("chunk_size must be >= 1")
+    if items is None:
+        items = np.arange(_nonneg("n_samples", n_samples), dtype=np.int64)
+    return _sequence(np.asarray(items, dtype=np.int64).reshape(-1), chunk_size, shuffle, seed, epoch)
+
+
+def _sequence(items: np.ndarray, chunk_size: int, shuffle: str | bool, seed: int, epoch: int) -> np.ndarray:
+    m = len(items)
+    if shuffle == "global":
+        out: np.ndarray = items[_rng(seed, epoch, _TAG_GLOBAL).permutation(m)]
+        return out
+    if shuffle == "block" and m:
+        ichunk = items // chunk_size
+        run_starts = np.concatenate([[0], np.flatnonzero(np.diff(ichunk)) + 1])
+        run_lens = np.diff(np.concatenate([run_starts, [m]]))
+        perm = _rng(seed, epoch, _TAG_CHUNKS).permutation(len(run_starts))
+        lens = run_lens[perm]
+        out_starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        pos = np.arange(m, dtype=np.int64) + np.repeat(run_starts[perm] - out_starts, lens)
+        out = items[pos]
+        return out
+    return items
 
 
 def ramp_windows(piece: np.ndarray, window: int, first: int = 1) -> np.ndarray:

@@ -249,3 +249,30 @@ def test_tf_training_position_counts_steps_into_states(store: Path, tmp_path: Pa
     assert pos2.state["epoch"] == 4 and pos2.state["consumed"] == []
     with pytest.raises(InvalidInputError, match="to_dataset or distribute returned"):
         TrainingPosition(ds2.take(3))
+
+
+def test_plans_from_one_sequence_equal_plans_made_alone() -> None:
+    """Many ranks' plans from one epoch_sequence (what resuming at another world size makes)
+    are the plans each rank makes on its own, padding and drop_remainder included."""
+    from carraystore.sampling import epoch_sequence, plan_epoch
+
+    items = np.flatnonzero(np.arange(200) % 7 != 3)  # clip starts (span 2): not every sample
+    for shuffle in ("block", "global", False):
+        for kw in ({}, {"items": items, "span": 2}):
+            for world, drop in ((1, False), (3, False), (4, True), (5, False)):
+                seq = epoch_sequence(203, 8, shuffle=shuffle, seed=2, epoch=5, items=kw.get("items"))
+                for r in range(world):
+                    args = dict(shuffle=shuffle, seed=2, epoch=5, window=3, rank=r, world_size=world, drop_remainder=drop)
+                    alone = plan_epoch(203, 8, batch_size=10, **args, **kw)  # type: ignore[arg-type]
+                    shared = plan_epoch(203, 8, batch_size=10, sequence=seq, **args, **kw)  # type: ignore[arg-type]
+                    assert np.array_equal(alone.items, shared.items)
+                    assert np.array_equal(alone.window_starts, shared.window_starts)
+                    assert all(np.array_equal(a, b) for a, b in zip(alone.window_chunks, shared.window_chunks, strict=True))
+
+
+def test_a_resume_state_of_a_huge_world_is_refused_before_any_work(store: Path) -> None:
+    it = batches(store, B, **OPTS)
+    _take(it, 1)
+    state = dict(it.state_dict(), consumed=[{"world_size": 10**9, "samples": 10**9}])
+    with pytest.raises(InvalidInputError, match="world_size 1000000000.*203 items"):
+        batches(store, B, resume=state, **OPTS)
