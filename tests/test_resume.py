@@ -262,12 +262,16 @@ def test_plans_from_one_sequence_equal_plans_made_alone() -> None:
             for world, drop in ((1, False), (3, False), (4, True), (5, False)):
                 seq = epoch_sequence(203, 8, shuffle=shuffle, seed=2, epoch=5, items=kw.get("items"))
                 for r in range(world):
-                    args = dict(shuffle=shuffle, seed=2, epoch=5, window=3, rank=r, world_size=world, drop_remainder=drop)
+                    args = dict(
+                        shuffle=shuffle, seed=2, epoch=5, window=3, rank=r, world_size=world, drop_remainder=drop
+                    )
                     alone = plan_epoch(203, 8, batch_size=10, **args, **kw)  # type: ignore[arg-type]
                     shared = plan_epoch(203, 8, batch_size=10, sequence=seq, **args, **kw)  # type: ignore[arg-type]
                     assert np.array_equal(alone.items, shared.items)
                     assert np.array_equal(alone.window_starts, shared.window_starts)
-                    assert all(np.array_equal(a, b) for a, b in zip(alone.window_chunks, shared.window_chunks, strict=True))
+                    assert all(
+                        np.array_equal(a, b) for a, b in zip(alone.window_chunks, shared.window_chunks, strict=True)
+                    )
 
 
 def test_a_resume_state_of_a_huge_world_is_refused_before_any_work(store: Path) -> None:
@@ -276,3 +280,43 @@ def test_a_resume_state_of_a_huge_world_is_refused_before_any_work(store: Path) 
     state = dict(it.state_dict(), consumed=[{"world_size": 10**9, "samples": 10**9}])
     with pytest.raises(InvalidInputError, match="world_size 1000000000.*203 items"):
         batches(store, B, resume=state, **OPTS)
+
+
+def test_tf_training_position_of_a_start_batch_dataset_counts_from_the_epoch_start(store: Path) -> None:
+    """A fit over ``to_dataset(..., start_batch=b)`` has served batches b, b+1, ... of the epoch:
+    its state must count them from the epoch's start (else the batches before b came back),
+    and a whole pass over the rest ends the epoch (else its last batches came back)."""
+    pytest.importorskip("tensorflow")
+    import keras
+
+    from carraystore.tf import TrainingPosition, to_dataset
+
+    def fit(ds: object, pos: object, stop_after: int | None) -> None:
+        model = keras.Sequential(
+            [keras.Input((16, 16, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)]
+        )
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+        class Stop(keras.callbacks.Callback):  # type: ignore[misc]
+            def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+                if batch + 1 == stop_after:
+                    self.model.stop_training = True
+
+        model.fit(ds, epochs=2, initial_epoch=1, shuffle=False, verbose=0, callbacks=[pos, Stop()])
+
+    full = [int(v) for _, y in batches(store, B, epoch=1, **OPTS) for v in y]
+    ds = to_dataset(store, B, epoch=1, start_batch=5, transform=lambda x, y: (x, y % 4), **OPTS)
+    pos = TrainingPosition(ds)
+    assert pos.state["consumed"] == [{"world_size": 1, "samples": 50}]  # before the fit: at batch 5
+    fit(ds, pos, stop_after=2)  # batches 5 and 6
+    assert pos.position == (1, 7)
+    state = pos.state
+    assert state["epoch"] == 1 and state["consumed"] == [{"world_size": 1, "samples": 70}]
+    rest = [int(v) for _, y in to_dataset(store, B, resume=state, **OPTS) for v in y.numpy()]
+    assert rest == full[70:]
+    # the whole rest of the epoch: the state moves to the next epoch, whole
+    ds2 = to_dataset(store, B, epoch=1, start_batch=5, transform=lambda x, y: (x, y % 4), **OPTS)
+    pos2 = TrainingPosition(ds2)
+    fit(ds2, pos2, stop_after=None)
+    assert pos2.position == (2, 0)
+    assert pos2.state["epoch"] == 2 and pos2.state["consumed"] == []
