@@ -320,3 +320,30 @@ def test_tf_training_position_of_a_start_batch_dataset_counts_from_the_epoch_sta
     fit(ds2, pos2, stop_after=None)
     assert pos2.position == (2, 0)
     assert pos2.state["epoch"] == 2 and pos2.state["consumed"] == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"consumed": None},
+        {"consumed": 5},
+        {"consumed": [{"world_size": 1.5, "samples": 30}]},
+        {"consumed": [{"world_size": 1, "samples": 30.7}]},
+        {"consumed": [{"world_size": 1, "samples": "30"}]},
+        {"consumed": [{"world_size": True, "samples": 30}]},
+        {"consumed": [{"world_size": 1, "samples": float("inf")}]},
+        {"consumed": [{"world_size": 1, "samples": 0}]},  # no state records a run that consumed nothing
+        {"consumed": [{"world_size": 2, "samples": 0}] * 100_000},  # ... nor makes 100,000 cuts of the epoch
+        {"version": True},
+        {"version": 1.0},
+    ],
+)
+def test_hostile_states_are_named_errors(store: Path, change: dict[str, object]) -> None:
+    """A state damaged or made up is refused with InvalidInputError, quickly: never a crash, never
+    a number silently rounded into another run."""
+    it = batches(store, B, **OPTS)
+    _take(it, 3)
+    state = dict(it.state_dict(), **change)
+    it.close()
+    with pytest.raises(InvalidInputError):
+        batches(store, B, resume=state, **OPTS)
