@@ -29,6 +29,7 @@ import threading
 import time
 import warnings
 import weakref
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -638,6 +639,8 @@ class LoaderSpec:
             **{f: getattr(o, f) for f in ORDER_FIELDS},
             "num_items": self.n_items,
             "chunk_images": self.store.chunk_images,
+            # the clips (their fixed starts and the slack their random starts move in) follow the groups' runs
+            "clip_runs": None if self.runs is None else zlib.crc32(np.asarray(self.runs, dtype="<i8").tobytes()),
         }
 
     def state_dict(self, epoch: int, batches: int) -> dict[str, Any]:

@@ -38,8 +38,9 @@ STATE_VERSION = 1
 #: Loader options the epoch's order depends on: a state must agree on them with the loader resuming it.
 ORDER_FIELDS = ("shuffle", "seed", "window", "drop_remainder", "sequence_length", "sequence_stride", "clip_starts")
 
-#: Store facts the order depends on.
-STORE_FACTS = ("num_items", "chunk_images")
+#: Store facts the order depends on (``clip_runs``: a CRC32 of the runs of groups clips are cut
+#: from, None without ``sequence_length``: other groups give other clips, even as many).
+STORE_FACTS = ("num_items", "chunk_images", "clip_runs")
 
 
 @dataclass(frozen=True)

@@ -347,3 +347,24 @@ def test_hostile_states_are_named_errors(store: Path, change: dict[str, object])
     it.close()
     with pytest.raises(InvalidInputError):
         batches(store, B, resume=state, **OPTS)
+
+
+def test_a_state_of_other_groups_is_refused_even_with_as_many_clips(store: Path) -> None:
+    """Clips follow the groups: a state saved over other groups names other clips (or other
+    random starts), even when their number is the same, so it is refused, not used."""
+    clips = {"sequence_length": 5, **OPTS}
+    saved_groups = np.repeat([0, 1], [100, 103])  # 20 + 20 clips
+    it = batches(store, 4, groups=saved_groups, **clips)
+    _take(it, 2)
+    state = json.loads(json.dumps(it.state_dict()))
+    it.close()
+    assert state["num_items"] == 40
+    same = batches(store, 4, groups=saved_groups, resume=state, **clips)
+    assert len(same) == 8  # 40 clips - 8 consumed = 32: 8 batches
+    same.close()
+    other_clips = np.repeat([0, 1], [50, 153])  # 10 + 30 clips: 40 too, other ones
+    # the same clip starts, but the last run ends 3 frames later: its random starts differ
+    other_slack = np.repeat([0, 1, 2], [100, 100, 3])
+    for groups in (other_clips, other_slack):
+        with pytest.raises(InvalidInputError, match="another order"):
+            batches(store, 4, groups=groups, resume=state, **clips)
