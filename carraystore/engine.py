@@ -345,7 +345,12 @@ class LoaderOptions:
         return cls(**kwargs)
 
     def replace(self, **changes: Any) -> LoaderOptions:
-        """A copy with some options changed (checked again)."""
+        """A copy with some options changed (checked again).
+
+        Options made with ``resume`` took its epoch: a new ``resume`` (without ``epoch``)
+        brings its own, and ``resume=None`` keeps the epoch."""
+        if "resume" in changes and "epoch" not in changes and self.resume is not None and changes["resume"] is not None:
+            changes["epoch"] = 0  # not given: the new state's
         return dataclasses.replace(self, **changes)
 
 

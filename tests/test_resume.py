@@ -368,3 +368,22 @@ def test_a_state_of_other_groups_is_refused_even_with_as_many_clips(store: Path)
     for groups in (other_clips, other_slack):
         with pytest.raises(InvalidInputError, match="another order"):
             batches(store, 4, groups=groups, resume=state, **clips)
+
+
+def test_options_holding_a_state_take_a_state_of_another_epoch(store: Path) -> None:
+    """The epoch of options made with ``resume=`` is the state's, not one the caller gave: a newer
+    state passed over them (``batches(store, B, options, resume=newer)``) resumes its own epoch."""
+    from carraystore.engine import LoaderOptions
+
+    it = batches(store, B, epoch=2, **OPTS)
+    _take(it, 3)
+    options = LoaderOptions(resume=it.state_dict(), **OPTS)
+    _rest(store, it)  # the epoch ends: the next state is epoch 3, whole
+    newer = it.state_dict()
+    assert options.epoch == 2 and newer["epoch"] == 3
+    resumed = batches(store, B, options, resume=newer)
+    assert resumed.epoch == 3 and len(resumed) == 21
+    resumed.close()
+    assert options.replace(resume=None).epoch == 2  # dropping the state keeps its epoch
+    with pytest.raises(InvalidInputError, match="leave epoch out"):
+        options.replace(resume=newer, epoch=2)  # an epoch given with it still has to agree
