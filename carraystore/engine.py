@@ -29,6 +29,7 @@ import threading
 import time
 import warnings
 import weakref
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -344,7 +345,12 @@ class LoaderOptions:
         return cls(**kwargs)
 
     def replace(self, **changes: Any) -> LoaderOptions:
-        """A copy with some options changed (checked again)."""
+        """A copy with some options changed (checked again).
+
+        Options made with ``resume`` took its epoch: a new ``resume`` (without ``epoch``)
+        brings its own, and ``resume=None`` keeps the epoch."""
+        if "resume" in changes and "epoch" not in changes and self.resume is not None and changes["resume"] is not None:
+            changes["epoch"] = 0  # not given: the new state's
         return dataclasses.replace(self, **changes)
 
 
@@ -638,6 +644,8 @@ class LoaderSpec:
             **{f: getattr(o, f) for f in ORDER_FIELDS},
             "num_items": self.n_items,
             "chunk_images": self.store.chunk_images,
+            # the clips (their fixed starts and the slack their random starts move in) follow the groups' runs
+            "clip_runs": None if self.runs is None else zlib.crc32(np.asarray(self.runs, dtype="<i8").tobytes()),
         }
 
     def state_dict(self, epoch: int, batches: int) -> dict[str, Any]:

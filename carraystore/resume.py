@@ -23,6 +23,7 @@ Pure data and index math: the loaders (``LoaderOptions.resume``) and the adapter
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +38,9 @@ STATE_VERSION = 1
 #: Loader options the epoch's order depends on: a state must agree on them with the loader resuming it.
 ORDER_FIELDS = ("shuffle", "seed", "window", "drop_remainder", "sequence_length", "sequence_stride", "clip_starts")
 
-#: Store facts the order depends on.
-STORE_FACTS = ("num_items", "chunk_images")
+#: Store facts the order depends on (``clip_runs``: a CRC32 of the runs of groups clips are cut
+#: from, None without ``sequence_length``: other groups give other clips, even as many).
+STORE_FACTS = ("num_items", "chunk_images", "clip_runs")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class ResumePoint:
         """Parse a state dict (what a ``state_dict()`` returned); a named error for anything else."""
         if isinstance(state, ResumePoint):
             return state
-        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+        if not isinstance(state, Mapping) or _count(state.get("version")) != STATE_VERSION:
             raise InvalidInputError(
                 f"not a carraystore resume state of version {STATE_VERSION}: {str(state)[:200]}; "
                 "pass what a carraystore state_dict() returned"
@@ -73,15 +75,19 @@ class ResumePoint:
         epoch = state["epoch"]
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidInputError(f"a resume state's epoch must be an integer >= 0, got {epoch!r}")
+        consumed = state["consumed"]
+        if not isinstance(consumed, (list, tuple)):
+            raise InvalidInputError(f"a resume state's consumed must be a list of runs, got {str(consumed)[:200]}")
         runs = []
-        for run in state["consumed"]:
-            try:
-                w, total = int(run["world_size"]), int(run["samples"])
-            except (TypeError, KeyError, ValueError):
+        for run in consumed:
+            w = _count(run.get("world_size")) if isinstance(run, Mapping) else None
+            total = _count(run.get("samples")) if isinstance(run, Mapping) else None
+            if w is None or total is None:
                 raise InvalidInputError(
-                    f"a run of a resume state must be {{'world_size', 'samples'}}, got {run!r}"
-                ) from None
-            if w < 1 or total < 0 or total % w:
+                    f"a run of a resume state must be {{'world_size': int, 'samples': int}}, got {str(run)[:200]}"
+                )
+            # every run a loader records consumed at least one sample on each of its ranks
+            if w < 1 or total < w or total % w:
                 raise InvalidInputError(f"a run of {total} samples over world_size {w} is not a run ranks make")
             runs.append((w, total // w))
         order = tuple((k, _frozen(state[k])) for k in (*ORDER_FIELDS, *STORE_FACTS))
@@ -113,6 +119,16 @@ class ResumePoint:
         if per_rank:
             runs = (*runs, (int(world_size), int(per_rank)))
         return ResumePoint(epoch, runs, self.order, self.batch_size)
+
+
+def _count(v: Any) -> int | None:
+    """``v`` as an int when it is one (a Python or numpy integer, not a bool, a float or a string), else None."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
 
 
 def _frozen(v: Any) -> Any:

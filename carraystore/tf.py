@@ -340,7 +340,8 @@ class TrainingPosition(tf.keras.callbacks.Callback):  # type: ignore[misc]  # ke
         if self.every < 1:
             raise InvalidInputError(f"every must be >= 1, got {every}")
         self._epochs = 0
-        #: (the dataset's epoch, steps of it taken); None before the first epoch
+        self._steps = 0
+        #: (the dataset's epoch, its next batch, counted from the epoch's start); None before the first epoch
         self.position: tuple[int, int] | None = None
 
     def _spec(self) -> LoaderSpec:
@@ -353,19 +354,28 @@ class TrainingPosition(tf.keras.callbacks.Callback):  # type: ignore[misc]  # ke
     def state(self) -> dict[str, Any]:
         """Where training is, as a resume state: ``resume=`` of :func:`distribute` / :func:`to_dataset`."""
         spec = self._spec()
-        return spec.state_dict(*(self.position or (spec.options.epoch, 0)))
+        return spec.state_dict(*(self.position or (spec.options.epoch, self._first_batch(spec.options.epoch))))
+
+    def _first_batch(self, epoch: int) -> int:
+        """The batch of ``epoch`` its pass starts at: ``start_batch`` for the dataset's first epoch, else 0.
+
+        Positions count batches from the epoch's start, as ``state_dict`` does (a pass of a
+        ``start_batch`` dataset serves batches ``start_batch``, ``start_batch + 1``, ...)."""
+        o = self._spec().options
+        return o.start_batch if epoch == o.epoch else 0
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         e = self._spec().options.epoch + self._epochs
         self._epochs += 1
         for passes in self._feed.passes:
             passes.pin(e)
-        self.position = (e, 0)
+        self.position = (e, self._first_batch(e))
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         assert self.position is not None
         self.position = (self.position[0], self.position[1] + 1)
-        if self.path is not None and self.position[1] % self.every == 0:
+        self._steps += 1
+        if self.path is not None and self._steps % self.every == 0:
             self.save()
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:

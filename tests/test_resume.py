@@ -262,12 +262,16 @@ def test_plans_from_one_sequence_equal_plans_made_alone() -> None:
             for world, drop in ((1, False), (3, False), (4, True), (5, False)):
                 seq = epoch_sequence(203, 8, shuffle=shuffle, seed=2, epoch=5, items=kw.get("items"))
                 for r in range(world):
-                    args = dict(shuffle=shuffle, seed=2, epoch=5, window=3, rank=r, world_size=world, drop_remainder=drop)
+                    args = dict(
+                        shuffle=shuffle, seed=2, epoch=5, window=3, rank=r, world_size=world, drop_remainder=drop
+                    )
                     alone = plan_epoch(203, 8, batch_size=10, **args, **kw)  # type: ignore[arg-type]
                     shared = plan_epoch(203, 8, batch_size=10, sequence=seq, **args, **kw)  # type: ignore[arg-type]
                     assert np.array_equal(alone.items, shared.items)
                     assert np.array_equal(alone.window_starts, shared.window_starts)
-                    assert all(np.array_equal(a, b) for a, b in zip(alone.window_chunks, shared.window_chunks, strict=True))
+                    assert all(
+                        np.array_equal(a, b) for a, b in zip(alone.window_chunks, shared.window_chunks, strict=True)
+                    )
 
 
 def test_a_resume_state_of_a_huge_world_is_refused_before_any_work(store: Path) -> None:
@@ -276,3 +280,197 @@ def test_a_resume_state_of_a_huge_world_is_refused_before_any_work(store: Path) 
     state = dict(it.state_dict(), consumed=[{"world_size": 10**9, "samples": 10**9}])
     with pytest.raises(InvalidInputError, match="world_size 1000000000.*203 items"):
         batches(store, B, resume=state, **OPTS)
+
+
+def test_tf_training_position_of_a_start_batch_dataset_counts_from_the_epoch_start(store: Path) -> None:
+    """A fit over ``to_dataset(..., start_batch=b)`` has served batches b, b+1, ... of the epoch:
+    its state must count them from the epoch's start (else the batches before b came back),
+    and a whole pass over the rest ends the epoch (else its last batches came back)."""
+    pytest.importorskip("tensorflow")
+    import keras
+
+    from carraystore.tf import TrainingPosition, to_dataset
+
+    def fit(ds: object, pos: object, stop_after: int | None) -> None:
+        model = keras.Sequential(
+            [keras.Input((16, 16, 3)), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)]
+        )
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+        class Stop(keras.callbacks.Callback):  # type: ignore[misc]
+            def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+                if batch + 1 == stop_after:
+                    self.model.stop_training = True
+
+        model.fit(ds, epochs=2, initial_epoch=1, shuffle=False, verbose=0, callbacks=[pos, Stop()])
+
+    full = [int(v) for _, y in batches(store, B, epoch=1, **OPTS) for v in y]
+    ds = to_dataset(store, B, epoch=1, start_batch=5, transform=lambda x, y: (x, y % 4), **OPTS)
+    pos = TrainingPosition(ds)
+    assert pos.state["consumed"] == [{"world_size": 1, "samples": 50}]  # before the fit: at batch 5
+    fit(ds, pos, stop_after=2)  # batches 5 and 6
+    assert pos.position == (1, 7)
+    state = pos.state
+    assert state["epoch"] == 1 and state["consumed"] == [{"world_size": 1, "samples": 70}]
+    rest = [int(v) for _, y in to_dataset(store, B, resume=state, **OPTS) for v in y.numpy()]
+    assert rest == full[70:]
+    # the whole rest of the epoch: the state moves to the next epoch, whole
+    ds2 = to_dataset(store, B, epoch=1, start_batch=5, transform=lambda x, y: (x, y % 4), **OPTS)
+    pos2 = TrainingPosition(ds2)
+    fit(ds2, pos2, stop_after=None)
+    assert pos2.position == (2, 0)
+    assert pos2.state["epoch"] == 2 and pos2.state["consumed"] == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"consumed": None},
+        {"consumed": 5},
+        {"consumed": [{"world_size": 1.5, "samples": 30}]},
+        {"consumed": [{"world_size": 1, "samples": 30.7}]},
+        {"consumed": [{"world_size": 1, "samples": "30"}]},
+        {"consumed": [{"world_size": True, "samples": 30}]},
+        {"consumed": [{"world_size": 1, "samples": float("inf")}]},
+        {"consumed": [{"world_size": 1, "samples": 0}]},  # no state records a run that consumed nothing
+        {"consumed": [{"world_size": 2, "samples": 0}] * 100_000},  # ... nor makes 100,000 cuts of the epoch
+        {"version": True},
+        {"version": 1.0},
+    ],
+)
+def test_hostile_states_are_named_errors(store: Path, change: dict[str, object]) -> None:
+    """A state damaged or made up is refused with InvalidInputError, quickly: never a crash, never
+    a number silently rounded into another run."""
+    it = batches(store, B, **OPTS)
+    _take(it, 3)
+    state = dict(it.state_dict(), **change)
+    it.close()
+    with pytest.raises(InvalidInputError):
+        batches(store, B, resume=state, **OPTS)
+
+
+def test_a_state_of_other_groups_is_refused_even_with_as_many_clips(store: Path) -> None:
+    """Clips follow the groups: a state saved over other groups names other clips (or other
+    random starts), even when their number is the same, so it is refused, not used."""
+    clips = {"sequence_length": 5, **OPTS}
+    saved_groups = np.repeat([0, 1], [100, 103])  # 20 + 20 clips
+    it = batches(store, 4, groups=saved_groups, **clips)
+    _take(it, 2)
+    state = json.loads(json.dumps(it.state_dict()))
+    it.close()
+    assert state["num_items"] == 40
+    same = batches(store, 4, groups=saved_groups, resume=state, **clips)
+    assert len(same) == 8  # 40 clips - 8 consumed = 32: 8 batches
+    same.close()
+    other_clips = np.repeat([0, 1], [50, 153])  # 10 + 30 clips: 40 too, other ones
+    # the same clip starts, but the last run ends 3 frames later: its random starts differ
+    other_slack = np.repeat([0, 1, 2], [100, 100, 3])
+    for groups in (other_clips, other_slack):
+        with pytest.raises(InvalidInputError, match="another order"):
+            batches(store, 4, groups=groups, resume=state, **clips)
+
+
+def test_options_holding_a_state_take_a_state_of_another_epoch(store: Path) -> None:
+    """The epoch of options made with ``resume=`` is the state's, not one the caller gave: a newer
+    state passed over them (``batches(store, B, options, resume=newer)``) resumes its own epoch."""
+    from carraystore.engine import LoaderOptions
+
+    it = batches(store, B, epoch=2, **OPTS)
+    _take(it, 3)
+    options = LoaderOptions(resume=it.state_dict(), **OPTS)
+    _rest(store, it)  # the epoch ends: the next state is epoch 3, whole
+    newer = it.state_dict()
+    assert options.epoch == 2 and newer["epoch"] == 3
+    resumed = batches(store, B, options, resume=newer)
+    assert resumed.epoch == 3 and len(resumed) == 21
+    resumed.close()
+    assert options.replace(resume=None).epoch == 2  # dropping the state keeps its epoch
+    with pytest.raises(InvalidInputError, match="leave epoch out"):
+        options.replace(resume=newer, epoch=2)  # an epoch given with it still has to agree
+
+
+@pytest.fixture(scope="module")
+def tiny_stores(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, int], Path]:
+    """Stores of n blank 2x2 images (label = index) in chunks of c, made once each."""
+    made: dict[tuple[int, int], Path] = {}
+    root = tmp_path_factory.mktemp("tiny")
+
+    def get(n: int, c: int) -> Path:
+        if (n, c) not in made:
+            path = root / f"s{n}_{c}.b2nd"
+            with carraystore.create(path, (2, 2, 1), chunk_images=c) as w:
+                w.append(np.zeros((n, 2, 2, 1), np.uint8), np.arange(n))
+            made[n, c] = path
+        return made[n, c]
+
+    return get
+
+
+def test_chains_of_runs_at_any_world_and_batch_size_lose_and_repeat_nothing(
+    tiny_stores: Callable[[int, int], Path],
+) -> None:
+    """Property: an epoch interrupted any number of times, each run at its own world size and
+    batch size, its state passed through JSON each time, serves every item of the epoch (the
+    pads of each cut aside; with drop_remainder nothing twice), and its last state is the next
+    epoch, whole. Clips (random starts over groups) and every shuffle included. The plans only:
+    no pixel is decoded."""
+    import warnings
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from carraystore.engine import make_spec
+
+    run = st.tuples(st.integers(1, 5), st.integers(1, 7), st.integers(0, 4))  # world, batch, batches taken
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        n=st.integers(4, 60),
+        chunk=st.integers(1, 9),
+        shuffle=st.sampled_from(["block", "global", False]),
+        drop=st.booleans(),
+        runs=st.lists(run, min_size=1, max_size=4),
+        clips=st.sampled_from([None, (3, None, "random"), (2, 1, "fixed")]),
+        gseed=st.integers(0, 99),
+    )
+    def chain(n, chunk, shuffle, drop, runs, clips, gseed):  # type: ignore[no-untyped-def]
+        opts: dict[str, object] = {"shuffle": shuffle, "drop_remainder": drop, "window": 2, "num_threads": 1}
+        if clips is not None:
+            groups = np.sort(np.random.default_rng(gseed).integers(0, 4, n))
+            opts.update(sequence_length=clips[0], sequence_stride=clips[1], clip_starts=clips[2], groups=groups)
+        path = tiny_stores(n, chunk)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # short groups
+            try:
+                items = make_spec(path, 1, **opts).items_for(1)  # type: ignore[arg-type]
+            except InvalidInputError:
+                return  # no clip at all
+            items = np.arange(n) if items is None else items
+            if max(w for w, _, _ in runs) > len(items):
+                return  # more ranks than items: no run makes that (refused, tested above)
+            state: dict[str, object] | None = None
+            got: collections.Counter[int] = collections.Counter()
+            for w, b, k in [*runs, (runs[-1][0], runs[-1][1], None)]:
+                kw = dict(opts, resume=json.loads(json.dumps(state))) if state else dict(opts, epoch=1)
+                specs = [make_spec(path, b, rank=r, world_size=w, **kw) for r in range(w)]  # type: ignore[arg-type]
+                nb = {s.epoch_batches(1) for s in specs}
+                assert len(nb) == 1  # equal shards
+                taken = nb.pop() if k is None else min(k, specs[0].epoch_batches(1))
+                for s in specs:
+                    got.update(int(i) for i in s.plan(1).items[: taken * b])
+                states = [s.state_dict(1, taken) for s in specs]
+                assert all(x == states[0] for x in states)  # ranks in lockstep: one state
+                state = states[0]
+                if state["epoch"] != 1:
+                    break
+        assert state is not None
+        if drop:
+            assert max(got.values(), default=1) == 1 and set(got) <= {int(i) for i in items}
+            if state["epoch"] == 1:
+                return  # the rest holds no full batch at this world size: the state stays in the epoch
+        else:
+            assert sorted(got) == sorted(int(i) for i in items)
+            assert sum(got.values()) - len(items) < sum(w for w, _, _ in runs) + runs[-1][0]  # the pads only
+        assert state["epoch"] == 2 and state["consumed"] == []
+
+    chain()
