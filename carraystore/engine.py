@@ -646,6 +646,8 @@ class LoaderSpec:
             "chunk_images": self.store.chunk_images,
             # the clips (their fixed starts and the slack their random starts move in) follow the groups' runs
             "clip_runs": None if self.runs is None else zlib.crc32(np.asarray(self.runs, dtype="<i8").tobytes()),
+            # which images, in which chunks: copies of a store agree, another store of as many images does not
+            "content": zlib.crc32(np.asarray(self.store.meta.crc32, dtype="<u4").tobytes()),
         }
 
     def state_dict(self, epoch: int, batches: int) -> dict[str, Any]:

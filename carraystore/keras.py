@@ -27,7 +27,6 @@ Only ``keras`` is imported here, never ``tensorflow``, so another Keras backend 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import threading
@@ -221,16 +220,16 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
 
     # -- epochs ----------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Serve ``epoch`` from now on (a new order)."""
+        """Serve ``epoch`` from now on (a new order). The epoch the dataset resumes
+        (``start_batch``, ``resume``) is served from where it stopped, every time it is
+        set, as the PyTorch adapter does: a loop calling ``set_epoch`` each epoch never
+        serves the consumed part again."""
         if int(epoch) < 0:
             raise InvalidInputError(f"epoch must be >= 0, got {epoch}")
         with self._lock:
             self.epoch = int(epoch)
             self._used = False
-            self._resume = None
             self._resumed_len = None
-            if self._spec.options.resume is not None:  # the epoch is served whole, as with start_batch
-                self._spec = dataclasses.replace(self._spec, options=self._spec.options.replace(resume=None))
 
     def on_epoch_begin(self) -> None:
         """Keras calls this before each epoch; the epoch in use is ``self.epoch``."""

@@ -39,8 +39,10 @@ STATE_VERSION = 1
 ORDER_FIELDS = ("shuffle", "seed", "window", "drop_remainder", "sequence_length", "sequence_stride", "clip_starts")
 
 #: Store facts the order depends on (``clip_runs``: a CRC32 of the runs of groups clips are cut
-#: from, None without ``sequence_length``: other groups give other clips, even as many).
-STORE_FACTS = ("num_items", "chunk_images", "clip_runs")
+#: from, None without ``sequence_length``: other groups give other clips, even as many;
+#: ``content``: a CRC32 of the chunks' recorded CRC32s, so that another store of as many
+#: images, or this one rewritten, is not taken for the one the state was saved over).
+STORE_FACTS = ("num_items", "chunk_images", "clip_runs", "content")
 
 
 @dataclass(frozen=True)

@@ -474,3 +474,38 @@ def test_chains_of_runs_at_any_world_and_batch_size_lose_and_repeat_nothing(
         assert state["epoch"] == 2 and state["consumed"] == []
 
     chain()
+
+
+def test_a_state_of_another_store_of_as_many_images_is_refused(
+    store: Path, tmp_path: Path, photo_patches: Callable[..., np.ndarray]
+) -> None:
+    it = batches(store, B, **OPTS)
+    _take(it, 2)
+    state = it.state_dict()
+    images = photo_patches(203, (16, 16), seed=12)  # other photos, as many, same chunks
+    other = tmp_path / "other.b2nd"
+    with carraystore.create(other, images.shape[1:], chunk_images=8) as w:
+        w.append(images, np.arange(len(images)))
+    with pytest.raises(InvalidInputError, match="content: saved"):
+        batches(other, B, resume=state, **OPTS)
+    # a copy of the store is the same store
+    copy = tmp_path / "copy.b2nd"
+    copy.write_bytes(Path(store).read_bytes())
+    assert _rest(copy, batches(copy, B, resume=state, **OPTS)) == _rest(store, batches(store, B, resume=state, **OPTS))
+
+
+def test_keras_set_epoch_serves_the_resumed_epoch_from_where_it_stopped(store: Path) -> None:
+    pytest.importorskip("keras")
+    from carraystore.keras import StoreDataset
+
+    it = batches(store, B, epoch=2, **OPTS)
+    _take(it, 4)
+    state = it.state_dict()
+    for ds in (StoreDataset(store, B, resume=state, **OPTS), StoreDataset(store, B, epoch=2, start_batch=4, **OPTS)):
+        rest = [int(v) for i in range(len(ds)) for v in ds[i][1]]
+        assert len(rest) == 203 - 40
+        ds.set_epoch(3)
+        assert len(ds) == 21
+        ds.set_epoch(2)  # a loop calling set_epoch every epoch: the consumed part never comes back
+        assert [int(v) for i in range(len(ds)) for v in ds[i][1]] == rest
+        ds.close()
