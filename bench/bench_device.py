@@ -461,7 +461,7 @@ def numpy_gather(arr: np.ndarray, labels: np.ndarray, order: list[np.ndarray], t
     return {"images": n, "batches": nb, "seconds": round(dt, 3), "whole_epoch": whole, "images_per_s": round(n / dt)}
 
 
-class _JpegFiles:
+class JpegFiles:
     """A map-style dataset of JPEG files decoded with Pillow: (H, W, 3) uint8, label."""
 
     def __init__(self, files: list[Path], labels: list[int]) -> None:
@@ -477,7 +477,7 @@ class _JpegFiles:
             return np.asarray(im.convert("RGB")), self.labels[i]
 
 
-def _collate(items: list[tuple[np.ndarray, int]]) -> Any:
+def collate(items: list[tuple[np.ndarray, int]]) -> Any:
     import torch
 
     return torch.from_numpy(np.stack([x for x, _ in items])), torch.tensor([y for _, y in items])
@@ -489,11 +489,11 @@ def torch_jpeg_loader(jpeg_dir: Path, batch: int, workers: int, cap_s: float) ->
     files = sorted(jpeg_dir.rglob("*.jpg"))
     labels = [PHOTOS.index(f.parent.name) for f in files]
     dl = DataLoader(
-        _JpegFiles(files, labels),
+        JpegFiles(files, labels),
         batch_size=batch,
         shuffle=True,
         num_workers=workers,
-        collate_fn=_collate,
+        collate_fn=collate,
         multiprocessing_context="fork" if workers else None,
     )
     t0 = time.perf_counter()

@@ -29,7 +29,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from bench_device import JpegFiles, collate  # the DataLoader a PyTorch user writes (also the GPU machine's peer)
 from benchpaths import data_dir, results_dir
 
 import carraystore
@@ -44,28 +44,6 @@ SCALES = {
 if SCALE not in SCALES:
     raise ValueError(f"CARRAYSTORE_BENCH_SCALE={SCALE!r}: use one of {sorted(SCALES)}")
 CFG: dict[str, Any] = SCALES[SCALE]
-
-
-class JpegFiles:
-    """The map-style dataset a PyTorch user writes over a folder of JPEGs: Pillow per file."""
-
-    def __init__(self, files: list[Path], labels: list[int]) -> None:
-        self.files, self.labels = files, labels
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        from PIL import Image
-
-        with Image.open(self.files[i]) as im:
-            return np.asarray(im.convert("RGB")), self.labels[i]
-
-
-def collate(items: list[tuple[np.ndarray, int]]) -> Any:
-    import torch
-
-    return torch.from_numpy(np.stack([x for x, _ in items])), torch.tensor([y for _, y in items])
 
 
 def torch_epoch(files: list[Path], labels: list[int], batch: int, workers: int, epoch: int) -> dict[str, float]:
