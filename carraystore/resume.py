@@ -95,7 +95,9 @@ class ResumePoint:
         order = tuple((k, _frozen(state[k])) for k in (*ORDER_FIELDS, *STORE_FACTS))
         bs = state.get("batch_size", 0)
         if isinstance(bs, bool) or not isinstance(bs, int) or bs < 0:
-            raise InvalidInputError(f"a resume state's batch_size must be an integer >= 1, got {bs!r}")
+            raise InvalidInputError(
+                f"a resume state's batch_size must be an integer >= 0 (0: not recorded), got {bs!r}"
+            )
         return cls(epoch, tuple(runs), order, bs)
 
     def to_state(self) -> dict[str, Any]:
