@@ -46,7 +46,7 @@ from carraystore.engine import (
     cache_slots,
     make_spec,
 )
-from carraystore.errors import InvalidInputError, MissingDependencyError
+from carraystore.errors import InvalidInputError, LoaderError, MissingDependencyError
 from carraystore.pipeline import MemoryPlan, OrderedBatches, assemblers_for, plan_memory
 from carraystore.reader import StoreReader
 from carraystore.resume import STATE_VERSION, ResumePoint
@@ -377,6 +377,29 @@ class _StoreBatches:
         self._pid = os.getpid()
 
 
+def _decode_jpeg_fn() -> tuple[Any, Any]:
+    """``torchvision.io.decode_jpeg`` (nvJPEG on a CUDA device) and ``ImageReadMode``, or a named error."""
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except Exception as exc:  # ImportError, or a torchvision built for another torch (its ops fail to load)
+        raise MissingDependencyError(
+            f"decode_device= needs a torchvision that matches torch {torch.__version__} "
+            f"({type(exc).__name__}: {exc}); install it (pip install torchvision) or leave decode_device out"
+        ) from exc
+    return decode_jpeg, ImageReadMode
+
+
+def _on_device(v: Any, device: Any) -> Any:
+    """Targets (an array, a tuple or a dict of arrays, or None) as tensors on ``device``."""
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        return {k: _on_device(a, device) for k, a in v.items()}
+    if isinstance(v, tuple):
+        return tuple(_on_device(a, device) for a in v)
+    return _tensor(np.asarray(v)).to(device)
+
+
 class StoreDataset(_StoreBatches, IterableDataset[Any]):
     """A store as an ``IterableDataset`` of whole batches: ``DataLoader(ds, batch_size=None)``.
 
@@ -391,6 +414,13 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
       buffers reused across batches, on a side stream, from the main process
       (``num_workers=0``); None (default) yields CPU tensors.
     - ``pin_memory``: CPU batches in pinned memory (ignored where CUDA is unavailable).
+    - ``decode_device``: ``"cuda"`` (or ``"cuda:1"``; ``"cpu"`` for torchvision's CPU
+      decoder) hands the JPEG entries of an encoded store to ``torchvision.io.decode_jpeg``
+      (nvJPEG on the GPU) batch by batch, in the same order, shards and resume as the CPU
+      path, from the main process (``num_workers=0``); x is ``(B, H, W, C)`` uint8 on that
+      device, y too. Its pixels are nvJPEG's, not Pillow's (on an H100 65% of the values
+      equal, some up to 59 levels apart: docs/torch.md). Not with clips, ``image_size`` or
+      a numpy ``transform``. Needs torchvision.
 
     Yields ``(x, y)`` tensors: x of the store's dtype and shape, ``(B, H, W, C)`` uint8
     for images (unless a ``transform`` says otherwise), y int64 labels (as ``label_mode``
@@ -409,15 +439,94 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
         world_size: int | None = None,
         device: Any = None,
         pin_memory: bool = False,
+        decode_device: Any = None,
         **kwargs: Any,
     ) -> None:
+        if decode_device is not None:
+            dd = torch.device(decode_device)
+            if device is not None and torch.device(device) != dd:
+                raise InvalidInputError(f"decode_device={decode_device!r} delivers there; device={device!r} differs")
+            device = dd
         _StoreBatches.__init__(self, store_or_path, batch_size, options, rank, world_size, device, pin_memory, kwargs)
+        self.decode_device = None if decode_device is None else torch.device(decode_device)
+        if self.decode_device is not None:
+            self._check_decode_device()
+
+    def _check_decode_device(self) -> None:
+        spec = self.spec
+        store = spec.store
+        enc = store.meta.encoding
+        where = f"{store.location}: decode_device={str(self.decode_device)!r}"
+        if store.meta.layout != "encoded" or enc is None or tuple(enc.formats) != ("jpeg",):
+            what = "a pixel store" if store.meta.layout != "encoded" else f"entries {list(enc.formats) if enc else []}"
+            raise InvalidInputError(f"{where} decodes the JPEG entries of an encoded store; this is {what}")
+        if store.meta.color_mode not in ("rgb", "grayscale"):
+            raise InvalidInputError(f"{where} decodes RGB or grayscale images, the store's are {store.meta.color_mode}")
+        if spec.span != 1 or spec.scale != 1 or spec.transform is not None:
+            raise InvalidInputError(
+                f"{where} yields whole images as decoded: not with sequence_length, image_size or a numpy transform "
+                "(transform the GPU batch in the training step instead)"
+            )
+        _decode_jpeg_fn()  # torchvision there, and loadable: say so now, not in the first batch
 
     def __len__(self) -> int:
         """Batches this rank yields this epoch (all workers together)."""
         return self.num_batches
 
+    def _decoded_on_device(self) -> Iterator[Any]:
+        """The epoch's batches, each batch's JPEG entries decoded by torchvision on ``decode_device``."""
+        if get_worker_info() is not None:
+            raise InvalidInputError(
+                "decode_device= decodes in the main process (CUDA does not survive fork): use num_workers=0"
+            )
+        decode_jpeg, modes = _decode_jpeg_fn()
+        spec, plan = self.spec, self.plan()
+        store = spec.store
+        ci = store.chunk_images
+        mode = modes.RGB if store.meta.color_mode == "rgb" else modes.GRAY
+        shape = tuple(store.image_shape)
+        nb = num_batches(len(plan), self._batch_size, self._options.drop_remainder)
+        self._seen = 0
+        entries: dict[int, list[bytes]] = {}
+        window = -1
+        for b in range(nb):
+            a, e = spec.batch_bounds(plan, b)
+            items = plan.items[a:e]
+            w = plan.window_of(a)
+            if w != window:  # keep the chunks of this window; hint the next one's
+                keep = set(plan.window_chunks[w].tolist())
+                entries = {c: v for c, v in entries.items() if c in keep}
+                if w + 1 < plan.nwindows:
+                    store.prefetch_chunks(plan.window_chunks[w + 1])
+                window = w
+            data = []
+            for i in items.tolist():
+                c = i // ci
+                got = entries.get(c)
+                if got is None:
+                    got = entries[c] = store.chunk_entries(c, verify=spec.verify)
+                data.append(torch.frombuffer(bytearray(got[i - c * ci]), dtype=torch.uint8))
+            try:
+                images = decode_jpeg(data, mode=mode, device=self.decode_device)
+            except Exception as exc:
+                raise LoaderError(
+                    f"{store.location}: batch {b} of epoch {self.epoch} did not decode on {self.decode_device} "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
+            x = torch.stack([im.permute(1, 2, 0) for im in images])
+            if tuple(x.shape[1:]) != shape:
+                raise LoaderError(
+                    f"{store.location}: batch {b} decoded to images of {tuple(x.shape[1:])}, the store's are {shape}"
+                )
+            y = _on_device(spec.y_for(items), self.decode_device)
+            wt = _on_device(spec.w_for(items), self.decode_device)
+            self._seen = b + 1
+            yield x if y is None else (x, y) if wt is None else (x, y, wt)
+
     def __iter__(self) -> Iterator[Any]:
+        if self.decode_device is not None:
+            yield from self._decoded_on_device()
+            return
         info = get_worker_info()
         k, n = (int(info.id), int(info.num_workers)) if info is not None else (0, 1)
         worker = info is not None

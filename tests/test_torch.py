@@ -295,3 +295,96 @@ def test_a_decoder_serving_every_other_batch_frees_each_window_once_its_own_batc
             assert (len(dec.finished) == plan.nwindows) == freed
         finally:
             dec.close()
+
+
+# -- decode_device: the JPEG entries of an encoded store decoded by torchvision (nvJPEG) ------------
+
+
+@pytest.fixture(scope="module")
+def jpeg_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An encoded store of 90 real-photo JPEG files (24x32, 3 classes), label = class."""
+    from carraystore.sample_data import PHOTOS, make_photo_folder
+
+    root = tmp_path_factory.mktemp("nvjpeg")
+    folder = make_photo_folder(root / "photos", n=90, size=(24, 32), classes=PHOTOS[:3], seed=3)
+    return carraystore.from_directory(folder, root / "enc.b2nd", layout="encoded", chunk_images=8, workers=1).path
+
+
+def _pillow_decode_jpeg(data, mode=None, device=None):  # type: ignore[no-untyped-def]
+    """torchvision.io.decode_jpeg's interface, decoding with Pillow (a stand-in where torchvision cannot load)."""
+    import io
+
+    from PIL import Image
+
+    out = []
+    for t in data:
+        with Image.open(io.BytesIO(bytes(t.numpy()))) as im:
+            a = np.asarray(im.convert("RGB" if mode == "RGB" else "L"))
+        a = a if a.ndim == 3 else a[..., None]
+        out.append(torch.from_numpy(a.copy()).permute(2, 0, 1).to(device))
+    return out
+
+
+def test_decode_device_batches_are_the_cpu_batches_in_order(jpeg_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plumbing of decode_device (entries, order, shards, labels, resume state) with a Pillow
+    stand-in for torchvision's decoder: it must give exactly the CPU path's batches."""
+    import carraystore.torch as ct
+
+    modes = type("Modes", (), {"RGB": "RGB", "GRAY": "GRAY"})
+    monkeypatch.setattr(ct, "_decode_jpeg_fn", lambda: (_pillow_decode_jpeg, modes))
+    for kw in ({}, {"rank": 1, "world_size": 2, "epoch": 3}):
+        cpu = list(StoreDataset(jpeg_store, B, **kw, **OPTS))
+        dev = StoreDataset(jpeg_store, B, decode_device="cpu", **kw, **OPTS)
+        got = list(dev)
+        assert len(got) == len(cpu) == len(dev)
+        for (xg, yg), (xc, yc) in zip(got, cpu, strict=True):
+            assert xg.shape == xc.shape and xg.dtype == torch.uint8
+            assert torch.equal(xg, xc) and torch.equal(yg, yc)
+    # resume mid-epoch: the rest is the CPU path's rest
+    dev = StoreDataset(jpeg_store, B, decode_device="cpu", **OPTS)
+    it = iter(dev)
+    first = [next(it) for _ in range(3)]
+    state = dev.state_dict()
+    assert state["consumed"] == [{"world_size": 1, "samples": 3 * B}]
+    rest = list(StoreDataset(jpeg_store, B, decode_device="cpu", resume=state, **OPTS))
+    whole = list(StoreDataset(jpeg_store, B, **OPTS))
+    assert [int(v) for _, y in first + rest for v in y] == [int(v) for _, y in whole for v in y]
+
+
+def test_decode_device_refuses_what_it_cannot_decode(
+    jpeg_store: Path, odd_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import carraystore.torch as ct
+
+    try:
+        ct._decode_jpeg_fn()
+    except carraystore.errors.MissingDependencyError as exc:  # here: no loadable torchvision
+        with pytest.raises(carraystore.errors.MissingDependencyError, match="torchvision"):
+            StoreDataset(jpeg_store, B, decode_device="cpu")
+        assert "torchvision" in str(exc)
+    modes = type("Modes", (), {"RGB": "RGB", "GRAY": "GRAY"})
+    monkeypatch.setattr(ct, "_decode_jpeg_fn", lambda: (_pillow_decode_jpeg, modes))
+    with pytest.raises(InvalidInputError, match="JPEG entries of an encoded store; this is a pixel store"):
+        StoreDataset(odd_store, B, decode_device="cpu")
+    with pytest.raises(InvalidInputError, match="sequence_length, image_size or a numpy transform"):
+        StoreDataset(jpeg_store, B, decode_device="cpu", transform=lambda x, y: (x, y))
+    with pytest.raises(InvalidInputError, match="differs"):
+        StoreDataset(jpeg_store, B, decode_device="cpu", device="cuda")
+    ds = StoreDataset(jpeg_store, B, decode_device="cpu", **OPTS)
+    with pytest.raises(InvalidInputError, match="num_workers=0"):
+        list(DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork"))
+
+
+def test_nvjpeg_batches_on_a_gpu(jpeg_store: Path) -> None:
+    """decode_device="cuda": nvJPEG's batches, in the CPU path's order, close to Pillow's pixels."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (bench/bench_device.py runs it on one)")
+    pytest.importorskip("torchvision.io", reason="needs torchvision")
+    cpu = list(StoreDataset(jpeg_store, B, **OPTS))
+    gpu = list(StoreDataset(jpeg_store, B, decode_device="cuda", **OPTS))
+    assert len(gpu) == len(cpu)
+    for (xg, yg), (xc, yc) in zip(gpu, cpu, strict=True):
+        assert xg.is_cuda and yg.is_cuda and xg.shape == xc.shape and xg.dtype == torch.uint8
+        assert torch.equal(yg.cpu(), yc)
+        diff = (xg.cpu().int() - xc.int()).abs().float()
+        assert diff.mean() < 2.0, diff.mean()  # nvJPEG's IDCT and upsampling differ from libjpeg-turbo's a little
