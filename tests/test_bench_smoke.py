@@ -4,8 +4,8 @@ All ``bench/bench_*.py`` run in one pytest subprocess (pytest-benchmark its only
 as ``make bench`` runs them, with ``--benchmark-disable`` and ``CARRAYSTORE_BENCH_SCALE=tiny``;
 data and results go to a temporary folder, so the committed results in bench/results/ are
 never touched. One process imports TensorFlow, torch and the rest once (a process per file
-cost about 1.8 CPU-s more per file); each file still has its own test here, which reads
-that file's outcome from the run's JUnit report and checks its results.
+cost about 1.8 CPU-s more per file); the test reads each file's outcome from the run's JUnit
+report, names every file that failed, and checks what the files wrote.
 """
 
 from __future__ import annotations
@@ -69,14 +69,14 @@ def _eligible(path: Path) -> bool:
     return path.name != "bench_remote_node.py" or len(os.sched_getaffinity(0)) >= 2
 
 
-@pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[str]], str]:
-    """Every eligible bench file in one subprocess: (results folder, file -> problems, the output's tail)."""
-    tmp = tmp_path_factory.mktemp("bench-tiny")
-    proc = _run([p for p in FILES if _eligible(p)], tmp)
+@pytest.mark.slow
+def test_every_bench_file_runs_tiny(tmp_path: Path) -> None:
+    """Every eligible bench file in one subprocess; each file's outcome (JUnit) and results checked."""
+    files = [p for p in FILES if _eligible(p)]
+    proc = _run(files, tmp_path)
     tail = f"{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
     outcome: dict[str, list[str]] = {}
-    report = tmp / "junit.xml"
+    report = tmp_path / "junit.xml"
     if report.exists():
         import xml.etree.ElementTree as ET
 
@@ -84,27 +84,22 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
             stem = case.get("classname", "").split(".")[-1]
             bad = [f"{c.tag}: {c.get('message', '')[:500]}" for c in case if c.tag in ("failure", "error")]
             outcome.setdefault(f"{stem}.py", []).extend(bad)
-    return tmp / "results", outcome, tail
+    problems = [f"{p.name}: did not run" for p in files if p.name not in outcome]
+    problems += [f"{name}: {bad}" for name, bad in outcome.items() if bad]
+    assert not problems, f"at tiny scale: {problems}\n{tail}"
+    for p in files:
+        _check_results(p.name, tmp_path / "results")
 
 
-@pytest.mark.xdist_group("bench-tiny")  # one worker runs the one subprocess
-@pytest.mark.parametrize(
-    "path",
-    [pytest.param(p, id=p.name, marks=pytest.mark.slow) for p in FILES],
-)
-def test_bench_runs_tiny(path: Path, tiny_run: tuple[Path, dict[str, list[str]], str]) -> None:
-    if not _eligible(path):
-        pytest.skip("bench_remote_node.py needs 2 cores: one half for the server, the other for the reader")
-    results, outcome, tail = tiny_run
-    assert path.name in outcome, f"{path.name} did not run at tiny scale:\n{tail}"
-    assert not outcome[path.name], f"{path.name} failed at tiny scale: {outcome[path.name]}\n{tail}"
-    if path.name == "bench_codecs.py":
+def _check_results(name: str, results: Path) -> None:
+    """What a bench file wrote at tiny scale (the files whose results say more than passing)."""
+    if name == "bench_codecs.py":
         data = json.loads((results / "codecs.json").read_text())
         assert {r["dataset"] for r in data["results"]} == {"photos", "video"}
         assert set(data["chosen_presets"]) == {"fast", "balanced", "small"}
         assert "| photos |" in (results / "codecs.md").read_text()
         assert (results / "codecs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    if path.name == "bench_loaders.py":
+    if name == "bench_loaders.py":
         data = json.loads((results / "loaders.json").read_text())
         rows = {r["name"]: r for r in data["rows"]}
         assert rows["numpy_memory"]["status"] == "ok" and rows["carraystore_balanced_block"]["status"] == "ok"
@@ -115,7 +110,7 @@ def test_bench_runs_tiny(path: Path, tiny_run: tuple[Path, dict[str, list[str]],
         # tiny: every loader in the benchmark's own process (one TensorFlow import), and the report says so
         assert data["info"]["fresh_process"] is False
         assert "every loader ran in one process" in (results / "loaders.md").read_text()
-    if path.name == "bench_jpeg_decode.py":
+    if name == "bench_jpeg_decode.py":
         data = json.loads((results / "jpeg_decode.json").read_text())
         assert {(r["decoder"], r["threads"]) for r in data["rows"]} >= {
             (d, t) for d in ("pillow", "simplejpeg") for t in (1, 2)
@@ -125,7 +120,7 @@ def test_bench_runs_tiny(path: Path, tiny_run: tuple[Path, dict[str, list[str]],
         reports = json.loads((results / "layout.json").read_text())["reports"]
         assert [r["preset"] for r in reports] == ["balanced", "fast"]
         assert all(r["encoded"]["stored_as"] == "16 jpeg" and r["pixels"]["images"] == 16 for r in reports)
-    if path.name == "bench_reduced_decode.py":
+    if name == "bench_reduced_decode.py":
         data = json.loads((results / "reduced_decode.json").read_text())
         assert {(r["decoder"], r["factor"]) for r in data["rows"]} == {
             (d, k) for d in ("simplejpeg", "pillow") for k in (1, 2, 4, 8)
@@ -134,7 +129,7 @@ def test_bench_runs_tiny(path: Path, tiny_run: tuple[Path, dict[str, list[str]],
         assert {(r["layout"], r["factor"]) for r in data["chunk_rows"]} == {
             (x, k) for x in ("encoded", "pixels (balanced)") for k in (1, 2, 4, 8)
         }
-    if path.name == "bench_remote.py":
+    if name == "bench_remote.py":
         data = json.loads((results / "remote.json").read_text())
         assert [(link["rtt_ms"], link["mbit"]) for link in data["links"]] == [(0, None), (20, 400)]
         for link in data["links"]:  # every contender delivered every image, through the proxy
@@ -149,12 +144,12 @@ def test_bench_runs_tiny(path: Path, tiny_run: tuple[Path, dict[str, list[str]],
             assert measured or "make bench-peers-env" in data["not_run"][kind]
         assert "| carraystore |" in (results / "remote.md").read_text()
         assert data["contenders_in_process"] is True  # tiny: behind the links, in the benchmark's own process
-    if path.name == "bench_transport.py":  # both transports read the whole object, both server-side kinds
+    if name == "bench_transport.py":  # both transports read the whole object, both server-side kinds
         rows = json.loads((results / "transport.json").read_text())["rows"]
         assert {r["transport"] for r in rows} == {"obstore", "s3fs"} and all(r["mb_per_s"] > 0 for r in rows), rows
         kinds = {r["kind"] for r in json.loads((results / "transport_server.json").read_text())["rows"]}
         assert kinds == {"ranges of one object", "whole objects"}, kinds
-    if path.name == "bench_remote_node.py":
+    if name == "bench_remote_node.py":
         data = json.loads((results / "remote_node.json").read_text())
         assert {(r["preset"], r["malloc"]) for r in data["presets"].values()} == {
             (p, m) for p in ("balanced", "fast") for m in ("default", "tuned")
