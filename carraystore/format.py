@@ -166,7 +166,7 @@ def _key_problem(key: Any) -> tuple[str, str | None]:
             "is an absolute path; stores hold relative paths or ids only so that they can be "
             "moved and shared (make it relative to the dataset's root folder)"
         )
-    if len(k) > 1 and k[1] == ":":
+    if len(k) > 1 and k[1] == ":" and k[0].isascii():  # a drive letter is one byte, as the reader's check reads it
         return k, (
             f"starts with the drive letter {k[:2]!r}, an absolute path on Windows; stores hold relative paths "
             "that mean the same on every system (rename the folder or file)"
