@@ -87,6 +87,16 @@ def publish(tmp: Path, path: Path) -> None:
     fsync_path(path.parent, directory=True)
 
 
+def write_text_atomically(path: Path, text: str) -> None:
+    """``text`` as the whole of ``path``, never half-written: a temporary file, fsynced and renamed over it."""
+    tmp = temp_path(path)
+    try:
+        tmp.write_text(text)
+        publish(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 #: A write that fails while its folder has less free space than this (plus what it wrote) failed for lack of space.
 _SPACE_MARGIN = 1 << 20
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from carraystore.atomic import publish, temp_path
+from carraystore.atomic import write_text_atomically
 from carraystore.engine import (
     EpochDecoder,
     LoaderOptions,
@@ -371,12 +371,7 @@ class TrainingPosition(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         epoch, batch = self.position
         # a batch index of an epoch resumed from a state counts from the resumed point: no start_batch
         shown = None if self.dataset.spec.resumes_epoch(epoch) else batch
-        tmp = temp_path(self.path)
-        try:
-            tmp.write_text(json.dumps({"epoch": epoch, "batch": shown, "state": self.state}))
-            publish(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text_atomically(self.path, json.dumps({"epoch": epoch, "batch": shown, "state": self.state}))
 
     @staticmethod
     def load(path: str | os.PathLike[str]) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from carraystore.atomic import publish, temp_path
+from carraystore.atomic import write_text_atomically
 from carraystore.engine import LoaderOptions, LoaderSpec, make_spec
 from carraystore.errors import InvalidInputError, MissingDependencyError
 from carraystore.loader import iterate
@@ -114,10 +114,9 @@ class _Passes:
         self._pinned: int | None = None
 
     def pin(self, epoch: int) -> None:
-        """Every pass from now on serves ``epoch`` (the next one after it, once unpinned)."""
+        """Every pass from now on serves ``epoch``."""
         with self._lock:
             self._pinned = int(epoch)
-            self._next = int(epoch) - self._epoch + 1
 
     def take(self) -> tuple[int, int]:
         with self._lock:
@@ -389,12 +388,7 @@ class TrainingPosition(tf.keras.callbacks.Callback):  # type: ignore[misc]  # ke
     def save(self) -> None:
         """Write ``state`` to ``save_to``: a temporary file, fsynced and renamed over it."""
         assert self.path is not None
-        tmp = temp_path(self.path)
-        try:
-            tmp.write_text(json.dumps(self.state))
-            publish(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text_atomically(self.path, json.dumps(self.state))
 
     @staticmethod
     def load_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
