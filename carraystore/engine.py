@@ -619,7 +619,7 @@ class LoaderSpec:
                     self.drop_remainder,
                 )
             return p
-        return self._whole_plan(epoch, self.rank, self.world_size, self.batch_size)
+        return self._whole_plan(epoch, self.rank, self.world_size, self.batch_size, self.items_for(epoch))
 
     def _whole_plan_of(self, epoch: int, batch_size: int) -> Callable[[int, int], EpochPlan]:
         """Every rank's plan of ``epoch`` at any world size, the epoch's items and sequence made once."""
@@ -674,7 +674,7 @@ class LoaderSpec:
         rank: int,
         world_size: int,
         batch_size: int,
-        items: np.ndarray | None = None,
+        items: np.ndarray | None,
         sequence: np.ndarray | None = None,
     ) -> EpochPlan:
         return plan_epoch(
@@ -687,7 +687,7 @@ class LoaderSpec:
             rank=rank,
             world_size=world_size,
             drop_remainder=self.drop_remainder,
-            items=self.items_for(epoch) if sequence is None else items,
+            items=items,
             span=self.span,
             batch_size=batch_size,
             sequence=sequence,
