@@ -483,19 +483,26 @@ def collate(items: list[tuple[np.ndarray, int]]) -> Any:
     return torch.from_numpy(np.stack([x for x, _ in items])), torch.tensor([y for _, y in items])
 
 
-def torch_jpeg_loader(jpeg_dir: Path, batch: int, workers: int, cap_s: float) -> dict[str, Any]:
+def jpeg_dataloader(files: list[Path], labels: list[int], batch: int, workers: int, seed: int | None = None) -> Any:
+    """The shuffling ``DataLoader`` a PyTorch user writes over JPEG files (``seed``: its order)."""
+    import torch
     from torch.utils.data import DataLoader
 
-    files = sorted(jpeg_dir.rglob("*.jpg"))
-    labels = [PHOTOS.index(f.parent.name) for f in files]
-    dl = DataLoader(
+    return DataLoader(
         JpegFiles(files, labels),
         batch_size=batch,
         shuffle=True,
+        generator=None if seed is None else torch.Generator().manual_seed(seed),
         num_workers=workers,
         collate_fn=collate,
         multiprocessing_context="fork" if workers else None,
     )
+
+
+def torch_jpeg_loader(jpeg_dir: Path, batch: int, workers: int, cap_s: float) -> dict[str, Any]:
+    files = sorted(jpeg_dir.rglob("*.jpg"))
+    labels = [PHOTOS.index(f.parent.name) for f in files]
+    dl = jpeg_dataloader(files, labels, batch, workers)
     t0 = time.perf_counter()
     it = iter(dl)
     first = next(it)

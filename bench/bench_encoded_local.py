@@ -25,11 +25,12 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from datetime import date
 from pathlib import Path
 from typing import Any
 
-from bench_device import JpegFiles, collate  # the DataLoader a PyTorch user writes (also the GPU machine's peer)
+from bench_device import jpeg_dataloader  # the DataLoader a PyTorch user writes (also the GPU machine's peer)
 from benchpaths import data_dir, results_dir
 
 import carraystore
@@ -46,40 +47,25 @@ if SCALE not in SCALES:
 CFG: dict[str, Any] = SCALES[SCALE]
 
 
-def torch_epoch(files: list[Path], labels: list[int], batch: int, workers: int, epoch: int) -> dict[str, float]:
-    import torch
-    from torch.utils.data import DataLoader
-
-    g = torch.Generator().manual_seed(epoch)
-    dl = DataLoader(
-        JpegFiles(files, labels),
-        batch_size=batch,
-        shuffle=True,
-        generator=g,
-        num_workers=workers,
-        collate_fn=collate,
-        multiprocessing_context="fork" if workers else None,
-    )
+def timed_epoch(batches: Callable[[], Iterable[Any]]) -> dict[str, float]:
+    """Images, seconds and the first batch's wait of one pass over ``batches()`` (started in the timing)."""
     t0 = time.perf_counter()
     n, first = 0, None
-    for x, _ in dl:
+    for x, _ in batches():
         n += len(x)
         if first is None:
             first = time.perf_counter() - t0
-    dt = time.perf_counter() - t0
-    return {"images": n, "seconds": dt, "first_batch_s": first or 0.0}
+    return {"images": n, "seconds": time.perf_counter() - t0, "first_batch_s": first or 0.0}
+
+
+def torch_epoch(files: list[Path], labels: list[int], batch: int, workers: int, epoch: int) -> dict[str, float]:
+    loader = jpeg_dataloader(files, labels, batch, workers, seed=epoch)
+    return timed_epoch(lambda: loader)
 
 
 def store_epoch(path: Path, batch: int, threads: int, epoch: int) -> dict[str, float]:
     store = carraystore.open(path)
-    t0 = time.perf_counter()
-    n, first = 0, None
-    for x, _ in store.batches(batch, epoch=epoch, num_threads=threads):
-        n += len(x)
-        if first is None:
-            first = time.perf_counter() - t0
-    dt = time.perf_counter() - t0
-    return {"images": n, "seconds": dt, "first_batch_s": first or 0.0}
+    return timed_epoch(lambda: store.batches(batch, epoch=epoch, num_threads=threads))
 
 
 def run(folder: Path, work: Path) -> dict[str, Any]:
