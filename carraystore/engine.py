@@ -1104,6 +1104,8 @@ class LoaderClosed(Exception):
 
 
 #: how long a batch waits for a partly served earlier window to be finished before evicting it
+#: (when a thread took on one of that window's batches: counted from the last batch served or
+#: window decoded, so the wait goes on while the loader makes progress)
 EVICT_PATIENCE_S = 2.0
 
 
@@ -1153,6 +1155,9 @@ class EpochDecoder:
         #: windows whose batches were all served: read-ahead never decodes them again
         self.finished: set[int] = set()
         self.decode_count: dict[int, int] = {}
+        #: batches a thread took on and will ask for (:meth:`claim`), until :meth:`batch` returns
+        self.claimed: dict[int, int] = {}
+        self._progress_at = time.monotonic()  # the last batch served or window decoded
         self.chunks_decoded = 0
         self.out_of_order = False
         self.closed = False
@@ -1213,6 +1218,7 @@ class EpochDecoder:
                 win.left -= 1
                 if win.left == 0:
                     win.done.set()
+                    self._progress_at = time.monotonic()
                     self.cond.notify_all()
 
     def _lead_fetched(self, j: int) -> None:
@@ -1276,14 +1282,23 @@ class EpochDecoder:
         while len(self.free) < need:
             if self.closed:
                 raise LoaderClosed
+            if w in self.windows:  # started by another thread while this one waited for slots
+                return self.windows[w] if wait else None
             victim = self._evictable(keep_unserved=not wait)
-            busy = any(e.pins for e in self.windows.values())  # other threads are serving batches
-            if victim is not None and victim < w and self.windows[victim].unserved and busy:
-                # The victim's batches come before w's: give the threads serving them a
-                # moment to finish (its slots then free up) rather than decode it twice.
-                deadline = time.monotonic() + EVICT_PATIENCE_S if deadline is None else deadline
-                if time.monotonic() < deadline:
-                    self.cond.wait(max(0.0, deadline - time.monotonic()))
+            unserved = self.windows[victim].unserved if victim is not None else set()
+            claimed = any(b in self.claimed for b in unserved)  # a thread will ask for one of them
+            busy = claimed or any(e.pins for e in self.windows.values())  # other threads serve batches
+            if victim is not None and victim < w and unserved and busy:
+                # The victim's batches come before w's: give the threads serving them time to
+                # finish (its slots then free up) rather than decode it twice. For a batch a
+                # thread took on, the patience runs from the loader's last progress: on a
+                # starved machine it comes, only later.
+                now = time.monotonic()
+                deadline = now + EVICT_PATIENCE_S if deadline is None else deadline
+                if claimed:
+                    deadline = max(deadline, self._progress_at + EVICT_PATIENCE_S)
+                if now < deadline:
+                    self.cond.wait(deadline - now)
                     continue
             if victim is not None:
                 self._drop(victim)
@@ -1357,6 +1372,21 @@ class EpochDecoder:
             raise LoaderError(f"{self.spec.store.location}: decoding window {w} failed: {err!r}") from err
         return win
 
+    def claim(self, i: int) -> None:
+        """Say that a thread took on batch ``i`` and will ask for it: until it has, the
+        windows it draws from are not evicted for later batches (see :meth:`_start`)."""
+        with self.cond:
+            self.claimed[i] = self.claimed.get(i, 0) + 1
+
+    def unclaim(self, i: int) -> None:
+        """Take back :meth:`claim` (:meth:`batch` does once it returns)."""
+        with self.cond:
+            n = self.claimed.pop(i, 0) - 1
+            if n > 0:
+                self.claimed[i] = n
+            self._progress_at = time.monotonic()
+            self.cond.notify_all()
+
     def _release(self, w: int, win: _Window, batch: int) -> None:
         with self.cond:
             win.pins -= 1
@@ -1385,6 +1415,12 @@ class EpochDecoder:
     def batch(self, i: int, out: np.ndarray | None = None) -> tuple[Any, ...]:
         """Batch ``i`` of the epoch as ``(x, y)`` (``(x, y, w)`` with ``sample_weight``) after the
         transform (x written into ``out``)."""
+        try:
+            return self._batch(i, out)
+        finally:
+            self.unclaim(i)
+
+    def _batch(self, i: int, out: np.ndarray | None) -> tuple[Any, ...]:
         spec, plan = self.spec, self.plan
         a, b = spec.batch_bounds(plan, i)
         if out is None:

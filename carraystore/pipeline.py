@@ -193,11 +193,18 @@ class OrderedBatches:
                     return
                 pos = self.taken
                 self.taken += 1
+                i = self.indices[pos]
+                # before the lock is let go: a thread taking a later batch must not evict the
+                # windows of this one while this thread has yet to ask for them
+                self.decoder.claim(i)
             item: Any
             try:
-                i = self.indices[pos]
-                with self._buffer_lock:
-                    out, extra = self.make_buffer(i)
+                try:
+                    with self._buffer_lock:
+                        out, extra = self.make_buffer(i)
+                except BaseException:
+                    self.decoder.unclaim(i)
+                    raise
                 item = (self.decoder.batch(i, out), extra)
                 del out
             except LoaderClosed:

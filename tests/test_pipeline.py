@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.engine import LoaderOptions, default_threads, make_spec
+from carraystore.engine import EpochDecoder, LoaderOptions, default_threads, make_spec
 from carraystore.errors import InvalidInputError, LoaderError
 from carraystore.loader import THREAD_NAME_PREFIX, batches
 from carraystore.pipeline import MAX_ASSEMBLERS, assemblers_for
@@ -112,6 +113,70 @@ def test_many_assemblers_give_the_same_batches_in_the_same_order_each_window_dec
         np.testing.assert_array_equal(xa, xb)
         np.testing.assert_array_equal(ya, yb)
     assert set(counts.values()) == {1}, f"windows decoded more than once: {counts}"
+
+
+def _one_window_decoder(store_path: Path) -> tuple[EpochDecoder, int]:
+    """A decoder over ordered windows of 4 chunks, with slots for one window only, and the
+    first window of at least two batches (their thread may be slow to ask for them)."""
+    spec = make_spec(carraystore.open(store_path), 32, shuffle=False, window=4)
+    plan = spec.plan(0)
+    dec = EpochDecoder(spec, 0, plan.max_window_chunks, 2, "test-pipeline", direct=False, plan=plan)
+    v = next(v for v in range(plan.nwindows) if len(dec._batches_of(v)) >= 2)
+    return dec, v
+
+
+def _wait_for_a_waiter(dec: EpochDecoder, t: threading.Thread) -> None:
+    """Until ``t`` waits on the decoder (for slots), or has finished without waiting."""
+    deadline = time.monotonic() + 10
+    while not dec.cond._waiters and t.is_alive():  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the thread neither waited nor finished"
+        time.sleep(0.005)
+
+
+def test_a_window_a_slow_thread_took_a_batch_of_is_not_evicted_for_later_batches(store_path: Path) -> None:
+    """An assembler that took a batch but was preempted before asking for it (no pin yet):
+    a thread with a later batch waits for it instead of evicting its window (decoded twice)."""
+    dec, v = _one_window_decoder(store_path)
+    try:
+        first, second = dec._batches_of(v)[:2]
+        later = dec._batches_of(v)[-1] + 1  # drawn (at least partly) from the next window
+        for b in range(first + 1):
+            dec.batch(b)  # window v is resident, its batch ``second`` still to come
+        dec.claim(second)  # taken on by a thread that has not asked yet
+        t = threading.Thread(target=dec.batch, args=(later,))
+        t.start()
+        _wait_for_a_waiter(dec, t)  # the later batch waits for slots
+        time.sleep(0.1)
+        dec.batch(second)
+        t.join(10)
+        assert not t.is_alive()
+        assert dec.decode_count[v] == 1, dec.decode_count
+        assert not dec.claimed
+    finally:
+        dec.close()
+
+
+def test_a_window_started_while_a_batch_waited_for_its_slots_is_decoded_once(store_path: Path) -> None:
+    """A batch waiting for slots for window w while read-ahead started w meanwhile takes
+    that window instead of starting (decoding, counting) it a second time."""
+    dec, v = _one_window_decoder(store_path)
+    try:
+        for b in range(dec._batches_of(v)[0]):
+            dec.batch(b)
+        win = dec._acquire(v)  # window v pinned: no slot is free for v + 1
+        t = threading.Thread(target=dec._acquire, args=(v + 1,))
+        t.start()
+        _wait_for_a_waiter(dec, t)
+        with dec.cond:  # v served and finished; read-ahead takes its slots for v + 1 first
+            win.pins -= 1
+            win.unserved.clear()
+            dec.finished.add(v)
+            dec.read_ahead(v + 1)
+        t.join(10)
+        assert not t.is_alive()
+        assert dec.decode_count[v + 1] == 1, dec.decode_count
+    finally:
+        dec.close()
 
 
 def test_a_failed_batch_reaches_the_consumer_in_its_place(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
