@@ -174,7 +174,7 @@ def main() -> int:
                         runs.setdefault(label, []).append(_watched_run(spec, link, srv.proc.pid))
                         print(_row(label, _median(runs[label]), n), flush=True)
         finally:
-            stop_process(srv.proc)
+            stop_process(srv.proc, kill=True)
     info["runs"] = runs
     info["load_average_end"] = os.getloadavg()
     out = br.results_dir(ARGS.scale)

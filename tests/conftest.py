@@ -115,4 +115,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # Real servers on loopback for the remote tests (SeaweedFS's S3 gateway, a plain HTTP Range server).
+# No test leaves loader threads running (the loader and pipeline tests use it).
+from loader_threads import no_loader_threads_left  # noqa: E402,F401
 from remote_servers import http_server, seaweedfs  # noqa: E402,F401

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from loader_threads import loader_threads
 
 import carraystore
 from carraystore.errors import ClipError, InvalidInputError, LoaderError
@@ -26,16 +27,7 @@ from carraystore.sampling import batch_label_diversity, pairs_kept_together
 CLASSES = PHOTOS[:4]
 
 
-def loader_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX) and t.is_alive()]
-
-
-@pytest.fixture(autouse=True)
-def _no_thread_left_behind():
-    yield
-    if loader_threads():  # only garbage can still hold them (an abandoned iterator): collect it
-        gc.collect()  # (a full collection costs ~0.3 CPU-s once TensorFlow and torch are imported)
-    assert loader_threads() == [], "a test left loader threads running"
+pytestmark = pytest.mark.usefixtures("no_loader_threads_left")
 
 
 @pytest.fixture(scope="module")

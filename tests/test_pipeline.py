@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 import tracemalloc
@@ -15,7 +14,7 @@ import pytest
 import carraystore
 from carraystore.engine import EpochDecoder, LoaderOptions, default_threads, make_spec
 from carraystore.errors import InvalidInputError, LoaderError
-from carraystore.loader import THREAD_NAME_PREFIX, batches
+from carraystore.loader import batches
 from carraystore.pipeline import MAX_ASSEMBLERS, assemblers_for
 from carraystore.resources import available_cpus, format_bytes, memory_limit, parse_bytes
 from carraystore.sample_data import PHOTOS, load_photo, photo_crops
@@ -34,11 +33,7 @@ def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def _no_thread_left_behind():
-    yield
-    gc.collect()
-    assert [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX)] == []
+pytestmark = pytest.mark.usefixtures("no_loader_threads_left")
 
 
 def _epoch(path: Path, **kw) -> list[tuple[np.ndarray, np.ndarray]]:
