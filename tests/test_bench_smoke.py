@@ -159,3 +159,18 @@ def _check_results(name: str, results: Path) -> None:
             for kind in ("remote", "local"):
                 assert r[kind]["epoch_images"] and set(r[kind]["epoch_images"]) == {data["images"]}, (kind, r)
         assert "| balanced |" in (results / "remote_node.md").read_text()
+
+
+@pytest.mark.parametrize("script", ["remote_encoded_knobs.py", "remote_timeline.py"])
+def test_the_bench_scripts_that_are_not_pytest_files_start(script: str) -> None:
+    """The minutes-long measuring scripts beside the bench files at least import and parse
+    their arguments (``--help``), so a renamed helper does not go unnoticed."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--help"],
+        cwd=BENCH.parent,
+        env={**os.environ, "PYTHONPATH": str(BENCH.parent)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-2000:]
