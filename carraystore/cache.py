@@ -265,13 +265,27 @@ class CachedSource:
         self.prefetch(ranges)
         return [self.read(o, n) for o, n in ranges]
 
-    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+    def prefetch(self, ranges: Sequence[tuple[int, int]], again: bool = False) -> None:
         """Pass on the ranges not in the cache."""
         with self._lock:
             missing = [(int(o), int(n)) for o, n in ranges if (int(o), int(n)) not in self._entries]
         missing = [r for r in missing if not self.path_of(*r).exists()]
         if missing:
-            self.inner.prefetch(missing)
+            self.inner.prefetch(missing, again=again)
+
+    def hinted(self, ranges: Sequence[tuple[int, int]]) -> bool:
+        """Every range is in the cache, or the inner source fetches it ahead."""
+        with self._lock:
+            missing = [(int(o), int(n)) for o, n in ranges if (int(o), int(n)) not in self._entries]
+        missing = [r for r in missing if not self.path_of(*r).exists()]
+        hinted = getattr(self.inner, "hinted", None)
+        return not missing or (hinted is not None and bool(hinted(missing)))
+
+    def wait_prefetched(self, ranges: Sequence[tuple[int, int]], timeout: float | None = None) -> bool:
+        """The inner source's :meth:`~carraystore.remote.RemoteSource.wait_prefetched` (True
+        when it has none)."""
+        wait = getattr(self.inner, "wait_prefetched", None)
+        return True if wait is None else bool(wait(ranges, timeout))
 
     # -- admission and eviction ----------------------------------------------------------------
     def _maybe_store(self, offset: int, length: int, data: bytes | memoryview) -> None:

@@ -1172,8 +1172,16 @@ class EpochDecoder:
         self._lead_need = 0
         self._lead_arrived: set[int] = set()
         self._lead_in = threading.Event()
-        if not getattr(spec.store.source, "max_inflight", 0):  # a local file: no link to share
+        self._remote = bool(getattr(spec.store.source, "max_inflight", 0))
+        if not self._remote:  # a local file: no link to share
             self._lead_in.set()
+        #: a remote source is told the next epoch's first window once this epoch's bytes are all
+        #: in, so that it arrives while this epoch's last chunks are decoded, not after the link
+        #: idled for them and a round trip (epochs usually follow each other; unread, it costs
+        #: one window's bytes)
+        self._hinting = False
+        #: the next epoch's first window was hinted to the source (:meth:`_hint_next_epoch`)
+        self.next_epoch_hinted = False
         self.threads = [
             threading.Thread(target=self._decode_loop, name=f"{thread_prefix}-{id(self):x}-decode{i}", daemon=True)
             for i in range(max(1, num_threads))
@@ -1234,6 +1242,28 @@ class EpochDecoder:
             if not self.closed:
                 for v in sorted({self._lead_w, *self.windows}):
                     self._announce(v)
+
+    def _hint_next_epoch(self, chunks: list[int]) -> None:
+        """Once this epoch's ``chunks`` (every one announced) are fetched, tell the source the
+        first window of the epoch after this one. A hint only: the next epoch's order may
+        differ (another loader's options), or no next epoch may come (one window's bytes)."""
+        try:
+            plan = self.spec.plan(self.epoch + 1)
+            w = next((v for v in range(plan.nwindows) if len(plan.window_chunks[v])), None)
+            if w is None:
+                return
+            deadline = time.monotonic() + 60.0  # a stalled link: the retries' business, not the hint's
+            while not self.closed and time.monotonic() < deadline:
+                if self.spec.store.wait_chunks_fetched(chunks, timeout=0.5):
+                    break
+            else:
+                return
+            if not self.closed:
+                # again: this epoch may not have read all of them yet (the same chunks, its order)
+                self.spec.store.prefetch_chunks(plan.window_chunks[w], again=True)
+                self.next_epoch_hinted = True
+        except Exception:  # e.g. a resumed epoch's options plan no other epoch: no hint
+            pass
 
     # -- windows ------------------------------------------------------------------------------
     def _batches_of(self, w: int) -> range:
@@ -1311,8 +1341,16 @@ class EpochDecoder:
         self.windows[w] = win
         if not self._lead_in.is_set() and self._lead is None:
             self._lead, self._lead_w, self._lead_need = win, w, need
-            if not need:
+            store = self.spec.store
+            if not need or (store.chunks_hinted(chunks) and store.wait_chunks_fetched(chunks, timeout=0)):
+                # nothing to fetch, or its bytes are in (the previous epoch hinted them as its
+                # own arrived): the rest may follow at once
                 self._lead_in.set()
+            elif store.chunks_hinted(chunks) and w + 1 < self.plan.nwindows:
+                # on their way: one chunk of the next window beside them keeps the link busy
+                # meanwhile (its round trip overlaps theirs) and takes only a share of the link
+                # from them (all of the rest at once would delay the first batch)
+                store.prefetch_chunks(self.plan.window_chunks[w + 1][:1])
         n = self.decode_count[w] = self.decode_count.get(w, 0) + 1
         if n > 1:
             self.out_of_order = True
@@ -1348,6 +1386,14 @@ class EpochDecoder:
                 self.spec.store.prefetch_chunks(chunks)
             except Exception:  # a hint only
                 pass
+        if last == self.plan.nwindows - 1 and self._lead_in.is_set() and self._remote and not self._hinting:
+            # every chunk of the epoch is announced: the next epoch's first window follows the
+            # last of them, so that it arrives while they are decoded (the link idles otherwise)
+            self._hinting = True
+            rest = [int(c) for v in range(w, last + 1) for c in self.plan.window_chunks[v]]
+            threading.Thread(
+                target=self._hint_next_epoch, args=(rest,), name="carraystore-next-epoch", daemon=True
+            ).start()
 
     def _acquire(self, w: int) -> _Window:
         with self.cond:

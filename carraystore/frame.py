@@ -63,8 +63,10 @@ class ByteSource(Protocol):
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> Sequence[bytes | memoryview]:
         """The bytes of every (offset, length) range, in the order given, fetched concurrently."""
 
-    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """A hint: these ranges will be read soon, in this order (may do nothing)."""
+    def prefetch(self, ranges: Sequence[tuple[int, int]], again: bool = False) -> None:
+        """A hint: these ranges will be read soon, in this order (may do nothing). ``again``:
+        read once more than already hinted (a source that keeps fetched bytes for one read
+        keeps them for another)."""
 
     def close(self) -> None:
         """Release handles and connections."""

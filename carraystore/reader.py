@@ -365,16 +365,37 @@ class StoreReader:
             f"the file is damaged: run `carraystore verify {self.location}`"
         )
 
-    def prefetch_chunks(self, chunks: Sequence[int] | np.ndarray) -> None:
-        """Hint the source that these chunks will be read soon, in this order."""
+    def prefetch_chunks(self, chunks: Sequence[int] | np.ndarray, again: bool = False) -> None:
+        """Hint the source that these chunks will be read soon, in this order; ``again``: once
+        more than already hinted (a remote source keeps their bytes for another read)."""
+        ranges = self._ranges_of(chunks)
+        if ranges:
+            self._source.prefetch(ranges, again=again)
+
+    def _ranges_of(self, chunks: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
+        """The byte ranges of these chunks in the file (all-zero chunks have none)."""
         f = self._frame
-        ranges = [
+        return [
             (int(f.chunk_offsets[c]), int(f.chunk_lengths[c]))
             for c in np.asarray(chunks, dtype=np.int64).reshape(-1)
             if 0 <= c < len(f.chunk_offsets) and f.chunk_offsets[c] >= 0
         ]
-        if ranges:
-            self._source.prefetch(ranges)
+
+    def chunks_hinted(self, chunks: Sequence[int] | np.ndarray) -> bool:
+        """Whether the source fetched ahead, or is fetching, every one of these chunks (hinted
+        with :meth:`prefetch_chunks` and not read yet); False for a local file."""
+        hinted = getattr(self._source, "hinted", None)
+        return bool(hinted(self._ranges_of(chunks))) if hinted is not None else False
+
+    def wait_chunks_fetched(self, chunks: Sequence[int] | np.ndarray, timeout: float | None = None) -> bool:
+        """Wait until the bytes of these chunks, hinted with :meth:`prefetch_chunks`, have
+        arrived (or their fetch failed); True once none is on its way, False on ``timeout``.
+        Chunks never hinted, already read, or of a local file count as arrived."""
+        wait = getattr(self._source, "wait_prefetched", None)
+        if wait is None:
+            return True
+        ranges = self._ranges_of(chunks)
+        return bool(wait(ranges, timeout)) if ranges else True
 
     # the name the loader of 0.1.0 used
     advise_willneed = prefetch_chunks

@@ -43,6 +43,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -188,6 +189,9 @@ class RemoteSource:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[tuple[int, int], tuple[_Run, int]] = {}
+        #: ranges fetched ahead that will be read more than once (``prefetch(again=True)``):
+        #: how many reads beyond the next one keep them
+        self._again: dict[tuple[int, int], int] = {}
         #: ranges hinted by prefetch and not started yet (the read-ahead bound was reached)
         self._pending: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._runs: list[_Run] = []
@@ -254,6 +258,7 @@ class RemoteSource:
             self._lock = threading.Lock()
             self._pool = None
             self._ahead = {}
+            self._again = {}
             self._pending = OrderedDict()
             self._runs = []
             self._ahead_bytes = 0
@@ -412,9 +417,16 @@ class RemoteSource:
         if offset + length <= len(self._head):
             return self._head[offset : offset + length]
         with self._lock:
-            hit = self._ahead.pop((offset, length), None)
+            key = (offset, length)
+            hit = self._ahead.get(key)
             if hit is None:
-                self._pending.pop((offset, length), None)  # read now: not again from the hints
+                self._pending.pop(key, None)  # read now: not again from the hints
+            elif self._again.get(key):  # read once more later: kept
+                self._again[key] -= 1
+                if not self._again[key]:
+                    del self._again[key]
+            else:
+                del self._ahead[key]
         if hit is not None:
             run, at = hit
             try:
@@ -438,7 +450,7 @@ class RemoteSource:
             hit = self._ahead.pop(r, None)
             if hit is not None:
                 run = hit[0]
-                run.unclaimed -= 1
+                run.unclaimed -= 1 + self._again.pop(r, 0)
                 if run.unclaimed == 0:
                     self._forget_run(run)
                     self._pump()
@@ -455,21 +467,58 @@ class RemoteSource:
                 self._submit(pieces)
         return [self.read(o, n) for o, n in ranges]
 
-    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+    def prefetch(self, ranges: Sequence[tuple[int, int]], again: bool = False) -> None:
         """Fetch these ranges in the background, in this order: ``max_inflight`` GETs at a time,
         adjacent ranges coalesced, at most ``readahead_bytes`` fetched and not yet read (the
-        rest wait as hints and start as reads free room)."""
+        rest wait as hints and start as reads free room). Each range fetched ahead is kept
+        for one read; ``again``: a range already fetched ahead (or on its way) for a read to
+        come is kept for one more (the next epoch's first chunks that this epoch reads too)."""
         self._check_process()
         with self._lock:
             if self._closed:
                 return
             self._drop_stale()
             for r in dict.fromkeys((int(o), int(n)) for o, n in ranges):
-                if r not in self._ahead and self._valid(r):
+                hit = self._ahead.get(r)
+                if hit is not None and again:
+                    hit[0].unclaimed += 1
+                    self._again[r] = self._again.get(r, 0) + 1
+                elif hit is None and self._valid(r):
                     self._pending[r] = None
             while len(self._pending) > _MAX_PENDING:  # hints too far ahead: forget the oldest
                 self._pending.popitem(last=False)
             self._pump()
+
+    def hinted(self, ranges: Sequence[tuple[int, int]]) -> bool:
+        """Whether every one of these ranges is fetched ahead or waits to be (and not read yet)."""
+        with self._lock:
+            return all((int(o), int(n)) in self._ahead or (int(o), int(n)) in self._pending for o, n in ranges)
+
+    def wait_prefetched(self, ranges: Sequence[tuple[int, int]], timeout: float | None = None) -> bool:
+        """Wait until none of these ranges is still to be fetched ahead: each was fetched (or
+        failed), read, or never hinted. True then; False after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wanted = [(int(o), int(n)) for o, n in ranges]
+        while True:
+            with self._lock:
+                if any(r in self._pending for r in wanted):  # not sent yet: look again soon
+                    futures: list[Future[bytes | memoryview] | None] = [None]
+                else:
+                    futures = [
+                        hit[0].future
+                        for r in wanted
+                        if (hit := self._ahead.get(r)) is not None and hit[0].done_at is None
+                    ]
+            if not futures:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            f = futures[0]
+            if f is None:
+                time.sleep(min(0.01, left) if left is not None else 0.01)
+            else:
+                wait_futures([f], timeout=left)
 
     def _valid(self, r: tuple[int, int]) -> bool:
         o, n = r
@@ -543,6 +592,7 @@ class RemoteSource:
         gone = set(map(id, stale))
         for key in [k for k, (r, _) in self._ahead.items() if id(r) in gone]:
             del self._ahead[key]
+            self._again.pop(key, None)
         for r in stale:
             self._forget_run(r)
         self._pump()
@@ -552,6 +602,7 @@ class RemoteSource:
             self._closed = True
             pool, self._pool = self._pool, None
             self._ahead.clear()
+            self._again.clear()
             self._pending.clear()
             self._runs.clear()
             self._ahead_bytes = 0

@@ -73,7 +73,7 @@ class LocalFileSource:
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         return [self.read(o, n) for o, n in ranges]
 
-    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+    def prefetch(self, ranges: Sequence[tuple[int, int]], again: bool = False) -> None:
         """Ask the kernel to read these ranges into the page cache (posix_fadvise WILLNEED)."""
         fd = self._fd
         if fd is None or not hasattr(os, "posix_fadvise"):

@@ -95,6 +95,9 @@ class ByteSourceTests:
         assert [bytes(src.read(o, n)) for o, n in ranges] == [data[o : o + n] for o, n in ranges]
         src.prefetch([(0, 10), (0, 10)])  # repeated and overlapping ranges too
         assert bytes(src.read(0, 10)) == data[:10]
+        assert src.prefetch(ranges, again=True) is None  # read once more than hinted: twice here
+        for _ in range(3):
+            assert [bytes(src.read(o, n)) for o, n in ranges] == [data[o : o + n] for o, n in ranges]
 
     def test_concurrent_reads(self, source: tuple[ByteSource, bytes]) -> None:
         src, data = source

@@ -608,6 +608,32 @@ def test_read_ahead_is_bounded_and_fetches_each_range_once(s3_url: str, proxy: N
     src.close()
 
 
+def test_a_range_hinted_again_is_read_twice_from_one_get(s3_url: str, proxy: NetProxy, local_store: Path) -> None:
+    """``prefetch(again=True)`` (the next epoch's first chunks, which this epoch reads too):
+    bytes fetched ahead are kept for one more read, then forgotten; ``hinted`` and
+    ``wait_prefetched`` say where they are."""
+    store = carraystore.open(local_store)
+    ranges = [store.chunk_byte_range(i) for i in (3, 1, 4)]
+    data = local_store.read_bytes()
+    src = RemoteSource(s3_url, _options(proxy, coalesce_bytes=0))
+    assert not src.hinted(ranges)
+    src.prefetch(ranges)
+    assert src.hinted(ranges)
+    assert src.wait_prefetched(ranges, timeout=30)
+    src.prefetch(ranges[:2], again=True)  # already fetched ahead: kept for another read
+    src.prefetch(ranges[:2])  # a plain hint of a range already on hand changes nothing
+    got = [src.read(o, n) for o, n in ranges]  # this epoch's reads
+    assert src.hinted(ranges[:2]) and not src.hinted(ranges[2:])
+    assert src.stats.requests == 1 + 3 == proxy.stats.requests  # opening + one GET per chunk
+    again = [src.read(o, n) for o, n in ranges[:2]]  # the next epoch's: no GET
+    assert src.stats.requests == 4 and not src._ahead and not src._again
+    assert [bytes(b) for b in got + again] == [data[o : o + n] for o, n in ranges + ranges[:2]]
+    assert src.wait_prefetched(ranges, timeout=0)  # none on its way: nothing to wait for
+    src.read(*ranges[0])  # a third read fetches again
+    assert src.stats.requests == 5 and src._ahead_bytes == 0
+    src.close()
+
+
 def test_receive_buffers_are_reused_and_never_overwritten_while_held(
     s3_url: str, seaweedfs: SeaweedFS, local_store: Path
 ) -> None:
