@@ -73,7 +73,7 @@ def _split(row: dict[str, Any], store_bytes: int, link_mb: float) -> dict[str, f
     total = row["total_s"]
     gets = [e for e in row["events"] if e[0] == "get"]
     hints = [e[1] for e in row["events"] if e[0] == "hint"]
-    hint = min(hints) if hints else float("inf")
+    hint = max(hints) if hints else float("inf")  # the last: once its own bytes were in
     batches = [e[1] for e in row["events"] if e[0] == "batch"]
     own = [g for g in gets if 0 <= g[1] < hint]
     carried = [g for g in gets if g[1] < 0]

@@ -1175,12 +1175,17 @@ class EpochDecoder:
         self._remote = bool(getattr(spec.store.source, "max_inflight", 0))
         if not self._remote:  # a local file: no link to share
             self._lead_in.set()
-        #: a remote source is told the next epoch's first window once this epoch's bytes are all
-        #: in, so that it arrives while this epoch's last chunks are decoded, not after the link
-        #: idled for them and a round trip (epochs usually follow each other; unread, it costs
-        #: one window's bytes)
-        self._hinting = False
-        #: the next epoch's first window was hinted to the source (:meth:`_hint_next_epoch`)
+        #: a remote source keeps the bytes of the next epoch's first window that this epoch
+        #: fetches for a second read, and is told the rest of that window once this epoch's
+        #: bytes are all in: the next epoch starts with it in or on its way, instead of after
+        #: the link idled while this epoch's last chunks were decoded, and a round trip
+        #: (epochs usually follow each other; if none does, it costs one window's bytes)
+        self._next_lead: frozenset[int] = frozenset()
+        self._kept: set[int] = set()  # chunks of it this epoch fetched, kept for the next
+        self._announced_chunks: set[int] = set()
+        self._all_announced = threading.Event()
+        self._epoch_chunks: list[int] = []
+        #: the next epoch's first window was hinted to the source (:meth:`_next_epoch_hint`)
         self.next_epoch_hinted = False
         self.threads = [
             threading.Thread(target=self._decode_loop, name=f"{thread_prefix}-{id(self):x}-decode{i}", daemon=True)
@@ -1190,6 +1195,8 @@ class EpochDecoder:
             _LIVE.add(self)
         for t in self.threads:
             t.start()
+        if self._remote:
+            threading.Thread(target=self._next_epoch_hint, name="carraystore-next-epoch", daemon=True).start()
 
     # -- decoder threads -------------------------------------------------------------------
     def _decode_loop(self) -> None:
@@ -1243,24 +1250,41 @@ class EpochDecoder:
                 for v in sorted({self._lead_w, *self.windows}):
                     self._announce(v)
 
-    def _hint_next_epoch(self, chunks: list[int]) -> None:
-        """Once this epoch's ``chunks`` (every one announced) are fetched, tell the source the
-        first window of the epoch after this one. A hint only: the next epoch's order may
-        differ (another loader's options), or no next epoch may come (one window's bytes)."""
+    def _next_epoch_hint(self) -> None:
+        """Plan the next epoch (in this thread: planning a large store takes a while) and
+        mark the chunks of its first window that this epoch fetches from then on as kept for
+        it; once this epoch's chunks are all announced and fetched, hint the rest of that
+        window. A hint only: the next epoch's order may differ (another loader's options)."""
         try:
             plan = self.spec.plan(self.epoch + 1)
             w = next((v for v in range(plan.nwindows) if len(plan.window_chunks[v])), None)
             if w is None:
                 return
-            deadline = time.monotonic() + 60.0  # a stalled link: the retries' business, not the hint's
-            while not self.closed and time.monotonic() < deadline:
-                if self.spec.store.wait_chunks_fetched(chunks, timeout=0.5):
-                    break
-            else:
-                return
-            if not self.closed:
-                # again: this epoch may not have read all of them yet (the same chunks, its order)
-                self.spec.store.prefetch_chunks(plan.window_chunks[w], again=True)
+            lead = [int(c) for c in plan.window_chunks[w]]
+            with self.cond:
+                self._next_lead = frozenset(lead)
+                # announced before the plan was made: kept if not read yet (the others are
+                # hinted with the rest, below)
+                store = self.spec.store
+                keep = [c for c in lead if c in self._announced_chunks and c not in self._kept]
+                keep = [c for c in keep if store.chunks_hinted([c])]
+                if keep:
+                    store.prefetch_chunks(keep, again=True)
+                    self._kept.update(keep)
+            deadline = time.monotonic() + 600.0  # a stalled epoch: the retries' business, not the hint's
+            while not self.closed and not self._all_announced.wait(0.5):
+                if time.monotonic() > deadline:
+                    return
+            while not self.closed and not self.spec.store.wait_chunks_fetched(self._epoch_chunks, timeout=0.5):
+                if time.monotonic() > deadline:
+                    return
+            with self.cond:
+                rest = [c for c in lead if c not in self._kept]
+                if self.closed:
+                    return
+                # again: this epoch may not have read them yet (an epoch reads every chunk)
+                self.spec.store.prefetch_chunks(rest, again=True)
+                self._kept.update(rest)
                 self.next_epoch_hinted = True
         except Exception:  # e.g. a resumed epoch's options plan no other epoch: no hint
             pass
@@ -1384,16 +1408,24 @@ class EpochDecoder:
         if chunks:
             try:
                 self.spec.store.prefetch_chunks(chunks)
+                if self._remote:
+                    self._announced_chunks.update(int(c) for c in chunks)
+                    # the next epoch's first window reads these again: their bytes cross once
+                    keep = [int(c) for c in chunks if int(c) in self._next_lead and int(c) not in self._kept]
+                    if keep:
+                        self.spec.store.prefetch_chunks(keep, again=True)
+                        self._kept.update(keep)
             except Exception:  # a hint only
                 pass
-        if last == self.plan.nwindows - 1 and self._lead_in.is_set() and self._remote and not self._hinting:
-            # every chunk of the epoch is announced: the next epoch's first window follows the
-            # last of them, so that it arrives while they are decoded (the link idles otherwise)
-            self._hinting = True
-            rest = [int(c) for v in range(w, last + 1) for c in self.plan.window_chunks[v]]
-            threading.Thread(
-                target=self._hint_next_epoch, args=(rest,), name="carraystore-next-epoch", daemon=True
-            ).start()
+        if (
+            last == self.plan.nwindows - 1
+            and self._lead_in.is_set()
+            and self._remote
+            and not self._all_announced.is_set()
+        ):
+            # every chunk announced: the rest of the next epoch's first window follows them
+            self._epoch_chunks = [int(c) for v in range(w, last + 1) for c in self.plan.window_chunks[v]]
+            self._all_announced.set()
 
     def _acquire(self, w: int) -> _Window:
         with self.cond:

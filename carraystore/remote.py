@@ -421,6 +421,11 @@ class RemoteSource:
             hit = self._ahead.get(key)
             if hit is None:
                 self._pending.pop(key, None)  # read now: not again from the hints
+                extra = self._again.pop(key, 0)
+                if extra:  # hinted for more reads than this one: they are fetched later
+                    self._pending[key] = None
+                    if extra > 1:
+                        self._again[key] = extra - 1
             elif self._again.get(key):  # read once more later: kept
                 self._again[key] -= 1
                 if not self._again[key]:
@@ -448,9 +453,10 @@ class RemoteSource:
         with self._lock:
             self._pending.pop(r, None)
             hit = self._ahead.pop(r, None)
+            extra = self._again.pop(r, 0)
             if hit is not None:
                 run = hit[0]
-                run.unclaimed -= 1 + self._again.pop(r, 0)
+                run.unclaimed -= 1 + extra
                 if run.unclaimed == 0:
                     self._forget_run(run)
                     self._pump()
@@ -471,8 +477,9 @@ class RemoteSource:
         """Fetch these ranges in the background, in this order: ``max_inflight`` GETs at a time,
         adjacent ranges coalesced, at most ``readahead_bytes`` fetched and not yet read (the
         rest wait as hints and start as reads free room). Each range fetched ahead is kept
-        for one read; ``again``: a range already fetched ahead (or on its way) for a read to
-        come is kept for one more (the next epoch's first chunks that this epoch reads too)."""
+        for one read; ``again``: a range already hinted (fetched ahead, on its way or waiting)
+        for a read to come is kept for one more (the next epoch's first chunks, which this
+        epoch reads too, cross the link once); others are hinted as without it."""
         self._check_process()
         with self._lock:
             if self._closed:
@@ -480,13 +487,14 @@ class RemoteSource:
             self._drop_stale()
             for r in dict.fromkeys((int(o), int(n)) for o, n in ranges):
                 hit = self._ahead.get(r)
-                if hit is not None and again:
-                    hit[0].unclaimed += 1
+                if again and (hit is not None or r in self._pending):
+                    if hit is not None:
+                        hit[0].unclaimed += 1
                     self._again[r] = self._again.get(r, 0) + 1
                 elif hit is None and self._valid(r):
                     self._pending[r] = None
             while len(self._pending) > _MAX_PENDING:  # hints too far ahead: forget the oldest
-                self._pending.popitem(last=False)
+                self._again.pop(self._pending.popitem(last=False)[0], None)
             self._pump()
 
     def hinted(self, ranges: Sequence[tuple[int, int]]) -> bool:
@@ -558,7 +566,7 @@ class RemoteSource:
         """One GET for adjacent ``pieces`` in the background (lock held)."""
         start = pieces[0][0]
         length = pieces[-1][0] + pieces[-1][1] - start
-        run = _Run(start, length, len(pieces))
+        run = _Run(start, length, len(pieces) + sum(self._again.get(p, 0) for p in pieces))
         for o, n in pieces:
             self._ahead[(o, n)] = (run, o - start)
         if len(pieces) > 1:

@@ -631,6 +631,14 @@ def test_a_range_hinted_again_is_read_twice_from_one_get(s3_url: str, proxy: Net
     assert src.wait_prefetched(ranges, timeout=0)  # none on its way: nothing to wait for
     src.read(*ranges[0])  # a third read fetches again
     assert src.stats.requests == 5 and src._ahead_bytes == 0
+    # hinted again while still waiting or on its way (the loader marks the next epoch's first
+    # window as it announces this epoch's chunks): two reads, one GET each
+    more = [store.chunk_byte_range(i) for i in (0, 2, 5)]
+    src.prefetch(more)
+    src.prefetch(more, again=True)
+    for _ in range(2):
+        assert [bytes(src.read(o, n)) for o, n in more] == [data[o : o + n] for o, n in more]
+    assert src.stats.requests == 5 + 3 and not src._ahead and not src._again and src._ahead_bytes == 0
     src.close()
 
 
