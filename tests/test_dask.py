@@ -36,6 +36,10 @@ da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 cdask = pytest.importorskip("carraystore.dask")
 
+# one pytest-xdist worker runs the module, so one cluster serves it (a cluster per worker cost
+# 4 clusters of 2 worker processes, each importing dask, distributed and carraystore)
+pytestmark = pytest.mark.xdist_group("dask-cluster")
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[object, object]]:
