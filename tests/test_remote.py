@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs, stop_process
 
 import carraystore
@@ -851,3 +853,68 @@ def test_a_chunk_that_keeps_failing_its_crc_is_an_error_after_two_refetches(
         with pytest.raises(ChecksumError, match=r"chunk 3 .*fetched 3 times"):
             store.read_chunk(3)
         assert len(calls) == 3
+
+
+@pytest.fixture(scope="module")
+def served_bytes(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A 64 KiB file of random bytes behind a plain HTTP Range server (module-long)."""
+    root = tmp_path_factory.mktemp("served")
+    data = np.random.default_rng(7).bytes(64 << 10)
+    (root / "f.bin").write_bytes(data)
+    server = RangeHTTPServer(root, record=False)
+    try:
+        yield f"{server.url}/f.bin", data
+    finally:
+        server.stop()
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("prefetch"), st.lists(st.integers(0, 2), max_size=3), st.booleans()),
+        st.tuples(st.just("read"), st.integers(0, 2), st.just(False)),
+        st.tuples(st.just("discard"), st.integers(0, 2), st.just(False)),
+    ),
+    max_size=20,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_OPS, bound=st.sampled_from([1, 20_000, 1 << 20]))
+# a range hinted again while it waits behind the bound: discarded, read directly, kept
+@example(ops=[("prefetch", [0, 1], False), ("prefetch", [1], True), ("discard", 1, False)], bound=1)
+@example(ops=[("prefetch", [0, 1], False), ("prefetch", [1], True), ("read", 1, False)], bound=1)
+@example(ops=[("prefetch", [0], False), ("prefetch", [0], True), ("read", 0, False), ("read", 0, False)], bound=1 << 20)
+def test_hints_reads_and_discards_give_the_bytes_and_leave_nothing_behind(
+    served_bytes: Any, ops: Any, bound: int
+) -> None:
+    """Any mix of hints (``again`` or not), reads and discards, under any read-ahead bound:
+    every read gives the file's bytes, and once every read a hint promised was made, nothing
+    fetched ahead is left (no buffer held for a read that will not come)."""
+    url, data = served_bytes
+    ranges = [(o, 3000 + 500 * i) for i, o in enumerate((20_000, 23_000, 40_000))]  # two adjacent
+    promised = [0] * len(ranges)  # the reads the hints promised so far, as the model of the source
+    src = RemoteSource(url, {"readahead_bytes": bound, "coalesce_bytes": 0, "max_inflight": 3})
+    try:
+        for op, arg, again in ops:
+            if op == "prefetch":
+                src.prefetch([ranges[i] for i in arg], again=again)
+                for i in dict.fromkeys(arg):
+                    promised[i] = promised[i] + 1 if again and promised[i] else max(promised[i], 1)
+            elif op == "read":
+                o, n = ranges[arg]
+                assert bytes(src.read(o, n)) == data[o : o + n]
+                promised[arg] = max(0, promised[arg] - 1)
+            else:
+                src.discard(*ranges[arg])
+                promised[arg] = 0
+        for i, (o, n) in enumerate(ranges):
+            for _ in range(promised[i]):
+                assert bytes(src.read(o, n)) == data[o : o + n]
+        assert src.wait_prefetched(ranges, timeout=30)
+        assert not src._ahead and not src._again and not src._pending and src._ahead_bytes == 0, (
+            src._ahead,
+            src._again,
+            src._pending,
+        )
+    finally:
+        src.close()
