@@ -238,6 +238,11 @@ class CachedSource:
         if cached is not None:
             with self._lock:
                 self.stats.hits += 1
+            # bytes of it the inner source fetched ahead (hinted before it was cached, e.g. for
+            # the next epoch) would wait in memory for a read that now never comes
+            forget = getattr(self.inner, "discard", None)
+            if forget is not None and self.max_inflight:
+                forget(offset, length)
             return cached
         data = self.inner.read(offset, length)
         if offset + length <= getattr(self.inner, "head_bytes", 0):
@@ -272,6 +277,12 @@ class CachedSource:
         missing = [r for r in missing if not self.path_of(*r).exists()]
         if missing:
             self.inner.prefetch(missing, again=again)
+
+    @property
+    def max_inflight(self) -> int:
+        """The inner source's GETs at once (0 for a local file): the loader shares the link
+        as for the inner source."""
+        return int(getattr(self.inner, "max_inflight", 0) or 0)
 
     def hinted(self, ranges: Sequence[tuple[int, int]]) -> bool:
         """Every range is in the cache, or the inner source fetches it ahead."""

@@ -1271,17 +1271,17 @@ class EpochDecoder:
                 if keep:
                     store.prefetch_chunks(keep, again=True)
                     self._kept.update(keep)
+            # until this epoch's chunks are all asked for and in; an epoch stopped before that
+            # (closed) hints nothing, one that ended (closed too) as they came in still does
             deadline = time.monotonic() + 600.0  # a stalled epoch: the retries' business, not the hint's
-            while not self.closed and not self._all_announced.wait(0.5):
-                if time.monotonic() > deadline:
+            while not self._all_announced.wait(0.5):
+                if self.closed or time.monotonic() > deadline:
                     return
-            while not self.closed and not self.spec.store.wait_chunks_fetched(self._epoch_chunks, timeout=0.5):
-                if time.monotonic() > deadline:
+            while not self.spec.store.wait_chunks_fetched(self._epoch_chunks, timeout=0.5):
+                if self.closed or time.monotonic() > deadline:
                     return
             with self.cond:
                 rest = [c for c in lead if c not in self._kept]
-                if self.closed:
-                    return
                 # again: this epoch may not have read them yet (an epoch reads every chunk)
                 self.spec.store.prefetch_chunks(rest, again=True)
                 self._kept.update(rest)

@@ -463,6 +463,34 @@ def test_cache_of_half_the_store_halves_the_second_epoch(
     assert (proxy.stats.bytes_down - before) / size <= 0.55 + 0.05  # + opening (header and index)
 
 
+def test_a_cached_store_keeps_no_bytes_for_the_next_epoch_that_the_cache_serves(
+    s3_url: str, seaweedfs: SeaweedFS, local_store: Path, tmp_path: Path
+) -> None:
+    """The loader hints the next epoch's first window, and the remote source keeps those
+    bytes for it; from a chunk cache that next epoch reads them from disk, so the kept copies
+    are let go as the cache serves them (not held in memory for a read that never comes)."""
+    local = carraystore.open(local_store)
+    with carraystore.open(s3_url, _options(seaweedfs), cache_dir=tmp_path / "cache") as store:
+        assert isinstance(store.source, CachedSource) and store.source.max_inflight > 0
+        inner = store.source.inner
+        it = store.batches(16, seed=3, epoch=0)
+        _same([(x.copy(), y.copy()) for x, y in it], _epoch(local, seed=3, epoch=0))
+        deadline = time.monotonic() + 30
+        while not it._s.decoder.next_epoch_hinted:  # (its thread may come a moment after the epoch)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        _same(_epoch(store, seed=3, epoch=1), _epoch(local, seed=3, epoch=1))  # all from the cache
+        assert not inner._ahead and not inner._again and inner._ahead_bytes == 0
+    # the same, step by step: bytes kept for a second read, which the cache then serves
+    with carraystore.open(s3_url, _options(seaweedfs), cache_dir=tmp_path / "cache2") as store:
+        src, r = store.source, local.chunk_byte_range(2)
+        src.inner.prefetch([r])
+        src.inner.prefetch([r], again=True)
+        data = bytes(src.read(*r))  # from the inner source (kept for one more read), then cached
+        assert src.inner._ahead and bytes(src.read(*r)) == data  # from the cache
+        assert not src.inner._ahead and src.inner._ahead_bytes == 0
+
+
 def _epoch_in_process(url: str, options: dict[str, Any], cache: str, cache_size: int, seed: int) -> list[int]:
     with carraystore.open(url, options, cache_dir=cache, cache_size=cache_size) as store:
         return np.concatenate([y for _, y in store.batches(16, seed=seed)]).tolist()
