@@ -419,6 +419,7 @@ class RemoteSource:
         with self._lock:
             key = (offset, length)
             hit = self._ahead.get(key)
+            kept = False  # left in the read-ahead for a later read
             if hit is None:
                 self._pending.pop(key, None)  # read now: not again from the hints
                 extra = self._again.pop(key, 0)
@@ -427,6 +428,7 @@ class RemoteSource:
                     if extra > 1:
                         self._again[key] = extra - 1
             elif self._again.get(key):  # read once more later: kept
+                kept = True
                 self._again[key] -= 1
                 if not self._again[key]:
                     del self._again[key]
@@ -436,7 +438,17 @@ class RemoteSource:
             run, at = hit
             try:
                 assert run.future is not None
-                data = run.future.result()
+                try:
+                    data = run.future.result()
+                except BaseException:
+                    # the GET ahead failed: a read kept for later (hinted again) sends a fresh
+                    # GET rather than meet this failure again
+                    with self._lock:
+                        now = self._ahead.get(key)
+                        if kept and now is not None and now[0] is run:
+                            del self._ahead[key]
+                            run.unclaimed -= 1 + self._again.pop(key, 0)
+                    raise
                 return data[at : at + length]  # a view: the run's buffer lives while it is used
             finally:
                 with self._lock:

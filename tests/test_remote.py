@@ -946,3 +946,27 @@ def test_hints_reads_and_discards_give_the_bytes_and_leave_nothing_behind(
         )
     finally:
         src.close()
+
+
+def test_a_failed_fetch_ahead_kept_for_another_read_is_fetched_afresh(tmp_path: Path) -> None:
+    """A range hinted again (the next epoch's first chunks) whose GET ahead failed: the read
+    that meets the failure raises, the next one sends a fresh GET instead of raising the old
+    error again, and nothing of the failed GET stays claimed."""
+    data = np.random.default_rng(3).bytes(64 << 10)
+    (tmp_path / "f.bin").write_bytes(data)
+    server = RangeHTTPServer(tmp_path, record=False)
+    try:
+        src = RemoteSource(f"{server.url}/f.bin", {"retries": 0, "retry_timeout": 0.5})
+        r = (40_000, 1000)
+        (tmp_path / "f.bin").rename(tmp_path / "gone.bin")  # the GET ahead fails (404)
+        src.prefetch([r])
+        src.prefetch([r], again=True)  # read twice: this epoch and the next
+        assert src.wait_prefetched([r], timeout=30)
+        (tmp_path / "gone.bin").rename(tmp_path / "f.bin")
+        with pytest.raises(RemoteReadError):
+            src.read(*r)
+        assert bytes(src.read(*r)) == data[40_000:41_000]  # a fresh GET, not the old failure
+        assert not src._ahead and not src._again and src._ahead_bytes == 0
+        src.close()
+    finally:
+        server.stop()
