@@ -18,6 +18,7 @@ Everything that turns a store into batches goes through here: ``Store.batches`` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -1026,12 +1027,18 @@ def release_buffers(store: StoreReader | None = None) -> None:
 
 _LIVE: weakref.WeakSet[EpochDecoder] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
+#: the decoder last started on each remote source: only it hints the next epoch (an older
+#: one's late hint, e.g. a short resumed epoch whose next plan was still being made, would
+#: keep or fetch bytes for a read that the epoch after it already made)
+_NEWEST: weakref.WeakKeyDictionary[Any, EpochDecoder] = weakref.WeakKeyDictionary()
+_NEWEST_LOCK = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
     # the parent's decoder threads do not exist here: forget them, and the locks they held
-    global _LIVE_LOCK, _ARENA_LOCK
+    global _LIVE_LOCK, _ARENA_LOCK, _NEWEST_LOCK
     _LIVE_LOCK = threading.Lock()
+    _NEWEST_LOCK = threading.Lock()
     _ARENA_LOCK = threading.Lock()
     _LIVE.clear()
 
@@ -1196,6 +1203,8 @@ class EpochDecoder:
         for t in self.threads:
             t.start()
         if self._remote:
+            with _NEWEST_LOCK, contextlib.suppress(TypeError):  # (a source that takes no weak reference)
+                _NEWEST[spec.store.source] = self
             threading.Thread(target=self._next_epoch_hint, name="carraystore-next-epoch", daemon=True).start()
 
     # -- decoder threads -------------------------------------------------------------------
@@ -1269,8 +1278,7 @@ class EpochDecoder:
                 keep = [c for c in lead if c in self._announced_chunks and c not in self._kept]
                 keep = [c for c in keep if store.chunks_hinted([c])]
                 if keep:
-                    store.prefetch_chunks(keep, again=True)
-                    self._kept.update(keep)
+                    self._keep_for_next(keep)
             # until this epoch's chunks are all asked for and in; an epoch stopped before that
             # (closed) hints nothing, one that ended (closed too) as they came in still does
             deadline = time.monotonic() + 600.0  # a stalled epoch: the retries' business, not the hint's
@@ -1283,11 +1291,24 @@ class EpochDecoder:
             with self.cond:
                 rest = [c for c in lead if c not in self._kept]
                 # again: this epoch may not have read them yet (an epoch reads every chunk)
-                self.spec.store.prefetch_chunks(rest, again=True)
-                self._kept.update(rest)
-                self.next_epoch_hinted = True
+                self.next_epoch_hinted = self._keep_for_next(rest)
         except Exception:  # e.g. a resumed epoch's options plan no other epoch: no hint
             pass
+
+    def _keep_for_next(self, chunks: list[int]) -> bool:
+        """Hint the next epoch's ``chunks`` (kept for its read too), unless a later decoder
+        started on this source meanwhile: that epoch hints for itself (lock held). Whether
+        they were hinted."""
+        with _NEWEST_LOCK:  # held while hinting: a decoder starting now hints after this
+            try:
+                newest = _NEWEST.get(self.spec.store.source, self)
+            except TypeError:
+                newest = self
+            if newest is not self:
+                return False
+            self.spec.store.prefetch_chunks(chunks, again=True)
+            self._kept.update(chunks)
+            return True
 
     # -- windows ------------------------------------------------------------------------------
     def _batches_of(self, w: int) -> range:
@@ -1413,8 +1434,7 @@ class EpochDecoder:
                     # the next epoch's first window reads these again: their bytes cross once
                     keep = [int(c) for c in chunks if int(c) in self._next_lead and int(c) not in self._kept]
                     if keep:
-                        self.spec.store.prefetch_chunks(keep, again=True)
-                        self._kept.update(keep)
+                        self._keep_for_next(keep)
             except Exception:  # a hint only
                 pass
         if (

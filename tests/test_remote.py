@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs, stop_process
 
 import carraystore
+from carraystore import engine
 from carraystore.buffers import BufferPool
 from carraystore.cache import CachedSource, parse_size
 from carraystore.errors import InvalidInputError, LoaderError, RemoteReadError
@@ -970,3 +971,44 @@ def test_a_failed_fetch_ahead_kept_for_another_read_is_fetched_afresh(tmp_path: 
         src.close()
     finally:
         server.stop()
+
+
+def test_a_late_next_epoch_hint_keeps_nothing_once_the_next_epoch_began(
+    http_server: RangeHTTPServer, local_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An epoch plans the next one in a thread (a large store's plan takes a while) and
+    hints that epoch's first window once its own bytes are in, and still does when it ended
+    (closed) just then. On a starved machine that can come after the next epoch began and
+    read that window itself: it must then hint nothing (the bytes would be fetched again and
+    kept for a read that never comes)."""
+    shutil.copy(local_store, http_server.root / "train.b2nd")
+    local = carraystore.open(local_store)
+    gate, first = threading.Event(), []
+    real = engine.LoaderSpec.plan
+
+    def late(self: engine.LoaderSpec, epoch: int) -> Any:
+        if threading.current_thread().name == "carraystore-next-epoch":
+            if not first:
+                first.append(threading.current_thread())
+            if first[0] is threading.current_thread():
+                gate.wait(60)  # epoch 0's hint thread: its plan is done once epoch 1 is over
+        return real(self, epoch)
+
+    monkeypatch.setattr(engine.LoaderSpec, "plan", late)
+    kw: dict[str, Any] = dict(seed=4, window=5)
+    with carraystore.open(f"{http_server.url}/train.b2nd") as store:
+        src = store.source
+        _same(_epoch(store, epoch=0, **kw), _epoch(local, epoch=0, **kw))
+        it = store.batches(16, epoch=1, **kw)
+        _same([(x.copy(), y.copy()) for x, y in it], _epoch(local, epoch=1, **kw))
+        deadline = time.monotonic() + 30
+        while not it._s.decoder.next_epoch_hinted:  # epoch 1 hinted epoch 2's first window
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        gate.set()
+        first[0].join(30)
+        assert not first[0].is_alive()
+        plan2 = engine.make_spec(store, 16, epoch=2, **kw).plan(2)
+        lead2 = {local.chunk_byte_range(int(c)) for c in plan2.window_chunks[0]}
+        assert set(src._ahead) | set(src._pending) <= lead2, "epoch 0's late hint left bytes behind"
+        assert not set(src._again) - lead2
