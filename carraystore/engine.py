@@ -1266,7 +1266,10 @@ class EpochDecoder:
         window. A hint only: the next epoch's order may differ (another loader's options)."""
         try:
             plan = self.spec.plan(self.epoch + 1)
-            w = next((v for v in range(plan.nwindows) if len(plan.window_chunks[v])), None)
+            # the first window this decoder reads (a worker of several reads those of its batches)
+            w = next(
+                (v for v in range(plan.nwindows) if len(plan.window_chunks[v]) and self._batches_of(v, plan)), None
+            )
             if w is None:
                 return
             lead = [int(c) for c in plan.window_chunks[w]]
@@ -1311,9 +1314,12 @@ class EpochDecoder:
             return True
 
     # -- windows ------------------------------------------------------------------------------
-    def _batches_of(self, w: int) -> range:
+    def _batches_of(self, w: int, plan: EpochPlan | None = None) -> range:
+        """The batches this decoder serves that draw from window ``w`` (of ``plan``: this
+        epoch's by default)."""
+        plan = self.plan if plan is None else plan
         b = self.spec.batch_size
-        lo, hi = int(self.plan.window_starts[w]), int(self.plan.window_starts[w + 1])
+        lo, hi = int(plan.window_starts[w]), int(plan.window_starts[w + 1])
         if hi <= lo:
             return range(0)
         first, last = lo // b, (hi - 1) // b + 1
@@ -1391,11 +1397,14 @@ class EpochDecoder:
                 # nothing to fetch, or its bytes are in (the previous epoch hinted them as its
                 # own arrived): the rest may follow at once
                 self._lead_in.set()
-            elif store.chunks_hinted(chunks) and w + 1 < self.plan.nwindows:
-                # on their way: one chunk of the next window beside them keeps the link busy
-                # meanwhile (its round trip overlaps theirs) and takes only a share of the link
-                # from them (all of the rest at once would delay the first batch)
-                store.prefetch_chunks(self.plan.window_chunks[w + 1][:1])
+            elif store.chunks_hinted(chunks):
+                # on their way: one chunk of the next window (that this decoder reads) beside
+                # them keeps the link busy meanwhile (its round trip overlaps theirs) and takes
+                # only a share of the link from them (all of the rest at once would delay the
+                # first batch)
+                nxt = next((v for v in range(w + 1, self.plan.nwindows) if self._batches_of(v)), None)
+                if nxt is not None:
+                    store.prefetch_chunks(self.plan.window_chunks[nxt][:1])
         n = self.decode_count[w] = self.decode_count.get(w, 0) + 1
         if n > 1:
             self.out_of_order = True
@@ -1417,14 +1426,16 @@ class EpochDecoder:
             # a remote source gets two windows ahead: the next one is often fetched before it is
             # decoded, and the link must not idle meanwhile
             last = min(self.plan.nwindows - 1, w + (2 if want else 1))
-        n = sum(len(self.plan.window_chunks[v]) for v in range(w + 1, last + 1))
+        # only the windows this decoder reads: another worker's are fetched by that worker
+        mine = self._batches_of
+        n = sum(len(self.plan.window_chunks[v]) for v in range(w + 1, last + 1) if mine(v))
         while n < want and last + 1 < self.plan.nwindows:
             last += 1
-            n += len(self.plan.window_chunks[last])
+            n += len(self.plan.window_chunks[last]) if mine(last) else 0
         if last <= self._announced and w <= self._announced:
             return
         first = max(w, self._announced + 1)
-        chunks = [c for v in range(first, last + 1) for c in self.plan.window_chunks[v]]
+        chunks = [c for v in range(first, last + 1) if mine(v) for c in self.plan.window_chunks[v]]
         self._announced = max(self._announced, last)
         if chunks:
             try:

@@ -1012,3 +1012,43 @@ def test_a_late_next_epoch_hint_keeps_nothing_once_the_next_epoch_began(
         lead2 = {local.chunk_byte_range(int(c)) for c in plan2.window_chunks[0]}
         assert set(src._ahead) | set(src._pending) <= lead2, "epoch 0's late hint left bytes behind"
         assert not set(src._again) - lead2
+
+
+def _serve(store: Any, epoch: int, serves: tuple[int, int], **kw: Any) -> engine.EpochDecoder:
+    """One worker's share of an epoch (``serves=(k, n)``), every batch checked; the decoder
+    once its next-epoch hint was made."""
+    spec = engine.make_spec(store, 16, **kw)
+    dec = engine.EpochDecoder(spec, epoch, 8, 1, "carraystore-test", serves=serves)
+    try:
+        plan, (k, n) = dec.plan, serves
+        for b in range(k, engine.num_batches(len(plan), 16, False), n):
+            a, e = spec.batch_bounds(plan, b)
+            _, y = dec.batch(b)
+            assert np.array_equal(y, spec.labels_for(plan.items[a:e]))
+        deadline = time.monotonic() + 30
+        while not dec.next_epoch_hinted:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        dec.close()
+    return dec
+
+
+def test_a_worker_keeps_only_the_next_epochs_first_window_that_it_serves(
+    http_server: RangeHTTPServer, local_store: Path
+) -> None:
+    """Worker k of n (``serves=(k, n)``) reads only the windows of its batches, so it asks
+    the source for those alone (it fetched the other workers' too: n times the store's bytes
+    crossed the link, and held in memory for reads that never came), and the next epoch's
+    first window it keeps is the first of those, not the epoch's first window."""
+    shutil.copy(local_store, http_server.root / "train.b2nd")
+    kw: dict[str, Any] = dict(seed=4, window=2)  # windows of one batch: worker 1 reads windows 1, 3, 5, ...
+    with carraystore.open(f"{http_server.url}/train.b2nd") as store:
+        src = store.source
+        for epoch in range(2):
+            _serve(store, epoch, (1, 2), **kw)
+            plan = engine.make_spec(store, 16, **kw).plan(epoch + 1)
+            first = plan.window_of(16)  # the window of batch 1: this worker's first
+            assert first > 0
+            mine = {store.chunk_byte_range(int(c)) for c in plan.window_chunks[first]}
+            assert set(src._ahead) | set(src._pending) <= mine
