@@ -1292,7 +1292,13 @@ class EpochDecoder:
                 if self.closed or time.monotonic() > deadline:
                     return
             with self.cond:
-                rest = [c for c in lead if c not in self._kept]
+                # and those kept that the source let go (unread for long: stale, or failed a
+                # check) once this epoch read them (a chunk it has yet to read is fetched by
+                # that read, and the next epoch's by its own)
+                store, plan = self.spec.store, self.plan
+                done = {v for v, e in self.windows.items() if e.done.is_set()} | self.finished
+                unread = {int(c) for v in range(plan.nwindows) if v not in done for c in plan.window_chunks[v]}
+                rest = [c for c in lead if c not in self._kept or (c not in unread and not store.chunks_hinted([c]))]
                 # again: this epoch may not have read them yet (an epoch reads every chunk)
                 self.next_epoch_hinted = self._keep_for_next(rest)
         except Exception:  # e.g. a resumed epoch's options plan no other epoch: no hint

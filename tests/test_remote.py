@@ -1052,3 +1052,47 @@ def test_a_worker_keeps_only_the_next_epochs_first_window_that_it_serves(
             assert first > 0
             mine = {store.chunk_byte_range(int(c)) for c in plan.window_chunks[first]}
             assert set(src._ahead) | set(src._pending) <= mine
+
+
+def test_the_next_epochs_first_window_is_hinted_even_when_its_kept_bytes_went_stale(
+    http_server: RangeHTTPServer, local_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes of the next epoch's first window that this epoch fetched are kept for that
+    epoch; in an epoch longer than the source keeps unread bytes (60 s) they are dropped as
+    stale, and the hint made once this epoch's bytes are in must ask for them again (it took
+    them for kept: the next epoch began with its first window neither in nor on its way)."""
+    from carraystore.reader import StoreReader
+
+    shutil.copy(local_store, http_server.root / "train.b2nd")
+    local = carraystore.open(local_store)
+    gate = threading.Event()
+    real = StoreReader.wait_chunks_fetched
+
+    def held(self: StoreReader, chunks: Any, timeout: float | None = None) -> bool:
+        if threading.current_thread().name == "carraystore-next-epoch":
+            gate.wait(60)  # the hint waits until the test made the kept bytes stale
+        return real(self, chunks, timeout)
+
+    monkeypatch.setattr(StoreReader, "wait_chunks_fetched", held)
+    kw: dict[str, Any] = dict(seed=4, window=2)
+    with carraystore.open(f"{http_server.url}/train.b2nd", {"max_inflight": 2}) as store:
+        src = store.source
+        plan = engine.make_spec(store, 16, **kw).plan(1)
+        lead = [store.chunk_byte_range(int(c)) for c in plan.window_chunks[0]]
+        it = store.batches(16, epoch=0, **kw)
+        _same([(x.copy(), y.copy()) for x, y in it], _epoch(local, epoch=0, **kw))
+        dec = it._s.decoder
+        assert dec._kept and src.hinted(lead)  # kept for epoch 1 as epoch 0 fetched them
+        with src._lock:
+            src._drop_stale(0.0)  # as if 60 s went by since: let go
+        assert not src.hinted(lead)
+        gate.set()
+        deadline = time.monotonic() + 30
+        while not dec.next_epoch_hinted:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert src.hinted(lead)
+        _same(_epoch(store, epoch=1, **kw), _epoch(local, epoch=1, **kw))
+        assert not set(src._ahead) - {
+            store.chunk_byte_range(int(c)) for c in engine.make_spec(store, 16, **kw).plan(2).window_chunks[0]
+        }
