@@ -272,9 +272,7 @@ class CachedSource:
 
     def prefetch(self, ranges: Sequence[tuple[int, int]], again: bool = False) -> None:
         """Pass on the ranges not in the cache."""
-        with self._lock:
-            missing = [(int(o), int(n)) for o, n in ranges if (int(o), int(n)) not in self._entries]
-        missing = [r for r in missing if not self.path_of(*r).exists()]
+        missing = self._missing(ranges)
         if missing:
             self.inner.prefetch(missing, again=again)
 
@@ -286,11 +284,15 @@ class CachedSource:
 
     def hinted(self, ranges: Sequence[tuple[int, int]]) -> bool:
         """Every range is in the cache, or the inner source fetches it ahead."""
-        with self._lock:
-            missing = [(int(o), int(n)) for o, n in ranges if (int(o), int(n)) not in self._entries]
-        missing = [r for r in missing if not self.path_of(*r).exists()]
+        missing = self._missing(ranges)
         hinted = getattr(self.inner, "hinted", None)
         return not missing or (hinted is not None and bool(hinted(missing)))
+
+    def _missing(self, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The ranges the cache does not hold (in this process's index or on disk)."""
+        with self._lock:
+            missing = [(int(o), int(n)) for o, n in ranges if (int(o), int(n)) not in self._entries]
+        return [r for r in missing if not self.path_of(*r).exists()]
 
     def wait_prefetched(self, ranges: Sequence[tuple[int, int]], timeout: float | None = None) -> bool:
         """The inner source's :meth:`~carraystore.remote.RemoteSource.wait_prefetched` (True

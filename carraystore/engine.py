@@ -1399,11 +1399,12 @@ class EpochDecoder:
         if not self._lead_in.is_set() and self._lead is None:
             self._lead, self._lead_w, self._lead_need = win, w, need
             store = self.spec.store
-            if not need or (store.chunks_hinted(chunks) and store.wait_chunks_fetched(chunks, timeout=0)):
+            hinted = bool(need) and store.chunks_hinted(chunks)
+            if not need or (hinted and store.wait_chunks_fetched(chunks, timeout=0)):
                 # nothing to fetch, or its bytes are in (the previous epoch hinted them as its
                 # own arrived): the rest may follow at once
                 self._lead_in.set()
-            elif store.chunks_hinted(chunks):
+            elif hinted:
                 # on their way: one chunk of the next window (that this decoder reads) beside
                 # them keeps the link busy meanwhile (its round trip overlaps theirs) and takes
                 # only a share of the link from them (all of the rest at once would delay the
