@@ -42,7 +42,7 @@ $(VENV)/.installed-%: pyproject.toml | $(BIN)/python
 venv: $(VENV)/.installed-demo
 
 demo: $(VENV)/.installed-demo
-	$(BIN)/python -m carraystore.demo --out demo-out
+	$(BIN)/python -m carraystore.cli.demo --out demo-out
 
 test: $(VENV)/.installed-test
 	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)

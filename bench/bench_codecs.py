@@ -16,9 +16,14 @@ import pytest
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.benchmarks import codecs as C
-from carraystore.benchmarks.datasets import cached_photo_folder, cached_video_folder, decode_images, list_image_folder
-from carraystore.codec import PRESETS, Codec
+from carraystore.cli.benchmarks import codecs as C
+from carraystore.cli.benchmarks.datasets import (
+    cached_photo_folder,
+    cached_video_folder,
+    decode_images,
+    list_image_folder,
+)
+from carraystore.format.codec import PRESETS, Codec
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent
@@ -64,7 +69,7 @@ def test_codec_suite(benchmark, samples: dict[str, np.ndarray]) -> None:
         C.run_suite, args=(samples, grid), kwargs={"repeats": CFG["repeats"]}, rounds=1, iterations=1
     )
     elapsed = time.perf_counter() - t0
-    from carraystore.benchmarks.loaders import library_versions, machine_info
+    from carraystore.cli.benchmarks.loaders import library_versions, machine_info
 
     info = {
         "title": f"{SCALE} scale",

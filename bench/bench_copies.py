@@ -32,8 +32,8 @@ import pytest
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore import engine
-from carraystore.benchmarks.datasets import cached_photo_folder, decode_images, list_image_folder
+from carraystore.engine import decoder as engine
+from carraystore.cli.benchmarks.datasets import cached_photo_folder, decode_images, list_image_folder
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent

@@ -4,7 +4,7 @@ Two measurements, each mode in a fresh process (so that start-up, caches and mem
 mode never leak into another; at the ``tiny`` scale, the smoke test, every mode runs in one
 process instead, with one cluster grown from 1 to 2 workers):
 
-* **ingest**: a folder of real-photo JPEGs (``carraystore.sample_data``) ingested with
+* **ingest**: a folder of real-photo JPEGs (``carraystore.ingest.sample_data``) ingested with
   resizing, side by side: the local ingest with 1 decoding process and with all cores,
   and ``from_directory(client=...)`` on a ``LocalCluster`` of 1 and of 2 worker processes
   (one thread each). Cluster start-up is not timed; the output is checked to be the local
@@ -79,7 +79,7 @@ class Clusters:
         else:
             self.cl.scale(n)
         self.client.wait_for_workers(n)
-        self.client.run(lambda: [__import__(m) for m in ("carraystore.images", "carraystore.dask", "PIL.Image")])
+        self.client.run(lambda: [__import__(m) for m in ("carraystore.ingest.images", "carraystore.dask", "PIL.Image")])
         return self.client
     def close(self):
         if self.cl is not None:
@@ -105,7 +105,7 @@ def run(kind, mode, src, out, clusters):
         import contextlib
         import dask.array as da
         from carraystore.dask import from_dask
-        from carraystore.sample_data import PHOTOS, load_photo, photo_crops
+        from carraystore.ingest.sample_data import PHOTOS, load_photo, photo_crops
         n = int(src)
         rng = np.random.default_rng(0)
         crops = np.stack([c for name in PHOTOS[:4] for c in photo_crops(load_photo(name), 4, (224, 224), rng)])
@@ -138,7 +138,7 @@ if __name__ == "__main__":
 
 def photo_folder(n: int) -> Path:
     """``n`` real-photo JPEGs of 256x256 in 4 classes (cached; a partial write never counts)."""
-    from carraystore.sample_data import make_photo_folder
+    from carraystore.ingest.sample_data import make_photo_folder
 
     path = data_dir() / f"dask-photos-256-{n}"
     if (path / ".done").exists():
@@ -213,7 +213,7 @@ def test_dask_ingest_and_from_dask(benchmark, tmp_path: Path) -> None:
         "date": time.strftime("%Y-%m-%d"),
         "ingest": {
             "images": n,
-            "source": "256x256 JPEG photo crops (carraystore.sample_data), resized to 128x128, 64 per chunk",
+            "source": "256x256 JPEG photo crops (carraystore.ingest.sample_data), resized to 128x128, 64 per chunk",
             "modes": {
                 k: {
                     "seconds": round(v["seconds"], 2),

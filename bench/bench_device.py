@@ -56,7 +56,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere: this checkout's 
     sys.path.insert(0, str(REPO))
 
 import carraystore  # noqa: E402
-from carraystore.sample_data import PHOTOS, load_photo, photo_crops  # noqa: E402
+from carraystore.ingest.sample_data import PHOTOS, load_photo, photo_crops  # noqa: E402
 
 T0 = time.perf_counter()
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() then leaves fork usable
@@ -130,7 +130,7 @@ def machine_info() -> dict[str, Any]:
         "skimage": _version("skimage"),
     }
     try:  # not in the public API: the loaders' default thread count
-        from carraystore.engine import default_threads
+        from carraystore.engine.decoder import default_threads
 
         info["default_threads"] = default_threads()
     except Exception as exc:

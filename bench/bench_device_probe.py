@@ -33,8 +33,9 @@ sys.path.insert(0, str(HERE))
 import bench_device as bd  # noqa: E402
 
 import carraystore  # noqa: E402
-from carraystore import engine, loader  # noqa: E402
-from carraystore.sample_data import PHOTOS, load_photo  # noqa: E402
+from carraystore.engine import decoder as engine  # noqa: E402
+from carraystore.engine import loader  # noqa: E402
+from carraystore.ingest.sample_data import PHOTOS, load_photo  # noqa: E402
 
 
 def log(msg: str) -> None:

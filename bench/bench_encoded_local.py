@@ -1,7 +1,7 @@
 """The encoded layout, local and warm, against a PyTorch ``DataLoader`` over the same JPEG files (issue 20).
 
 One folder of real-photo JPEGs (crops of the scikit-image photographs, as
-``carraystore.sample_data`` makes them), side by side in one process, interleaved rounds,
+``carraystore.ingest.sample_data`` makes them), side by side in one process, interleaved rounds,
 the same number of cores for both:
 
 * ``carraystore encoded``: ``from_directory(..., layout="encoded")`` keeps each file's bytes;
@@ -34,8 +34,8 @@ from bench_device import jpeg_dataloader  # the DataLoader a PyTorch user writes
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.benchmarks.datasets import cached_photo_folder
-from carraystore.benchmarks.loaders.machine import library_versions, machine_info
+from carraystore.cli.benchmarks.datasets import cached_photo_folder
+from carraystore.cli.benchmarks.loaders.machine import library_versions, machine_info
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 SCALES = {
@@ -79,7 +79,7 @@ def run(folder: Path, work: Path) -> dict[str, Any]:
     assert len(store) == len(files)
     src_bytes = sum(f.stat().st_size for f in files)
     store_bytes = store_path.stat().st_size
-    from carraystore.encoded import jpeg_decoder
+    from carraystore.format.encoded import jpeg_decoder
 
     res: dict[str, Any] = {
         "scale": SCALE,

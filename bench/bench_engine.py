@@ -34,9 +34,9 @@ import pytest
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.benchmarks.datasets import cached_photo_folder
-from carraystore.loader import default_threads
-from carraystore.sampling import plan_epoch
+from carraystore.cli.benchmarks.datasets import cached_photo_folder
+from carraystore.engine.loader import default_threads
+from carraystore.engine.sampling import plan_epoch
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent

@@ -1,8 +1,8 @@
 """JPEG entries of the encoded layout: Pillow against simplejpeg, images/s per thread (issue 20).
 
 Real-photo JPEGs (crops of the scikit-image photographs, saved by Pillow at quality 90,
-4:2:0, as ``carraystore.sample_data`` makes them) at 128x128 and 256x256 are decoded the way
-the reader decodes an encoded chunk's entries, by ``carraystore.encoded.decode_entry`` into
+4:2:0, as ``carraystore.ingest.sample_data`` makes them) at 128x128 and 256x256 are decoded the way
+the reader decodes an encoded chunk's entries, by ``carraystore.format.encoded.decode_entry`` into
 a preallocated (H, W, 3) buffer, with each decoder forced in turn:
 
 * ``pillow``: ``Image.open`` + ``convert("RGB")`` + a copy into the buffer (FORMAT.md 10.2);
@@ -32,9 +32,9 @@ from datetime import date
 import numpy as np
 from benchpaths import data_dir, results_dir
 
-import carraystore.encoded as E
-from carraystore.benchmarks.datasets import cached_photo_folder
-from carraystore.benchmarks.loaders.machine import library_versions, machine_info
+import carraystore.format.encoded as E
+from carraystore.cli.benchmarks.datasets import cached_photo_folder
+from carraystore.cli.benchmarks.loaders.machine import library_versions, machine_info
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 SCALES = {
@@ -246,7 +246,7 @@ def test_jpeg_decode(benchmark) -> None:
 
 def test_layout_recommendation(benchmark) -> None:
     """``carraystore bench layout`` on the same photos at each size, for this machine's cores."""
-    from carraystore.benchmarks.layout import measure_layouts, report_text
+    from carraystore.cli.benchmarks.layout import measure_layouts, report_text
 
     E._jpeg_decoder = None
     sample = min(CFG["n"], 256)

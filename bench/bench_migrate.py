@@ -78,7 +78,7 @@ print(json.dumps(info))
 def legacy_carray(n: int) -> Path:
     """The cached legacy carray of ``n`` rows (written once; a partial write never counts)."""
     from carraystore.migrations.bcolz import write_carray
-    from carraystore.sample_data import PHOTOS, load_photo, photo_crops
+    from carraystore.ingest.sample_data import PHOTOS, load_photo, photo_crops
 
     root = data_dir()
     path = root / f"legacy-fastai-f32-224-c{CHUNKLEN}-{n}.bc"

@@ -1,8 +1,8 @@
 """Decoding at a smaller size (the loader's ``image_size=``): images/s per core at 1, 1/2, 1/4, 1/8.
 
 Real-photo JPEGs (crops of the scikit-image photographs, quality 90, 4:2:0, as
-``carraystore.sample_data`` makes them) are decoded the way the reader decodes an encoded
-chunk's entries, by ``carraystore.encoded.decode_entry`` into a preallocated buffer of the
+``carraystore.ingest.sample_data`` makes them) are decoded the way the reader decodes an encoded
+chunk's entries, by ``carraystore.format.encoded.decode_entry`` into a preallocated buffer of the
 reduced size, with each decoder forced in turn:
 
 * ``simplejpeg``: libjpeg-turbo's scaled IDCT through simplejpeg (``min_height``/``min_width``),
@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 from benchpaths import data_dir, results_dir
 
-import carraystore.encoded as E
-from carraystore.benchmarks.datasets import cached_photo_folder
-from carraystore.benchmarks.loaders.machine import library_versions, machine_info
+import carraystore.format.encoded as E
+from carraystore.cli.benchmarks.datasets import cached_photo_folder
+from carraystore.cli.benchmarks.loaders.machine import library_versions, machine_info
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 SCALES = {
@@ -88,10 +88,10 @@ def identical(entries: list[bytes], size: int, k: int) -> int:
 
 def chunk_rates(folder: Path, size: int, factors: tuple[int, ...], rounds: int) -> list[dict[str, object]]:
     """Per core images/s of the loader's chunk path at each factor, encoded and pixel stores."""
-    from carraystore.benchmarks.datasets import decode_images, list_image_folder
-    from carraystore.benchmarks.layout import _decode_rate
-    from carraystore.codec import default_chunk_images
-    from carraystore.writer import create
+    from carraystore.cli.benchmarks.datasets import decode_images, list_image_folder
+    from carraystore.cli.benchmarks.layout import _decode_rate
+    from carraystore.format.codec import default_chunk_images
+    from carraystore.store.writer import create
 
     files = list_image_folder(folder).files
     pixels = decode_images(files)

@@ -40,8 +40,8 @@ import pytest
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
-from carraystore.benchmarks.remote import (
+from carraystore.cli.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
+from carraystore.cli.benchmarks.remote import (
     SKIPPED_PEERS,
     TORCH_PEERS,
     build_store,
@@ -294,7 +294,7 @@ def _run(spec: dict[str, Any], link: NetProxy | None, timeout: float = 900) -> d
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     python = str(PEERS_PYTHON) if spec["kind"] in TORCH_PEERS else sys.executable
     proc = subprocess.Popen(
-        [python, "-m", "carraystore.benchmarks.remote", f.name],
+        [python, "-m", "carraystore.cli.benchmarks.remote", f.name],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

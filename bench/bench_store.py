@@ -15,7 +15,7 @@
   in under 200 ms (fastest of the trials; the median is reported too) and under 100 MB
   (largest peak growth of the trials).
 
-* ``test_size_against_npz``: real photographs (JPEG files from ``carraystore.sample_data``,
+* ``test_size_against_npz``: real photographs (JPEG files from ``carraystore.ingest.sample_data``,
   decoded) stored with the default codec and the ``fast`` and ``small`` presets, against
   ``np.savez_compressed`` of the same decoded array. Goal, asserted unless tiny: the
   default store and the ``small`` store are no larger than the .npz.
@@ -94,8 +94,8 @@ def _photo_patches(n: int, size: tuple[int, int], seed: int = 0) -> tuple[np.nda
     """``n`` greyscale patches of the sample photos (scaled down), and the photo each came from."""
     from PIL import Image
 
-    from carraystore.sample_data import PHOTOS as NAMES
-    from carraystore.sample_data import load_photo
+    from carraystore.ingest.sample_data import PHOTOS as NAMES
+    from carraystore.ingest.sample_data import load_photo
 
     photos = [np.asarray(Image.fromarray(load_photo(p)).convert("L").resize((96, 96), Image.BILINEAR)) for p in NAMES]
     rng = np.random.default_rng(seed)
@@ -213,8 +213,8 @@ def _photo_array(n: int, size: tuple[int, int], root: Path) -> np.ndarray:
     """Decoded pixels of ``n`` real-photo JPEG files (made once under ``root``)."""
     from PIL import Image
 
-    from carraystore.sample_data import PHOTOS as NAMES
-    from carraystore.sample_data import make_photo_folder
+    from carraystore.ingest.sample_data import PHOTOS as NAMES
+    from carraystore.ingest.sample_data import make_photo_folder
 
     folder = root / f"photos-{n}-{size[0]}x{size[1]}"
     done = folder / ".complete"
@@ -276,7 +276,7 @@ def test_size_against_npz(benchmark: Any, tmp_path: Path) -> None:
     lines = [
         f"# Store size against np.savez_compressed ({SCALE} scale)",
         "",
-        f"{summary['images']}, from `carraystore.sample_data.make_photo_folder`.",
+        f"{summary['images']}, from `carraystore.ingest.sample_data.make_photo_folder`.",
         "",
         "| what | codec | MB | size / npz | write s |",
         "| --- | --- | ---: | ---: | ---: |",

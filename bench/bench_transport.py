@@ -4,7 +4,7 @@ A SeaweedFS server on loopback holds one object of random bytes. Each round read
 chunk-sized range of it once, in a random order (nothing adjacent, so nothing coalesces),
 16 requests in flight, through:
 
-- ``obstore``: :class:`carraystore.remote.RemoteSource` ``read_many`` (obstore: Rust
+- ``obstore``: :class:`carraystore.sources.remote.RemoteSource` ``read_many`` (obstore: Rust
   ``object_store`` + ``reqwest``, a thread pool waiting in Rust with the GIL released);
 - ``s3fs``: ``S3FileSystem.cat_ranges`` (fsspec's asyncio loop with aiobotocore/aiohttp,
   ``batch_size=16``), what pandas, zarr and dask use by default.
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from carraystore.benchmarks.procstats import cpu_seconds
+from carraystore.cli.benchmarks.procstats import cpu_seconds
 from testsupport.servers import start_seaweedfs, stop_process, weed_binary
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
@@ -124,7 +124,7 @@ def _ranges(chunk: int, size: int, seed: int) -> list[tuple[int, int]]:
 
 
 def _run_obstore(srv, ranges):  # type: ignore[no-untyped-def]
-    from carraystore.remote import RemoteSource
+    from carraystore.sources.remote import RemoteSource
 
     src = RemoteSource(f"s3://{BUCKET}/{KEY}", srv.storage_options, max_inflight=INFLIGHT, coalesce_bytes=0)
     try:

@@ -15,8 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from carraystore.benchmarks import codecs as C
-from carraystore.benchmarks import loaders as L
+from carraystore.cli.benchmarks import codecs as C
+from carraystore.cli.benchmarks import loaders as L
 
 HERE = Path(__file__).resolve().parent
 

@@ -9,27 +9,27 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 from typing import cast as _cast
 
-from carraystore import ingest as _ingest  # noqa: E402
+from carraystore.ingest import run as _ingest  # noqa: E402
 from carraystore._version import __version__  # noqa: E402
-from carraystore.codec import PRESETS, Codec  # noqa: E402
-from carraystore.errors import *  # noqa: E402,F401,F403
-from carraystore.errors import __all__ as _errors_all  # noqa: E402
-from carraystore.format import FORMAT_VERSION  # noqa: E402
+from carraystore.format.codec import PRESETS, Codec  # noqa: E402
+from carraystore.base.errors import *  # noqa: E402,F401,F403
+from carraystore.base.errors import __all__ as _errors_all  # noqa: E402
+from carraystore.format.record import FORMAT_VERSION  # noqa: E402
 from carraystore.migrations import migrate  # noqa: E402
-from carraystore.options import WriteOptions  # noqa: E402
-from carraystore.reader import ChunkProblem  # noqa: E402
-from carraystore.store import Store  # noqa: E402
-from carraystore.store import open_store as open  # noqa: E402,A001
-from carraystore.writer import StoreWriter, append, create, update_metadata  # noqa: E402
+from carraystore.store.options import WriteOptions  # noqa: E402
+from carraystore.store.reader import ChunkProblem  # noqa: E402
+from carraystore.api.store import Store  # noqa: E402
+from carraystore.api.store import open_store as open  # noqa: E402,A001
+from carraystore.store.writer import StoreWriter, append, create, update_metadata  # noqa: E402
 
 if _TYPE_CHECKING:  # transfer (and its upload layer) is imported only when copy is called
-    from carraystore.transfer import CopyResult
+    from carraystore.store.transfer import CopyResult
 
 
 def from_directory(
     directory: str | _os.PathLike[str], output: str | _os.PathLike[str], *, client: _Any = None, **options: _Any
 ) -> _ingest.IngestResult | dict[str, _ingest.IngestResult]:
-    """Set below from ``carraystore.ingest.from_directory`` (its docstring and parameters) plus ``client``."""
+    """Set below from ``carraystore.ingest.run.from_directory`` (its docstring and parameters) plus ``client``."""
     if client is not None:  # the dask adapter (and dask) only when asked for
         from carraystore.dask import from_directory as on_cluster
 
@@ -70,9 +70,9 @@ def copy(
 ) -> CopyResult:
     """Copy a store between two locations (paths or URLs), streamed and verified chunk by chunk.
 
-    See ``carraystore.transfer.copy_store`` (``options``: a WriteOptions); returns a CopyResult.
+    See ``carraystore.store.transfer.copy_store`` (``options``: a WriteOptions); returns a CopyResult.
     """
-    from carraystore.transfer import copy_store
+    from carraystore.store.transfer import copy_store
 
     return copy_store(
         src,

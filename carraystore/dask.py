@@ -1,7 +1,7 @@
 """Stores as dask arrays and dask arrays as stores (an adapter; see docs/dask.md).
 
 - :func:`to_dask`, :func:`labels`, :func:`fields`, :func:`targets`: the read-only view,
-  defined in :mod:`carraystore.daskview` and re-exported here.
+  defined in :mod:`carraystore.api.daskview` and re-exported here.
 - :func:`from_dask`: writes a dask array into a store. Every chunk is compressed where it
   is computed (on the workers); only compressed bytes and their CRC32 travel to the one
   writer, which places them in order through a bounded window, so its memory stays a few
@@ -26,22 +26,22 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.badfiles import shape_error
-from carraystore.codec import Codec
-from carraystore.daskview import Labels, fields, labels, targets, to_dask
-from carraystore.errors import (
+from carraystore.ingest.badfiles import shape_error
+from carraystore.format.codec import Codec
+from carraystore.api.daskview import Labels, fields, labels, targets, to_dask
+from carraystore.base.errors import (
     CarrayStoreError,
     IngestError,
     InvalidInputError,
     MissingDependencyError,
 )
-from carraystore.format import StoreMeta
-from carraystore.images import MODES, DecodeOptions, decode_files
-from carraystore.ingest import IngestResult, StoreJob
-from carraystore.ingest import from_directory as ingest_directory
-from carraystore.options import WriteOptions
-from carraystore.store import Store, open_store
-from carraystore.writer import compress_chunk, create
+from carraystore.format.record import StoreMeta
+from carraystore.ingest.images import MODES, DecodeOptions, decode_files
+from carraystore.ingest.run import IngestResult, StoreJob
+from carraystore.ingest.run import from_directory as ingest_directory
+from carraystore.store.options import WriteOptions
+from carraystore.api.store import Store, open_store
+from carraystore.store.writer import compress_chunk, create
 
 try:
     import dask.array as da
@@ -113,7 +113,7 @@ def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> 
 def from_directory(
     directory: str | os.PathLike[str], output: str | os.PathLike[str], *, client: Any, **options: Any
 ) -> IngestResult | dict[str, IngestResult]:
-    """``carraystore.ingest.from_directory`` with the decoding on a ``dask.distributed`` cluster.
+    """``carraystore.ingest.run.from_directory`` with the decoding on a ``dask.distributed`` cluster.
 
     ``client`` is a ``dask.distributed.Client``; every other argument is the local
     ingest's (``workers`` is unused). The store is byte for byte the one a local ingest
@@ -292,7 +292,7 @@ def from_dask(
 ) -> Store:
     """Write a dask array (N, *item_shape) into a new store at ``path_or_url``; return it opened.
 
-    ``options`` (:class:`~carraystore.options.WriteOptions`) holds the write options in one
+    ``options`` (:class:`~carraystore.store.options.WriteOptions`) holds the write options in one
     value; the keywords still work, and one that contradicts ``options`` is an error.
 
     Any shape and dtype a store takes: images (N, H, W, C) uint8, or other items (model
@@ -308,7 +308,7 @@ def from_dask(
     ``fields`` (name -> numpy or dask array of N rows: regression targets, boxes, weights)
     become the store's per-sample fields (``store.columns``, docs/targets.md). Atomic: the store appears
     only when complete. ``lock_timeout``: seconds to wait while another writer holds ``path``
-    (None: for ever), then :class:`~carraystore.errors.StoreLockedError`. A URL
+    (None: for ever), then :class:`~carraystore.base.errors.StoreLockedError`. A URL
     (``s3://bucket/out.b2nd``, with ``storage_options``) is written in a staging file under
     ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete, as ``carraystore.create`` does.
     """

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.engine import image_scale
-from carraystore.errors import InvalidInputError
-from carraystore.reader import StoreReader
-from carraystore.store import open_store
+from carraystore.engine.decoder import image_scale
+from carraystore.base.errors import InvalidInputError
+from carraystore.store.reader import StoreReader
+from carraystore.api.store import open_store
 
 __all__ = ["StoreDataSource"]
 

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from carraystore.atomic import write_text_atomically
-from carraystore.engine import (
+from carraystore.base.atomic import write_text_atomically
+from carraystore.engine.decoder import (
     EpochDecoder,
     LoaderOptions,
     LoaderSpec,
@@ -46,16 +46,16 @@ from carraystore.engine import (
     make_spec,
     warn_out_of_order,
 )
-from carraystore.errors import InvalidInputError
-from carraystore.forksafe import at_fork_in_child
-from carraystore.pipeline import plan_memory
-from carraystore.sampling import EpochPlan
-from carraystore.store import open_store
+from carraystore.base.errors import InvalidInputError
+from carraystore.base.forksafe import at_fork_in_child
+from carraystore.engine.pipeline import plan_memory
+from carraystore.engine.sampling import EpochPlan
+from carraystore.api.store import open_store
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from carraystore.engine import LoaderKwargs
+    from carraystore.engine.decoder import LoaderKwargs
 
 __all__ = ["StoreDataset", "TrainingPosition", "KERAS_THREAD_PREFIX"]
 
@@ -78,7 +78,7 @@ at_fork_in_child(_after_fork_in_child)
 class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships no type information
     """A store as a Keras ``PyDataset`` of (x, y) batches (x alone for unlabelled stores).
 
-    Arguments: every :class:`carraystore.engine.LoaderOptions` field (documented there, once;
+    Arguments: every :class:`carraystore.engine.decoder.LoaderOptions` field (documented there, once;
     typed as ``LoaderKwargs``), as keywords or one ``options`` value, plus ``cache_windows``
     (decoded windows kept per process) and Keras's ``workers``, ``use_multiprocessing``,
     ``max_queue_size``.
@@ -180,7 +180,7 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
         return self._spec.epoch_batches(self.epoch) - self.first_batch
 
     def state_dict(self, batch: int) -> dict[str, Any]:
-        """The resume state (:mod:`carraystore.resume`) when ``batch`` is the next batch of the
+        """The resume state (:mod:`carraystore.engine.resume`) when ``batch`` is the next batch of the
         current epoch, counted as ``TrainingPosition.position`` counts (from the epoch's start,
         or from the resumed point of an epoch started with ``resume=``). Any carraystore loader
         resumes from it as ``resume=``, at any world size."""
@@ -301,7 +301,7 @@ class TrainingPosition(keras.callbacks.Callback):  # type: ignore[misc]  # keras
     next batch of that epoch (counting from the epoch's start, or from the resumed point of
     an epoch started with ``resume=``); after the last batch of an epoch it is (epoch + 1, 0)
     (a fit stopped inside an epoch, ``model.stop_training``, leaves it inside).
-    ``state`` is the same place as a resume state (:mod:`carraystore.resume`), which any
+    ``state`` is the same place as a resume state (:mod:`carraystore.engine.resume`), which any
     carraystore loader takes as ``resume=`` at any world size. With ``path``, both are
     written there as JSON (``{"epoch": e, "batch": b, "state": {...}}``, atomically) every
     ``every`` batches and at each epoch's end, so they survive a crash. To resume::

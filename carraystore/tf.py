@@ -4,7 +4,7 @@
     ds = to_dataset("train.b2nd", 32, transform=lambda x, y: (x.astype("float32") / 255, y))
     model.fit(ds, epochs=10)
 
-Each full pass over the dataset is one epoch of :func:`carraystore.loader.batches`: the
+Each full pass over the dataset is one epoch of :func:`carraystore.engine.loader.batches`: the
 first pass uses ``epoch``, the next ``epoch + 1``, and so on (``model.fit`` and
 ``ds.repeat()`` both start a new pass), so every pass has a new order. For
 ``tf.distribute``, use :func:`distribute` (or ``strategy.distribute_datasets_from_function``
@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from carraystore.atomic import write_text_atomically
-from carraystore.engine import LoaderOptions, LoaderSpec, make_spec
-from carraystore.errors import InvalidInputError, MissingDependencyError
-from carraystore.loader import iterate
+from carraystore.base.atomic import write_text_atomically
+from carraystore.engine.decoder import LoaderOptions, LoaderSpec, make_spec
+from carraystore.base.errors import InvalidInputError, MissingDependencyError
+from carraystore.engine.loader import iterate
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from carraystore.engine import LoaderKwargs
+    from carraystore.engine.decoder import LoaderKwargs
 
 try:
     import tensorflow as tf
@@ -166,11 +166,11 @@ def to_dataset(
 ) -> Any:
     """A ``tf.data.Dataset`` of (x, y) batches (x alone for unlabelled stores).
 
-    ``kwargs`` are the fields of :class:`carraystore.engine.LoaderOptions` (documented there,
+    ``kwargs`` are the fields of :class:`carraystore.engine.decoder.LoaderOptions` (documented there,
     once; typed as ``LoaderKwargs``), or one ``options`` value. With
     ``sample_weight`` the elements are (x, y, w); y is a tuple or dict when ``targets`` is. The batch dimension is ``None``, or
     ``batch_size`` with ``drop_remainder=True``. Each pass over the dataset is the next
-    epoch. ``start_batch=b`` or ``resume=state`` (a resume state, :mod:`carraystore.resume`,
+    epoch. ``start_batch=b`` or ``resume=state`` (a resume state, :mod:`carraystore.engine.resume`,
     e.g. from :class:`TrainingPosition`; any world size) makes a dataset of the rest of that
     epoch only (its cardinality is the batches left; a second pass is an error saying what
     to do).
@@ -305,7 +305,7 @@ def steps_per_epoch(store_or_path: Any, global_batch_size: int, **kwargs: Unpack
 class TrainingPosition(tf.keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
     """Records where a ``model.fit`` over a dataset of :func:`distribute` or :func:`to_dataset` is, as a resume state.
 
-    After every step ``state`` is the resume state (:mod:`carraystore.resume`): the epoch
+    After every step ``state`` is the resume state (:mod:`carraystore.engine.resume`): the epoch
     and the samples its replicas consumed, so a run with another number of replicas (or
     workers, or another global batch size) goes on with nothing lost or repeated::
 

@@ -9,7 +9,7 @@
             ...
 
 :class:`StoreDataset` is an ``IterableDataset`` over the decoding engine
-(:mod:`carraystore.engine`) taking every :class:`~carraystore.engine.LoaderOptions`
+(:mod:`carraystore.engine.decoder`) taking every :class:`~carraystore.engine.decoder.LoaderOptions`
 argument. DataLoader workers split an epoch's batches: batch ``b`` is made by worker
 ``b % num_workers``, and DataLoader's round-robin hands them out in order, so the output
 is the same batch sequence whatever the number of workers (every sample once per epoch,
@@ -18,7 +18,7 @@ disjoint, padded by wrapping around (or cut with ``drop_remainder``).
 
 ``state_dict()`` records the epoch and the samples consumed; ``load_state_dict`` resumes
 mid-epoch, at the same or another world size (what remains is cut into new equal shards:
-nothing consumed comes back, nothing left is lost; :mod:`carraystore.resume`). The state is
+nothing consumed comes back, nothing left is lost; :mod:`carraystore.engine.resume`). The state is
 the one every carraystore loader takes as ``resume=`` (Keras, tf.data, ``batches``).
 
 :class:`StoreMapDataset` is the map-style variant: ``ds[i]`` is batch ``i`` of the epoch,
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.engine import (
+from carraystore.engine.decoder import (
     BatchBuffers,
     EpochDecoder,
     LoaderOptions,
@@ -46,12 +46,12 @@ from carraystore.engine import (
     cache_slots,
     make_spec,
 )
-from carraystore.errors import InvalidInputError, LoaderError, MissingDependencyError
-from carraystore.pipeline import MemoryPlan, OrderedBatches, assemblers_for, plan_memory
-from carraystore.reader import StoreReader
-from carraystore.resume import STATE_VERSION, ResumePoint
-from carraystore.sampling import EpochPlan, num_batches
-from carraystore.store import open_store
+from carraystore.base.errors import InvalidInputError, LoaderError, MissingDependencyError
+from carraystore.engine.pipeline import MemoryPlan, OrderedBatches, assemblers_for, plan_memory
+from carraystore.store.reader import StoreReader
+from carraystore.engine.resume import STATE_VERSION, ResumePoint
+from carraystore.engine.sampling import EpochPlan, num_batches
+from carraystore.api.store import open_store
 
 try:
     import torch
@@ -277,7 +277,7 @@ class _StoreBatches:
     # -- resuming -------------------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None) -> dict[str, Any]:
         """Where training is: the epoch and the samples consumed of it, by run (JSON-friendly;
-        :mod:`carraystore.resume`; any carraystore loader resumes from it as ``resume=``).
+        :mod:`carraystore.engine.resume`; any carraystore loader resumes from it as ``resume=``).
 
         ``batches``: batches of the current epoch this rank consumed (default: those the
         dataset counted, which :class:`StoreDataLoader` or a loop over the dataset itself
@@ -305,7 +305,7 @@ class _StoreBatches:
     def _memory(
         self, plan: EpochPlan, spare: int, want_slots: int | None = None, assemblers: int | None = None
     ) -> MemoryPlan:
-        """Slots and batch buffers within ``memory_budget`` (:func:`carraystore.pipeline.plan_memory`)."""
+        """Slots and batch buffers within ``memory_budget`` (:func:`carraystore.engine.pipeline.plan_memory`)."""
         mwc = plan.max_window_chunks
         if want_slots is None:
             want_slots = mwc + int(self._options.prefetch or 0)
@@ -403,7 +403,7 @@ def _on_device(v: Any, device: Any) -> Any:
 class StoreDataset(_StoreBatches, IterableDataset[Any]):
     """A store as an ``IterableDataset`` of whole batches: ``DataLoader(ds, batch_size=None)``.
 
-    Arguments: every :class:`carraystore.engine.LoaderOptions` field (``shuffle``,
+    Arguments: every :class:`carraystore.engine.decoder.LoaderOptions` field (``shuffle``,
     ``seed``, ``epoch``, ``start_batch``, ``window``, ``drop_remainder``, ``transform``,
     ``label_mode``, ``sequence_length``, ``verify``, ``prefetch``, ``num_threads``, ...),
     as keywords or one ``options`` value, and:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from carraystore.sample_data import PHOTOS, load_photo, make_photo_folder
+from carraystore.ingest.sample_data import PHOTOS, load_photo, make_photo_folder
 
 try:  # property tests: the same examples on every CI run (a failure there is reproducible), random here
     from hypothesis import settings as _hypothesis_settings

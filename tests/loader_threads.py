@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from carraystore.loader import THREAD_NAME_PREFIX
+from carraystore.engine.loader import THREAD_NAME_PREFIX
 
 
 def loader_threads() -> list[threading.Thread]:

@@ -5,7 +5,7 @@ follows FORMAT.md's words: the frame of appendix A, the metadata record of secti
 checksum, 4.3), the CRC rule and canonical zero chunk of 5.2, the chunk-header check of
 5.3 and appendix B, and the encoded layout of section 10 (entries decoded with Pillow).
 ``read_store(path)`` returns everything a store holds as plain Python
-and numpy values; ``tests/test_spec.py`` compares it with carraystore.
+and numpy values; ``tests/format/test_spec.py`` compares it with carraystore.
 """
 
 from __future__ import annotations

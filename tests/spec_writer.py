@@ -3,7 +3,7 @@
 It follows section 6 step by step and builds the whole frame by hand from appendix A:
 ``blosc2.compress2`` produces the chunk bytes (the data chunks with the pinned
 parameters, the offsets index and the metadata chunk); every other byte is written here.
-``tests/test_spec.py`` opens the result with carraystore (and with plain blosc2).
+``tests/format/test_spec.py`` opens the result with carraystore (and with plain blosc2).
 """
 
 from __future__ import annotations

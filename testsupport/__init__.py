@@ -3,6 +3,7 @@
 - ``netproxy``: a loopback TCP link (round trip, bandwidth cap, injected faults);
 - ``servers``: SeaweedFS and a plain HTTP Range server on loopback (``servers`` also runs
   alone as a process: ``python -m testsupport.servers ROOT``);
+- ``sourcetree``: the checkout on a child interpreter's path, ``carraystore.migrations`` included;
 - ``torchpeers``: MosaicML Streaming and LitData for bench/bench_remote.py, imported only
   in the peers' own environment (``make bench-peers-env``).
 

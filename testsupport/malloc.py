@@ -1,7 +1,7 @@
 """glibc malloc tuning, for benchmarks and programs that allocate large blocks over and over.
 
 Not part of the library: carraystore's remote reads land in reused receive buffers
-(:mod:`carraystore.buffers`) and do not need it. The remote-node benchmark compares runs
+(:mod:`carraystore.sources.buffers`) and do not need it. The remote-node benchmark compares runs
 with and without it (:data:`TUNED_MALLOC_ENV`), and a test checks that it works.
 """
 
@@ -29,7 +29,7 @@ def tune_malloc(
     variables ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` would, at the cost of
     freed memory going back to the system less eagerly (up to ``trim_threshold``).
     carraystore's remote reads do not need it: their bodies land in reused buffers
-    (:class:`carraystore.buffers.BufferPool`), and in the storage-node benchmark the tuning no longer changed the
+    (:class:`carraystore.sources.buffers.BufferPool`), and in the storage-node benchmark the tuning no longer changed the
     rate (docs/remote.md, "Receive buffers"). Returns False and changes nothing when either
     variable is set (the environment's choice stands: Dask's nanny sets a small trim
     threshold on purpose) or when the C library is not glibc.

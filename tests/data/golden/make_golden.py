@@ -1,7 +1,7 @@
 """Write the golden stores of this carraystore version, ONCE. Kept for the record.
 
 Golden files are written by one version, committed, and never regenerated: the tests of
-every later version read them (``tests/test_golden.py``), the way numcodecs keeps its
+every later version read them (``tests/format/test_golden.py``), the way numcodecs keeps its
 ``fixture/`` folder. This script refuses to touch a folder that already exists. A later
 version that wants goldens of its own adds a new folder (its version in the name); it never
 rewrites an old one.
@@ -28,8 +28,8 @@ import numpy as np
 from PIL import Image
 
 import carraystore
-from carraystore.format import dtype_to_record
-from carraystore.sample_data import load_photo, photo_crops
+from carraystore.format.record import dtype_to_record
+from carraystore.ingest.sample_data import load_photo, photo_crops
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / f"carraystore-{carraystore.__version__}"

@@ -17,7 +17,7 @@ from pathlib import Path
 import blosc2
 import numpy as np
 
-from carraystore.sample_data import load_photo, photo_crops
+from carraystore.ingest.sample_data import load_photo, photo_crops
 
 HERE = Path(__file__).resolve().parent
 

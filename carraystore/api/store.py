@@ -1,0 +1,70 @@
+"""``carraystore.Store``: an open store with the loaders as methods, and ``open_store``.
+
+The reader (:class:`carraystore.store.reader.StoreReader`: metadata, random access, chunks,
+verify) sits low in the layers; the loaders sit above it. ``Store`` is the reader plus
+``batches`` (the streaming loader) and ``to_dask`` (the dask view, imported when
+called), defined here, above both, so no module imports upward and nothing is patched in at
+import time. ``carraystore.open`` returns a ``Store``. This module also keeps the names of
+carraystore 0.1.0's ``carraystore.api.store`` module for existing code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from carraystore.format.codec import TARGET_CHUNK_BYTES, default_chunk_images
+from carraystore.engine.decoder import LoaderKwargs, LoaderOptions
+from carraystore.engine.loader import BatchIterator
+from carraystore.engine.loader import batches as _batches
+from carraystore.store.reader import ChunkProblem, StoreReader
+from carraystore.store.reader import open_store as _open_store
+from carraystore.store.writer import StoreWriter, append, create
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = [
+    "Store",
+    "StoreWriter",
+    "ChunkProblem",
+    "create",
+    "append",
+    "open_store",
+    "default_chunk_images",
+    "TARGET_CHUNK_BYTES",
+]
+
+
+class Store(StoreReader):
+    """A read-only carraystore store. Get one with ``carraystore.open(path_or_url)``.
+
+    Everything of :class:`~carraystore.store.reader.StoreReader` (metadata, ``store[i]``, ``take``,
+    ``verify``, chunks), plus the loaders: :meth:`batches` and :meth:`to_dask`.
+    """
+
+    def batches(
+        self, batch_size: int, options: LoaderOptions | None = None, **kwargs: Unpack[LoaderKwargs]
+    ) -> BatchIterator:
+        """Iterate one epoch of (x, y) batches; the arguments are :class:`~carraystore.engine.decoder.LoaderOptions`'
+        fields (see ``carraystore.engine.loader.batches``)."""
+        return _batches(self, batch_size, options, **kwargs)
+
+    def to_dask(self) -> Any:
+        """This store as a lazy ``dask.array.Array``, one dask chunk per store chunk (``carraystore.dask.to_dask``)."""
+        from carraystore.api.daskview import to_dask  # dask only when asked for
+
+        return to_dask(self)
+
+
+def open_store(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str | None = None,
+) -> Store:
+    """Open a store for reading, from a path or a URL (``carraystore.open``); see
+    :func:`carraystore.store.reader.open_store` for the arguments."""
+    return _open_store(location, storage_options, cache_dir=cache_dir, cache_size=cache_size, cls=Store)

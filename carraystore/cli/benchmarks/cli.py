@@ -1,0 +1,390 @@
+"""``carraystore bench codecs PATH``, ``bench loaders DIR`` (or ``loaders URL``), ``bench shuffle STORE`` and
+``bench layout SRC``."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from carraystore.base.errors import InvalidInputError
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``bench`` command (sub-commands ``codecs``, ``loaders``, ``shuffle`` and ``layout``) to the CLI."""
+    p = sub.add_parser(
+        "bench",
+        help="measure codecs and loaders on your own data",
+        description="Measure blosc2 codecs (and recommend a preset) or compare loaders on your own images.",
+    )
+    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT", help="codecs, loaders, shuffle or layout")
+    bsub.required = True
+
+    c = bsub.add_parser(
+        "codecs",
+        help="compression ratio and speed of every codec on your images; recommends a preset",
+        description=(
+            "Run the codec suite on a sample of PATH (a folder of images or a .b2nd store): "
+            "codecs x levels x filters x images per block, ratio and MB/s, then the presets "
+            "(fast, balanced, small) and which one suits your read speed."
+        ),
+    )
+    c.add_argument("path", help="folder of images (class sub-folders or flat) or a .b2nd store")
+    c.add_argument("--sample", type=int, default=32, help="images to measure on (default 32)")
+    c.add_argument(
+        "--grid",
+        choices=["full", "quick", "presets"],
+        default="full",
+        help=(
+            "full: the whole grid (a few minutes); quick: lz4/zstd, levels 1/5, two filters, blocks of 1/4/16 images; "
+            "presets: only the presets"
+        ),
+    )
+    c.add_argument(
+        "--read-mbs",
+        type=float,
+        default=None,
+        help="your storage's read speed in MB/s (default: data in the page cache)",
+    )
+    c.add_argument(
+        "--image-size",
+        nargs=2,
+        type=int,
+        metavar=("H", "W"),
+        help="resize images of a folder (default: all must agree)",
+    )
+    c.add_argument("--repeats", type=int, default=3, help="timing repeats, the median counts (default 3)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
+    c.add_argument("--out", help="also write codecs.md, codecs.json and codecs.png into this folder")
+    c.add_argument("-q", "--quiet", action="store_true", help="no per-row progress")
+    c.set_defaults(func=_cmd_codecs)
+
+    lo = bsub.add_parser(
+        "loaders",
+        help="images/s of carraystore against the loaders you use today, on your image folder",
+        description=(
+            "Convert DIR's images into every format whose library is installed (npy files, npz, HDF5, zarr, "
+            "bcolz, TFRecord, carraystore presets), then time one epoch after another of each loader in a fresh "
+            "process, warm and cold page cache. Needs free disk space of several times the decoded images. "
+            "Given a store instead (a .b2nd path or a URL such as s3://bucket/train.b2nd), times carraystore's "
+            "epochs from it: images/s, time to the first batch, requests and MB per epoch, peak RSS."
+        ),
+    )
+    lo.add_argument("dir", nargs="?", help="folder of images in class sub-folders, or a store (.b2nd path or URL)")
+    lo.add_argument("--limit", type=int, default=None, help="use a seeded random subset of this many images")
+    lo.add_argument(
+        "--image-size",
+        nargs=2,
+        type=int,
+        metavar=("H", "W"),
+        help="resize every image, as ingest --image-size (default: all must agree)",
+    )
+    lo.add_argument(
+        "--color-mode",
+        choices=["grayscale", "rgb", "rgba"],
+        default="rgb",
+        help="channels every loader delivers, as ingest --color-mode (default rgb)",
+    )
+    lo.add_argument("--batch-size", type=int, default=32, help="images per batch (default 32)")
+    lo.add_argument("--epochs", type=int, default=3, help="timed epochs per regime; the median counts (default 3)")
+    lo.add_argument("--no-cold", action="store_true", help="skip the cold-cache epochs")
+    lo.add_argument("--peers", help="comma-separated loaders to run (default: all installed); see --list")
+    lo.add_argument("--list", action="store_true", help="list the loaders and whether each can run here, then exit")
+    lo.add_argument("--work", help="folder for the converted copies (kept; default: a temporary folder, removed)")
+    lo.add_argument("--out", help="write loaders.md, loaders.json and loaders.png into this folder")
+    lo.add_argument("--seed", type=int, default=0, help="seed of the subset and the shuffles (default 0)")
+    lo.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per loader (default 1800)")
+    lo.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    from carraystore.cli.commands import storage_options_arg
+
+    lo.add_argument(
+        "--storage-options",
+        type=storage_options_arg,
+        metavar="JSON",
+        help="options for a store URL (endpoint, credentials, knobs)",
+    )
+    lo.add_argument("--cache-dir", help="a store URL's local chunk cache folder (default: none)")
+    lo.add_argument(
+        "--cache-size", type=_size_arg, help="what the chunk cache may hold: bytes or a size such as 20GB, 512MiB"
+    )
+    lo.set_defaults(func=_cmd_loaders)
+
+    sh = bsub.add_parser(
+        "shuffle",
+        help="how well block shuffle mixes a store's epochs, against a global shuffle, per window size",
+        description=(
+            "Measure one epoch's order of STORE (metadata only, nothing is decoded): distinct classes, groups and "
+            "source chunks per batch, and how far samples travel, each beside what a global shuffle gives, for "
+            "the store's order, block shuffle at each window size and a global shuffle, with the decoded memory "
+            "each window holds."
+        ),
+    )
+    sh.add_argument("store", help="a .b2nd store (path or URL)")
+    sh.add_argument("--batch-size", type=int, default=32, help="images per batch (default 32)")
+    sh.add_argument(
+        "--window",
+        type=int,
+        action="append",
+        help="window in chunks (repeat for several; default: 1, 4, 16 and 64 chunks)",
+    )
+    sh.add_argument("--seed", type=int, default=0, help="the loader's seed (default 0)")
+    sh.add_argument("--epoch", type=int, default=0, help="the epoch to measure (default 0)")
+    sh.set_defaults(func=_cmd_shuffle)
+
+    ly = bsub.add_parser(
+        "layout",
+        help="pixels or encoded: which layout feeds more images/s for your images, cores and link",
+        description=(
+            "Write a sample of SRC (a folder of images or a .b2nd store) into a store of each layout, as ingest "
+            "would, and measure bytes per image (what crosses the link) and decoded images/s per core (CRC, "
+            "decompression and, for the encoded layout, decoding the JPEG/PNG files). Each layout delivers "
+            "min(link bytes/s / bytes per image, cores x images/s per core); prints both at each link rate, the "
+            "layout that feeds more, and the break-even link rate."
+        ),
+    )
+    ly.add_argument("src", help="folder of images (class sub-folders or flat) or a .b2nd store")
+    ly.add_argument("--sample", type=int, default=64, help="images to measure on (default 64)")
+    ly.add_argument("--cores", type=int, default=None, help="cores that decode (default: the cores available here)")
+    ly.add_argument(
+        "--link-mbit",
+        type=float,
+        action="append",
+        metavar="MBIT",
+        help="the link's rate in Mbit/s (network or disk; repeat for several; default: 100, 1000 and 10000)",
+    )
+    ly.add_argument("--preset", default="balanced", help="codec preset of the pixel layout (default balanced)")
+    ly.add_argument(
+        "--quality",
+        type=int,
+        default=None,
+        help="encoded layout: encode every image as JPEG at this quality (default: keep files, PNG otherwise)",
+    )
+    ly.add_argument(
+        "--image-size",
+        nargs=2,
+        type=int,
+        metavar=("H", "W"),
+        help="resize images of a folder (default: all must agree)",
+    )
+    ly.add_argument(
+        "--decode-size",
+        nargs=2,
+        type=int,
+        metavar=("H", "W"),
+        help=(
+            "also decode at this size, as the loader's image_size=(H, W) does (the stored size divided by 2, 4 or 8: "
+            "JPEGs by libjpeg's scaled IDCT); reports images/s per core at both sizes"
+        ),
+    )
+    ly.add_argument(
+        "--color-mode", choices=["grayscale", "rgb", "rgba"], default="rgb", help="channels, as ingest (default rgb)"
+    )
+    ly.add_argument("--repeats", type=int, default=5, help="timing repeats, the median counts (default 5)")
+    ly.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
+    ly.add_argument("--json", metavar="PATH", help="also write the measurements as JSON")
+    ly.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    ly.set_defaults(func=_cmd_layout)
+
+
+def _size_arg(text: str) -> int | None:
+    """--cache-size: bytes or a size such as ``20GB`` (as ``carraystore.open(cache_size=...)``)."""
+    from carraystore.sources.cache import parse_size
+
+    try:
+        return parse_size(text)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _say(quiet: bool) -> Any:
+    return (lambda s: None) if quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+
+
+def _cmd_codecs(args: argparse.Namespace) -> int:
+    from carraystore.cli.benchmarks import codecs as C
+
+    if args.sample < 1:
+        raise InvalidInputError(f"--sample must be at least 1, got {args.sample}")
+    images = C.load_sample(
+        args.path, n=args.sample, seed=args.seed, image_size=tuple(args.image_size) if args.image_size else None
+    )
+    say = _say(args.quiet)
+    say(f"sample: {len(images)} images of {'x'.join(map(str, images.shape[1:]))} {images.dtype} from {args.path}")
+    if args.grid != "presets":
+        grid = (
+            C.codec_grid()
+            if args.grid == "full"
+            else C.codec_grid(("lz4", "zstd"), (0, 1, 5), ("none", "shuffle+bytedelta"), C.BLOCKS, False)
+        )
+        rows = C.run_suite({"yours": images}, grid, repeats=args.repeats, progress=say)
+        front = C.pareto_front(rows)
+        print("Pareto front (compression ratio against 1-thread decompression speed):\n")
+        print(C.results_table(front, front))
+        print(
+            "Images per block (bN: N images per block): whole-chunk decompression MB/s (1 thread), what block-shuffled "
+            "epochs do, against the microseconds one random image costs alone (its whole block, through libblosc2's "
+            "getitem, as the loader's direct mode reads; 'whole chunk' where getitem cannot, e.g. bytedelta):\n"
+        )
+        print(C.block_table(rows, C.block_families(rows, front)))
+        if args.out:
+            paths = C.write_results(rows, args.out, info={"title": f"your data: {args.path}", "images": len(images)})
+            print("wrote " + ", ".join(str(p) for p in paths.values()))
+    preset_rows = C.measure_presets(images, repeats=args.repeats)
+    best, table = C.recommend_preset(preset_rows, read_mbs=args.read_mbs)
+    by = {r.dataset: r for r in preset_rows}
+    regimes = list(next(iter(table.values())))
+    print("Presets on your data (modelled images MB/s delivered at each read speed, all cores decompressing):\n")
+    print("| preset | codec | ratio | decompress MB/s 1t | " + " | ".join(regimes) + " |")
+    print("|---|---|---:|---:|" + "---:|" * len(regimes))
+    for name, vals in table.items():
+        r = by[name]
+        print(
+            f"| {name} | {r.label} | {r.ratio:.3f} | {r.decompress_mbs_1t:.0f} | "
+            + " | ".join(f"{vals[k]:.0f}" for k in regimes)
+            + " |"
+        )
+    where = (
+        f"reading at {args.read_mbs:g} MB/s"
+        if args.read_mbs
+        else "data in the page cache (use --read-mbs for slower storage)"
+    )
+    print(f"\nrecommended preset for {where}: {best}")
+    print(f"use it with: carraystore ingest SRC OUT.b2nd --preset {best}   or   carraystore.Codec.preset({best!r})")
+    return 0
+
+
+def _cmd_shuffle(args: argparse.Namespace) -> int:
+    from carraystore.store.reader import StoreReader, open_store
+    from carraystore.engine.shuffle_report import DEFAULT_WINDOW, compare_windows, shuffle_table
+
+    if args.batch_size < 1:
+        raise InvalidInputError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.seed < 0 or args.epoch < 0:
+        raise InvalidInputError("--seed and --epoch must be integers >= 0")
+    store: StoreReader
+    with open_store(args.store) as store:
+        rows = compare_windows(store, args.batch_size, args.window, seed=args.seed, epoch=args.epoch)
+        print(
+            f"# Shuffle quality of {args.store}: {len(store):,} samples in {store.nchunks:,} chunks of "
+            f"{store.chunk_images}, batches of {args.batch_size}, seed {args.seed}, epoch {args.epoch}\n"
+        )
+        print(shuffle_table(rows, store.chunk_nbytes, store.nchunks, default_window=DEFAULT_WINDOW))
+    return 0
+
+
+def _cmd_layout(args: argparse.Namespace) -> int:
+    from carraystore.cli.benchmarks.layout import DEFAULT_LINKS_MBIT, measure_layouts, report_text
+
+    report = measure_layouts(
+        args.src,
+        args.sample,
+        seed=args.seed,
+        image_size=tuple(args.image_size) if args.image_size else None,
+        color_mode=args.color_mode,
+        quality=args.quality,
+        preset=args.preset,
+        cores=args.cores,
+        links_mbit=args.link_mbit or DEFAULT_LINKS_MBIT,
+        repeats=args.repeats,
+        progress=_say(args.quiet),
+        decode_size=tuple(args.decode_size) if args.decode_size else None,
+    )
+    print(report_text(report))
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _store_epochs(args: argparse.Namespace) -> int:
+    """``bench loaders STORE``: carraystore's own epochs from a path or URL."""
+    from carraystore.cli.benchmarks.remote import store_epochs
+
+    if args.epochs < 1:
+        raise InvalidInputError(f"--epochs must be at least 1, got {args.epochs}")
+    say = _say(args.quiet)
+    rows = store_epochs(
+        args.dir,
+        args.storage_options,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        seed=args.seed,
+        cache_dir=args.cache_dir,
+        cache_size=args.cache_size,
+        report=lambda d: say(f"epoch {d['epoch']}: {d['images_per_s']:,.0f} images/s") if d["phase"] == "end" else None,
+    )
+    remote = "requests" in rows[0]
+    print(
+        f"# carraystore epochs from {args.dir} (batches of {args.batch_size}, block shuffle; opened in {rows[0]['open_s']:.3f} s)\n"
+    )
+    print("| epoch | images/s | first batch (s) |" + (" requests | MB |" if remote else "") + " peak RSS (MB) |")
+    print("| ---: | ---: | ---: |" + (" ---: | ---: |" if remote else "") + " ---: |")
+    for r in rows:
+        extra = f" {r['requests']} | {r['mb']:.1f} |" if remote else ""
+        print(f"| {r['epoch']} | {r['images_per_s']:,.0f} | {r['first_batch_s']:.3f} |{extra} {r['peak_rss_mb']:.0f} |")
+    if args.out:
+        import json
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "store_epochs.json").write_text(
+            json.dumps({"store": args.dir, "batch_size": args.batch_size, "epochs": rows}, indent=2) + "\n"
+        )
+        print(f"wrote {out / 'store_epochs.json'}")
+    return 0
+
+
+def _cmd_loaders(args: argparse.Namespace) -> int:
+    from carraystore.cli.benchmarks import loaders as L
+
+    if args.list:
+        ok, skipped = L.available_peers()
+        for p in L.PEERS:
+            state = "available" if p.name not in skipped else f"skipped: {skipped[p.name]}"
+            print(f"{p.name:28s} {p.label} ({state})")
+        return 0
+    if not args.dir:
+        raise InvalidInputError("give DIR, a folder of images in class sub-folders (or --list to see the loaders)")
+    from carraystore.store.reader import is_url
+
+    if is_url(args.dir) or args.dir.endswith(".b2nd"):
+        return _store_epochs(args)
+    peers = [s.strip() for s in args.peers.split(",") if s.strip()] if args.peers else None
+    if peers:
+        unknown = [p for p in peers if p not in L.PEER_BY_NAME]
+        if unknown:
+            raise InvalidInputError(f"unknown loaders {unknown}; choose from {sorted(L.PEER_BY_NAME)}")
+    if args.epochs < 1:
+        raise InvalidInputError(f"--epochs must be at least 1, got {args.epochs}")
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="carraystore-bench-"))
+    try:
+        cmp = L.run_comparison(
+            args.dir,
+            work,
+            limit=args.limit,
+            image_size=tuple(args.image_size) if args.image_size else None,
+            color_mode=args.color_mode,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            cold=not args.no_cold,
+            seed=args.seed,
+            peers=peers,
+            timeout_s=args.timeout,
+            progress=_say(args.quiet),
+        )
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    print(L.markdown_report(cmp, heading="# Loader comparison on your images"))
+    if args.out:
+        paths = L.write_results(cmp, args.out)
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    failed = [r for r in cmp.rows if r.status == "error"]
+    return 1 if failed else 0

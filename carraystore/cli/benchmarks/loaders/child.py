@@ -1,0 +1,82 @@
+"""The child process: one round of one peer (untimed warm-up, a cold epoch, a warm epoch), its peak RSS."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from carraystore.cli.benchmarks.datasets import evict_from_page_cache
+from carraystore.cli.benchmarks.loaders.peer import Batch, Context
+from carraystore.cli.benchmarks.loaders.registry import PEER_BY_NAME
+from carraystore.cli.benchmarks.procstats import peak_rss_mb
+
+__all__ = ["CHILD_MODULE", "child_main", "main"]
+
+#: ``python -m CHILD_MODULE --child SPEC`` runs one round in a fresh process.
+CHILD_MODULE = "carraystore.cli.benchmarks.loaders"
+
+
+def _run_epoch(read: Callable[[int], Iterator[Batch]], e: int, batch_size: int) -> tuple[float, int, list[int]]:
+    t = time.perf_counter()
+    n = 0
+    distinct = []
+    for x, y in read(e):
+        m = len(y)
+        n += m
+        if m == batch_size:
+            distinct.append(len(np.unique(np.asarray(y))))
+        del x
+    return time.perf_counter() - t, n, distinct
+
+
+def child_main(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one round of one peer as described by ``spec`` (called in the child process).
+
+    A round: two untimed batches (imports, thread pools, graph tracing), then with
+    ``cold``: evict the peer's files and time a cold epoch, which also fills the page
+    cache, then time a warm epoch; without ``cold``: one untimed epoch, one timed warm epoch.
+    """
+    ctx = Context(**spec["ctx"])
+    if ctx.image_size is not None:
+        ctx.image_size = tuple(ctx.image_size)  # type: ignore[assignment]
+    peer = PEER_BY_NAME[spec["peer"]]
+    dest = Path(spec["dest"])
+    read = peer.reader(ctx, dest)
+    files = peer.files(ctx, dest)
+    base = 3 * int(spec.get("round", 0))  # a different shuffle every epoch of every round
+    for i, _ in enumerate(read(base)):
+        if i >= 1:
+            break
+    cold_t = None
+    if spec["cold"] and files:
+        evict_from_page_cache(files)
+        cold_t, _, _ = _run_epoch(read, base + 1, ctx.batch_size)
+    else:
+        _run_epoch(read, base + 1, ctx.batch_size)
+    warm_t, n, diversity = _run_epoch(read, base + 2, ctx.batch_size)
+    return {
+        "n": n,
+        "warm_s": warm_t,
+        "cold_s": cold_t,
+        "diversity": float(np.mean(diversity)) if diversity else None,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="carraystore bench loaders: one round of one peer")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        result = child_main(json.loads(args.child))
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0
+    parser.error("use `carraystore bench loaders DIR`")
+    return 2

@@ -1,0 +1,183 @@
+"""Running the comparison: build every peer's copy, then rounds of one fresh process per peer."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from carraystore.cli.benchmarks.datasets import decode_images, path_size
+from carraystore.cli.benchmarks.loaders.artifacts import build_artifact
+from carraystore.cli.benchmarks.loaders.child import CHILD_MODULE, child_main
+from carraystore.cli.benchmarks.loaders.machine import library_versions, machine_info
+from carraystore.cli.benchmarks.loaders.peer import Context, Peer
+from carraystore.cli.benchmarks.loaders.registry import PEER_BY_NAME, available_peers
+from carraystore.cli.benchmarks.loaders.results import Comparison, PeerResult
+from carraystore.base.errors import InvalidInputError
+
+__all__ = ["run_comparison"]
+
+
+def run_comparison(
+    root: str | os.PathLike[str],
+    work: str | os.PathLike[str],
+    *,
+    limit: int | None = None,
+    image_size: tuple[int, int] | None = None,
+    color_mode: str = "rgb",
+    batch_size: int = 32,
+    epochs: int = 3,
+    cold: bool = True,
+    seed: int = 0,
+    peers: Sequence[str] | None = None,
+    timeout_s: float = 600.0,
+    progress: Callable[[str], None] | None = None,
+    fresh_process: bool = True,
+) -> Comparison:
+    """Build every available peer's copy of the images under ``work`` and time each in a fresh process.
+
+    ``fresh_process=False`` runs every round in this process instead (the benchmark's smoke
+    test at its tiny scale: one import of each library, not one per peer and round); the
+    timings then exclude imports and the peak RSS is this process's, so the numbers are
+    not comparable and the report says so.
+    """
+    say = progress or (lambda s: None)
+    if color_mode not in ("grayscale", "rgb", "rgba"):
+        raise InvalidInputError(f"color_mode must be grayscale, rgb or rgba, got {color_mode!r}")
+    ctx = Context(str(Path(root).resolve()), limit, image_size, batch_size, seed, color_mode)
+    folder = ctx.folder
+    n = len(folder)
+    if n < batch_size:
+        raise InvalidInputError(f"{root}: {n} images is fewer than one batch of {batch_size}")
+    ok, skipped = available_peers(peers)
+    load_before = _loadavg()
+    workp = Path(work)
+    workp.mkdir(parents=True, exist_ok=True)
+    image_nbytes = _image_nbytes(ctx)
+    jpeg_bytes = sum(p.stat().st_size for p in folder.files)
+    runnable: list[tuple[Peer, Path, float]] = []
+    results: dict[str, PeerResult] = {}
+    for peer in (PEER_BY_NAME[x] for x in (peers or PEER_BY_NAME)):
+        if peer.name in skipped:
+            results[peer.name] = PeerResult(peer.name, peer.label, "skipped", skipped[peer.name], on_disk=peer.on_disk)
+            say(f"{peer.name}: skipped ({skipped[peer.name]})")
+            continue
+        try:
+            say(f"{peer.name}: building")
+            dest, build_s = build_artifact(peer, ctx, workp)
+        except Exception as exc:  # a broken peer must not stop the comparison
+            results[peer.name] = PeerResult(
+                peer.name, peer.label, "error", f"build failed: {exc!r}"[:500], on_disk=peer.on_disk
+            )
+            say(f"{peer.name}: build failed: {exc!r}")
+            continue
+        size = jpeg_bytes if not peer.builds else (path_size(dest) if peer.on_disk else path_size(dest / "x.npy"))
+        results[peer.name] = PeerResult(
+            peer.name,
+            peer.label,
+            "ok",
+            n_images=n,
+            bytes_on_disk=size,
+            build_s=build_s if peer.builds else None,
+            on_disk=peer.on_disk,
+            peak_rss_mb=0.0,
+        )
+        runnable.append((peer, dest, build_s))
+    # Rounds: every peer once per round, so that other work on the machine falls on all alike.
+    for rnd in range(epochs):
+        for peer, dest, _ in runnable:
+            row = results[peer.name]
+            if row.status != "ok":
+                continue
+            spec = {"peer": peer.name, "dest": str(dest), "ctx": ctx.to_json(), "round": rnd, "cold": cold}
+            try:
+                res = _spawn(spec, timeout_s) if fresh_process else child_main(spec)
+            except Exception as exc:
+                row.status, row.reason = "error", str(exc)[:500]
+                say(f"{peer.name}: failed: {str(exc)[:300]}")
+                continue
+            if res["n"] != n:
+                row.status, row.reason = "error", f"delivered {res['n']} images of {n}"
+                continue
+            row.warm_s.append(res["warm_s"])
+            if res["cold_s"] is not None:
+                row.cold_s.append(res["cold_s"])
+            row.peak_rss_mb = max(row.peak_rss_mb or 0.0, res["peak_rss_mb"])
+            if rnd == 0:
+                row.diversity = res["diversity"]
+            cold_txt = f", {n / res['cold_s']:.0f} cold" if res["cold_s"] else ""
+            say(f"round {rnd + 1}/{epochs} {peer.name}: {n / res['warm_s']:.0f} img/s warm{cold_txt}")
+    rows = []
+    for name in peers or PEER_BY_NAME:
+        row = results[name]
+        if row.status == "ok":
+            wm = statistics.median(row.warm_s)
+            cm = statistics.median(row.cold_s) if row.cold_s else None
+            row.images_per_s_warm = n / wm
+            row.mb_per_s_warm = n / wm * image_nbytes / 1e6
+            row.images_per_s_cold = n / cm if cm else None
+            row.mb_per_s_cold = n / cm * image_nbytes / 1e6 if cm else None
+        else:
+            row.warm_s, row.cold_s = [], []
+        rows.append(row)
+    info = {
+        "images": n,
+        "image_shape": list(_image_shape(ctx)),
+        "color_mode": color_mode,
+        "source": str(root),
+        "source_bytes": jpeg_bytes,
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "cold": cold,
+        "seed": seed,
+        "fresh_process": fresh_process,
+        "machine": machine_info(),
+        "versions": library_versions(),
+        "date": time.strftime("%Y-%m-%d"),
+        "load_average_before_after": [load_before, _loadavg()],
+    }
+    return Comparison(rows, info)
+
+
+def _loadavg() -> float | None:
+    """The 1-minute load average (other work on the machine skews timings), or None."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def _image_shape(ctx: Context) -> tuple[int, ...]:
+    if ctx._images is not None:
+        return tuple(ctx._images.shape[1:])
+    return tuple(decode_images(ctx.folder.files[:1], ctx.image_size, color_mode=ctx.color_mode).shape[1:])
+
+
+def _image_nbytes(ctx: Context) -> int:
+    return int(math.prod(_image_shape(ctx)))
+
+
+def _spawn(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("KERAS_BACKEND", "tensorflow")
+    proc = subprocess.run(
+        [sys.executable, "-m", CHILD_MODULE, "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"exit status {proc.returncode}: " + " | ".join(tail))
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result

@@ -1,0 +1,261 @@
+"""Several batches in flight, handed out in order, inside a memory budget (layer 6, beside the engine).
+
+:class:`OrderedBatches` runs ``assemblers`` threads that each take the next batch index,
+ask the :class:`~carraystore.engine.decoder.EpochDecoder` for that batch (waiting for its
+windows, gathering or decompressing it straight into its buffer) and leave it for the
+consumer, who takes batches strictly in index order. No thread sits on the path of every
+batch: with one assembler a batch's copy (a few GB/s on one core) capped the loader;
+with several the copies of consecutive batches run side by side. At most
+``depth + assemblers`` batches are finished or under way ahead of the consumer.
+
+:func:`plan_memory` turns ``LoaderOptions.memory_budget`` into slot and buffer counts:
+what the loader holds is computed from them before anything is allocated, so the budget
+is kept by construction; when even one window cannot fit, the loader refuses to start
+(:class:`~carraystore.base.errors.InvalidInputError` naming what to lower).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from carraystore.engine.decoder import EpochDecoder, LoaderClosed, LoaderSpec
+from carraystore.base.errors import InvalidInputError, LoaderError
+from carraystore.base.resources import format_bytes
+from carraystore.engine.sampling import EpochPlan
+
+__all__ = ["MemoryPlan", "plan_memory", "assemblers_for", "chunks_in_flight", "OrderedBatches"]
+
+#: most assembler threads per loader (each copies a batch at memory speed; more only contend)
+MAX_ASSEMBLERS = 4
+
+
+def assemblers_for(spec: LoaderSpec) -> int:
+    """Threads assembling batches at once: one per four decoder threads (at most
+    :data:`MAX_ASSEMBLERS`); one with a ``transform``, which then sees batches in order."""
+    opts = spec.options
+    if opts.transform is not None:
+        return 1
+    return max(1, min(MAX_ASSEMBLERS, math.ceil(int(opts.num_threads or 1) / 4)))
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What a loader holds, decided before it allocates: ``held <= budget`` always."""
+
+    #: ``LoaderOptions.memory_budget``, bytes
+    budget: int
+    #: chunk slots (the current window, the next windows decoded ahead)
+    slots: int
+    #: bytes of one slot (a decoded chunk, full size also with ``image_size``; a compressed one,
+    #: never larger, in direct mode)
+    slot_bytes: int
+    #: batch buffers the loader keeps (finished, under way, reused)
+    batch_buffers: int
+    #: bytes of one batch's x
+    batch_bytes: int
+    #: bytes a remote source may fetch ahead of the decoder (its ``readahead_bytes``)
+    source_bytes: int
+    #: batches assembled at once
+    assemblers: int
+
+    @property
+    def held(self) -> int:
+        """The most the loader holds, bytes."""
+        return self.slots * self.slot_bytes + self.batch_buffers * self.batch_bytes + self.source_bytes
+
+    def describe(self) -> str:
+        return (
+            f"{self.slots} chunk slots of {format_bytes(self.slot_bytes)}, {self.batch_buffers} batch buffers of "
+            f"{format_bytes(self.batch_bytes)}"
+            + (f", {format_bytes(self.source_bytes)} of remote read-ahead" if self.source_bytes else "")
+            + f": {format_bytes(self.held)} of a {format_bytes(self.budget)} budget"
+        )
+
+
+def _batch_bytes(spec: LoaderSpec) -> int:
+    frames = int(spec.options.sequence_length or 1)
+    return max(1, spec.batch_size * frames * spec.item_nbytes)  # image_size= applied
+
+
+def _source_bytes(spec: LoaderSpec) -> int:
+    return int(getattr(spec.store.source, "readahead_bytes", 0) or 0)
+
+
+def chunks_in_flight(plan: EpochPlan, batch_size: int, batches: int) -> int:
+    """The most chunks the windows of ``batches`` consecutive batches of ``plan`` hold: what
+    that many batches assembled at once may pin together."""
+    n = len(plan.items)
+    if n == 0 or plan.nwindows == 0:
+        return 1
+    starts = np.arange(0, n, batch_size, dtype=np.int64)
+    ends = np.minimum(starts + batches * batch_size, n) - 1
+    ws = np.asarray(plan.window_starts, dtype=np.int64)
+    first = np.searchsorted(ws, starts, side="right") - 1
+    last = np.searchsorted(ws, ends, side="right") - 1
+    sizes = np.array([len(c) for c in plan.window_chunks], dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(sizes)])
+    return max(1, int((cum[last + 1] - cum[first]).max()))
+
+
+def plan_memory(
+    spec: LoaderSpec,
+    plan: EpochPlan,
+    want_slots: int,
+    spare_buffers: int,
+    assemblers: int = 1,
+    what: str = "the loader",
+) -> MemoryPlan:
+    """Slots and buffers for a decoder of ``want_slots`` slots (at least one window) and
+    ``queue_size + assemblers + spare_buffers`` batch buffers, shrunk to fit
+    ``memory_budget``: first the slots beyond what the batches under way need (prefetch,
+    cached windows), then the assemblers. Refuses when one window and the queue cannot fit."""
+    opts = spec.options
+    budget = int(opts.memory_budget or 0)
+    slot = max(1, spec.store.chunk_images * int(spec.store.meta.image_nbytes))
+    batch = _batch_bytes(spec)
+    source = _source_bytes(spec)
+    queue_size = int(opts.queue_size)
+    need = max(1, plan.max_window_chunks)
+
+    def make(slots: int, a: int) -> MemoryPlan:
+        return MemoryPlan(budget, slots, slot, queue_size + a + spare_buffers, batch, source, a)
+
+    smallest = make(need, 1)
+    if smallest.held > budget:
+        raise InvalidInputError(
+            f"{spec.store.location}: memory_budget={format_bytes(budget)} is too small for {what}: one window of "
+            f"{need} chunks ({format_bytes(need * slot)}) and {smallest.batch_buffers} batches of "
+            f"{format_bytes(batch)} need {format_bytes(smallest.held)}"
+            + (f" (with {format_bytes(source)} of remote read-ahead)" if source else "")
+            + "; raise memory_budget, or lower window= (chunks per window), batch_size or queue_size"
+        )
+    if assemblers > 1:
+        # batches assembled at once pin the windows they draw from together, and the next
+        # window is decoded meanwhile: with fewer slots, windows would be evicted while
+        # batches of them are still to come, and decoded again
+        floor = min(plan.total_chunks, chunks_in_flight(plan, spec.batch_size, assemblers) + need)
+        fit = (budget - make(0, assemblers).held) // slot
+        if fit >= floor:
+            return make(int(min(max(floor, want_slots), fit, plan.total_chunks)), assemblers)
+    fit = (budget - make(0, 1).held) // slot  # at least one window: ``smallest`` fits
+    return make(int(min(max(need, want_slots), fit, plan.total_chunks)), 1)
+
+
+class OrderedBatches:
+    """Batches ``indices`` of ``decoder``'s epoch, assembled by ``assemblers`` threads,
+    returned in order by :meth:`next`.
+
+    ``make_buffer(i)`` gives batch ``i``'s x array (and anything the caller wants back with
+    it); it is called under a lock, so it need not be thread-safe. Errors in a thread end
+    the stream: the consumer gets them, as a :class:`LoaderError`, when it reaches that batch.
+    """
+
+    def __init__(
+        self,
+        decoder: EpochDecoder,
+        indices: Sequence[int],
+        make_buffer: Callable[[int], tuple[np.ndarray, Any]],
+        depth: int,
+        assemblers: int,
+        thread_prefix: str,
+    ) -> None:
+        self.decoder = decoder
+        self.indices = indices
+        self.make_buffer = make_buffer
+        self.depth = max(1, int(depth))
+        self.cond = threading.Condition()
+        self.taken = 0  # positions handed to assemblers
+        self.given = 0  # positions returned to the consumer
+        self.ready: dict[int, Any] = {}
+        self.stopped = False
+        self._buffer_lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._loop, name=f"{thread_prefix}-{id(self):x}-assemble{i}", daemon=True)
+            for i in range(max(1, int(assemblers)))
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self) -> None:
+        n = len(self.indices)
+        limit = self.depth + len(self.threads)
+        while True:
+            with self.cond:
+                while not self.stopped and self.taken < n and self.taken - self.given >= limit:
+                    self.cond.wait()
+                if self.stopped or self.taken >= n:
+                    return
+                pos = self.taken
+                self.taken += 1
+                i = self.indices[pos]
+                # before the lock is let go: a thread taking a later batch must not evict the
+                # windows of this one while this thread has yet to ask for them
+                self.decoder.claim(i)
+            item: Any
+            try:
+                try:
+                    with self._buffer_lock:
+                        out, extra = self.make_buffer(i)
+                except BaseException:
+                    self.decoder.unclaim(i)
+                    raise
+                item = (self.decoder.batch(i, out), extra)
+                del out
+            except LoaderClosed:
+                return
+            except BaseException as exc:
+                if self.stopped:
+                    return
+                if not isinstance(exc, LoaderError):
+                    err = LoaderError(f"{self.decoder.spec.store.location}: loader failed: {type(exc).__name__}: {exc}")
+                    err.__cause__ = exc
+                    exc = err
+                item = exc
+            with self.cond:
+                self.ready[pos] = item
+                if isinstance(item, BaseException):
+                    self.taken = max(self.taken, n)  # nothing after a failed batch is started
+                self.cond.notify_all()
+            del item
+
+    def next(self) -> tuple[tuple[Any, ...], Any]:
+        """The next batch in order, as ``(decoder.batch(i) result, extra)``; StopIteration at
+        the end. A failed batch stops the stream and is raised."""
+        with self.cond:
+            while self.given not in self.ready:
+                if self.given >= len(self.indices) or self.stopped:
+                    raise StopIteration
+                if not any(t.is_alive() for t in self.threads):
+                    raise LoaderError(f"{self.decoder.spec.store.location}: the loader threads ended without a result")
+                self.cond.wait(0.5)
+            item = self.ready.pop(self.given)
+            self.given += 1
+            self.cond.notify_all()
+        if isinstance(item, BaseException):
+            self.stop()
+            raise item
+        return item  # type: ignore[no-any-return]
+
+    @property
+    def position(self) -> int:
+        """Batches returned so far."""
+        return self.given
+
+    def stop(self) -> None:
+        """Stop handing out batches, close the decoder (a thread waiting for a window gets
+        LoaderClosed) and join the threads."""
+        with self.cond:
+            self.stopped = True
+            self.ready.clear()
+            self.cond.notify_all()
+        self.decoder.close()
+        me = threading.current_thread()
+        for t in self.threads:
+            if t is not me and t.is_alive():
+                t.join(timeout=30)

@@ -1,0 +1,952 @@
+"""Reading a store: open, describe, read and decompress whole chunks, index, verify (layer 4).
+
+A :class:`StoreReader` reads through a byte source (:mod:`carraystore.sources.local`): a local file,
+an object store or a chunk cache. Opening parses the frame (:mod:`carraystore.format.frame`,
+two reads) and the metadata (:mod:`carraystore.format.record`) and checks the pinned codec
+against the file; it never reads the images. Blocks span whole images, so a
+decompressed chunk is the chunk's images in row order.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+import blosc2
+import msgpack
+import numpy as np
+
+from carraystore.format.codec import (
+    CODECS,
+    FILTERS,
+    SPLITMODES,
+    Codec,
+    check_codec_against_header,
+    chunk_crc_ok,
+    crc32,
+    parse_chunk_header,
+)
+from carraystore.format.encoded import chunk_entries, decode_chunk_inplace, reduce_images_inplace, reduced_view
+from carraystore.base.errors import (
+    CarrayStoreError,
+    ChecksumError,
+    CodecMismatchError,
+    CorruptStoreError,
+    FormatError,
+    FormatVersionError,
+    InvalidInputError,
+    NotAStoreError,
+    RemoteReadError,
+)
+from carraystore.base.forksafe import in_forked_child
+from carraystore.format.record import (
+    FORMAT_NAME,
+    MAX_FORMAT_VERSION,
+    META_CRC_KEY,
+    META_KEY,
+    StoreMeta,
+    StringTable,
+    as_records,
+    metadata_limit,
+)
+from carraystore.format.frame import PIPELINE_AT, Frame, read_frame, special_chunk_header
+from carraystore.format.frame import header_problems as frame_header_problems
+from carraystore.sources.journal import JournalSource, journal_path, load_journal, rollback_if_abandoned
+from carraystore.sources.local import ByteSource, LocalFileSource
+
+#: Times a chunk fetched over a network that fails its CRC32 is fetched again before it is an error.
+CRC_REFETCHES = 2
+_log = logging.getLogger("carraystore.sources.remote")  # the refetches are the remote reader's business
+
+__all__ = [
+    "StoreReader",
+    "ChunkProblem",
+    "open_store",
+    "open_source",
+    "is_url",
+    "open_unguarded",
+    "header_problems",
+    "check_header_for_write",
+]
+
+# Decompression in threads only runs in parallel when blosc2 releases the GIL.
+blosc2.set_releasegil(True)
+
+
+def is_url(location: Any) -> bool:
+    """Whether ``location`` is a URL (``scheme://...``) rather than a local path."""
+    return isinstance(location, str) and "://" in location and not location.startswith("file://")
+
+
+def check_local_store_path(location: str | os.PathLike[str]) -> Path:
+    """``location`` as a Path when it is a regular file; a missing path, a folder or a FIFO is a named error."""
+    p = Path(location)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such store")
+    if p.is_dir():
+        raise NotAStoreError(
+            f"{p} is a directory; a store is a single .b2nd file (use `carraystore migrate` for bcolz folders)"
+        )
+    if not p.is_file():
+        raise NotAStoreError(f"{p} is not a regular file (a FIFO or device?); a store is a single .b2nd file")
+    return p
+
+
+def open_source(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str | None = None,
+) -> ByteSource:
+    """The byte source for a path or URL (``s3://``, ``gs://``, ``http(s)://``, ``file://``)."""
+    if isinstance(location, str) and location.startswith("file://"):
+        location = location[len("file://") :]
+    if not is_url(location):
+        if storage_options:
+            raise InvalidInputError(f"{location}: storage_options apply to URLs only, not to local paths")
+        return LocalFileSource(check_local_store_path(location))
+    from carraystore.sources.remote import open_remote  # the layer below this one
+
+    source: ByteSource = open_remote(str(location), storage_options)
+    if cache_dir is not None:
+        from carraystore.sources.cache import CachedSource
+
+        source = CachedSource(source, cache_dir, cache_size)
+    return source
+
+
+@dataclass(frozen=True)
+class ChunkProblem:
+    """One problem ``Store.verify()`` found: the chunk index (or None for the file) and why."""
+
+    chunk: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = "file" if self.chunk is None else f"chunk {self.chunk}"
+        return f"{where}: {self.reason}"
+
+
+_S = TypeVar("_S", bound="StoreReader")
+
+
+class StoreReader:
+    """A read-only carraystore store: metadata, random access (``store[i]``, ``take``), chunks,
+    ``verify``. ``carraystore.open(path_or_url)`` gives a :class:`carraystore.Store`, this plus
+    the loaders as methods (``batches``, ``to_dask``)."""
+
+    def __init__(
+        self,
+        source: ByteSource,
+        frame: Frame,
+        meta: StoreMeta,
+        storage_options: Mapping[str, Any] | None = None,
+        open_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._source = source
+        self._frame = frame
+        self.meta = meta
+        self.location = source.location
+        #: a Path for a local store, the URL string for a remote one
+        self.path: Any = Path(source.location) if isinstance(source, LocalFileSource) else source.location
+        self.storage_options = dict(storage_options or {})
+        self._open_kwargs = dict(open_kwargs or {})
+        #: every chunk read is checked against its CRC32 (always so for remote stores)
+        self.check_reads = not isinstance(source, LocalFileSource)
+        self._lock = threading.Lock()
+
+    # -- description -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.meta.nimages
+
+    @property
+    def source(self) -> ByteSource:
+        """Where the bytes come from (see carraystore.sources.local)."""
+        return self._source
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """(N, *item_shape): (N, H, W, C) for images."""
+        return (self.meta.nimages, *self.meta.image_shape)
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """The shape of one item: (H, W, C) for images."""
+        return self.meta.image_shape
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """The shape of one item (the same as ``image_shape``; the name fits non-image arrays)."""
+        return self.meta.image_shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.meta.np_dtype
+
+    @property
+    def layout(self) -> str:
+        """``"NHWC"`` for images, ``"array"`` for any other item shape or dtype."""
+        return self.meta.layout
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """Per-item metadata columns (for example the other columns of a migrated ctable)."""
+        return self.meta.columns
+
+    @property
+    def codec(self) -> Codec:
+        return self.meta.codec
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """Integer labels (int64), one per image, or None for an unlabelled store."""
+        return self.meta.labels
+
+    @property
+    def keys(self) -> StringTable | None:
+        """Relative paths or ids, one per image, or None."""
+        return self.meta.keys
+
+    @property
+    def class_names(self) -> tuple[str, ...] | None:
+        return self.meta.class_names
+
+    @property
+    def groups(self) -> np.ndarray | None:
+        """Each item's group (video, session, patient) as an index into :attr:`group_names` (int32), or None."""
+        return self.meta.groups
+
+    @property
+    def group_names(self) -> tuple[str, ...] | None:
+        """The names of the groups (``action/video_0001`` for an ingested folder), or None for a store without groups."""
+        return self.meta.group_names
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return self.meta.attrs
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return self.meta.provenance
+
+    @property
+    def skipped(self) -> tuple[dict[str, str], ...]:
+        return self.meta.skipped
+
+    @property
+    def color_mode(self) -> str:
+        return self.meta.color_mode
+
+    @property
+    def nchunks(self) -> int:
+        return self.meta.nchunks
+
+    @property
+    def chunk_images(self) -> int:
+        return self.meta.chunk_images
+
+    @property
+    def chunk_nbytes(self) -> int:
+        """Uncompressed size of one (full) chunk."""
+        return self.meta.chunk_images * self.meta.image_nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Uncompressed size of the images."""
+        return self.meta.nimages * self.meta.image_nbytes
+
+    @property
+    def cbytes(self) -> int:
+        """Size of the file."""
+        return self._source.size()
+
+    def chunk_range(self, i: int) -> tuple[int, int]:
+        """The image indices [start, stop) held by chunk ``i``."""
+        k = self.meta.chunk_images
+        return i * k, min((i + 1) * k, self.meta.nimages)
+
+    def chunk_byte_range(self, i: int) -> tuple[int, int]:
+        """(offset, length) of chunk ``i``'s bytes in the file; length 0 for a special chunk."""
+        i = self._check_chunk_index(i)
+        return int(self._frame.chunk_offsets[i]), int(self._frame.chunk_lengths[i])
+
+    def __repr__(self) -> str:
+        return (
+            f"<carraystore.Store {self.location!r} shape={self.shape} dtype={self.dtype} "
+            f"codec={self.codec.describe()!r} chunks={self.nchunks}x{self.chunk_images}>"
+        )
+
+    # -- chunk I/O ------------------------------------------------------------------------
+    def _check_chunk_index(self, i: int) -> int:
+        n = self.nchunks
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"{self.location}: chunk {i} out of range (store has {n} chunks)")
+        return i
+
+    def read_chunk_bytes(self, i: int) -> bytes:
+        """The compressed bytes of chunk ``i`` (one read; thread-safe, GIL released).
+
+        A chunk the frame stores as a special value (all zeros, say) has no bytes in the
+        file: the 32-byte chunk that stands for it is returned.
+        """
+        return bytes(self.chunk_buffer(i, copy=True))
+
+    def chunk_buffer(self, i: int, copy: bool = False, items: bool = False) -> bytes | memoryview:
+        """Chunk ``i``'s compressed bytes: a read-only view of the mapped file for a local
+        store (no copy; ``copy=True`` reads them instead), the fetched bytes otherwise.
+
+        A special chunk's stand-in has the frame's typesize, as blosc2 makes it; ``items=True``
+        gives it the codec's typesize instead, so that item ranges can be taken out of it.
+        """
+        i = self._check_chunk_index(i)
+        f = self._frame
+        special = int(f.chunk_special[i])
+        if special:
+            typesize = int(self.codec.typesize or 1) if items else f.typesize
+            return special_chunk_header(special, self.chunk_nbytes, f.blocksize, typesize)
+        offset, length = int(f.chunk_offsets[i]), int(f.chunk_lengths[i])
+        data = self._fetch_chunk(i, offset, length, copy)
+        if self.check_reads:
+            # bytes that crossed a network and fail their CRC are fetched again (a source
+            # that can forget a range: remote, cached) before the chunk counts as damaged
+            discard = getattr(self._source, "discard", None)
+            for attempt in range(CRC_REFETCHES + 1):
+                try:
+                    self.check_chunk_bytes(i, data)
+                    break
+                except ChecksumError as exc:
+                    if discard is None or attempt == CRC_REFETCHES:
+                        if attempt:
+                            raise ChecksumError(f"{exc} (fetched {attempt + 1} times)") from exc
+                        raise
+                    _log.warning(
+                        "%s: chunk %d (bytes %d-%d) failed its CRC32 check as fetched; fetching it again (%d of %d)",
+                        self.location, i, offset, offset + length, attempt + 1, CRC_REFETCHES,
+                    )  # fmt: skip
+                    del data
+                    discard(offset, length)
+                    data = self._fetch_chunk(i, offset, length, copy)
+        return data
+
+    def _fetch_chunk(self, i: int, offset: int, length: int, copy: bool) -> bytes | memoryview:
+        """Chunk ``i``'s bytes as read (trimmed to its compressed size), unchecked."""
+        try:
+            if not copy and isinstance(self._source, LocalFileSource):
+                data: bytes | memoryview = self._source.view(offset, length)
+            else:
+                data = self._source.read(offset, length)
+        except RemoteReadError as exc:
+            raise RemoteReadError(
+                f"{exc} (chunk {i})", url=exc.url, offset=exc.offset, length=exc.length, attempts=exc.attempts
+            ) from exc
+        except CarrayStoreError:
+            raise
+        except Exception as exc:
+            raise CorruptStoreError(
+                f"{self.location}: chunk {i} cannot be read at bytes {offset}-{offset + length} ({exc})"
+            ) from exc
+        if len(data) >= 16:
+            cbytes = int.from_bytes(bytes(data[12:16]), "little")
+            if cbytes <= len(data):
+                return data[:cbytes] if cbytes < len(data) else data
+        raise CorruptStoreError(
+            f"{self.location}: chunk {i} is truncated ({len(data)} of {length} bytes readable at offset {offset}); "
+            f"the file is damaged: run `carraystore verify {self.location}`"
+        )
+
+    def prefetch_chunks(self, chunks: Sequence[int] | np.ndarray, again: bool = False) -> None:
+        """Hint the source that these chunks will be read soon, in this order; ``again``: once
+        more than already hinted (a remote source keeps their bytes for another read)."""
+        ranges = self._ranges_of(chunks)
+        if ranges:
+            self._source.prefetch(ranges, again=again)
+
+    def _ranges_of(self, chunks: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
+        """The byte ranges of these chunks in the file (all-zero chunks have none)."""
+        f = self._frame
+        return [
+            (int(f.chunk_offsets[c]), int(f.chunk_lengths[c]))
+            for c in np.asarray(chunks, dtype=np.int64).reshape(-1)
+            if 0 <= c < len(f.chunk_offsets) and f.chunk_offsets[c] >= 0
+        ]
+
+    def chunks_hinted(self, chunks: Sequence[int] | np.ndarray) -> bool:
+        """Whether the source fetched ahead, or is fetching, every one of these chunks (hinted
+        with :meth:`prefetch_chunks` and not read yet); False for a local file."""
+        hinted = getattr(self._source, "hinted", None)
+        return bool(hinted(self._ranges_of(chunks))) if hinted is not None else False
+
+    def wait_chunks_fetched(self, chunks: Sequence[int] | np.ndarray, timeout: float | None = None) -> bool:
+        """Wait until the bytes of these chunks, hinted with :meth:`prefetch_chunks`, have
+        arrived (or their fetch failed); True once none is on its way, False on ``timeout``.
+        Chunks never hinted, already read, or of a local file count as arrived."""
+        wait = getattr(self._source, "wait_prefetched", None)
+        if wait is None:
+            return True
+        ranges = self._ranges_of(chunks)
+        return bool(wait(ranges, timeout)) if ranges else True
+
+    # the name the loader of 0.1.0 used
+    advise_willneed = prefetch_chunks
+
+    def decompress_chunk(
+        self,
+        i: int,
+        data: bytes | memoryview,
+        out: np.ndarray | None = None,
+        nthreads: int | None = None,
+        scale: int = 1,
+    ) -> np.ndarray:
+        """Decompress chunk ``i``'s bytes into ``out`` (a full chunk buffer); return its images.
+
+        ``nthreads`` is blosc2's own thread count for this chunk (default: blosc2's global
+        setting); callers that decompress several chunks in parallel threads pass 1.
+
+        ``scale`` (2, 4 or 8; uint8 image stores): the images at their size divided by
+        ``scale``, each in the first bytes of its slot of ``out``, returned as a strided
+        view. An encoded store decodes its JPEG entries at that size (libjpeg's scaled
+        IDCT), every other image is reduced by :func:`carraystore.format.encoded.box_reduce`.
+        """
+        start, stop = self.chunk_range(i)
+        shape = (self.meta.chunk_images, *self.image_shape)
+        if out is None:
+            out = np.empty(shape, dtype=self.dtype)
+        elif out.shape != shape or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise InvalidInputError(f"out buffer must be C-contiguous {self.dtype} of shape {shape}")
+        if scale != 1 and (self.dtype != np.uint8 or len(self.image_shape) != 3):
+            raise InvalidInputError(f"{self.location}: only uint8 (H, W, C) images are decoded at a smaller size")
+        try:
+            if in_forked_child() or nthreads is not None:
+                blosc2.decompress2(data, dst=out, nthreads=1 if in_forked_child() else nthreads)
+            else:
+                blosc2.decompress2(data, dst=out)
+        except Exception as exc:
+            raise CorruptStoreError(
+                f"{self.location}: chunk {i} does not decompress ({exc}); run `carraystore verify {self.location}`"
+            ) from exc
+        if self.meta.layout == "encoded":  # the chunk's entries, decoded in place (FORMAT.md 10)
+            self._decode_entries(i, out, scale)
+        elif scale != 1:
+            reduce_images_inplace(out, scale, stop - start)
+        if scale != 1:
+            return reduced_view(out, scale)[: stop - start]
+        return out[: stop - start]
+
+    # -- the encoded layout (FORMAT.md 10) -----------------------------------------------------
+    def _decode_entries(self, i: int, buf: np.ndarray, scale: int = 1) -> None:
+        start, stop = self.chunk_range(i)
+        meta = self.meta
+        assert meta.entry_sizes is not None and meta.encoding is not None
+        decode_chunk_inplace(
+            buf,
+            meta.entry_sizes[start:stop],
+            meta.color_mode,
+            meta.encoding.formats,
+            lambda j: f"{self.location}: image {start + j} (chunk {i})",
+            scale,
+        )
+
+    def chunk_entries(self, i: int, verify: bool = True) -> list[bytes]:
+        """The stored entries of chunk ``i`` of an encoded store: each image's file bytes (or raw pixels)."""
+        if self.meta.layout != "encoded":
+            raise InvalidInputError(f"{self.location}: entries exist in stores of layout 'encoded' only")
+        i = self._check_chunk_index(i)
+        data = self.chunk_buffer(i)
+        if verify and not self.check_reads:
+            self.check_chunk_bytes(i, data)
+        buf = np.empty((self.meta.chunk_images, *self.image_shape), dtype=np.uint8)
+        try:
+            blosc2.decompress2(data, dst=buf)
+        except Exception as exc:
+            raise CorruptStoreError(f"{self.location}: chunk {i} does not decompress ({exc})") from exc
+        start, stop = self.chunk_range(i)
+        assert self.meta.entry_sizes is not None
+        return [bytes(e) for e in chunk_entries(buf, self.meta.entry_sizes[start:stop])]
+
+    def entry(self, index: int) -> bytes:
+        """Image ``index``'s stored entry (encoded store): the source file's bytes when kept as they were."""
+        n = len(self)
+        i = int(index) + (n if int(index) < 0 else 0)
+        if not 0 <= i < n:
+            raise IndexError(f"image index {index} out of range for a store of {n} images")
+        c = i // self.meta.chunk_images
+        return self.chunk_entries(c)[i - c * self.meta.chunk_images]
+
+    def check_chunk_bytes(self, i: int, data: bytes | memoryview) -> None:
+        """Raise ChecksumError unless ``data`` (chunk ``i`` as read) matches its recorded CRC32."""
+        if not chunk_crc_ok(data, int(self.meta.crc32[i]), self.codec, self.meta.blocksize, self.chunk_nbytes):
+            offset, length = self.chunk_byte_range(i)
+            raise ChecksumError(
+                f"{self.location}: chunk {i} (bytes {offset}-{offset + length}) fails its CRC32 check; "
+                "the file is damaged (or changed while read): run `carraystore verify` on it"
+            )
+
+    def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = True, scale: int = 1) -> np.ndarray:
+        """The images of chunk ``i`` as an array (a view of ``out`` when given).
+
+        ``verify`` (default True) checks the chunk's CRC32 first: a damaged chunk raises
+        ChecksumError naming it instead of handing out wrong pixels. ``scale``: the images
+        at their size divided by 2, 4 or 8 (:meth:`decompress_chunk`).
+        """
+        i = self._check_chunk_index(i)
+        data = self.chunk_buffer(i)
+        if verify and not self.check_reads:
+            self.check_chunk_bytes(i, data)
+        return self.decompress_chunk(i, data, out, scale=scale)
+
+    def iter_chunks(self) -> Iterator[np.ndarray]:
+        """Every chunk in file order (a fresh array each)."""
+        if not isinstance(self._source, LocalFileSource):
+            self.prefetch_chunks(range(self.nchunks))
+        for i in range(self.nchunks):
+            yield self.read_chunk(i)
+
+    # -- indexing -------------------------------------------------------------------------
+    def __getitem__(self, index: Any) -> np.ndarray:
+        n = self.meta.nimages
+        if isinstance(index, (int, np.integer)):
+            i = int(index)
+            if i < 0:
+                i += n
+            if not 0 <= i < n:
+                raise IndexError(f"image index {int(index)} out of range for a store of {n} images")
+            image: np.ndarray = self.take(np.array([i]))[0]
+            return image
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            return self.take(np.arange(start, stop, step))
+        idx = np.asarray(index)
+        if idx.dtype == bool:
+            if idx.shape != (n,):
+                raise IndexError(f"boolean index of shape {idx.shape} does not match a store of {n} images")
+            idx = np.flatnonzero(idx)
+        if idx.dtype.kind not in "iu":
+            raise IndexError(f"store index must be an int, slice, or integer/boolean array, got {idx.dtype}")
+        return self.take(idx)
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """Images at ``indices`` (any order, repeats allowed), reading each needed chunk once."""
+        n = self.meta.nimages
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size:
+            idx = np.where(idx < 0, idx + n, idx)
+            bad = (idx < 0) | (idx >= n)
+            if bad.any():
+                raise IndexError(
+                    f"image index {int(np.asarray(indices).reshape(-1)[np.argmax(bad)])} out of range for {n} images"
+                )
+        out = np.empty((len(idx), *self.image_shape), dtype=self.dtype)
+        if not idx.size:
+            return out
+        k = self.meta.chunk_images
+        chunk_of = idx // k
+        order = np.argsort(chunk_of, kind="stable")
+        sorted_chunks = chunk_of[order]
+        bounds = np.flatnonzero(np.diff(sorted_chunks)) + 1
+        groups = np.split(order, bounds)
+        self.prefetch_chunks([int(chunk_of[g[0]]) for g in groups])
+        buf = np.empty((k, *self.image_shape), dtype=self.dtype)
+        for group in groups:
+            c = int(chunk_of[group[0]])
+            images = self.read_chunk(c, out=buf)
+            # raw records: numpy (2.2 at least) may index structured items field by field, losing padding bytes
+            as_records(out)[group] = as_records(images)[idx[group] - c * k]
+        return out
+
+    # -- integrity ----------------------------------------------------------------------
+    def verify(self, progress: bool = False) -> list[ChunkProblem]:
+        """Re-read every chunk: CRC32, header against the pinned codec, full decompression.
+
+        Returns the problems found (an empty list means the store is sound).
+        """
+        problems: list[ChunkProblem] = []
+        if self._frame.nchunks != self.nchunks:
+            problems.append(
+                ChunkProblem(None, f"file holds {self._frame.nchunks} chunks, metadata says {self.nchunks}")
+            )
+        buf = np.empty((self.meta.chunk_images, *self.image_shape), dtype=self.dtype)
+        rng: Any = range(self.nchunks)
+        if progress:
+            from tqdm import tqdm
+
+            rng = tqdm(rng, desc=f"verify {Path(str(self.location)).name}", unit="chunk")
+        check_reads, self.check_reads = self.check_reads, False  # mismatches are reported below
+        if not isinstance(self._source, LocalFileSource):
+            self.prefetch_chunks(range(self.nchunks))  # a remote source fetches ahead (bounded), many at once
+        try:
+            for i in rng:
+                try:
+                    data = self.read_chunk_bytes(i)
+                except CarrayStoreError as exc:
+                    problems.append(ChunkProblem(i, f"cannot be read: {exc.__cause__ or exc}"))
+                    continue
+                want = int(self.meta.crc32[i])
+                if not chunk_crc_ok(data, want, self.codec, self.meta.blocksize, self.chunk_nbytes):
+                    problems.append(ChunkProblem(i, f"CRC32 mismatch: recorded {want:08x}, file has {crc32(data):08x}"))
+                    continue
+                try:
+                    check_codec_against_header(self.codec, self.meta.blocksize, parse_chunk_header(data), f"chunk {i}")
+                    self.decompress_chunk(i, data, buf)
+                except CarrayStoreError as exc:
+                    problems.append(ChunkProblem(i, str(exc)))
+        finally:
+            self.check_reads = check_reads
+        # the whole frame header, and plain blosc2 (the README promises `blosc2.open` reads a
+        # store); blosc2 only sees the file once every check above passed
+        problems += [ChunkProblem(None, p) for p in header_problems(self._frame, self.meta)]
+        if not problems and type(self._source) is LocalFileSource:  # not a JournalSource: the file itself
+            bad = _plain_blosc2_problem(self.path, self._frame, self.meta, quiet_if_changed=True)
+            if bad is not None:
+                problems.append(ChunkProblem(None, bad))
+        return problems
+
+    # -- lifetime -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the file handle or connections (the Store must not be used afterwards)."""
+        self._source.close()
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Another process re-opens by location; handles and data never travel.
+        return {"location": self.location, "storage_options": self.storage_options, "open_kwargs": self._open_kwargs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        location = state.get("location", state.get("path"))
+        if location is None:
+            raise InvalidInputError("a pickled store without a location cannot be re-opened; pickle the store again")
+        other = open_store(location, state.get("storage_options") or None, **state.get("open_kwargs", {}))
+        self.__dict__.update(other.__dict__)
+
+
+def _check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> None:
+    """Compare the file's real parameters with the record; raise CodecMismatchError naming both."""
+    shape, chunks, blocks = frame.b2nd()
+    want_chunks = (meta.chunk_images, *meta.image_shape)
+    want_blocks = (meta.codec.block_images, *meta.image_shape)
+    if shape != (meta.nimages, *meta.image_shape):
+        raise CorruptStoreError(
+            f"{location}: array shape {shape} does not match the metadata ({meta.nimages}, "
+            f"{', '.join(map(str, meta.image_shape))}); the file was damaged or written by another tool"
+        )
+    problems = []
+    try:
+        dt_text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False, strict_map_key=False)[6]
+    except Exception as exc:
+        raise CorruptStoreError(
+            f"{location}: the b2nd metalayer's dtype cannot be read ({exc}); the file is damaged"
+        ) from exc
+    try:
+        file_dtype = np.dtype(ast.literal_eval(dt_text)) if str(dt_text)[:1] in "{[" else np.dtype(dt_text)
+    except Exception:
+        file_dtype = None
+    if file_dtype != meta.np_dtype:
+        problems.append(f"dtype {dt_text} in the file, {meta.dtype} recorded")
+    # An empty array's chunk and block shapes are not kept reliably by blosc2 < 4.1 (3.x reads
+    # them as all ones, 4.0 as zeros) and no chunk depends on them, so they are checked only
+    # once the store holds items.
+    if meta.nimages and chunks != want_chunks:
+        problems.append(f"chunks {chunks} in the file, {want_chunks} recorded")
+    if meta.nimages and blocks != want_blocks:
+        problems.append(f"blocks {blocks} in the file, {want_blocks} recorded")
+    if frame.codec_id >= 0 and frame.codec_id != blosc2.Codec[meta.codec.codec.upper()].value:
+        try:
+            name = blosc2.Codec(frame.codec_id).name
+        except ValueError:
+            name = f"id {frame.codec_id}"
+        problems.append(f"codec {name} in the file header, {meta.codec.codec!r} recorded")
+    if frame.clevel >= 0 and frame.clevel != meta.codec.clevel:
+        problems.append(f"clevel {frame.clevel} in the file header, {meta.codec.clevel} recorded")
+    if frame.nchunks != meta.nchunks:
+        raise CorruptStoreError(
+            f"{location}: file holds {frame.nchunks} chunks, metadata says {meta.nchunks}; the file is damaged"
+        )
+    odd = np.flatnonzero((frame.chunk_special != 0) & (frame.chunk_special != 1))
+    if odd.size:  # only all-zero chunks are ever special in a complete store (FORMAT.md 5.2)
+        i = int(odd[0])
+        raise CorruptStoreError(
+            f"{location}: the offsets index marks chunk {i} as special value {int(frame.chunk_special[i])} "
+            "(NaNs, a repeated value or uninitialised), which a complete store never holds; the file is damaged"
+        )
+    if problems:
+        raise CodecMismatchError(f"{location}: " + "; ".join(problems))
+
+
+def _fixed_metalayers(version: int) -> tuple[bytes, ...]:
+    """The fixed ``carraystore`` metalayer of a store of ``version``, byte for byte (FORMAT.md
+    section 3): with the metadata checksum flag (this version's writers), and without (0.1.0's)."""
+    return tuple(
+        msgpack.packb({"format": FORMAT_NAME, "format_version": version, **extra})
+        for extra in ({META_CRC_KEY: True}, {})
+    )
+
+
+def header_problems(frame: Frame, meta: StoreMeta) -> list[str]:
+    """Every field of the frame header against what it must hold for ``meta`` (FORMAT.md A.1, A.2, 3, 6).
+
+    Open reads only the fields a reader needs; plain blosc2 and the in-place writers need
+    the rest too (a damaged filter pipeline or metalayer offset reads fine here and breaks
+    them). Returns the problems, each prefixed with "frame header: ", or [] for a sound header.
+    """
+    out = frame_header_problems(frame)
+    dt = meta.np_dtype
+    chunk_nbytes = meta.chunk_images * meta.image_nbytes
+    want = [("typesize", frame.typesize, dt.itemsize), ("nbytes", frame.nbytes, meta.nchunks * chunk_nbytes)]
+    if meta.nimages:  # an empty array's are not kept by blosc2 < 4.1 (as its chunk and block shapes)
+        want += [("blocksize", frame.blocksize, meta.blocksize), ("chunksize", frame.chunksize, chunk_nbytes)]
+    out += [f"{name} is {got}, the metadata makes it {expected}" for name, got, expected in want if got != expected]
+    h = frame.header
+    codec = meta.codec
+    if len(h) > PIPELINE_AT + 16:
+        if h[28] != SPLITMODES[codec.splitmode] - 1:
+            out.append(
+                f"the split mode flags are {h[28]}, splitmode {codec.splitmode!r} makes them {SPLITMODES[codec.splitmode] - 1}"
+            )
+        pipe = bytearray(16)  # the codec's filters where its typesize is the itemsize, else none (FORMAT.md 6)
+        if codec.typesize == dt.itemsize:
+            for slot, (f, m) in enumerate(zip(codec.filters, codec.filters_meta, strict=True)):
+                pipe[slot], pipe[8 + slot] = FILTERS[f], m
+        pipe[6] = CODECS[codec.codec]
+        got = h[PIPELINE_AT : PIPELINE_AT + 16]
+        if got != pipe:
+            out.append(f"the filter pipeline is {got.hex()}, the codec makes it {pipe.hex()}")
+    if frame.metalayers.get(META_KEY) not in _fixed_metalayers(meta.format_version):
+        out.append(f"the fixed {META_KEY!r} metalayer is not the one a store holds (FORMAT.md 3)")
+    if isinstance(meta.dtype, str):
+        try:
+            text = msgpack.unpackb(frame.metalayers["b2nd"], raw=False)[6]
+        except Exception:
+            text = None
+        if text != meta.dtype:
+            out.append(f"the b2nd dtype is {text!r}, the record's {meta.dtype!r}")
+    return [f"frame header: {p}" for p in out]
+
+
+def _plain_blosc2_problem(
+    path: str | os.PathLike[str], frame: Frame, meta: StoreMeta, quiet_if_changed: bool = False
+) -> str | None:
+    """Open the local store with plain ``blosc2.open`` and read its first item; why that fails, or None.
+
+    Call it only once :func:`header_problems` found nothing (blosc2 trusts the header).
+    ``quiet_if_changed``: a file that a writer is changing, or that changed since ``frame``
+    was read (another length, a journal beside it), says nothing about ``frame``: None.
+    """
+    real = Path(os.path.realpath(path))
+    before = _file_state(real)
+    if quiet_if_changed and (before[0] is None or before[1] is not None or before[0][1] != frame.frame_len):
+        return None
+    try:
+        array = blosc2.open(str(path), mode="r")
+        if meta.nimages:
+            array[:1]
+        del array
+    except Exception as exc:
+        if quiet_if_changed and _file_state(real) != before:
+            return None
+        return f"frame header: plain blosc2 cannot read the file ({type(exc).__name__}: {exc})"
+    return None
+
+
+def check_header_for_write(frame: Frame, meta: StoreMeta, path: str | os.PathLike[str]) -> None:
+    """Raise CorruptStoreError when the frame header is damaged: a writer must not write into it."""
+    problems = header_problems(frame, meta)
+    if not problems:
+        bad = _plain_blosc2_problem(path, frame, meta)
+        problems = [bad] if bad is not None else []
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CorruptStoreError(
+            f"{path}: the store's frame header is damaged ({problems[0]}{more}); nothing was written. "
+            f"Run `carraystore verify {path}` and restore the store from a copy"
+        )
+
+
+def _read_meta(frame: Frame, location: str) -> StoreMeta:
+    fixed = frame.metalayers.get(META_KEY)
+    if fixed is None:
+        raise NotAStoreError(
+            f"{location}: a blosc2 file, but not a carraystore store (no {META_KEY!r} meta layer); "
+            "create stores with carraystore.create() or `carraystore ingest`"
+        )
+    try:
+        fixed_rec = StoreMeta.unpack_record(fixed, location)
+        fixed_version = fixed_rec.get("format_version") if isinstance(fixed_rec, dict) else None
+        fixed_name = fixed_rec.get("format") if isinstance(fixed_rec, dict) else None
+    except CarrayStoreError:
+        raise
+    except Exception as exc:
+        raise CorruptStoreError(f"{location}: the {META_KEY!r} meta layer cannot be read ({exc})") from exc
+    if fixed_name != FORMAT_NAME or not isinstance(fixed_version, int) or isinstance(fixed_version, bool):
+        raise FormatError(f"{location}: the {META_KEY!r} meta layer is not a carraystore header ({fixed_rec!r})")
+    if fixed_version > MAX_FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{location}: format version {fixed_version} is newer than this carraystore reads ({MAX_FORMAT_VERSION}); "
+            "upgrade carraystore (pip install -U carraystore)"
+        )
+    shape, chunks, _ = frame.b2nd()
+    n = shape[0] if shape else 0
+    # The cap on the record grows with N, which the header states: bound N by the chunks the
+    # frame holds first, so a damaged first dimension (2**40) cannot raise the cap.
+    rows = chunks[0] if chunks else 0
+    if n < 0 or (n > frame.nchunks * max(rows, 0)):
+        raise CorruptStoreError(
+            f"{location}: the array's first dimension {n} does not fit its {frame.nchunks} chunks of {rows} items; "
+            "the file is damaged"
+        )
+    raw = frame.vlmeta(META_KEY, metadata_limit(n))
+    if raw is None:
+        raise FormatError(f"{location}: the {META_KEY!r} variable-length metadata is missing")
+    rec = StoreMeta.unpack_record(raw, location, require_crc=fixed_rec.get(META_CRC_KEY) is True)
+    del raw  # the packed bytes go before the record is checked: lower peak memory on open
+    meta = StoreMeta.from_record(rec, location)
+    if meta.format_version != fixed_version:
+        raise FormatError(
+            f"{location}: the fixed meta layer says format version {fixed_version}, the metadata says "
+            f"{meta.format_version}; the file is damaged or was written by another tool"
+        )
+    return meta
+
+
+@overload
+def open_store(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str | None = None,
+    cls: None = None,
+) -> StoreReader: ...
+
+
+@overload
+def open_store(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str | None = None,
+    cls: type[_S],
+) -> _S: ...
+
+
+def open_store(
+    location: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str | None = None,
+    cls: type[StoreReader] | None = None,
+) -> StoreReader:
+    """Open a store for reading, from a path or a URL; checks the format and the pinned codec.
+
+    ``cls`` is the class of the object returned: a :class:`StoreReader` by default;
+    ``carraystore.open`` passes :class:`carraystore.Store` (the loaders as methods).
+
+    ``storage_options`` (URLs only) are the fsspec-style options pandas, zarr and dask take;
+    ``cache_dir``/``cache_size`` keep fetched chunks of a remote store on local disk
+    (``cache_size`` in bytes or as ``"200GB"``; see carraystore.sources.cache and docs/remote.md).
+    """
+    open_kwargs = {k: v for k, v in (("cache_dir", cache_dir), ("cache_size", cache_size)) if v is not None}
+    source = open_source(location, storage_options, **open_kwargs)  # type: ignore[arg-type]
+    kind = cls or StoreReader
+    if isinstance(source, LocalFileSource):
+        return _open_local(source, storage_options, open_kwargs, kind)
+    return _open(source, storage_options, open_kwargs, cls=kind)
+
+
+def _file_state(real: Path) -> tuple[Any, ...]:
+    """What changes when a writer touches a store: the file's and its journal's identity, size, time."""
+    out: list[Any] = []
+    for p in (real, journal_path(real)):
+        try:
+            st = os.stat(p)
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _open_local(
+    source: LocalFileSource, storage_options: Any, open_kwargs: dict[str, Any], cls: type[StoreReader]
+) -> StoreReader:
+    """Open a local store without ever seeing an append half-way (docs/appends.md).
+
+    A hot journal: roll it back when its writer is gone and we may write, else read the
+    store as it was before that append (JournalSource). No journal: read, and retry when
+    the file or its journal changed meanwhile (an append began or ended while we read).
+    """
+    path = source.path
+    source.close()  # opened again below, after the file's state is taken: its size must not be older
+    real = Path(os.path.realpath(path))  # the journal sits beside the real file
+    error: BaseException | None = None
+    for attempt in range(200):
+        if attempt:
+            time.sleep(min(0.05, 0.001 * attempt))
+        before = _file_state(real)
+        if before[1] is not None and rollback_if_abandoned(real):
+            continue
+        journal = load_journal(real)
+        if journal is not None:  # a writer at work, or we may not roll back: the store before it
+            return _open(JournalSource(path, journal), storage_options, open_kwargs, cls=cls)
+        source = LocalFileSource(path)
+        store: StoreReader | None = None
+        try:
+            store = _open(source, storage_options, open_kwargs, close_on_error=False, cls=cls)
+        except CarrayStoreError as exc:
+            error = exc
+        if _file_state(real) == before:
+            if store is not None:
+                return store
+            source.close()
+            assert error is not None
+            raise error
+        source.close()  # an append began or ended while we read: read again
+    if error is None:
+        error = CorruptStoreError(f"{path}: the store kept changing while it was opened (200 tries); try again")
+    raise error
+
+
+def open_unguarded(path: str | os.PathLike[str]) -> StoreReader:
+    """The local store file as it is now, journal or not: for the writer that holds its lock."""
+    return _open(LocalFileSource(path), None, {})
+
+
+def _open(
+    source: ByteSource,
+    storage_options: Any,
+    open_kwargs: dict[str, Any],
+    close_on_error: bool = True,
+    cls: type[StoreReader] | None = None,
+) -> StoreReader:
+    try:
+        frame = read_frame(source)
+        meta = _read_meta(frame, source.location)
+        _check_frame_against_meta(frame, meta, source.location)
+        store = (cls or StoreReader)(source, frame, meta, storage_options, open_kwargs)
+        if meta.nchunks:
+            # chunk 0's header (32 bytes, not the chunk) against the pinned codec
+            offset, _ = store.chunk_byte_range(0)
+            first = store.read_chunk_bytes(0) if offset < 0 else source.read(offset, 32)
+            check_codec_against_header(
+                meta.codec, meta.blocksize, parse_chunk_header(first), f"{source.location}, chunk 0"
+            )
+        return store
+    except BaseException:
+        if close_on_error:
+            source.close()
+        raise

@@ -1,0 +1,1196 @@
+"""Writing a store: create, append, metadata updates (layer 4).
+
+carraystore compresses every chunk itself with the pinned codec (``blosc2.compress2``)
+and puts it in place with ``update_chunk``, so the chunk headers carry exactly the
+recorded parameters, whatever blosc2's defaults are. Until ``close()`` a store lives in
+a temporary file beside its path (``.NAME.b2nd.partial-PID-RANDOM``); ``close()``
+fsyncs it and renames it into place, so a store is never seen half-written
+(:mod:`carraystore.base.atomic`). A store bound for a URL (``s3://...``) is written the same
+way in a local staging folder and then uploaded atomically (:mod:`carraystore.sources.upload`).
+
+Appending to a store that holds images writes in place (:mod:`carraystore.store.inplace`): new
+chunks after the old ones, then a new offsets index, trailer and header, guarded by a
+rollback journal (:mod:`carraystore.sources.journal`); :func:`update_metadata` is the same write
+with no chunk added. Every writer holds the store's writer lock (:mod:`carraystore.base.lock`)
+from ``create``/``append`` to ``close``/``abort``, ``update_metadata`` for its whole run.
+docs/appends.md describes both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import blosc2
+import numpy as np
+
+from carraystore._version import __version__
+from carraystore.base.atomic import named_write_errors, publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.format.codec import (
+    Codec,
+    check_codec_against_header,
+    chunk_crc,
+    chunk_crc_ok,
+    default_chunk_images,
+    is_preset,
+    parse_chunk_header,
+)
+from carraystore.format.encoded import FORMAT_VERSION_ENCODED, Encoding, default_codec, entry_for_pixels, sniff
+from carraystore.base.errors import CodecRoundTripError, CorruptStoreError, InvalidInputError, StoreExistsError
+from carraystore.format.record import (
+    COLOR_MODES,
+    DTYPES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    LABEL_LIMIT,
+    LAYOUTS,
+    META_CRC_KEY,
+    META_KEY,
+    StoreMeta,
+    StringTable,
+    as_records,
+    dtype_to_record,
+    json_attrs,
+    validate_key,
+)
+from carraystore.store.inplace import _InPlaceWrite, _write_meta
+from carraystore.sources.journal import rollback
+from carraystore.base.lock import WriterLock
+from carraystore.store.options import WriteOptions
+from carraystore.store.reader import check_header_for_write, check_local_store_path, is_url, open_store, open_unguarded
+from carraystore.sources.upload import RemoteTarget
+
+__all__ = [
+    "StoreWriter",
+    "create",
+    "append",
+    "compress_chunk",
+    "check_round_trip",
+    "check_class_names",
+    "update_metadata",
+]
+
+
+def check_class_names(names: Sequence[str] | None, where: str) -> tuple[str, ...] | None:
+    """``names`` as a tuple of strings; refuses a name listed twice (two labels would mean one class)
+    and control characters (a class name becomes a folder name on export)."""
+    if names is None:
+        return None
+    out = tuple(str(c) for c in names)
+    seen: set[str] = set()
+    for c in out:
+        bad = next((ch for ch in c if ord(ch) < 32 or ord(ch) == 127), None)
+        if bad is not None:
+            raise InvalidInputError(
+                f"{where}: class name {c!r} holds the control character {bad!r}; class names are printed and "
+                "exported as folder names, so they may not hold NUL, newline, tab or other control characters"
+            )
+        if c in seen:
+            raise InvalidInputError(
+                f"{where}: class name {c!r} is listed twice in {list(out)}; class names must be unique"
+            )
+        seen.add(c)
+    return out
+
+
+def _frame_cparams(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
+    """Frame-level cparams: what plain blosc2 would use if someone wrote into the array."""
+    cp: dict[str, Any] = {
+        "codec": blosc2.Codec[codec.codec.upper()],
+        "clevel": codec.clevel,
+        "splitmode": blosc2.SplitMode[f"{codec.splitmode.upper()}_SPLIT"],
+        "nthreads": 1,
+    }
+    if codec.typesize == dtype.itemsize and codec.filters:
+        cp["filters"] = [blosc2.Filter[f.upper()] for f in codec.filters]
+        cp["filters_meta"] = list(codec.filters_meta)
+    else:  # explicit, never blosc2's default SHUFFLE (the frame's typesize is the dtype's itemsize)
+        cp["filters"] = [blosc2.Filter.NOFILTER]
+        cp["filters_meta"] = [0]
+    return cp
+
+
+class StoreWriter:
+    """Writes a store; returned by ``carraystore.create``. Use as a context manager.
+
+    Until ``close()`` the data lives in a temporary file beside ``path``; ``close()``
+    renames it into place atomically (and, for a URL, uploads it). On an exception inside
+    ``with``, or ``abort()``, the temporary file is removed and ``path`` is untouched.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        tmp: Path,
+        array: Any,
+        meta: StoreMeta,
+        nthreads: int,
+        *,
+        lock: WriterLock | None = None,
+        inplace: _InPlaceWrite | None = None,
+    ) -> None:
+        #: the store's path, or its URL when it is uploaded at close
+        self.path: Any = path
+        #: the local file that close() publishes (a staging file for a URL)
+        self._dest = path
+        #: set by ``create`` for a URL: the upload that ``close()`` makes
+        self._target: RemoteTarget | None = None
+        #: size in bytes of the published store (set by ``close()``)
+        self.file_size: int | None = None
+        self._tmp = tmp
+        self._array = array
+        self._lock = lock
+        self._inplace = inplace
+        self._meta = meta
+        self._nthreads = nthreads
+        self._closed = False
+        k = meta.chunk_images
+        self._buf = np.zeros((k, *meta.image_shape), dtype=meta.np_dtype)
+        self._cparams = meta.codec.cparams(meta.blocksize, nthreads)
+        #: a custom codec's chunks are decompressed into this buffer once and compared with the
+        #: data (blosc2 mis-decodes some filter chains); None for the presets: their chains are
+        #: covered by the test suite and keep their full write speed
+        self._round_trip: np.ndarray | None = (
+            None if is_preset(meta.codec, meta.np_dtype, meta.image_shape, meta.layout) else np.empty_like(self._buf)
+        )
+        self._crc = list(int(c) for c in meta.crc32)
+        self._labels: list[np.ndarray] = [meta.labels] if meta.labels is not None else []
+        self._keys: list[StringTable] = [meta.keys] if meta.keys is not None else []
+        # FORMAT.md 4.4: a store is labelled when its record holds labels (an empty bin for an
+        # empty labelled store) or class names; an empty store with neither is undecided until
+        # its first append
+        self._has_labels: bool | None = (
+            True if meta.labels is not None or meta.class_names is not None else (None if meta.nimages == 0 else False)
+        )
+        # the same for keys: a key table (empty for an empty store) means every item has a key
+        self._has_keys: bool | None = True if meta.keys is not None else (None if meta.nimages == 0 else False)
+        self._skipped: list[dict[str, str]] = list(meta.skipped)
+        self._columns: dict[str, list[np.ndarray]] = {name: [col] for name, col in meta.columns.items()}
+        self._group_names: list[str] = list(meta.group_names or ())
+        self._groups: list[np.ndarray] = [meta.groups] if meta.groups is not None else []
+        self._has_groups: bool | None = (
+            None if meta.nimages == 0 and meta.group_names is None else meta.group_names is not None
+        )
+        # Images [chunk_start, chunk_start + fill) sit in the pending buffer.
+        self._chunk_start = (meta.nimages // k) * k
+        self._fill = meta.nimages - self._chunk_start
+        self._stored = meta.nimages  # images the array already holds
+        #: layout "encoded": each entry's size, and where the next entry goes in the pending chunk
+        self._sizes: list[np.ndarray] = [meta.entry_sizes] if meta.entry_sizes is not None else []
+        self._encoding = meta.encoding
+        self._pos = int(meta.entry_sizes[self._chunk_start :].sum()) if meta.entry_sizes is not None else 0
+        if self._fill:
+            ic = self._chunk_start // k
+            data = inplace.read_chunk(ic) if inplace is not None else array.schunk.get_chunk(ic)
+            if not chunk_crc_ok(data, self._crc[ic], meta.codec, meta.blocksize, k * meta.image_nbytes):
+                raise CorruptStoreError(f"{path}: last chunk fails its CRC32 check; not appending to a damaged store")
+            blosc2.decompress2(data, dst=self._buf)
+            self._buf[self._fill :].view(np.uint8)[...] = 0
+
+    # -- public --------------------------------------------------------------------------
+    @property
+    def nimages(self) -> int:
+        """Images written so far (including any already in an appended-to store)."""
+        return self._chunk_start + self._fill
+
+    @property
+    def meta(self) -> StoreMeta:
+        return self._meta
+
+    def append(
+        self,
+        images: np.ndarray,
+        labels: Sequence[int] | np.ndarray | None = None,
+        keys: Sequence[str] | None = None,
+        columns: dict[str, np.ndarray] | None = None,
+        groups: Sequence[Any] | np.ndarray | None = None,
+    ) -> None:
+        """Append images of shape (n, H, W, C) (or one (H, W, C) image) with optional labels and keys.
+
+        ``columns`` adds per-item metadata arrays (name -> array of n rows); a store that has
+        columns needs the same names on every append. ``groups`` names each item's group
+        (a video, session, patient: any values, recorded as their text); a name seen before
+        joins that group, a new one is added at the end of ``Store.group_names``. A store
+        with groups needs them on every append.
+        """
+        self._check_open()
+        meta = self._meta
+        dt = meta.np_dtype
+        images = np.asarray(images)
+        if meta.layout in ("NHWC", "encoded"):
+            if images.shape == meta.image_shape:
+                images = images[None]
+            if images.ndim == 3 and meta.image_shape[2] == 1 and images.shape[1:] == meta.image_shape[:2]:
+                images = images[..., None]
+        if images.ndim == 0 or images.shape[1:] != meta.image_shape:
+            raise InvalidInputError(
+                f"{self.path}: items of shape {images.shape[1:]} do not fit a store of item shape {meta.image_shape}"
+            )
+        if images.dtype != dt:
+            raise InvalidInputError(
+                f"{self.path}: data is {images.dtype}, the store holds {dt}; convert it with .astype({str(dt)!r})"
+            )
+        if meta.layout == "encoded":
+            assert self._encoding is not None
+            entries = [entry_for_pixels(img, self._encoding) for img in images]
+            self.append_encoded(entries, labels, keys, columns, groups)
+            return
+        n = len(images)
+        self._record_items(n, labels, keys, columns, groups)
+        k = meta.chunk_images
+        pos = 0
+        while pos < n:
+            take = min(k - self._fill, n - pos)
+            as_records(self._buf[self._fill : self._fill + take])[...] = as_records(images[pos : pos + take])
+            self._fill += take
+            pos += take
+            if self._fill == k:
+                self._flush_chunk()
+
+    def extend_class_names(self, names: Sequence[str]) -> tuple[str, ...]:
+        """Add class names at the end of the store's list (existing names keep their index).
+
+        Returns the whole list. Names already there are skipped; the change is written at
+        ``close()``, in the same journaled append as the items (``from_directory(..., append=True)``
+        uses it for classes that a new folder brings).
+        """
+        self._check_open()
+        old = self._meta.class_names
+        if old is None and self._has_labels and self.nimages:
+            raise InvalidInputError(
+                f"{self.path}: the store has labels without class names; name them first "
+                "(update_metadata, CLI: carraystore meta --class-names) before adding classes"
+            )
+        if self._has_labels is False:
+            raise InvalidInputError(f"{self.path}: the store has no labels, so there are no classes to name")
+        current = list(old or ())
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise InvalidInputError(f"{self.path}: class names must be non-empty strings, got {name!r}")
+            if name not in current:
+                current.append(name)
+        self._meta = dataclasses.replace(self._meta, class_names=tuple(current))
+        if self._has_labels is None:
+            self._has_labels = True
+        return tuple(current)
+
+    @property
+    def group_names(self) -> tuple[str, ...] | None:
+        """The group names so far (None while the store has no groups)."""
+        return tuple(self._group_names) if self._has_groups else None
+
+    def append_encoded(
+        self,
+        entries: Sequence[bytes],
+        labels: Sequence[int] | np.ndarray | None = None,
+        keys: Sequence[str] | None = None,
+        columns: dict[str, np.ndarray] | None = None,
+        groups: Sequence[Any] | np.ndarray | None = None,
+    ) -> None:
+        """Append images of a store of layout "encoded" as entries (FORMAT.md 10.1), kept byte for byte.
+
+        An entry is a JPEG, PNG or WebP file of the store's image size, or the image's raw
+        pixels (exactly ``H*W*C`` bytes). Entries are not decoded here: ``verify`` (or
+        ``convert``, which compares) decodes them. ``from_directory(..., layout="encoded")``
+        keeps a source file only when it decodes to the pixels the pixel layout would hold.
+        """
+        self._check_open()
+        meta = self._meta
+        if meta.layout != "encoded":
+            raise InvalidInputError(
+                f"{self.path}: append_encoded() is for stores of layout 'encoded' (this one: {meta.layout})"
+            )
+        nb = meta.image_nbytes
+        entries = [bytes(e) for e in entries]
+        n = len(entries)
+        formats = []
+        for j, e in enumerate(entries):
+            fmt = sniff(e, nb)
+            if fmt == "unknown" or len(e) > nb or not e:
+                raise InvalidInputError(
+                    f"{self.path}: entry {j} ({len(e)} bytes) is neither a JPEG, PNG or WebP file shorter than the "
+                    f"image's {nb} pixel bytes nor exactly those pixel bytes"
+                )
+            formats.append(fmt)
+        self._record_items(n, labels, keys, columns, groups)
+        assert self._encoding is not None
+        self._encoding = self._encoding.with_formats(formats)
+        self._sizes.append(np.array([len(e) for e in entries], dtype="<u4"))
+        flat = self._buf.reshape(-1).view(np.uint8)
+        k = meta.chunk_images
+        for e in entries:
+            if self._fill == 0:
+                flat[...] = 0  # deterministic padding after the entries
+                self._pos = 0
+            flat[self._pos : self._pos + len(e)] = np.frombuffer(e, dtype=np.uint8)
+            self._pos += len(e)
+            self._fill += 1
+            if self._fill == k:
+                self._flush_chunk()
+
+    def add_skipped(self, path: str, reason: str) -> None:
+        """Record an input that was skipped (kept in the metadata; nothing is dropped silently)."""
+        self._skipped.append({"path": path, "reason": reason})
+
+    # -- chunks compressed elsewhere (carraystore.dask) ------------------------------------
+    def append_compressed_chunk(
+        self,
+        data: bytes,
+        nitems: int,
+        crc: int,
+        labels: Sequence[int] | np.ndarray | None = None,
+        keys: Sequence[str] | None = None,
+        columns: dict[str, np.ndarray] | None = None,
+        groups: Sequence[Any] | np.ndarray | None = None,
+    ) -> None:
+        """Append one chunk compressed elsewhere by :func:`compress_chunk` (``nitems`` items).
+
+        The writer must stand at a chunk boundary. A full chunk goes into the file as it is; a
+        shorter one is decompressed into the pending buffer (so that it can still be appended
+        to, and is written at ``close()``, as ``append`` would). ``crc`` is checked against
+        ``data``, and the chunk's header against the store's codec.
+        """
+        self._check_open()
+        meta = self._meta
+        k = meta.chunk_images
+        where = f"{self.path}, chunk {self.nimages // k}"
+        if meta.layout == "encoded":
+            raise InvalidInputError(f"{where}: compressed chunks cannot be appended to a store of layout 'encoded'")
+        if self._fill:
+            raise InvalidInputError(
+                f"{where}: {self._fill} items are pending; a compressed chunk must start at a chunk boundary"
+            )
+        if not 0 < int(nitems) <= k:
+            raise InvalidInputError(f"{where}: a compressed chunk holds 1..{k} items, not {nitems}")
+        data = bytes(data)
+        if not chunk_crc_ok(data, int(crc), meta.codec, meta.blocksize, k * meta.image_nbytes):
+            raise CorruptStoreError(
+                f"{where}: the compressed chunk does not match its CRC32 {int(crc):08x}; it was damaged in transit"
+            )
+        header = parse_chunk_header(data)
+        check_codec_against_header(meta.codec, meta.blocksize, header, where)
+        if header.nbytes != k * meta.image_nbytes:
+            raise InvalidInputError(
+                f"{where}: the compressed chunk holds {header.nbytes} bytes, a chunk is {k * meta.image_nbytes}"
+            )
+        n = int(nitems)
+        lab = self._check_labels(labels, n)
+        keytab = self._check_keys(keys, n)
+        cols = self._check_columns(columns, n)
+        grp, new_names = self._check_groups(groups, n)
+        if self._has_labels is None:
+            self._has_labels = lab is not None
+        if self._has_keys is None:
+            self._has_keys = keytab is not None
+        self._add_groups(grp, new_names)
+        if n < k:  # the last chunk so far: kept pending, exactly like a short append
+            blosc2.decompress2(data, dst=self._buf)
+            self._buf[n:].view(np.uint8)[...] = 0
+        if lab is not None:
+            self._labels.append(lab)
+        if keytab is not None:
+            self._keys.append(keytab)
+        for name, col in cols.items():
+            self._columns.setdefault(name, []).append(col)
+        if n < k:
+            self._fill = n
+            return
+        ic = self._chunk_start // k
+        with named_write_errors(self._written_file, f"chunk {ic}", len(data)):
+            self._store_chunk(ic, data, self._chunk_start + k)
+        self._crc.append(chunk_crc(data, meta.codec, meta.blocksize))
+        self._chunk_start += k
+
+    def close(self) -> None:
+        """Finish: write the last chunk and the metadata, fsync, rename into place."""
+        if self._closed:
+            return
+        try:
+            if self._fill and self.nimages != self._stored:  # an append of nothing rewrites no chunk
+                self._flush_chunk()
+            labels = np.concatenate(self._labels).astype("<i8") if self._labels else None
+            if labels is None and self._has_labels:
+                labels = np.zeros(0, dtype="<i8")
+            keys = StringTable.join(self._keys) if self._keys else None
+            meta = dataclasses.replace(
+                self._meta,
+                nimages=self.nimages,
+                labels=labels,
+                keys=keys,
+                crc32=np.asarray(self._crc, dtype="<u4"),
+                skipped=tuple(self._skipped),
+                columns={name: np.concatenate(parts) for name, parts in self._columns.items()},
+                group_names=tuple(self._group_names) if self._has_groups else None,
+                groups=(
+                    (np.concatenate(self._groups).astype("<i4") if self._groups else np.zeros(0, dtype="<i4"))
+                    if self._has_groups
+                    else None
+                ),
+                encoding=self._encoding,
+                entry_sizes=np.concatenate(self._sizes).astype("<u4") if self._sizes else self._meta.entry_sizes,
+                writer_version=__version__,
+                blosc2_version=blosc2.__version__,
+            )
+            meta.validate(str(self.path))
+            with named_write_errors(self._written_file, "the metadata"):
+                if self._inplace is not None:
+                    self._inplace.commit(meta)
+                    self._inplace = None
+                else:
+                    _write_meta(self._array, meta)
+                    self._array = None
+                    publish(self._tmp, self._dest)
+            self._meta = meta
+            self.file_size = self._dest.stat().st_size
+            if self._target is not None:
+                self._target.upload(self._dest)
+                self._target.cleanup()
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        self._release()
+
+    def abort(self) -> None:
+        """Throw away everything written; ``path`` is left as it was (nothing, once closed)."""
+        if self._closed:  # closed or aborted already: an in-place writer's _tmp is the store itself
+            return
+        self._closed = True
+        self._array = None
+        try:
+            if self._inplace is not None:
+                inplace, self._inplace = self._inplace, None
+                inplace.abort()
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    self._tmp.unlink()
+            if self._target is not None:
+                self._target.cleanup()
+        finally:
+            self._release()
+
+    @property
+    def _written_file(self) -> Path:
+        """The local file chunks and metadata go to: the temporary file, or the store itself when
+        it is extended in place (for a URL, the staging copy, never the URL)."""
+        return self._tmp if self._inplace is None else self._dest
+
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            with contextlib.suppress(Exception):
+                self.abort()
+
+    # -- internals -----------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidInputError(f"{self.path}: writer is closed")
+
+    def _check_labels(self, labels: Any, n: int) -> np.ndarray | None:
+        has = labels is not None
+        if self._has_labels is not None and has != self._has_labels:
+            if self._has_labels:
+                raise InvalidInputError(f"{self.path}: this store is labelled; pass labels= for every append")
+            raise InvalidInputError(
+                f"{self.path}: this store has no labels; pass labels for every image from the first append"
+            )
+        if not has:
+            return None
+        lab = np.asarray(labels)
+        if lab.shape != (n,):
+            raise InvalidInputError(f"{self.path}: {lab.shape} labels for {n} images; give one integer label per image")
+        if n and lab.dtype.kind not in "iu":
+            if lab.dtype.kind == "f" and np.all(lab == np.round(lab)):
+                lab = lab.astype(np.int64)
+            else:
+                raise InvalidInputError(
+                    f"{self.path}: labels must be integers (class indices), got {lab.dtype}; for a float "
+                    "target (regression) pass columns={'target': values} and load it with targets='target' "
+                    "(docs/targets.md)"
+                )
+        lab = lab.astype("<i8")
+        names = self._meta.class_names
+        if n and names is not None and (lab.min() < 0 or lab.max() >= len(names)):
+            raise InvalidInputError(
+                f"{self.path}: labels span {lab.min()}..{lab.max()} but there are {len(names)} class names"
+            )
+        if n and (lab.min() < 0 or lab.max() >= LABEL_LIMIT):
+            raise InvalidInputError(
+                f"{self.path}: labels must lie in 0..{LABEL_LIMIT - 1}, got {lab.min()}..{lab.max()} "
+                "(a store has no 'missing' label: leave unlabelled items out, or give them a class of their own)"
+            )
+        return lab
+
+    def _check_columns(self, columns: dict[str, np.ndarray] | None, n: int) -> dict[str, np.ndarray]:
+        columns = dict(columns or {})
+        if self.nimages and set(columns) != set(self._columns):
+            raise InvalidInputError(
+                f"{self.path}: columns {sorted(columns)} given, the store has columns {sorted(self._columns)}; "
+                "give the same columns on every append"
+            )
+        out = {}
+        for name, col in columns.items():
+            if not isinstance(name, str) or not name:
+                raise InvalidInputError(f"{self.path}: a column (field) name must be a non-empty string, got {name!r}")
+            arr = np.asarray(col)
+            if arr.ndim == 0 or len(arr) != n:
+                raise InvalidInputError(f"{self.path}: column {name!r} has {arr.shape} rows for {n} items")
+            dtype_to_record(arr.dtype)  # refuses object dtypes
+            if name in self._columns and self._columns[name]:
+                prev = self._columns[name][0]
+                if prev.dtype != arr.dtype or prev.shape[1:] != arr.shape[1:]:
+                    raise InvalidInputError(
+                        f"{self.path}: column {name!r} is {arr.dtype}{arr.shape[1:]}, earlier rows are {prev.dtype}{prev.shape[1:]}"
+                    )
+            out[name] = arr
+        return out
+
+    def _record_items(
+        self,
+        n: int,
+        labels: Sequence[int] | np.ndarray | None,
+        keys: Sequence[str] | None,
+        columns: dict[str, np.ndarray] | None,
+        groups: Sequence[Any] | np.ndarray | None,
+    ) -> None:
+        """Check the per-item values of an append of ``n`` items, then record them (all or none).
+
+        Only an append that passed every check fixes whether the store has labels, keys and groups.
+        """
+        lab = self._check_labels(labels, n)
+        keytab = self._check_keys(keys, n)
+        cols = self._check_columns(columns, n)
+        grp, new_names = self._check_groups(groups, n)
+        if self._has_labels is None:
+            self._has_labels = lab is not None
+        if self._has_keys is None:
+            self._has_keys = keytab is not None
+        self._add_groups(grp, new_names)
+        if lab is not None:
+            self._labels.append(lab)
+        if keytab is not None:
+            self._keys.append(keytab)
+        for name, col in cols.items():
+            self._columns.setdefault(name, []).append(col)
+
+    def _check_groups(self, groups: Any, n: int) -> tuple[np.ndarray | None, list[str]]:
+        """(the items' group indices, the names they add) for ``groups``; nothing is changed yet."""
+        has = groups is not None
+        if self._has_groups is not None and has != self._has_groups:
+            if self._has_groups:
+                raise InvalidInputError(
+                    f"{self.path}: this store records groups (videos, sessions, ...); pass groups= for every append"
+                )
+            raise InvalidInputError(
+                f"{self.path}: this store has no groups; its items were written without them, so groups= cannot "
+                "start now (write a new store with groups from the first append)"
+            )
+        if not has:
+            return None, []
+        values = list(groups.tolist() if isinstance(groups, np.ndarray) else groups)
+        if len(values) != n:
+            raise InvalidInputError(f"{self.path}: {len(values)} groups for {n} items; give one group per item")
+        index = {name: i for i, name in enumerate(self._group_names)}
+        new: list[str] = []
+        out = np.empty(n, dtype="<i4")
+        for j, v in enumerate(values):
+            name = v if isinstance(v, str) else str(v)
+            i = index.get(name)
+            if i is None:
+                if not name or isinstance(v, (bytes, float)) or v is None:
+                    raise InvalidInputError(
+                        f"{self.path}: group {v!r} of item {j}: a group is a non-empty name or an integer"
+                    )
+                i = index[name] = len(index)
+                new.append(name)
+            out[j] = i
+        if len(index) >= LABEL_LIMIT:
+            raise InvalidInputError(f"{self.path}: more than {LABEL_LIMIT - 1} groups")
+        return out, new
+
+    def _add_groups(self, grp: np.ndarray | None, new_names: list[str]) -> None:
+        if self._has_groups is None:
+            self._has_groups = grp is not None
+        if grp is not None:
+            self._group_names.extend(new_names)
+            self._groups.append(grp)
+
+    def _check_keys(self, keys: Any, n: int) -> StringTable | None:
+        has = keys is not None
+        if self._has_keys is not None and has != self._has_keys:
+            if self._has_keys:
+                raise InvalidInputError(f"{self.path}: this store has keys; pass keys= for every append")
+            raise InvalidInputError(
+                f"{self.path}: this store has no keys; pass keys for every image from the first append"
+            )
+        if not has:
+            return None
+        keys = list(keys)
+        if len(keys) != n:
+            raise InvalidInputError(f"{self.path}: {len(keys)} keys for {n} images; give one key per image")
+        return StringTable.from_strings(validate_key(k) for k in keys)
+
+    def _flush_chunk(self) -> None:
+        k = self._meta.chunk_images
+        ic = self._chunk_start // k
+        if self._fill < k and self._meta.layout != "encoded":  # (entries: zeroed when the chunk began)
+            self._buf[self._fill :].view(np.uint8)[...] = 0  # deterministic padding
+        data = blosc2.compress2(self._buf, **self._cparams)
+        if self._round_trip is not None:
+            try:
+                check_round_trip(data, self._buf, self._round_trip, self._meta.codec, f"{self.path}: chunk {ic}")
+            except CodecRoundTripError:
+                self.abort()  # nothing of this write is published, even by a later close()
+                raise
+        with named_write_errors(self._written_file, f"chunk {ic}", len(data)):
+            self._store_chunk(ic, data, self._chunk_start + self._fill)
+        c = chunk_crc(data, self._meta.codec, self._meta.blocksize)
+        if ic < len(self._crc):
+            self._crc[ic] = c
+        else:
+            self._crc.append(c)
+        if self._fill == k:
+            self._chunk_start += k
+            self._fill = 0
+
+    def _store_chunk(self, ic: int, data: bytes, total: int) -> None:
+        """Put the compressed chunk ``ic`` into the file, the array then holding ``total`` items.
+
+        The one place chunks reach the file: in place after the old data for an append,
+        through blosc2 into the temporary file otherwise.
+        """
+        if self._inplace is not None:
+            self._inplace.put_chunk(ic, data)
+            self._stored = total
+        else:
+            if self._stored == 0:
+                # blosc2 < 4.1 cannot grow an array from length 0 (3.x miscounts its chunks,
+                # 4.0 crashes), so the first chunk re-creates the still empty file at length total.
+                self._array = None
+                self._array = _new_array(self._tmp, self._meta, total)
+                self._stored = total
+            elif total != self._stored:
+                self._array.resize((total, *self._meta.image_shape))
+                self._stored = total
+            self._array.schunk.update_chunk(ic, data)
+
+
+def create(
+    path: str | os.PathLike[str],
+    image_shape: Sequence[int] | None = None,
+    dtype: str | np.dtype | None = "uint8",
+    codec: Codec | str | None = None,
+    chunk_images: int | None = None,
+    class_names: Sequence[str] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    mode: str = "w",
+    overwrite: bool = False,
+    provenance: dict[str, Any] | None = None,
+    nthreads: int | None = None,
+    layout: str | None = None,
+    lock_timeout: float | None = 0.0,
+    storage_options: Mapping[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
+    options: WriteOptions | None = None,
+    encoding: Encoding | None = None,
+) -> StoreWriter:
+    """Start writing a store at ``path``; returns a StoreWriter (a context manager).
+
+    ``mode="w"`` creates a new store (``overwrite=True`` to replace an existing file at
+    close); ``mode="a"`` appends to an existing store, keeping its pinned codec
+    (``dtype=None`` there: the images' dtype is not checked against the store's here).
+    ``codec`` is a Codec, a preset name, or None for the default (``balanced``).
+    ``image_shape`` is the shape of one item: (H, W, C) for images (C = 1, 3 or 4; an
+    (H, W) shape gets C = 1), or any shape with ``layout="array"`` (``()`` for scalars).
+    ``layout=None`` picks "NHWC" for (H, W, C) pixel data and "array" otherwise;
+    ``layout="encoded"`` keeps uint8 images as encoded files (FORMAT.md 10), pixels given
+    to ``append`` being encoded with ``encoding`` (default: PNG, lossless).
+
+    ``path`` may be a URL (``s3://bucket/train.b2nd``, ``gs://...``; ``storage_options``
+    as for ``carraystore.open``): the store is written in a staging folder under
+    ``tmp_dir`` (default ``TMPDIR``) and uploaded at ``close()``; it appears at the URL
+    only when complete. Appending to a URL downloads the store, appends, uploads it again.
+
+    ``options`` (a :class:`~carraystore.store.options.WriteOptions`) holds ``codec``,
+    ``chunk_images``, ``class_names``, ``attrs``, ``overwrite``, ``lock_timeout``,
+    ``storage_options`` and ``tmp_dir`` in one value; the keywords of the same names still
+    work, and one that contradicts ``options`` is an InvalidInputError.
+    """
+    opts = WriteOptions.merged(
+        options,
+        str(path),
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        attrs=attrs,
+        overwrite=overwrite,
+        lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
+    )
+    codec, chunk_images, class_names, attrs = opts.codec, opts.chunk_images, opts.class_names, opts.attrs
+    overwrite, lock_timeout, storage_options, tmp_dir = (
+        opts.overwrite,
+        opts.lock_timeout,
+        opts.storage_options,
+        opts.tmp_dir,
+    )
+    if is_url(path):
+        return _create_remote(
+            str(path),
+            storage_options,
+            tmp_dir,
+            mode=mode,
+            overwrite=overwrite,
+            image_shape=image_shape,
+            dtype=dtype,
+            codec=codec,
+            chunk_images=chunk_images,
+            class_names=class_names,
+            attrs=attrs,
+            provenance=provenance,
+            nthreads=nthreads,
+            layout=layout,
+            encoding=encoding,
+        )
+    if storage_options:
+        raise InvalidInputError(f"{path}: storage_options apply to URLs only, not to local paths")
+    if isinstance(path, str) and path.startswith("file://"):
+        path = path[len("file://") :]
+    p = Path(path)
+    if p.suffix != ".b2nd":
+        raise InvalidInputError(f"{p}: a store's file name must end in .b2nd")
+    if nthreads is None:
+        nthreads = max(1, min(8, os.cpu_count() or 1))
+    if mode not in ("w", "a"):
+        raise InvalidInputError(f"mode must be 'w' or 'a', got {mode!r}")
+    if not p.parent.is_dir():
+        raise InvalidInputError(f"{p}: folder {p.parent} does not exist")
+    # One writer at a time: held until the writer's close() or abort(). The lock and the
+    # journal sit beside the real file, so two paths (links) to one store share them.
+    real = Path(os.path.realpath(p))
+    lock = WriterLock(real, purpose="append" if mode == "a" else "create", timeout=lock_timeout)
+    lock.acquire()
+    try:
+        rollback(real)  # an append that died half-way is undone first (nothing happens without a journal)
+        remove_stale_temps(p)  # dead: we hold the lock every writer of p holds
+        if mode == "a":
+            return _open_for_append(real, image_shape, dtype, nthreads, codec, lock)
+        return _create_new(
+            p,
+            image_shape,
+            dtype,
+            codec,
+            chunk_images,
+            class_names,
+            attrs,
+            overwrite,
+            provenance,
+            nthreads,
+            layout,
+            lock,
+            encoding,
+        )
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _create_new(
+    p: Path,
+    image_shape: Sequence[int] | None,
+    dtype: Any,
+    codec: Codec | str | None,
+    chunk_images: int | None,
+    class_names: Sequence[str] | None,
+    attrs: Mapping[str, Any] | None,
+    overwrite: bool,
+    provenance: dict[str, Any] | None,
+    nthreads: int,
+    layout: str | None,
+    lock: WriterLock,
+    encoding: Encoding | None = None,
+) -> StoreWriter:
+    refuse_folder_target(p)
+    if p.exists() and not overwrite:
+        raise StoreExistsError(
+            f"{p} already exists; pass overwrite=True (CLI: --overwrite) to replace it, or mode='a' to append"
+        )
+    if image_shape is None:
+        raise InvalidInputError("create(): image_shape (H, W, C) is required for a new store")
+    if chunk_images is not None and (
+        isinstance(chunk_images, bool) or int(chunk_images) != chunk_images or chunk_images < 1
+    ):
+        raise InvalidInputError(
+            f"{p}: chunk_images must be a positive integer (images per chunk), got {chunk_images!r}"
+        )
+    class_names = check_class_names(class_names, str(p))
+    shape = tuple(int(x) for x in image_shape)
+    dt = np.dtype(dtype)
+    dtype_to_record(dt)  # refuses object dtypes with a clear message
+    is_pixels = dt.name in DTYPES and dt.isnative
+    if layout is None:
+        layout = "NHWC" if is_pixels and (len(shape) == 2 or (len(shape) == 3 and shape[2] in COLOR_MODES)) else "array"
+    if layout not in LAYOUTS:
+        raise InvalidInputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if encoding is not None and layout != "encoded":
+        raise InvalidInputError(f"encoding= applies to layout='encoded' only, not {layout!r}")
+    if layout == "encoded":
+        if dt != np.uint8:
+            raise InvalidInputError(f"a store of layout 'encoded' holds uint8 images, not {dt}")
+        encoding = encoding or Encoding()
+        if codec is None:
+            codec = default_codec()
+    if layout in ("NHWC", "encoded"):
+        if len(shape) == 2:
+            shape = (*shape, 1)
+        if len(shape) != 3 or shape[2] not in COLOR_MODES or min(shape) < 1:
+            raise InvalidInputError(f"image_shape {tuple(image_shape)} must be (H, W, C) with C = 1, 3 or 4")
+        if not is_pixels:
+            raise InvalidInputError(f"dtype {dt} is not an image dtype; use one of {DTYPES} or layout='array'")
+    elif shape and min(shape) < 1:
+        raise InvalidInputError(f"item shape {shape} has an empty dimension")
+    if codec is None:
+        codec = Codec.preset("balanced")
+    elif isinstance(codec, str):
+        codec = Codec.preset(codec)
+    elif not isinstance(codec, Codec):
+        raise InvalidInputError(f"codec must be a Codec, a preset name or None, got {type(codec).__name__}")
+    auto_block = codec.block_images is None
+    codec = codec.resolve(dt, shape, layout)
+    block_images, typesize = codec.block_images, codec.typesize
+    assert block_images is not None and typesize is not None  # resolve() pins both
+    image_nbytes = max(1, math.prod(shape)) * dt.itemsize
+    if auto_block and chunk_images is not None:
+        # the largest divisor of chunk_images not above the automatic block size
+        want = min(int(chunk_images), block_images)
+        block_images = max(d for d in range(1, want + 1) if chunk_images % d == 0)
+        codec = dataclasses.replace(codec, block_images=block_images)
+    if (image_nbytes * block_images) % typesize:
+        raise InvalidInputError(
+            f"codec typesize {typesize} does not divide a block of {block_images} image(s) "
+            f"({image_nbytes * block_images} bytes)"
+        )
+    if chunk_images is None:
+        chunk_images = default_chunk_images(image_nbytes, block_images, layout)
+    chunk_images = int(chunk_images)
+    if block_images > chunk_images:
+        block_images = chunk_images
+        codec = dataclasses.replace(codec, block_images=block_images)
+    if chunk_images < 1 or chunk_images % block_images:
+        raise InvalidInputError(
+            f"chunk_images {chunk_images} must be a positive multiple of the codec's block_images {block_images}"
+        )
+    if image_nbytes * block_images >= 2**31 or image_nbytes * chunk_images >= 2**31:
+        raise InvalidInputError(f"chunks of {chunk_images} images of {image_nbytes} bytes exceed blosc2's 2 GiB limit")
+    names = tuple(str(c) for c in class_names) if class_names is not None else None
+    meta = StoreMeta(
+        image_shape=shape,
+        dtype=dtype_to_record(dt),
+        codec=codec,
+        chunk_images=chunk_images,
+        layout=layout,
+        color_mode=COLOR_MODES[shape[2]] if layout in ("NHWC", "encoded") else "",
+        format_version=FORMAT_VERSION_ENCODED if layout == "encoded" else FORMAT_VERSION,
+        encoding=encoding if layout == "encoded" else None,
+        entry_sizes=np.zeros(0, dtype="<u4") if layout == "encoded" else None,
+        class_names=names,
+        provenance=dict(provenance or {}),
+        attrs=json_attrs(attrs, str(p)),
+        writer_version=__version__,
+        blosc2_version=blosc2.__version__,
+    )
+    meta.validate(str(p))
+    tmp = temp_path(p)
+    try:
+        with named_write_errors(tmp, "a new store"):
+            array = _new_array(tmp, meta, 0)
+    except Exception:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    return StoreWriter(p, tmp, array, meta, nthreads, lock=lock)
+
+
+def _create_remote(
+    url: str, storage_options: Mapping[str, Any] | None, tmp_dir: Any, *, mode: str, overwrite: bool, **kwargs: Any
+) -> StoreWriter:
+    """``create`` for a URL: the local writer on a staging file, uploaded at close."""
+    if mode not in ("w", "a"):
+        raise InvalidInputError(f"mode must be 'w' or 'a', got {mode!r}")
+    target = RemoteTarget(url, storage_options, overwrite=overwrite, tmp_dir=tmp_dir, must_exist=mode == "a")
+    try:
+        if mode == "a":
+            target.download()
+        writer = create(target.local_path, mode=mode, overwrite=True, **kwargs)
+    except BaseException:
+        target.cleanup()
+        raise
+    writer.path, writer._target = url, target  # close() uploads; error messages name the URL
+    return writer
+
+
+def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
+    """A fresh store file at ``tmp`` holding ``nimages`` unwritten items and ``meta``."""
+    shape = meta.image_shape
+    array = blosc2.empty(
+        (nimages, *shape),
+        dtype=meta.np_dtype,
+        chunks=(meta.chunk_images, *shape),
+        blocks=(meta.codec.block_images, *shape),
+        urlpath=str(tmp),
+        mode="w",
+        meta={META_KEY: {"format": FORMAT_NAME, "format_version": meta.format_version, META_CRC_KEY: True}},
+        cparams=_frame_cparams(meta.codec, meta.np_dtype),
+    )
+    _write_meta(array, meta)
+    return array
+
+
+def _open_for_append(
+    p: Path, image_shape: Sequence[int] | None, dtype: Any, nthreads: int, codec: Codec | str | None, lock: WriterLock
+) -> StoreWriter:
+    existing = open_store(p)  # validates format, codec and header
+    meta = existing.meta
+    frame = existing._frame
+    existing.close()
+    check_header_for_write(frame, meta, p)  # every header field: blosc2 and the in-place write rely on them
+    if codec is not None:
+        asked = Codec.preset(codec) if isinstance(codec, str) else codec
+        pinned = meta.codec
+        same = all(
+            getattr(asked, f) is None or getattr(asked, f) == getattr(pinned, f)
+            for f in ("codec", "clevel", "filters", "typesize", "block_images", "splitmode")
+        )
+        if not same:
+            raise InvalidInputError(
+                f"{p}: the store's codec is pinned ({pinned.describe()}); appending keeps it, so a different codec "
+                f"({asked.describe()}) cannot be used. Leave codec out, or write a new store"
+            )
+    if image_shape is not None:
+        shape = tuple(int(x) for x in image_shape)
+        if len(shape) == 2 and meta.layout in ("NHWC", "encoded"):
+            shape = (*shape, 1)
+        if shape != meta.image_shape:
+            raise InvalidInputError(
+                f"{p}: appending images of shape {shape} to a store of image_shape {meta.image_shape}"
+            )
+        if dtype is not None and np.dtype(dtype) != meta.np_dtype:
+            raise InvalidInputError(f"{p}: appending {np.dtype(dtype)} images to a store of {meta.dtype}")
+    if meta.nimages:
+        # In place: new chunks after the old ones, guarded by the rollback journal.
+        inplace = _InPlaceWrite(p, frame, meta.nimages)
+        try:
+            return StoreWriter(p, p, None, meta, nthreads, lock=lock, inplace=inplace)
+        except BaseException:
+            inplace.close()
+            raise
+    # An empty store (a header and metadata, no chunk) is rewritten whole: work on a copy.
+    tmp = temp_path(p)
+    try:
+        shutil.copyfile(p, tmp)
+        array = blosc2.open(str(tmp), mode="a")  # never pass cparams here
+        return StoreWriter(p, tmp, array, meta, nthreads, lock=lock)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def append(
+    path: str | os.PathLike[str],
+    nthreads: int | None = None,
+    lock_timeout: float | None = 0.0,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
+    options: WriteOptions | None = None,
+) -> StoreWriter:
+    """Open an existing store (a path or URL) to append images; same as ``create(path, mode="a")``.
+
+    Appending costs what it adds (the store is extended in place; docs/appends.md).
+    ``lock_timeout``: seconds to wait while another writer holds the store (None: for
+    ever); after that :class:`~carraystore.base.errors.StoreLockedError` names the holder.
+    ``options`` (:class:`~carraystore.store.options.WriteOptions`): its ``lock_timeout``,
+    ``storage_options`` and ``tmp_dir`` are used, its ``codec`` must match the store's pinned
+    one; ``chunk_images``, ``class_names`` and ``attrs`` are refused (the store keeps its
+    own); ``overwrite`` and ``progress`` do not apply.
+    """
+    where = str(path)
+    opts = WriteOptions.merged(
+        options, where, lock_timeout=lock_timeout, storage_options=storage_options, tmp_dir=tmp_dir
+    )
+    opts.refuse(
+        ("chunk_images", "class_names", "attrs"),
+        where,
+        "an append keeps the store's chunk size, class names and attrs; leave them out of the options "
+        "(class names and attrs change with update_metadata, CLI: carraystore meta)",
+    )
+    return create(
+        path,
+        mode="a",
+        dtype=None,
+        codec=opts.codec,
+        nthreads=nthreads,
+        lock_timeout=opts.lock_timeout,
+        storage_options=opts.storage_options,
+        tmp_dir=opts.tmp_dir,
+    )
+
+
+# -- metadata updates in place ---------------------------------------------------------------
+
+
+def update_metadata(
+    path: str | os.PathLike[str],
+    class_names: Sequence[str] | None = None,
+    attrs: dict[str, Any] | None = None,
+    remove_attrs: Sequence[str] = (),
+    *,
+    lock_timeout: float | None = 0.0,
+) -> StoreMeta:
+    """Set a store's class names and/or attrs in place; the pixels are neither read nor rewritten.
+
+    ``attrs`` are merged into the existing ones (``remove_attrs`` deletes keys). Blosc2 keeps
+    the metadata in the frame's trailer, after the data chunks: an update rewrites the
+    header and the trailer, never a data chunk. It is a writer like an append: it holds the
+    store's writer lock (``lock_timeout``: seconds to wait for another writer, None for
+    ever; then :class:`~carraystore.base.errors.StoreLockedError` names the holder) and writes
+    under the same rollback journal, so a crash mid-update is rolled back by the next
+    writer or reader, and readers meanwhile read the old store (docs/appends.md).
+    Returns the new metadata.
+    """
+    if is_url(path):
+        raise InvalidInputError(
+            f"{path}: metadata is changed in place on local stores only; copy the store here (carraystore copy), "
+            "change it, and copy it back"
+        )
+    p = Path(path)
+    check_local_store_path(p)  # a missing path, a folder or a FIFO is named as open names it
+    real = Path(os.path.realpath(p))  # the lock and the journal sit beside the real file
+    with WriterLock(real, purpose="meta", timeout=lock_timeout):
+        rollback(real)  # a write that died half-way is undone first
+        remove_stale_temps(p)
+        store = open_unguarded(real)
+        meta, frame = store.meta, store._frame
+        store.close()
+        check_header_for_write(frame, meta, real)
+        new = _updated_meta(p, meta, class_names, attrs, remove_attrs)
+        inplace = _InPlaceWrite(real, frame, meta.nimages)
+        try:
+            with named_write_errors(real, "the metadata"):
+                inplace.commit(new)
+        except BaseException:
+            inplace.abort()
+            raise
+    return new
+
+
+def _updated_meta(
+    p: Path,
+    meta: StoreMeta,
+    class_names: Sequence[str] | None,
+    attrs: dict[str, Any] | None,
+    remove_attrs: Sequence[str],
+) -> StoreMeta:
+    new_attrs = dict(meta.attrs)
+    if attrs:
+        new_attrs.update(json_attrs(attrs, str(p)))
+    for key in remove_attrs:
+        if key not in new_attrs:
+            raise InvalidInputError(f"{p}: no attr {key!r} to remove; the attrs are {sorted(new_attrs)}")
+        del new_attrs[key]
+    names = meta.class_names
+    if class_names is not None:
+        names = tuple(str(c) for c in class_names)
+        if len(set(names)) != len(names) or not all(names):
+            raise InvalidInputError(f"{p}: class names must be distinct and non-empty, got {list(names)}")
+        if meta.labels is None:
+            raise InvalidInputError(
+                f"{p}: the store has no labels; class names name label values, so there is nothing to name"
+            )
+        top = int(meta.labels.max()) if len(meta.labels) else -1
+        if top >= len(names):
+            raise InvalidInputError(
+                f"{p}: labels go up to {top}, so {top + 1} class names are needed; {len(names)} given ({', '.join(names)})"
+            )
+    new = dataclasses.replace(meta, class_names=names, attrs=new_attrs)
+    new.validate(str(p))
+    return new
+
+
+# -- chunks compressed elsewhere (carraystore.dask: workers compress, one writer places) --------
+
+
+def compress_chunk(meta: StoreMeta, items: np.ndarray) -> tuple[bytes, int]:
+    """Compress up to ``meta.chunk_images`` items as one store chunk: (bytes, its recorded CRC-32).
+
+    The bytes are exactly what :class:`StoreWriter` writes for the same items (zero padding
+    after the last item, the pinned codec); any process can run this and hand the result
+    to :meth:`StoreWriter.append_compressed_chunk`.
+    """
+    k = meta.chunk_images
+    items = np.asarray(items)
+    if items.shape[1:] != meta.image_shape or items.dtype != meta.np_dtype or len(items) > k:
+        raise InvalidInputError(
+            f"compress_chunk: {items.dtype}{items.shape} is not up to {k} items of {meta.np_dtype}{meta.image_shape}"
+        )
+    if len(items) == k and items.flags.c_contiguous:
+        buf = items
+    else:
+        buf = np.zeros((k, *meta.image_shape), dtype=meta.np_dtype)
+        as_records(buf[: len(items)])[...] = as_records(items)
+    data = blosc2.compress2(buf, **meta.codec.cparams(meta.blocksize, 1))
+    if not is_preset(meta.codec, meta.np_dtype, meta.image_shape, meta.layout):  # see StoreWriter._round_trip
+        check_round_trip(data, buf, np.empty_like(buf), meta.codec, "compress_chunk", nthreads=1)
+    return data, chunk_crc(data, meta.codec, meta.blocksize)
+
+
+def check_round_trip(
+    data: bytes, items: np.ndarray, scratch: np.ndarray, codec: Codec, where: str, nthreads: int | None = None
+) -> None:
+    """Raise CodecRoundTripError unless the compressed chunk ``data`` decompresses (into
+    ``scratch``, an array like ``items``) to exactly the bytes of ``items``.
+
+    blosc2 4.x compresses some custom filter chains (bitshuffle three times over 1-byte
+    items; bitshuffle, bytedelta, delta over RGB bytes) into chunks that decompress to other
+    bytes, while their CRC (taken over the compressed chunk) and verify see nothing wrong.
+    """
+    try:
+        if nthreads is None:
+            blosc2.decompress2(data, dst=scratch)
+        else:
+            blosc2.decompress2(data, dst=scratch, nthreads=nthreads)
+        same = np.array_equal(scratch.reshape(-1).view(np.uint8), items.reshape(-1).view(np.uint8))
+    except Exception as exc:  # blosc2 refusing its own chunk is the same defect
+        raise _round_trip_error(codec, where, f"it does not decompress ({exc})") from exc
+    if not same:
+        raise _round_trip_error(codec, where, "it decompresses to other bytes than were compressed")
+
+
+def _round_trip_error(codec: Codec, where: str, what: str) -> CodecRoundTripError:
+    return CodecRoundTripError(
+        f"{where}: codec {codec.codec!r} clevel {codec.clevel} with filter chain {list(codec.filters)} "
+        f"(meta {list(codec.filters_meta)}) made a chunk that blosc2 {blosc2.__version__} cannot restore: {what}. "
+        "Nothing was written; choose another filter chain (or a preset: 'fast', 'balanced', 'small')"
+    )

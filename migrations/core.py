@@ -1,0 +1,665 @@
+"""The migration pipeline: detect the source, stream it into a store, verify, rename into place.
+
+Every source (bcolz carray / ctable / two carrays, ``.npz`` cache, HDF5 dataset, store of an
+older format version) is a :class:`Source`: a description (item shape, dtype, rows, attrs)
+plus ``blocks()``, a generator of row blocks read from disk a few chunks at a time. The
+pipeline writes the blocks into a hidden temporary store beside the output, then reads
+the store back chunk by chunk and compares it with a second pass over the source, bit for
+bit, and only then renames the store into place. On any failure nothing is left at the
+output path, and the source is only ever opened for reading. An output URL
+(``s3://bucket/x.b2nd``) is staged the same way in a local folder and uploaded at the end
+(:mod:`carraystore.sources.upload`): the object appears only when complete and verified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from carraystore.base.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.format.codec import Codec
+from carraystore.base.errors import InvalidInputError, MigrationError, StoreExistsError
+from carraystore.sources.journal import rollback
+from carraystore.base.lock import WriterLock
+from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
+from carraystore.store.options import WriteOptions
+from carraystore.store.reader import StoreReader, is_url, open_store
+from carraystore.sources.upload import RemoteTarget
+from carraystore.store.writer import create
+
+__all__ = [
+    "Block",
+    "Source",
+    "MigrationReport",
+    "MigrationVerifyError",
+    "migrate",
+    "migrate_splits",
+    "split_outputs",
+    "open_migration_source",
+    "labels_from_array",
+    "store_layout",
+]
+
+
+class MigrationVerifyError(MigrationError):
+    """The written store does not read back equal to the source (nothing was kept)."""
+
+
+# ---------------------------------------------------------------------------------------
+# the report
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class MigrationReport:
+    """What ``migrate`` did: sizes, codecs, time, and anything the user should know."""
+
+    source: str
+    output: str
+    kind: str
+    rows: int
+    item_shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    bytes_before: int
+    bytes_after: int
+    codec_before: str
+    codec_after: str
+    seconds: float
+    verified: bool
+    labels: bool = False
+    #: the fields (per-item columns) written: name -> dtype and row shape, e.g. ``float32[8]``
+    fields: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mb_per_s(self) -> float:
+        """Uncompressed megabytes (1e6 bytes) migrated per second, verification included."""
+        return self.nbytes / 1e6 / self.seconds if self.seconds > 0 else float("inf")
+
+    def summary(self) -> str:
+        """A few lines for humans."""
+        lines = [
+            f"migrated {self.kind} {self.source} -> {self.output}",
+            f"  rows:    {self.rows} x {self.item_shape} {self.dtype}" + (" (with labels)" if self.labels else ""),
+            f"  bytes:   {_size(self.bytes_before)} before -> {_size(self.bytes_after)} after "
+            f"({_size(self.nbytes)} uncompressed)",
+            f"  codec:   {self.codec_before or '?'} -> {self.codec_after}",
+            f"  time:    {self.seconds:.2f} s ({self.mb_per_s:,.1f} MB/s), "
+            + ("verified bit-exact against the source" if self.verified else "NOT verified (--no-verify)"),
+        ]
+        if self.fields:
+            lines.append("  fields:  " + ", ".join(f"{n} {d}" for n, d in self.fields.items()))
+        lines += [f"  note:    {n}" for n in self.notes]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+# ---------------------------------------------------------------------------------------
+# detection
+# ---------------------------------------------------------------------------------------
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def _looks_like_path(value: str | os.PathLike[str] | None) -> bool:
+    return value is not None and Path(value).exists()
+
+
+def open_migration_source(
+    src: str | os.PathLike[str] | None,
+    *,
+    images: str | os.PathLike[str] | None = None,
+    labels: str | os.PathLike[str] | None = None,
+    dataset: str | None = None,
+    allow_pickle: bool = False,
+    no_labels: bool = False,
+    group: str | None = None,
+    onehot_to_class: bool = False,
+) -> Source:
+    """Detect what ``src`` is and open it as a migration Source (see ``migrate`` for the arguments).
+
+    Named apart from :func:`carraystore.store.reader.open_source` (a store's bytes); it was
+    ``carraystore.migrations.open_source`` until 0.1 (that name still works, with a
+    DeprecationWarning, until 0.2).
+    """
+    from carraystore.migrations import bcolz as bz
+
+    if src is None:
+        if images is None:
+            raise InvalidInputError(
+                "give a source to migrate, or --images X.bc (and --labels Y.bc) for two bcolz arrays"
+            )
+        if not bz.is_carray(images):
+            raise MigrationError(f"{images}: --images without a SRC must be a bcolz carray folder")
+        from carraystore.migrations.bcolz_sources import TwoArraySource
+
+        return TwoArraySource(Path(images), Path(labels) if labels is not None else None, allow_pickle=allow_pickle)
+    p = Path(src)
+    if not p.exists():
+        raise MigrationError(f"{p}: no such file or folder")
+    if group is not None and (p.is_dir() or _head(p) != _HDF5_MAGIC):
+        raise InvalidInputError(f"{p}: --group names a group (a split) of an HDF5 file; {p} is not one")
+    if not p.is_dir() and not p.is_file():  # reading a FIFO's first bytes would block for ever
+        raise MigrationError(f"{p} is not a regular file (a FIFO or device?); migrate reads files and bcolz folders")
+    if p.is_dir():
+        from carraystore.migrations import bcolz_sources as bs
+
+        if dataset is not None:
+            raise InvalidInputError(f"{p}: --dataset names an HDF5 dataset; {p} is a folder")
+        if bz.is_ctable(p):
+            return bs.CtableSource(
+                p, images=_name(images), labels=_name(labels), allow_pickle=allow_pickle, onehot=onehot_to_class
+            )
+        if bz.is_carray(p):
+            if images is not None:
+                raise InvalidInputError(
+                    f"{p} is a carray: --images names a column of a ctable (or use --images X.bc without SRC)"
+                )
+            if labels is not None:
+                if not bz.is_carray(labels):
+                    raise MigrationError(f"{labels}: --labels for a carray must be a bcolz carray folder of labels")
+                return bs.TwoArraySource(p, Path(labels), allow_pickle=allow_pickle)
+            return bs.CarraySource(p, allow_pickle=allow_pickle)
+        raise MigrationError(
+            f"{p}: a folder, but not a bcolz carray (no meta/storage) or ctable (no __rootdirs__); "
+            "point at the rootdir you gave bcolz (e.g. train_data.bc)"
+        )
+    with open(p, "rb") as f:
+        head = f.read(8)
+    if head[:4] == _ZIP_MAGIC:
+        from carraystore.migrations.npz import NpzSource
+
+        if dataset is not None:
+            raise InvalidInputError(f"{p}: --dataset is for HDF5 files; for an .npz use --images NAME")
+        return NpzSource(
+            p,
+            images=_name(images),
+            labels=_name(labels),
+            no_labels=no_labels,
+            allow_pickle=allow_pickle,
+            onehot=onehot_to_class,
+        )
+    if head == _HDF5_MAGIC:
+        from carraystore.migrations.hdf5 import Hdf5Source
+
+        return Hdf5Source(
+            p,
+            dataset=dataset or _name(images),
+            labels=_name(labels),
+            no_labels=no_labels,
+            group=group,
+            onehot=onehot_to_class,
+        )
+    from carraystore.migrations import npy
+
+    if head[:6] == npy.NPY_MAGIC or npy.is_pickle(p, head):
+        if dataset is not None or images is not None:
+            raise InvalidInputError(f"{p}: a single array; --dataset / --images name arrays inside a file")
+        if labels is not None and not Path(labels).is_file():
+            raise InvalidInputError(f"{p}: --labels for a single array is a second .npy file, got {labels}")
+        lab = Path(labels) if labels is not None else None
+        cls = npy.NpySource if head[:6] == npy.NPY_MAGIC else npy.PickleSource
+        return cls(p, labels=lab, allow_pickle=allow_pickle, onehot=onehot_to_class)
+    from carraystore.migrations.versions import open_old_store, store_format_version
+
+    if store_format_version(p) is not None:
+        return open_old_store(p)  # a store of the current version gets "nothing to migrate"
+    raise MigrationError(
+        f"{p}: not a format carraystore can migrate; it reads bcolz carray/ctable folders, .npz files, "
+        "HDF5 files, .npy files (pickles with --allow-pickle) and carraystore stores of an older format version"
+    )
+
+
+def _head(p: Path) -> bytes:
+    with open(p, "rb") as f:
+        return f.read(8)
+
+
+def _name(value: str | os.PathLike[str] | None) -> str | None:
+    return None if value is None else str(value)
+
+
+# ---------------------------------------------------------------------------------------
+# the pipeline
+# ---------------------------------------------------------------------------------------
+
+
+def migrate(
+    src: str | os.PathLike[str] | None,
+    out: str | os.PathLike[str],
+    *,
+    images: str | os.PathLike[str] | None = None,
+    labels: str | os.PathLike[str] | None = None,
+    dataset: str | None = None,
+    allow_pickle: bool = False,
+    verify: bool = True,
+    codec: Codec | str | None = None,
+    preset: str | None = None,
+    overwrite: bool = False,
+    progress: bool = False,
+    chunk_images: int | None = None,
+    class_names: Sequence[str] | None = None,
+    no_labels: bool = False,
+    lock_timeout: float | None = 0.0,
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
+    options: WriteOptions | None = None,
+    group: str | None = None,
+    onehot_to_class: bool = False,
+) -> MigrationReport:
+    """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path).
+
+    ``src`` is a bcolz carray or ctable rootdir, an ``.npz`` cache, an HDF5 file or a store
+    of an older format version; or None with ``images`` (and ``labels``) naming two bcolz
+    carrays. For a ctable, ``images`` / ``labels`` name columns (inferred when
+    unambiguous); for an HDF5 file ``dataset`` (and ``labels``) name datasets; for an
+    ``.npz`` of arrays ``images`` / ``labels`` name members. ``allow_pickle`` lets
+    object-dtype bcolz arrays be unpickled (this runs code from the file: only for files
+    you trust). ``verify`` re-reads the store and compares it bit for bit with the source
+    before the store is renamed into place. ``codec`` (a Codec or a preset name) picks the
+    store's codec (default: the ``balanced`` preset); ``preset=NAME`` is its old spelling,
+    deprecated (a DeprecationWarning; it goes in 0.2). ``progress`` draws a progress bar on
+    stderr (default: none). ``class_names`` names the label values (label 0
+    first); without it, an HDF5 dataset or npz member named ``class_names``, ``classes``
+    or ``label_names`` gives them. In an HDF5 file or an npz of arrays the labels are inferred
+    when exactly one array fits (integers, one per row); ``no_labels=True`` migrates without labels.
+    ``lock_timeout``: seconds to wait while another writer holds ``out`` (None: for ever;
+    then StoreLockedError names the holder).
+    ``out`` may be a URL (``s3://bucket/x.b2nd``, with ``storage_options``): the store is
+    built and verified in a staging folder under ``tmp_dir`` (default ``TMPDIR``), then
+    uploaded. ``options`` (:class:`~carraystore.store.options.WriteOptions`) holds ``codec``,
+    ``chunk_images``, ``class_names``, ``overwrite``, ``progress``, ``lock_timeout``,
+    ``storage_options`` and ``tmp_dir`` in one value (its ``attrs`` are refused: a migration
+    keeps the source's); a keyword that contradicts it is an InvalidInputError.
+    Every other array with one row per item (HDF5 dataset, npz member, ctable column) comes
+    along as a field (``store.columns``); what does not (not one row per item, a type a store
+    cannot hold, too large per item) is named in ``report.notes`` with the reason. Non-integer
+    label candidates (one-hot rows, float targets) become fields, with a note;
+    ``onehot_to_class=True`` makes one-hot rows the class labels instead (every row must have
+    exactly one 1: else OneHotLabelsError). ``group`` migrates one group (a split such as
+    ``train``) of an HDF5 file; :func:`migrate_splits` migrates all of them. ``src`` may be a
+    ``.npy`` (``labels``: a second ``.npy``); pickled data (object arrays, pickle files) needs
+    ``allow_pickle=True`` (else PickleNotAllowedError), because unpickling runs code from the file.
+    Returns a MigrationReport.
+    """
+    t0 = time.perf_counter()
+    if preset is not None:
+        warnings.warn(
+            "migrate(preset=NAME) is spelled migrate(codec=NAME) now (codec takes a preset name or a Codec); "
+            "preset= goes in carraystore 0.2",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if codec is not None:
+            raise InvalidInputError("give either codec= or preset=, not both (preset= is the old spelling of codec=)")
+        codec = preset
+    opts = WriteOptions.merged(
+        options,
+        str(out),
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=class_names,
+        overwrite=overwrite,
+        progress=progress,
+        lock_timeout=lock_timeout,
+        storage_options=storage_options,
+        tmp_dir=tmp_dir,
+    )
+    opts.refuse(
+        ("attrs",),
+        str(out),
+        "a migration keeps the source's attrs (it is verified against them); change them afterwards with "
+        "update_metadata (CLI: carraystore meta --attr)",
+    )
+    for given in (src, images if src is None else None, labels if src is None else None):
+        if given is not None and not Path(given).exists():
+            raise MigrationError(f"{given}: no such file or folder")
+    if is_url(out):
+        target = RemoteTarget(str(out), opts.storage_options, overwrite=opts.overwrite, tmp_dir=opts.tmp_dir)
+        try:
+            report = migrate(
+                src,
+                target.local_path,
+                images=images,
+                labels=labels,
+                dataset=dataset,
+                allow_pickle=allow_pickle,
+                verify=verify,
+                no_labels=no_labels,
+                group=group,
+                onehot_to_class=onehot_to_class,
+                options=opts.replace(overwrite=False, lock_timeout=0.0, storage_options=None, tmp_dir=None),
+            )
+            target.upload()
+        finally:
+            target.cleanup()
+        report.output = str(out)
+        report.seconds = time.perf_counter() - t0
+        return report
+    if opts.storage_options:
+        raise InvalidInputError(f"{out}: storage_options apply to URLs only, not to local paths")
+    out_p = Path(out)
+    if out_p.suffix != ".b2nd":
+        raise InvalidInputError(f"{out_p}: the output store's name must end in .b2nd")
+    if not out_p.parent.is_dir():
+        raise InvalidInputError(f"{out_p}: folder {out_p.parent} does not exist")
+    lock = WriterLock(Path(os.path.realpath(out_p)), purpose="migrate", timeout=opts.lock_timeout)
+    lock.acquire()
+    try:
+        return _migrate_locked(
+            src,
+            out_p,
+            images,
+            labels,
+            dataset,
+            allow_pickle,
+            verify,
+            opts.codec,
+            opts.overwrite,
+            opts.progress,
+            opts.chunk_images,
+            opts.class_names,
+            no_labels,
+            t0,
+            group,
+            onehot_to_class,
+        )
+    finally:
+        lock.release()
+
+
+def split_outputs(out: str | os.PathLike[str], groups: Sequence[str]) -> dict[str, str]:
+    """Where each group's store goes: ``out`` with ``{group}`` in it is a name pattern
+    (``data_{group}.b2nd``); else ``out`` is a folder (a local path not ending in ``.b2nd``,
+    or a URL ending in ``/``) that gets ``GROUP.b2nd`` (a nested group's ``/`` becomes ``_``)."""
+    text = str(out)
+    names = {g: g.strip("/").replace("/", "_") for g in groups}
+    if "{group}" in text:
+        return {g: text.replace("{group}", n) for g, n in names.items()}
+    if is_url(text):
+        if not text.endswith("/"):
+            raise InvalidInputError(
+                f"{text}: one store per group needs OUT as a folder URL ending in / or a name with {{group}}"
+            )
+        return {g: f"{text}{n}.b2nd" for g, n in names.items()}
+    if text.endswith(".b2nd"):
+        raise InvalidInputError(
+            f"the source holds one split per group {list(groups)}: give OUT as a folder (OUT/ gets "
+            f"{', '.join(n + '.b2nd' for n in names.values())}) or a name with {{group}} (data_{{group}}.b2nd), "
+            "or migrate one split with --group NAME"
+        )
+    return {g: str(Path(text) / f"{n}.b2nd") for g, n in names.items()}
+
+
+def migrate_splits(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    groups: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> dict[str, MigrationReport]:
+    """Migrate every split of an HDF5 file (groups ``train/``, ``val/``, ... that each hold
+    their images, labels and fields) into one store per group; return each group's report.
+
+    ``out`` is a folder (created when missing; ``OUT/train.b2nd``, ...) or a name pattern with
+    ``{group}`` (see :func:`split_outputs`); ``groups`` picks some (default: all found). The other
+    keywords are :func:`migrate`'s; the stores are written one after the other, each atomic,
+    and none is started while any output exists (unless ``overwrite``).
+    """
+    from carraystore.migrations.hdf5 import hdf5_split_groups
+
+    found = hdf5_split_groups(src)
+    if not found:
+        raise MigrationError(f"{src}: not an HDF5 file with one group per split (train/images, val/images, ...)")
+    for g in groups or ():
+        if g.strip("/") not in found:
+            raise MigrationError(f"{src}: no split {g!r}; its splits are {found}")
+    targets = split_outputs(out, [g.strip("/") for g in groups] if groups else found)
+    options = kwargs.get("options")
+    overwrite = bool(kwargs.get("overwrite")) or bool(options is not None and options.overwrite)
+    local = not is_url(str(out))
+    if local:
+        existing = [t for t in targets.values() if Path(t).exists()]
+        if existing and not overwrite:
+            raise StoreExistsError(f"{existing} already exist; pass --overwrite (overwrite=True) to replace them")
+        folder = Path(next(iter(targets.values()))).parent
+        if "{group}" not in str(out) and not folder.is_dir():
+            if not folder.parent.is_dir():
+                raise InvalidInputError(f"{out}: folder {folder.parent} does not exist")
+            folder.mkdir()
+    return {g: migrate(src, t, group=g, **kwargs) for g, t in targets.items()}
+
+
+def _migrate_locked(
+    src: str | os.PathLike[str] | None,
+    out_p: Path,
+    images: str | os.PathLike[str] | None,
+    labels: str | os.PathLike[str] | None,
+    dataset: str | None,
+    allow_pickle: bool,
+    verify: bool,
+    chosen: Codec | str | None,
+    overwrite: bool,
+    progress: bool,
+    chunk_images: int | None,
+    class_names: Sequence[str] | None,
+    no_labels: bool,
+    t0: float,
+    group: str | None = None,
+    onehot_to_class: bool = False,
+) -> MigrationReport:
+    refuse_folder_target(out_p)
+    if out_p.exists() and not overwrite:
+        raise StoreExistsError(f"{out_p} already exists; pass --overwrite (overwrite=True) to replace it")
+    for s in (src, images if src is None else None, labels if src is None else None):
+        if s is not None and Path(s).exists() and out_p.exists() and out_p.resolve() == Path(s).resolve():
+            raise InvalidInputError(f"{out_p}: the output would replace the source; write to a new file")
+    if no_labels and labels is not None:
+        raise InvalidInputError("give either labels or no_labels (--no-labels), not both")
+    source = open_migration_source(
+        src,
+        images=images,
+        labels=labels,
+        dataset=dataset,
+        allow_pickle=allow_pickle,
+        no_labels=no_labels,
+        group=group,
+        onehot_to_class=onehot_to_class,
+    )
+    if class_names is not None:
+        _set_class_names(source, class_names)
+    rollback(Path(os.path.realpath(out_p)))  # an append to out_p that died half-way is undone before anything else
+    remove_stale_temps(out_p)  # dead: we hold the lock every writer of out_p holds
+    tmp = temp_path(out_p, "migrating")
+    try:
+        store_codec, fields = _write(
+            source, tmp, chosen if chosen is not None else source.default_codec, progress, chunk_images
+        )
+        if verify:
+            _verify(source, tmp, progress)
+        if out_p.exists() and not overwrite:
+            raise StoreExistsError(f"{out_p} appeared while migrating; not replacing it (pass --overwrite)")
+        publish(tmp, out_p)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        source.close()
+        raise
+    source.close()
+    return MigrationReport(
+        source=str(source.path),
+        output=str(out_p),
+        kind=source.kind,
+        rows=source.nrows,
+        item_shape=tuple(source.item_shape),
+        dtype=str(source.dtype),
+        nbytes=source.nbytes,
+        bytes_before=source.cbytes,
+        bytes_after=out_p.stat().st_size,
+        codec_before=source.codec,
+        codec_after=store_codec.describe(),
+        seconds=time.perf_counter() - t0,
+        verified=verify,
+        labels=source.has_labels,
+        fields=fields,
+        warnings=list(source.warnings),
+        notes=list(source.notes),
+    )
+
+
+def _set_class_names(source: Source, class_names: Sequence[str]) -> None:
+    """Give the source's labels the names the user passed (checked: distinct, enough for the labels)."""
+    names = tuple(str(c) for c in class_names)
+    where = f"{source.path}: --class-names {','.join(names)}"
+    if not source.has_labels:
+        source.close()
+        raise InvalidInputError(f"{where}: the source has no labels to name; give the labels too (--labels NAME)")
+    if len(set(names)) != len(names) or not all(names):
+        source.close()
+        raise InvalidInputError(f"{where}: class names must be distinct and non-empty")
+    labels = getattr(source, "_labels", None)
+    if labels is not None and len(labels) and int(np.max(labels)) >= len(names):
+        source.close()
+        raise InvalidInputError(
+            f"{where}: the labels go up to {int(np.max(labels))}, so {int(np.max(labels)) + 1} names are needed"
+        )
+    if source.class_names is not None and source.class_names != names:
+        source.notes.append(f"class names {list(source.class_names)[:10]} from the source replaced by --class-names")
+    source.class_names = names
+
+
+def _bar(total: int, desc: str, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="rows", unit_scale=True, disable=not enabled, file=sys.stderr, leave=False)
+
+
+def _write(
+    source: Source, tmp: Path, codec: Codec | str | None, progress: bool, chunk_images: int | None
+) -> tuple[Codec, dict[str, str]]:
+    layout = store_layout(source.item_shape, source.dtype)
+    provenance = {"migrated_from": {"kind": source.kind, "name": source.path.name, **source.provenance}}
+    writer = create(
+        tmp,
+        source.item_shape,
+        dtype=source.dtype,
+        codec=codec,
+        chunk_images=chunk_images,
+        class_names=source.class_names,
+        attrs=source.attrs,
+        layout=layout,
+        provenance=provenance,
+    )
+    with writer, _bar(source.nrows, f"migrate {source.path.name}", progress) as bar:
+        rows = 0
+        fields: dict[str, str] = {}
+        for block in source.blocks():
+            for name, col in (block.columns or {}).items():
+                fields.setdefault(name, f"{col.dtype}{list(col.shape[1:]) if col.ndim > 1 else ''}")
+            writer.append(block.data, labels=block.labels, keys=block.keys, columns=block.columns)
+            rows += len(block.data)
+            bar.update(len(block.data))
+        if rows != source.nrows:
+            raise MigrationError(f"{source.path}: read {rows} rows, the source says {source.nrows}")
+        resolved = writer.meta.codec
+    return resolved, fields
+
+
+def _as_bytes(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.reshape(-1).view(np.uint8)
+
+
+def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
+    """Index of the first row whose bytes differ."""
+    ra = _as_bytes(a).reshape(len(a), -1)
+    rb = _as_bytes(b).reshape(len(b), -1)
+    return int(np.argmax(np.any(ra != rb, axis=1)))
+
+
+def _verify(source: Source, path: Path, progress: bool) -> None:
+    """Compare the store at ``path`` with a fresh pass over the source, chunk by chunk."""
+    store: StoreReader = open_store(path)
+    try:
+        if (
+            len(store) != source.nrows
+            or tuple(store.item_shape) != tuple(source.item_shape)
+            or store.dtype != source.dtype
+        ):
+            raise MigrationVerifyError(
+                f"{source.path}: the store reads back as {len(store)} x {store.item_shape} {store.dtype}, "
+                f"the source is {source.nrows} x {source.item_shape} {source.dtype}"
+            )
+        k = store.chunk_images
+        buf = np.empty((k, *store.item_shape), dtype=store.dtype)
+        cur = -1
+        chunk = buf[:0]
+        pos = 0
+        labels, keys, columns = store.labels, store.keys, store.columns
+        with _bar(source.nrows, f"verify {path.name}", progress) as bar:
+            for block in source.blocks():
+                n = len(block.data)
+                got = 0
+                while got < n:
+                    c = (pos + got) // k
+                    if c != cur:
+                        chunk = store.read_chunk(c, out=buf)
+                        cur = c
+                    lo = pos + got - c * k
+                    take = min(n - got, len(chunk) - lo)
+                    mine, theirs = chunk[lo : lo + take], block.data[got : got + take]
+                    if not np.array_equal(_as_bytes(mine), _as_bytes(theirs)):
+                        row = pos + got + _first_difference(mine, theirs)
+                        raise MigrationVerifyError(
+                            f"{source.path}: row {row} differs between the source and the written store "
+                            f"(store chunk {c}); nothing was kept"
+                        )
+                    got += take
+                if block.labels is not None and (
+                    labels is None or not np.array_equal(labels[pos : pos + n], block.labels)
+                ):
+                    raise MigrationVerifyError(
+                        f"{source.path}: labels of rows {pos}..{pos + n - 1} differ in the store"
+                    )
+                if block.keys is not None and (keys is None or list(keys[pos : pos + n]) != list(block.keys)):
+                    raise MigrationVerifyError(f"{source.path}: keys of rows {pos}..{pos + n - 1} differ in the store")
+                for name, col in (block.columns or {}).items():
+                    if name not in columns or not np.array_equal(
+                        _as_bytes(columns[name][pos : pos + n]), _as_bytes(col)
+                    ):
+                        raise MigrationVerifyError(
+                            f"{source.path}: column {name!r} of rows {pos}..{pos + n - 1} differs in the store"
+                        )
+                pos += n
+                bar.update(n)
+        if pos != len(store):
+            raise MigrationVerifyError(
+                f"{source.path}: the source gave {pos} rows on re-reading, the store holds {len(store)}"
+            )
+        if store.attrs != source.attrs:
+            raise MigrationVerifyError(f"{source.path}: attrs differ in the store")
+    finally:
+        store.close()

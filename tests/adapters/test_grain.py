@@ -1,0 +1,102 @@
+"""carraystore.grain.StoreDataSource under Grain's own DataLoader and MapDataset, on real photo pixels."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("grain")
+grain = pytest.importorskip("grain.python")
+
+import carraystore  # noqa: E402
+from carraystore.base.errors import InvalidInputError  # noqa: E402
+from carraystore.grain import StoreDataSource  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory: pytest.TempPathFactory, photo_patches: Callable[..., np.ndarray]) -> Path:
+    """101 real photo patches (16x16), chunks of 8, label = sample index."""
+    path = tmp_path_factory.mktemp("grain") / "photos.b2nd"
+    with carraystore.create(path, (16, 16, 3), chunk_images=8) as w:
+        w.append(photo_patches(101, (16, 16), seed=9), np.arange(101), keys=[f"p/{i:03d}.jpg" for i in range(101)])
+    return path
+
+
+def test_records_are_the_store_samples(store_path: Path) -> None:
+    src = StoreDataSource(store_path, with_key=True)
+    pixels = carraystore.open(store_path)[:]
+    assert len(src) == 101
+    for i in (0, 7, 8, 100, -1):
+        rec = src[i]
+        np.testing.assert_array_equal(rec["image"], pixels[i])
+        assert int(rec["label"]) == i % 101 and rec["key"] == f"p/{i % 101:03d}.jpg"
+    with pytest.raises(IndexError):
+        src[101]
+    with pytest.raises(InvalidInputError):
+        StoreDataSource(store_path, cache_chunks=0)
+
+
+def test_image_size_gives_pillows_reduce_and_survives_pickling(store_path: Path) -> None:
+    from PIL import Image
+
+    pixels = carraystore.open(store_path)[:]
+    src = pickle.loads(pickle.dumps(StoreDataSource(store_path, image_size=(8, 8))))
+    for i in (0, 9, 100):
+        np.testing.assert_array_equal(src[i]["image"], np.asarray(Image.fromarray(pixels[i]).reduce(2)))
+    with pytest.raises(InvalidInputError, match=r"\(16, 16\), \(8, 8\), \(4, 4\), \(2, 2\)"):
+        StoreDataSource(store_path, image_size=(5, 5))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_grain_dataloader_with_a_shuffling_sampler(store_path: Path, workers: int) -> None:
+    if workers:
+        # Grain's worker processes read absl flags, which a program run through absl.app parses;
+        # pytest does not (the usual workaround outside absl.app)
+        from absl import flags
+
+        flags.FLAGS.mark_as_parsed()
+    src = StoreDataSource(str(store_path))
+    pixels = carraystore.open(store_path)[:]
+    sampler = grain.IndexSampler(len(src), grain.NoSharding(), shuffle=True, num_epochs=1, seed=3)
+    loader = grain.DataLoader(
+        data_source=src, sampler=sampler, operations=[grain.Batch(16, drop_remainder=False)], worker_count=workers
+    )
+    seen = []
+    for batch in loader:
+        assert batch["image"].shape[1:] == (16, 16, 3) and batch["image"].dtype == np.uint8
+        np.testing.assert_array_equal(batch["image"], pixels[batch["label"]])
+        seen.extend(batch["label"].tolist())
+    assert sorted(seen) == list(range(101)) and seen != list(range(101))
+
+
+def test_two_shards_split_the_records(store_path: Path) -> None:
+    src = StoreDataSource(store_path)
+    pixels = carraystore.open(store_path)[:]
+    got = []
+    for shard in (0, 1):
+        opts = grain.ShardOptions(shard_index=shard, shard_count=2, drop_remainder=False)
+
+        def sampler(opts: object = opts) -> object:
+            return grain.IndexSampler(len(src), opts, shuffle=True, num_epochs=1, seed=1)
+
+        records = list(grain.DataLoader(data_source=src, sampler=sampler()))
+        # the records Grain's sampler picks, as Grain's own range source of record keys gives them
+        want = list(grain.DataLoader(data_source=grain.RangeDataSource(0, 101, 1), sampler=sampler()))
+        assert [int(r["label"]) for r in records] == want and len(want) >= 49
+        for r in records:
+            np.testing.assert_array_equal(r["image"], pixels[int(r["label"])])
+        got.append(want)
+    assert not set(got[0]) & set(got[1]) and set(got[0]) | set(got[1]) <= set(range(101))
+
+
+def test_map_dataset_pipeline_and_pickling(store_path: Path) -> None:
+    src = StoreDataSource(store_path)
+    again = pickle.loads(pickle.dumps(src))
+    assert repr(again) == repr(src) and len(pickle.dumps(src)) < 2000
+    ds = grain.MapDataset.source(again).shuffle(seed=0).map(lambda r: (r["image"].mean(), int(r["label"]))).batch(32)
+    labels = [v for b in ds for v in b[1].tolist()]
+    assert sorted(labels) == list(range(101))

@@ -1,0 +1,145 @@
+"""SIGKILL at random moments of in-place appends: the store is the one before or after an
+append, complete, and verifies (issue 11, point 2)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+
+import carraystore
+from carraystore.format.frame import read_frame
+from carraystore.sources.local import LocalFileSource
+
+SHAPE = (12, 12, 3)
+CHUNK = 4
+K = 7  # images per append: not a multiple of CHUNK, so partial chunks get rewritten
+TRIALS = 30
+
+
+def _images(start: int, n: int) -> np.ndarray:
+    """Images start..start+n-1: each one a function of its index alone."""
+    return np.stack([np.random.default_rng(i).integers(0, 256, SHAPE, dtype=np.uint8) for i in range(start, start + n)])
+
+
+def _append_forever(path: Path, start: int, ready_fd: int) -> None:
+    os.write(ready_fd, b"x")
+    i = start
+    while True:
+        with carraystore.append(path, lock_timeout=None) as w:
+            w.append(_images(i, K), labels=np.arange(i, i + K) % 10, keys=[f"d/{j}.png" for j in range(i, i + K)])
+        i += K
+
+
+def test_sigkill_during_appends_leaves_old_or_new_store(tmp_path: Path) -> None:
+    path = tmp_path / "s.b2nd"
+    n0 = 9
+    with carraystore.create(path, SHAPE, chunk_images=CHUNK, class_names=[str(c) for c in range(10)]) as w:
+        w.append(_images(0, n0), labels=np.arange(n0) % 10, keys=[f"d/{j}.png" for j in range(n0)])
+    rng = random.Random(11)
+    n = n0
+    rolled_back = grew = 0
+    for _trial in range(TRIALS):
+        r, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child appends until it is killed
+            try:
+                os.close(r)
+                _append_forever(path, n, wfd)
+            finally:
+                os._exit(1)
+        os.close(wfd)
+        assert os.read(r, 1) == b"x"
+        os.close(r)
+        time.sleep(rng.uniform(0.0, 0.12))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        hot = (tmp_path / ".s.b2nd.journal").exists()
+        with carraystore.open(path) as store:  # rolls back a hot journal
+            m = len(store)
+            assert m >= n and (m - n) % K == 0, f"{m} images after {n}: a partial append is visible"
+            rolled_back += hot
+            grew += m > n
+            n = m
+            assert np.array_equal(store[:], _images(0, n))
+            assert np.array_equal(store.labels, np.arange(n) % 10)
+            assert list(store.keys) == [f"d/{j}.png" for j in range(n)]
+            assert store.verify() == []
+        assert not (tmp_path / ".s.b2nd.journal").exists()
+        assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+    # the trials hit both outcomes: appends that finished and appends rolled back
+    print("grew", grew, "rolled back", rolled_back)
+    assert grew >= 3 and rolled_back >= 3, (grew, rolled_back)
+    # after all that, a normal append still works and the store is whole
+    with carraystore.append(path) as w:
+        w.append(_images(n, 2), labels=np.arange(n, n + 2) % 10, keys=[f"d/{j}.png" for j in range(n, n + 2)])
+    with carraystore.open(path) as store:
+        assert len(store) == n + 2 and store.verify() == []
+        assert np.array_equal(store[n - 3 :], _images(n - 3, 5))
+
+
+def _blob(r: int) -> str:
+    return np.random.default_rng(r).bytes(3000 * (r % 4)).hex()  # the trailer grows and shrinks
+
+
+def _update_forever(path: Path, start: int, ready_fd: int) -> None:
+    from carraystore.store.writer import update_metadata
+
+    os.write(ready_fd, b"x")
+    r = start
+    while True:
+        update_metadata(
+            path, class_names=[f"c{r}-{j}" for j in range(10)], attrs={"round": r, "blob": _blob(r)}, lock_timeout=None
+        )
+        r += 1
+
+
+def test_sigkill_during_metadata_updates_leaves_old_or_new_metadata(tmp_path: Path) -> None:
+    """``carraystore meta`` writes under the same journal: killed at random moments, the next
+    reader rolls it back; the pixels' bytes are never touched."""
+    path = tmp_path / "s.b2nd"
+    n = 9
+    with carraystore.create(path, SHAPE, chunk_images=CHUNK) as w:
+        w.append(_images(0, n), labels=np.arange(n) % 10, keys=[f"d/{j}.png" for j in range(n)])
+    frame = read_frame(LocalFileSource(path))
+    h, c = frame.header_len, frame.cbytes  # the data chunks lie in [h, h + c)
+    pixels = path.read_bytes()[h : h + c]
+    rng = random.Random(12)
+    r = 0
+    rolled_back = changed = 0
+    for _trial in range(20):
+        rd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(rd)
+                _update_forever(path, r + 1, wfd)
+            finally:
+                os._exit(1)
+        os.close(wfd)
+        assert os.read(rd, 1) == b"x"
+        os.close(rd)
+        time.sleep(rng.uniform(0.0, 0.08))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        hot = (tmp_path / ".s.b2nd.journal").exists()
+        with carraystore.open(path) as store:  # rolls back a hot journal
+            got = store.attrs.get("round", 0)
+            assert got >= r
+            if got:  # one update's metadata, whole: never a mix of two
+                assert store.attrs["blob"] == _blob(got) and store.class_names == tuple(
+                    f"c{got}-{j}" for j in range(10)
+                )
+            rolled_back += hot
+            changed += got > r
+            r = got
+            assert len(store) == n and np.array_equal(store[:], _images(0, n)) and store.verify() == []
+        assert not (tmp_path / ".s.b2nd.journal").exists()
+        assert path.read_bytes()[h : h + c] == pixels
+    print("changed", changed, "rolled back", rolled_back)
+    assert changed >= 3 and rolled_back >= 3, (changed, rolled_back)
