@@ -17,7 +17,6 @@ import contextlib
 import os
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,14 +25,14 @@ from typing import Any
 import numpy as np
 
 from carraystore.base.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
-from carraystore.format.codec import Codec
 from carraystore.base.errors import InvalidInputError, MigrationError, StoreExistsError
-from carraystore.sources.journal import rollback
 from carraystore.base.lock import WriterLock
+from carraystore.format.codec import Codec
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
+from carraystore.sources.journal import rollback
+from carraystore.sources.upload import RemoteTarget
 from carraystore.store.options import WriteOptions
 from carraystore.store.reader import StoreReader, is_url, open_store
-from carraystore.sources.upload import RemoteTarget
 from carraystore.store.writer import create
 
 __all__ = [
@@ -141,9 +140,7 @@ def open_migration_source(
 ) -> Source:
     """Detect what ``src`` is and open it as a migration Source (see ``migrate`` for the arguments).
 
-    Named apart from :func:`carraystore.store.reader.open_source` (a store's bytes); it was
-    ``carraystore.migrations.open_source`` until 0.1 (that name still works, with a
-    DeprecationWarning, until 0.2).
+    Named apart from :func:`carraystore.store.reader.open_source` (a store's bytes).
     """
     from carraystore.migrations import bcolz as bz
 
@@ -257,7 +254,6 @@ def migrate(
     allow_pickle: bool = False,
     verify: bool = True,
     codec: Codec | str | None = None,
-    preset: str | None = None,
     overwrite: bool = False,
     progress: bool = False,
     chunk_images: int | None = None,
@@ -280,8 +276,7 @@ def migrate(
     object-dtype bcolz arrays be unpickled (this runs code from the file: only for files
     you trust). ``verify`` re-reads the store and compares it bit for bit with the source
     before the store is renamed into place. ``codec`` (a Codec or a preset name) picks the
-    store's codec (default: the ``balanced`` preset); ``preset=NAME`` is its old spelling,
-    deprecated (a DeprecationWarning; it goes in 0.2). ``progress`` draws a progress bar on
+    store's codec (default: the ``balanced`` preset). ``progress`` draws a progress bar on
     stderr (default: none). ``class_names`` names the label values (label 0
     first); without it, an HDF5 dataset or npz member named ``class_names``, ``classes``
     or ``label_names`` gives them. In an HDF5 file or an npz of arrays the labels are inferred
@@ -306,16 +301,6 @@ def migrate(
     Returns a MigrationReport.
     """
     t0 = time.perf_counter()
-    if preset is not None:
-        warnings.warn(
-            "migrate(preset=NAME) is spelled migrate(codec=NAME) now (codec takes a preset name or a Codec); "
-            "preset= goes in carraystore 0.2",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        if codec is not None:
-            raise InvalidInputError("give either codec= or preset=, not both (preset= is the old spelling of codec=)")
-        codec = preset
     opts = WriteOptions.merged(
         options,
         str(out),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from carraystore.base.errors import CarrayStoreError, InvalidInputError, MissingDependencyError, NotAStoreError
+from carraystore.cli.summary import class_counts_text, describe_non_store, info_rows, store_info
 from carraystore.store.export import (
     check_preview_output,
     check_sheet_size,
@@ -24,7 +25,6 @@ from carraystore.store.export import (
     write_file_safely,
 )
 from carraystore.store.options import WriteOptions
-from carraystore.cli.summary import class_counts_text, describe_non_store, info_rows, store_info
 
 __all__ = [
     "register",
@@ -86,29 +86,13 @@ def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
         allow_split_names=args.allow_split_names,
         validation_split=args.validation_split,
         subset=args.subset,
-        # codec, chunk size, attrs, overwrite, lock timeout, storage options, staging folder: one value
-        # (--class-names is ingest's own flag: the 0.1 spelling still works)
-        options=WriteOptions.from_args(
-            args, class_names=_ingest_class_names(args.class_names), progress=not args.quiet
-        ),
+        # codec, chunk size, class names, attrs, overwrite, lock timeout, storage options, staging folder: one value
+        options=WriteOptions.from_args(args, progress=not args.quiet),
         append=args.append,
         skip_existing=args.skip_existing,
         layout=args.layout,
         quality=args.quality,
     )
-
-
-def _ingest_class_names(values: list[str] | None) -> list[str] | None:
-    """``ingest --class-names a,b,c``; the space-separated form of 0.1 (``a b c``) still works, with a note."""
-    if values is None:
-        return None
-    if len(values) > 1:
-        print(
-            "carraystore ingest: warning: --class-names with space-separated names is deprecated and stops working "
-            f"in 0.2; write them comma-separated, as meta and migrate take them: --class-names {','.join(values)}",
-            file=sys.stderr,
-        )
-    return [c.strip() for v in values for c in v.split(",")]
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
@@ -355,12 +339,6 @@ def register(sub: Any) -> None:
         ),
     )
     p.add_argument(
-        "--class-names",
-        nargs="+",  # one value A,B,C; the space-separated form of 0.1 is deprecated (a note on stderr)
-        metavar="A,B,C",
-        help="comma-separated class folders to use, in label order (label 0 first)",
-    )
-    p.add_argument(
         "--image-size",
         nargs=2,
         type=int,
@@ -461,8 +439,21 @@ def register(sub: Any) -> None:
     # the write options: the flags of carraystore.WriteOptions, as migrate, copy and meta have them
     WriteOptions.add_arguments(
         p,
-        ("codec", "chunk_images", "attrs", "overwrite", "lock_timeout", "storage_options", "tmp_dir", "progress"),
-        helps={"overwrite": "replace an existing output store"},
+        (
+            "codec",
+            "chunk_images",
+            "class_names",
+            "attrs",
+            "overwrite",
+            "lock_timeout",
+            "storage_options",
+            "tmp_dir",
+            "progress",
+        ),
+        helps={
+            "overwrite": "replace an existing output store",
+            "class_names": "comma-separated class folders to use, in label order (label 0 first)",
+        },
     )
     p.set_defaults(func=_cmd_ingest)
 

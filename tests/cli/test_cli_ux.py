@@ -85,29 +85,20 @@ def test_extra_words_after_a_one_value_flag_say_what_it_takes(
         assert "--class-names takes one value (A,B,C)" in err, err
 
 
-def test_ingest_takes_class_names_comma_separated_and_the_old_form_with_a_note(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """One form for `--class-names` everywhere (a,b,c); `ingest`'s space-separated form of 0.1 still works
-    for one minor version, with a deprecation note on stderr."""
+def test_ingest_takes_class_names_comma_separated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One form for `--class-names` everywhere (a,b,c); the space-separated form is an error that says so."""
     folder = make_photo_folder(
         tmp_path / "p", n=9, size=(16, 16), classes=("astronaut", "chelsea", "coffee"), fmt="png"
     )
     common = ["-q", "--workers", "1", "--keep-order"]
     assert main(["ingest", str(folder), str(tmp_path / "new.b2nd"), "--class-names", "coffee,astronaut", *common]) == 0
-    assert "deprecated" not in capsys.readouterr().err
-    assert (
-        main(["ingest", str(folder), str(tmp_path / "old.b2nd"), "--class-names", "coffee", "astronaut", *common]) == 0
-    )
-    err = capsys.readouterr().err
-    assert "--class-names with space-separated names is deprecated" in err and "--class-names coffee,astronaut" in err
-    new, old = carraystore.open(tmp_path / "new.b2nd"), carraystore.open(tmp_path / "old.b2nd")
-    assert new.class_names == old.class_names == ("coffee", "astronaut")
-    assert len(new) == 6 and list(new.keys) == list(old.keys)
+    new = carraystore.open(tmp_path / "new.b2nd")
+    assert new.class_names == ("coffee", "astronaut") and len(new) == 6
     assert {k.split("/")[0] for k, lab in zip(new.keys, new.labels, strict=True) if lab == 0} == {"coffee"}
-    np.testing.assert_array_equal(new.labels, old.labels)
+    with pytest.raises(SystemExit) as exc:
+        main(["ingest", str(folder), str(tmp_path / "old.b2nd"), "--class-names", "coffee", "astronaut", *common])
+    assert exc.value.code == 2 and "--class-names takes one value (A,B,C)" in capsys.readouterr().err
     assert main(["ingest", str(folder), str(tmp_path / "one.b2nd"), "--class-names", "chelsea", *common]) == 0
-    assert "deprecated" not in capsys.readouterr().err
     assert carraystore.open(tmp_path / "one.b2nd").class_names == ("chelsea",)
 
 
@@ -184,7 +175,7 @@ def test_info_names_hdf5_images_and_npz(tmp_path: Path, capsys: pytest.CaptureFi
         assert "blosc2" not in err
     assert main(["verify", str(h5)]) == 1
     assert "HDF5" in capsys.readouterr().out
-    from carraystore.migrations.bcolz import write_carray
+    from testsupport.bcolz_writer import write_carray
 
     write_carray(tmp_path / "train_data.bc", np.zeros((4, 8), np.uint8), chunklen=2)
     assert main(["info", str(tmp_path / "train_data.bc")]) == 2

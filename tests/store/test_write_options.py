@@ -1,21 +1,20 @@
-"""WriteOptions: one frozen value of the write options every writer takes (issue 21)."""
+"""WriteOptions: one frozen value of the write options every writer takes."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import pickle
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import carraystore
-from carraystore.cli.main import main
-from carraystore.format.codec import PRESETS, Codec
 from carraystore.base.errors import InvalidInputError, StoreExistsError
 from carraystore.base.lock import WriterLock
+from carraystore.cli.main import main
+from carraystore.format.codec import PRESETS, Codec
 from carraystore.migrations import migrate
 from carraystore.store.options import WRITE_OPTION_FIELDS, WriteOptions
 from carraystore.store.transfer import copy_store
@@ -179,28 +178,13 @@ def test_migrate_takes_options(tmp_path: Path) -> None:
     assert not (tmp_path / "n.b2nd").exists()
 
 
-def test_migrate_preset_still_works_with_a_deprecation_warning(tmp_path: Path) -> None:
-    src = _npz(tmp_path)
-    with pytest.warns(DeprecationWarning, match=r"migrate\(codec=NAME\)"):
-        migrate(src, tmp_path / "p.b2nd", preset="fast")
-    with carraystore.open(tmp_path / "p.b2nd") as s:
-        assert s.meta.codec.codec == "lz4"
-    with pytest.warns(DeprecationWarning), pytest.raises(InvalidInputError, match="either codec= or preset="):
-        migrate(src, tmp_path / "q.b2nd", preset="fast", codec="small")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the settled name warns about nothing
-        migrate(src, tmp_path / "c.b2nd", codec="fast")
-
-
-def test_migrations_open_source_is_a_deprecated_alias() -> None:
+def test_the_0_1_names_are_gone(tmp_path: Path) -> None:
     import carraystore.migrations as m
 
-    with pytest.warns(DeprecationWarning, match="renamed carraystore.migrations.open_migration_source"):
-        old = m.open_source
-    assert old is m.open_migration_source
-    assert "open_source" not in m.__all__
+    with pytest.raises(TypeError, match="preset"):
+        migrate(_npz(tmp_path), tmp_path / "p.b2nd", preset="fast")  # type: ignore[call-arg]
     with pytest.raises(AttributeError):
-        m.no_such_name  # noqa: B018
+        m.open_source  # noqa: B018
 
 
 def test_copy_takes_options(tmp_path: Path) -> None:
