@@ -130,7 +130,7 @@ def machine_info() -> dict[str, Any]:
         "skimage": _version("skimage"),
     }
     try:  # not in the public API: the loaders' default thread count
-        from carraystore.engine.decoder import default_threads
+        from carraystore.engine.options import default_threads
 
         info["default_threads"] = default_threads()
     except Exception as exc:

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.engine.decoder import LABEL, Targets, make_spec
 from carraystore.base.errors import InvalidInputError, MissingDependencyError, StoreChangedError
+from carraystore.engine.options import LABEL, Targets
+from carraystore.engine.spec import make_spec
 from carraystore.store.reader import StoreReader, is_url, open_store
 
 try:

@@ -28,25 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from carraystore.engine.decoder import (
-    DEFAULT_WINDOW,
-    Batch,
-    BatchBuffers,
-    EpochDecoder,
-    LoaderKwargs,
-    LoaderOptions,
-    LoaderSpec,
-    Transform,
-    default_threads,
-    gather,
-    make_spec,
-    release_buffers,
-    stop_all,
-)
 from carraystore.base.errors import InvalidInputError
+from carraystore.engine.decoder import BatchBuffers, EpochDecoder, gather, release_buffers, stop_all
+from carraystore.engine.options import DEFAULT_WINDOW, Batch, LoaderKwargs, LoaderOptions, Transform, default_threads
 from carraystore.engine.pipeline import MemoryPlan, OrderedBatches, assemblers_for, plan_memory
 from carraystore.engine.sampling import EpochPlan
 from carraystore.engine.shuffle_report import ShuffleReport, report_for_order, store_groups
+from carraystore.engine.spec import LoaderSpec, make_spec
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.engine.decoder import EpochDecoder, LoaderClosed, LoaderSpec
 from carraystore.base.errors import InvalidInputError, LoaderError
 from carraystore.base.resources import format_bytes
+from carraystore.engine.decoder import EpochDecoder, LoaderClosed
 from carraystore.engine.sampling import EpochPlan
+from carraystore.engine.spec import LoaderSpec
 
 __all__ = ["MemoryPlan", "plan_memory", "assemblers_for", "chunks_in_flight", "OrderedBatches"]
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.engine.decoder import DEFAULT_WINDOW
 from carraystore.base.errors import InvalidInputError
+from carraystore.engine.options import DEFAULT_WINDOW
 from carraystore.engine.sampling import Shuffle, _check_shuffle, plan_epoch
 
 __all__ = [

@@ -280,7 +280,8 @@ def test_a_short_training_loop_on_real_photos(photo_folder: Path, tmp_path: Path
 
 
 def test_a_decoder_serving_every_other_batch_frees_each_window_once_its_own_batches_are_done(odd_store: Path) -> None:
-    from carraystore.engine.decoder import EpochDecoder, make_spec
+    from carraystore.engine.decoder import EpochDecoder
+    from carraystore.engine.spec import make_spec
 
     spec = make_spec(odd_store, B, **OPTS)
     plan = spec.plan(0)

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.format import blocks
-from carraystore.engine import decoder as engine
 from carraystore.base.errors import LoaderError
+from carraystore.engine import decoder as engine
+from carraystore.engine import spec as spec_mod
+from carraystore.format import blocks
 
 pytestmark = pytest.mark.skipif(
     not blocks.available(), reason="libblosc2's getitem is not available in this blosc2 wheel"
@@ -35,7 +36,7 @@ def direct_store(tmp_path_factory: pytest.TempPathFactory, photo_patches: Callab
 
 
 def _epoch(store: carraystore.Store, direct: bool, **kwargs: object) -> list[tuple[np.ndarray, np.ndarray]]:
-    spec = engine.make_spec(store, 16, **kwargs)
+    spec = spec_mod.make_spec(store, 16, **kwargs)
     dec = engine.EpochDecoder(spec, spec.options.epoch, 8, 2, "test-engine", direct=direct)
     try:
         assert dec.direct is direct
@@ -66,7 +67,7 @@ def test_direct_and_arena_modes_give_the_same_batches(direct_store: Path, kwargs
         np.testing.assert_array_equal(x1, x2)
         np.testing.assert_array_equal(y1, y2)
     # and both are the store's own items in the plan's order
-    plan = engine.make_spec(store, 16, **kwargs).plan(int(kwargs.get("epoch", 0)))  # type: ignore[arg-type]
+    plan = spec_mod.make_spec(store, 16, **kwargs).plan(int(kwargs.get("epoch", 0)))  # type: ignore[arg-type]
     np.testing.assert_array_equal(
         np.concatenate([x for x, _ in direct]),
         store[plan.samples(0, len(plan)).reshape(-1)].reshape(np.concatenate([x for x, _ in direct]).shape),

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.engine import decoder as engine
+from carraystore.engine.decoder import EpochDecoder
 from carraystore.engine.sampling import RAMP_GROWTH, plan_epoch, ramp_windows
+from carraystore.engine.spec import LoaderSpec, make_spec
 
 N, CHUNK, BATCH = 160, 16, 16  # 10 chunks: more than the 7-chunk store of the issue, fewer than a window
 
@@ -91,15 +92,15 @@ class _HeldDecodes:
         self.free = free
         self.release = threading.Event()
         self.done: list[int] = []
-        real = engine.LoaderSpec.decode_chunk
+        real = LoaderSpec.decode_chunk
 
-        def decode_chunk(spec: engine.LoaderSpec, chunk: int, out: np.ndarray, **kw: Any) -> None:
+        def decode_chunk(spec: LoaderSpec, chunk: int, out: np.ndarray, **kw: Any) -> None:
             if chunk not in self.free:
                 self.release.wait(30)
             real(spec, chunk, out, **kw)
             self.done.append(chunk)
 
-        monkeypatch.setattr(engine.LoaderSpec, "decode_chunk", decode_chunk)
+        monkeypatch.setattr(LoaderSpec, "decode_chunk", decode_chunk)
 
 
 def _in_thread(fn: Callable[[], Any], timeout: float) -> tuple[bool, Any]:
@@ -114,11 +115,11 @@ def test_the_engine_serves_the_first_batch_with_one_chunk_decoded(
     small_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = carraystore.open(small_store)
-    spec = engine.make_spec(store, BATCH, seed=4, epoch=1, window=16, num_threads=2)
+    spec = make_spec(store, BATCH, seed=4, epoch=1, window=16, num_threads=2)
     plan = spec.plan(1)
     assert store.nchunks == 10 and plan.window_chunks[0].size == 1
     held = _HeldDecodes(monkeypatch, set(plan.window_chunks[0].tolist()))
-    dec = engine.EpochDecoder(spec, 1, 16 + 16, 2, "test-first-batch", direct=False)
+    dec = EpochDecoder(spec, 1, 16 + 16, 2, "test-first-batch", direct=False)
     try:
         dec.read_ahead(0)  # as the streaming loader starts: every window it has slots for
         finished, first = _in_thread(lambda: tuple(np.copy(v) for v in dec.batch(0)), timeout=20)
@@ -139,7 +140,7 @@ def test_the_streaming_loader_hands_out_the_first_batch_before_the_window_is_dec
     small_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = carraystore.open(small_store)
-    plan = engine.make_spec(store, BATCH, seed=9, epoch=0).plan(0)
+    plan = make_spec(store, BATCH, seed=9, epoch=0).plan(0)
     held = _HeldDecodes(monkeypatch, set(plan.window_chunks[0].tolist()))
     it = iter(store.batches(BATCH, seed=9, epoch=0))
     try:
@@ -178,7 +179,7 @@ def test_a_remote_store_fetches_the_first_window_before_the_rest(served_store: s
 
         src._get = timed_get  # type: ignore[method-assign]
         # epoch 0 from scratch: its first window alone, then the rest
-        plan = engine.make_spec(store, BATCH, seed=2, epoch=0).plan(0)
+        plan = make_spec(store, BATCH, seed=2, epoch=0).plan(0)
         lead = {local.chunk_byte_range(int(c))[0] for c in plan.window_chunks[0]}
         it = store.batches(BATCH, seed=2, epoch=0)
         x = np.concatenate([x for x, _ in it])
@@ -194,7 +195,7 @@ def test_a_remote_store_fetches_the_first_window_before_the_rest(served_store: s
         # epoch 1's first window was hinted by epoch 0 once epoch 0's bytes were in: epoch 1
         # begins with it fetched (or on its way), and asks for nothing of it
         assert it._s.decoder.next_epoch_hinted
-        plan = engine.make_spec(store, BATCH, seed=2, epoch=1).plan(1)
+        plan = make_spec(store, BATCH, seed=2, epoch=1).plan(1)
         lead = {local.chunk_byte_range(int(c))[0] for c in plan.window_chunks[0]}
         gets.clear()
         t0 = time.monotonic()

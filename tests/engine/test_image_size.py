@@ -19,6 +19,8 @@ from PIL import Image
 
 import carraystore as cs
 import carraystore.format.encoded as E
+from carraystore.base.errors import EncodedImageError, InvalidInputError
+from carraystore.engine.decoder import direct_ok
 from carraystore.format.encoded import (
     JPEG_DECODER_ENV,
     box_reduce,
@@ -27,8 +29,6 @@ from carraystore.format.encoded import (
     jpeg_decoder,
     reduced_view,
 )
-from carraystore.engine.decoder import direct_ok
-from carraystore.base.errors import EncodedImageError, InvalidInputError
 from carraystore.ingest.sample_data import load_photo, make_photo_folder, make_video_folder, photo_crops
 
 H, W = 48, 64

@@ -21,8 +21,8 @@ from loader_threads import loader_threads
 import carraystore
 from carraystore.base.errors import ClipError, InvalidInputError, LoaderError
 from carraystore.engine.loader import THREAD_NAME_PREFIX, batches
-from carraystore.ingest.sample_data import PHOTOS, make_photo_folder, make_video_folder
 from carraystore.engine.sampling import batch_label_diversity, pairs_kept_together
+from carraystore.ingest.sample_data import PHOTOS, make_photo_folder, make_video_folder
 
 CLASSES = PHOTOS[:4]
 
@@ -550,7 +550,7 @@ def test_loader_keywords_are_typed_once_and_match_the_options() -> None:
     fields: a new option cannot be documented or typed in one place and missing in another."""
     import dataclasses
 
-    from carraystore.engine.decoder import LoaderKwargs, LoaderOptions
+    from carraystore.engine.options import LoaderKwargs, LoaderOptions
 
     assert set(LoaderKwargs.__annotations__) == {f.name for f in dataclasses.fields(LoaderOptions)}
 

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.engine.decoder import EpochDecoder, LoaderOptions, default_threads, make_spec
 from carraystore.base.errors import InvalidInputError, LoaderError
-from carraystore.engine.loader import batches
-from carraystore.engine.pipeline import MAX_ASSEMBLERS, assemblers_for
 from carraystore.base.resources import available_cpus, format_bytes, memory_limit, parse_bytes
+from carraystore.engine.decoder import EpochDecoder
+from carraystore.engine.loader import batches
+from carraystore.engine.options import LoaderOptions, default_threads
+from carraystore.engine.pipeline import MAX_ASSEMBLERS, assemblers_for
+from carraystore.engine.spec import make_spec
 from carraystore.ingest.sample_data import PHOTOS, load_photo, photo_crops
 
 N = 600
@@ -249,8 +251,8 @@ def test_a_tight_budget_gives_up_assemblers_before_failing(store_path: Path) -> 
 def test_image_by_image_decompression_only_up_to_four_threads(tmp_path: Path) -> None:
     """Direct mode (each image decompressed into its batch) stopped scaling past 4 threads on
     16 cores (bench/results/device/probe.log): more threads decode whole chunks instead."""
-    from carraystore.format import blocks
     from carraystore.engine.decoder import DIRECT_MAX_THREADS
+    from carraystore.format import blocks
 
     if not blocks.available():
         pytest.skip("c-blosc2's getitem is not reachable here")

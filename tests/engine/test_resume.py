@@ -373,7 +373,7 @@ def test_a_state_of_other_groups_is_refused_even_with_as_many_clips(store: Path)
 def test_options_holding_a_state_take_a_state_of_another_epoch(store: Path) -> None:
     """The epoch of options made with ``resume=`` is the state's, not one the caller gave: a newer
     state passed over them (``batches(store, B, options, resume=newer)``) resumes its own epoch."""
-    from carraystore.engine.decoder import LoaderOptions
+    from carraystore.engine.options import LoaderOptions
 
     it = batches(store, B, epoch=2, **OPTS)
     _take(it, 3)
@@ -419,7 +419,7 @@ def test_chains_of_runs_at_any_world_and_batch_size_lose_and_repeat_nothing(
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from carraystore.engine.decoder import make_spec
+    from carraystore.engine.spec import make_spec
 
     run = st.tuples(st.integers(1, 5), st.integers(1, 7), st.integers(0, 4))  # world, batch, batches taken
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.cli.main import main
 from carraystore.base.errors import InvalidInputError
+from carraystore.cli.main import main
 from carraystore.engine.sampling import plan_epoch
 from carraystore.engine.shuffle_report import (
     GLOBAL_MEDIAN_DISPLACEMENT,

@@ -26,10 +26,12 @@ from hypothesis import strategies as st
 from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs, stop_process
 
 import carraystore
-from carraystore.engine import decoder as engine
+from carraystore.base.errors import InvalidInputError, LoaderError, RemoteReadError
+from carraystore.engine.decoder import EpochDecoder
+from carraystore.engine.sampling import num_batches
+from carraystore.engine.spec import LoaderSpec, make_spec
 from carraystore.sources.buffers import BufferPool
 from carraystore.sources.cache import CachedSource, parse_size
-from carraystore.base.errors import InvalidInputError, LoaderError, RemoteReadError
 from carraystore.sources.remote import RemoteSource
 from carraystore.sources.remoteconfig import make_object_store
 from testsupport.netproxy import NetProxy
@@ -984,9 +986,9 @@ def test_a_late_next_epoch_hint_keeps_nothing_once_the_next_epoch_began(
     shutil.copy(local_store, http_server.root / "train.b2nd")
     local = carraystore.open(local_store)
     gate, first = threading.Event(), []
-    real = engine.LoaderSpec.plan
+    real = LoaderSpec.plan
 
-    def late(self: engine.LoaderSpec, epoch: int) -> Any:
+    def late(self: LoaderSpec, epoch: int) -> Any:
         if threading.current_thread().name == "carraystore-next-epoch":
             if not first:
                 first.append(threading.current_thread())
@@ -994,7 +996,7 @@ def test_a_late_next_epoch_hint_keeps_nothing_once_the_next_epoch_began(
                 gate.wait(60)  # epoch 0's hint thread: its plan is done once epoch 1 is over
         return real(self, epoch)
 
-    monkeypatch.setattr(engine.LoaderSpec, "plan", late)
+    monkeypatch.setattr(LoaderSpec, "plan", late)
     kw: dict[str, Any] = dict(seed=4, window=5)
     with carraystore.open(f"{http_server.url}/train.b2nd") as store:
         src = store.source
@@ -1008,20 +1010,20 @@ def test_a_late_next_epoch_hint_keeps_nothing_once_the_next_epoch_began(
         gate.set()
         first[0].join(30)
         assert not first[0].is_alive()
-        plan2 = engine.make_spec(store, 16, epoch=2, **kw).plan(2)
+        plan2 = make_spec(store, 16, epoch=2, **kw).plan(2)
         lead2 = {local.chunk_byte_range(int(c)) for c in plan2.window_chunks[0]}
         assert set(src._ahead) | set(src._pending) <= lead2, "epoch 0's late hint left bytes behind"
         assert not set(src._again) - lead2
 
 
-def _serve(store: Any, epoch: int, serves: tuple[int, int], **kw: Any) -> engine.EpochDecoder:
+def _serve(store: Any, epoch: int, serves: tuple[int, int], **kw: Any) -> EpochDecoder:
     """One worker's share of an epoch (``serves=(k, n)``), every batch checked; the decoder
     once its next-epoch hint was made."""
-    spec = engine.make_spec(store, 16, **kw)
-    dec = engine.EpochDecoder(spec, epoch, 8, 1, "carraystore-test", serves=serves)
+    spec = make_spec(store, 16, **kw)
+    dec = EpochDecoder(spec, epoch, 8, 1, "carraystore-test", serves=serves)
     try:
         plan, (k, n) = dec.plan, serves
-        for b in range(k, engine.num_batches(len(plan), 16, False), n):
+        for b in range(k, num_batches(len(plan), 16, False), n):
             a, e = spec.batch_bounds(plan, b)
             _, y = dec.batch(b)
             assert np.array_equal(y, spec.labels_for(plan.items[a:e]))
@@ -1047,7 +1049,7 @@ def test_a_worker_keeps_only_the_next_epochs_first_window_that_it_serves(
         src = store.source
         for epoch in range(2):
             _serve(store, epoch, (1, 2), **kw)
-            plan = engine.make_spec(store, 16, **kw).plan(epoch + 1)
+            plan = make_spec(store, 16, **kw).plan(epoch + 1)
             first = plan.window_of(16)  # the window of batch 1: this worker's first
             assert first > 0
             mine = {store.chunk_byte_range(int(c)) for c in plan.window_chunks[first]}
@@ -1077,7 +1079,7 @@ def test_the_next_epochs_first_window_is_hinted_even_when_its_kept_bytes_went_st
     kw: dict[str, Any] = dict(seed=4, window=2)
     with carraystore.open(f"{http_server.url}/train.b2nd", {"max_inflight": 2}) as store:
         src = store.source
-        plan = engine.make_spec(store, 16, **kw).plan(1)
+        plan = make_spec(store, 16, **kw).plan(1)
         lead = [store.chunk_byte_range(int(c)) for c in plan.window_chunks[0]]
         it = store.batches(16, epoch=0, **kw)
         _same([(x.copy(), y.copy()) for x, y in it], _epoch(local, epoch=0, **kw))
@@ -1094,5 +1096,5 @@ def test_the_next_epochs_first_window_is_hinted_even_when_its_kept_bytes_went_st
         assert src.hinted(lead)
         _same(_epoch(store, epoch=1, **kw), _epoch(local, epoch=1, **kw))
         assert not set(src._ahead) - {
-            store.chunk_byte_range(int(c)) for c in engine.make_spec(store, 16, **kw).plan(2).window_chunks[0]
+            store.chunk_byte_range(int(c)) for c in make_spec(store, 16, **kw).plan(2).window_chunks[0]
         }

@@ -33,8 +33,8 @@ import pytest
 from remote_servers import LOOPBACK, SeaweedFS, start_seaweedfs, stop_process
 
 import carraystore
-from carraystore.engine.decoder import LoaderOptions
 from carraystore.base.errors import InvalidInputError, RemoteReadError
+from carraystore.engine.options import LoaderOptions
 from carraystore.sources.remote import RemoteSource
 from carraystore.sources.retry import BACKOFF_MAX, LOG_EVERY, Retrier, RetryPolicy, short, what_failed
 

@@ -1,0 +1,413 @@
+"""Loader options: the one frozen argument set of every loader, checked once (layer 6).
+
+:class:`LoaderOptions` (and :class:`LoaderKwargs`, the same typed for ``**options``), the
+defaults that depend on the machine (threads, memory budget), and ``targets``/``image_size``
+resolved against a store's fields and image size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+import numpy as np
+
+from carraystore.base.errors import InvalidInputError
+from carraystore.base.resources import available_cpus, memory_limit, parse_bytes
+from carraystore.engine.resume import ResumePoint
+from carraystore.engine.sampling import Shuffle, _check_shuffle
+from carraystore.format.encoded import SCALES, reduced_sizes
+from carraystore.store.reader import StoreReader
+
+__all__ = [
+    "LoaderOptions",
+    "LoaderKwargs",
+    "LABEL",
+    "Targets",
+    "map_targets",
+    "default_threads",
+    "image_scale",
+    "DEFAULT_WINDOW",
+]
+
+#: Default shuffle window, in chunks.
+DEFAULT_WINDOW = 16
+
+Batch = tuple[np.ndarray, np.ndarray | None]
+Transform = Callable[[np.ndarray, np.ndarray | None], tuple[Any, Any]]
+#: What ``targets=`` takes: a name, a tuple of names (y is a tuple), a dict of names (y is a dict).
+Targets = str | tuple[str, ...] | dict[str, str]
+
+#: The name ``targets=`` gives the class labels (the store's ``labels``).
+LABEL = "label"
+#: A resolved target that is the class label (no field has an empty name).
+_CLASS = ""
+
+_LABEL_MODES = ("int", "categorical", "binary", None)
+_CLIP_STARTS = ("random", "fixed")
+
+
+def default_threads() -> int:
+    """Decoder threads used when ``num_threads`` is not given: the cores this process may
+    use (its affinity mask and cgroup CPU quota, :func:`carraystore.base.resources.available_cpus`),
+    at least 2 so that reading overlaps decoding."""
+    return max(2, available_cpus())
+
+
+def default_memory_budget() -> int:
+    """``memory_budget`` when not given: a quarter of the memory this process may use (the
+    machine's RAM, or the cgroup's limit when lower)."""
+    return memory_limit() // 4
+
+
+def _int_arg(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}")
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}") from None
+    if v != value or v < minimum:
+        raise InvalidInputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return v
+
+
+# ---------------------------------------------------------------------------------------
+# arguments
+# ---------------------------------------------------------------------------------------
+
+
+class LoaderKwargs(TypedDict, total=False):
+    """The keyword arguments of every loader (``batches``, ``Store.batches``, ``StoreDataset``,
+    ``to_dataset``, ``carraystore.torch.StoreDataset``): the fields of :class:`LoaderOptions`,
+    documented there once. For type checkers (``**options: Unpack[LoaderKwargs]``)."""
+
+    shuffle: Shuffle
+    seed: int
+    epoch: int
+    start_batch: int
+    window: int | None
+    rank: int
+    world_size: int
+    drop_remainder: bool
+    transform: Transform | None
+    label_mode: str | None
+    targets: Targets
+    sample_weight: str | None
+    sequence_length: int | None
+    sequence_stride: int | None
+    groups: Sequence[Any] | np.ndarray | None
+    clip_starts: str
+    verify: bool
+    prefetch: int | None
+    num_threads: int | None
+    queue_size: int
+    retry_timeout: float | None
+    memory_budget: int | str | None
+    image_size: tuple[int, int] | None
+    resume: Mapping[str, Any] | ResumePoint | None
+
+
+@dataclass(frozen=True, eq=False)
+class LoaderOptions:
+    """How to walk a store: the one argument set of ``batches``, ``StoreDataset`` and ``to_dataset``.
+
+    - ``shuffle``: ``"block"`` (chunks in a random order, samples shuffled inside windows
+      of ``window`` chunks), ``"global"`` (a full permutation: the whole shard is decoded
+      at once; small stores), or False (store order).
+    - ``window``: chunks whose samples are shuffled together (default 16); the first
+      windows of each shard ramp up from one batch's chunks (x4), so the first batch
+      waits for those, not for a whole window.
+    - ``seed``, ``epoch``: the order depends on them only; use a new ``epoch`` every epoch.
+    - ``start_batch``: resume inside an epoch; yields exactly the batches from that index.
+    - ``resume``: a state a ``state_dict()`` returned (any adapter's, or
+      ``BatchIterator.state_dict()``): start in its epoch with what it had not consumed,
+      cut into this ``world_size``'s equal shards (the world size may differ from the one
+      that saved it; :mod:`carraystore.engine.resume`). The epoch is the state's (``epoch`` may be
+      left out), the epochs after it are whole; not with ``start_batch``.
+    - ``rank``, ``world_size``: this rank's shard; shards are disjoint, of equal length and
+      cover every sample (``drop_remainder=False`` pads a shard by wrapping around,
+      ``True`` drops the few samples over and also the last short batch).
+    - ``transform(x, y) -> (x, y)``: a per-batch numpy function, run in a loader thread.
+    - ``label_mode``: ``"int"`` (int64 labels), ``"categorical"`` (float32 one-hot),
+      ``"binary"`` (float32 0/1, stores of two classes) or None (x only), as in
+      ``keras.utils.image_dataset_from_directory``. Unlabelled stores give ``y = None``.
+    - ``targets``: what y is. ``"label"`` (default): the class label, shaped by
+      ``label_mode``; a field name (``store.columns``, docs/targets.md): that field as
+      stored (dtype and per-sample shape kept); a tuple of names: y is a tuple; a dict
+      ``{output: name}``: y is a dict (multi-output Keras models). ``"label"`` means the
+      class labels whenever the store has them (a field called "label" only otherwise).
+    - ``sample_weight``: a field of one number per sample; batches are then ``(x, y, w)``
+      with ``w`` float32 of shape (B,), as Keras expects. The transform sees (x, y) only.
+    - ``sequence_length=L``: x is (B, L, *item) clips of consecutive samples that never
+      cross a group (the key's parent folder, or ``groups``, one value per sample);
+      clips step by ``sequence_stride`` (default L); the class label is the clip's first
+      frame's, a field (target or sample weight) its **last** frame's.
+      ``clip_starts="random"`` (default) shifts each group's clips by a random offset
+      every epoch (a pure function of seed and epoch; the number of clips never
+      changes); ``"fixed"`` starts them at the group's first frame every epoch.
+    - ``verify``: check every chunk's CRC32 before decoding it (default True; always on
+      for remote stores). ``verify=False`` skips the check on local stores.
+    - ``prefetch``: decoded chunks held beyond the current window (default ``window``).
+    - ``num_threads``: decoder threads (default: the cores this process may use, its
+      affinity mask and cgroup quota, at least 2), each decompressing whole chunks with
+      one blosc2 thread. Batches are assembled several at once by their own threads
+      (one per four decoder threads, at most 4; one when a ``transform`` is given, so a
+      stateful transform sees batches in order).
+    - ``queue_size``: finished batches waiting for the consumer.
+    - ``memory_budget``: the most the loader may hold, in bytes or as ``"2GB"``/``"512MiB"``
+      (default: a quarter of the memory the process may use, the cgroup's limit when
+      lower): decoded chunk slots (windows and prefetch), batch buffers and a remote
+      source's read-ahead. Prefetch and the number of batches assembled at once shrink to
+      fit; when one window and ``queue_size`` batches cannot fit, the loader refuses to
+      start and says what to lower. Iterators report what they hold (``.memory``).
+    - ``retry_timeout``: remote stores: seconds a failing server is tried again before the
+      epoch fails (default: the store's storage option ``retry_timeout``, 120 s); the
+      loader waits meanwhile and resumes at the same batch, losing and repeating nothing.
+    - ``image_size=(height, width)``: the size of the images the loader yields (default
+      None: the stored size, at no cost). It must be the stored size divided by 1, 2, 4 or
+      8 (both sides by the same factor, exactly); any other size is refused with the ones
+      this store allows (resize in a ``transform`` instead). Encoded stores decode JPEG
+      entries at that size with libjpeg's scaled IDCT (Pillow's ``Image.draft`` pixels, less
+      work than a full decode); PNG, WebP and raw entries and pixel stores (uint8 images
+      only) are reduced after decoding by a box average, Pillow's ``Image.reduce`` (RGBA:
+      each channel on its own). Clips keep their frames; batches, shards, resume and every
+      adapter see the smaller images; the decoded-chunk slots stay full size, batch
+      buffers are the smaller size.
+    """
+
+    shuffle: Shuffle = "block"
+    seed: int = 0
+    epoch: int = 0
+    start_batch: int = 0
+    window: int | None = None
+    rank: int = 0
+    world_size: int = 1
+    drop_remainder: bool = False
+    transform: Transform | None = None
+    label_mode: str | None = "int"
+    targets: Targets = LABEL
+    sample_weight: str | None = None
+    sequence_length: int | None = None
+    sequence_stride: int | None = None
+    groups: Sequence[Any] | np.ndarray | None = None
+    clip_starts: str = "random"
+    verify: bool = True
+    prefetch: int | None = None
+    num_threads: int | None = None
+    queue_size: int = 2
+    retry_timeout: float | None = None
+    memory_budget: int | str | None = None
+    image_size: tuple[int, int] | None = None
+    resume: Mapping[str, Any] | ResumePoint | None = None
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "shuffle", _check_shuffle(self.shuffle))
+        s(self, "seed", _int_arg("seed", self.seed, 0))
+        s(self, "epoch", _int_arg("epoch", self.epoch, 0))
+        s(self, "start_batch", _int_arg("start_batch", self.start_batch, 0))
+        if self.resume is not None:
+            point = ResumePoint.from_state(self.resume)
+            if self.start_batch:
+                raise InvalidInputError(
+                    "give resume= or start_batch=, not both: the state says where the epoch stopped"
+                )
+            if self.epoch not in (0, point.epoch):
+                raise InvalidInputError(
+                    f"resume= is a state of epoch {point.epoch}, but epoch={self.epoch} was given; leave epoch out"
+                )
+            s(self, "resume", point)
+            s(self, "epoch", point.epoch)
+        s(self, "window", DEFAULT_WINDOW if self.window is None else _int_arg("window", self.window, 1))
+        s(self, "world_size", _int_arg("world_size", self.world_size, 1))
+        s(self, "rank", _int_arg("rank", self.rank, 0))
+        if self.rank >= self.world_size:
+            raise InvalidInputError(f"rank {self.rank} must be below world_size {self.world_size}")
+        s(self, "drop_remainder", bool(self.drop_remainder))
+        if self.label_mode not in _LABEL_MODES:
+            raise InvalidInputError(
+                f"label_mode must be 'int', 'categorical', 'binary' or None, got {self.label_mode!r}"
+            )
+        s(self, "targets", _check_targets(self.targets))
+        if self.sample_weight is not None and (not isinstance(self.sample_weight, str) or not self.sample_weight):
+            raise InvalidInputError(f"sample_weight must be the name of a field, got {self.sample_weight!r}")
+        if self.label_mode is None and LABEL in _target_names(self.targets) and self.targets != LABEL:
+            raise InvalidInputError(
+                "label_mode=None gives no class label, but targets names 'label'; use label_mode='int' "
+                "(or 'categorical', 'binary'), or leave 'label' out of targets"
+            )
+        if self.sample_weight is not None and self.label_mode is None and self.targets == LABEL:
+            raise InvalidInputError("sample_weight= needs a y (Keras takes (x, y, w)); label_mode=None gives x only")
+        if self.transform is not None and not callable(self.transform):
+            raise InvalidInputError("transform must be a function (x, y) -> (x, y)")
+        if self.sequence_length is not None:
+            s(self, "sequence_length", _int_arg("sequence_length", self.sequence_length, 1))
+            if self.sequence_stride is not None:
+                s(self, "sequence_stride", _int_arg("sequence_stride", self.sequence_stride, 1))
+        elif self.groups is not None or self.sequence_stride is not None:
+            raise InvalidInputError("groups= and sequence_stride= only apply with sequence_length=")
+        if self.clip_starts not in _CLIP_STARTS:
+            raise InvalidInputError(f"clip_starts must be 'random' or 'fixed', got {self.clip_starts!r}")
+        s(self, "verify", bool(self.verify))
+        s(self, "prefetch", self.window if self.prefetch is None else _int_arg("prefetch", self.prefetch, 0))
+        s(
+            self,
+            "num_threads",
+            default_threads() if self.num_threads is None else _int_arg("num_threads", self.num_threads, 1),
+        )
+        s(self, "queue_size", _int_arg("queue_size", self.queue_size, 1))
+        s(
+            self,
+            "memory_budget",
+            default_memory_budget() if self.memory_budget is None else parse_bytes(self.memory_budget, "memory_budget"),
+        )
+        if self.retry_timeout is not None:
+            try:
+                seconds = float(self.retry_timeout)
+            except (TypeError, ValueError):
+                seconds = -1.0
+            if not seconds >= 0:
+                raise InvalidInputError(f"retry_timeout must be seconds >= 0, got {self.retry_timeout!r}")
+            s(self, "retry_timeout", seconds)
+        if self.image_size is not None:
+            s(self, "image_size", _check_image_size(self.image_size))
+
+    @property
+    def resume_point(self) -> ResumePoint | None:
+        """``resume`` as parsed (a :class:`carraystore.engine.resume.ResumePoint`), or None."""
+        r = self.resume
+        assert r is None or isinstance(r, ResumePoint)
+        return r
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> LoaderOptions:
+        """Options from keyword arguments; an unknown name gets a "did you mean" hint."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for name in kwargs:
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; the loader takes {sorted(known)}"
+                raise InvalidInputError(f"unknown loader argument {name!r}{hint}")
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> LoaderOptions:
+        """A copy with some options changed (checked again).
+
+        Options made with ``resume`` took its epoch: a new ``resume`` (without ``epoch``)
+        brings its own, and ``resume=None`` keeps the epoch."""
+        if "resume" in changes and "epoch" not in changes and self.resume is not None and changes["resume"] is not None:
+            changes["epoch"] = 0  # not given: the new state's
+        return dataclasses.replace(self, **changes)
+
+
+def _check_image_size(v: Any) -> tuple[int, int]:
+    """``image_size`` checked: a pair (height, width) of integers >= 1."""
+    what = f"image_size must be (height, width), two integers >= 1, got {v!r}"
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or len(v) != 2:
+        raise InvalidInputError(what)
+    try:
+        h, w = (_int_arg("image_size", x, 1) for x in v)
+    except InvalidInputError:
+        raise InvalidInputError(what) from None
+    return h, w
+
+
+def image_scale(store: StoreReader, image_size: Sequence[int] | None) -> int:
+    """The factor ``image_size`` (checked: see ``LoaderOptions``) divides the store's images by:
+    1, 2, 4 or 8; InvalidInputError naming the sizes this store allows otherwise."""
+    if image_size is None:
+        return 1
+    image_size = _check_image_size(image_size)
+    shape = tuple(store.image_shape)
+    if len(shape) != 3 or not store.meta.color_mode:
+        raise InvalidInputError(
+            f"{store.location}: image_size= applies to image stores; this store's items are {store.dtype} of shape "
+            f"{shape}, not (height, width, channels) images"
+        )
+    h, w = shape[:2]
+    if tuple(image_size) == (h, w):
+        return 1
+    allowed = reduced_sizes(h, w)
+    scale = next((k for k in SCALES if h % k == 0 and w % k == 0 and (h // k, w // k) == tuple(image_size)), None)
+    if scale is None:
+        shown = ", ".join(f"({a}, {b})" for a, b in allowed)
+        raise InvalidInputError(
+            f"{store.location}: image_size={tuple(image_size)} is not one the store's {h}x{w} images can be decoded "
+            f"at: the stored size divided by 1, 2, 4 or 8 exactly, here {shown}; for any other size, resize in a "
+            "transform="
+        )
+    if store.dtype != np.uint8:
+        raise InvalidInputError(
+            f"{store.location}: image_size={tuple(image_size)} reduces {store.dtype} images; only uint8 images are "
+            "decoded at a smaller size (resize in a transform= instead)"
+        )
+    return scale
+
+
+def _check_targets(t: Any) -> Targets:
+    """``targets`` checked: a non-empty name, a tuple (or list) of them, or a dict output -> name."""
+    what = "targets must be a field name, a tuple of names or a dict {output: name}"
+
+    def name(v: Any) -> str:
+        if not isinstance(v, str) or not v:
+            raise InvalidInputError(f"{what}; {v!r} is not a name")
+        return v
+
+    if isinstance(t, str):
+        return name(t)
+    if isinstance(t, (tuple, list)) and t:
+        return tuple(name(v) for v in t)
+    if isinstance(t, dict) and t:
+        if not all(isinstance(k, str) for k in t):
+            raise InvalidInputError(f"{what}; the dict's keys (the model's output names) must be strings")
+        return {k: name(v) for k, v in t.items()}
+    raise InvalidInputError(f"{what}, got {t!r}")
+
+
+def _target_names(t: Targets) -> list[str]:
+    return [t] if isinstance(t, str) else list(t.values()) if isinstance(t, dict) else list(t)
+
+
+def map_targets(struct: Any, fn: Callable[[str], Any]) -> Any:
+    """``fn`` applied to every name of a targets structure (a name, a tuple or a dict), keeping its shape."""
+    if isinstance(struct, str):
+        return fn(struct)
+    if isinstance(struct, dict):
+        return {k: fn(v) for k, v in struct.items()}
+    return tuple(fn(v) for v in struct)
+
+
+def _resolve_targets(store: StoreReader, options: LoaderOptions) -> Any:
+    """The targets as the batches carry them: each name a field, or ``_CLASS`` for the class
+    label; None when batches have no y (an unlabelled store, or label_mode=None)."""
+    t = options.targets
+    fields = store.columns
+
+    def known() -> str:
+        names = sorted(fields) + ([LABEL] if store.labels is not None else [])
+        return f"the store's fields are {names}" if names else "the store has no fields and no class labels"
+
+    def leaf(name: str) -> str:
+        if name == LABEL and store.labels is not None:
+            return _CLASS
+        if name in fields:
+            if fields[name].dtype.kind not in "biuf":
+                raise InvalidInputError(
+                    f"{store.location}: field {name!r} is {fields[name].dtype}, not numbers; a target is ints or floats"
+                )
+            return name
+        if name == LABEL:
+            raise InvalidInputError(
+                f"{store.location}: targets names 'label' but the store has no class labels; {known()}"
+            )
+        close = difflib.get_close_matches(name, sorted(fields) + [LABEL], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise InvalidInputError(f"{store.location}: no field {name!r}; {known()}{hint}")
+
+    if t == LABEL and (options.label_mode is None or (store.labels is None and LABEL not in fields)):
+        return None  # today's behaviour: x only
+    return map_targets(t, leaf)
