@@ -22,13 +22,12 @@ import os
 import secrets
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from carraystore.ingest.badfiles import shape_error
-from carraystore.format.codec import Codec
 from carraystore.api.daskview import Labels, fields, labels, targets, to_dask
+from carraystore.api.store import Store, open_store
 from carraystore.base.errors import (
     CarrayStoreError,
     IngestError,
@@ -36,12 +35,15 @@ from carraystore.base.errors import (
     MissingDependencyError,
 )
 from carraystore.format.record import StoreMeta
+from carraystore.ingest.badfiles import shape_error
 from carraystore.ingest.images import MODES, DecodeOptions, decode_files
 from carraystore.ingest.run import IngestResult, StoreJob
 from carraystore.ingest.run import from_directory as ingest_directory
-from carraystore.store.options import WriteOptions
-from carraystore.api.store import Store, open_store
+from carraystore.store.options import WriteKwargs, WriteOptions
 from carraystore.store.writer import compress_chunk, create
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 try:
     import dask.array as da
@@ -277,23 +279,16 @@ def from_dask(
     path_or_url: str | os.PathLike[str],
     labels: Sequence[int] | np.ndarray | Any | None = None,
     keys: Sequence[str] | np.ndarray | Any | None = None,
-    class_names: Sequence[str] | None = None,
-    codec: Codec | str | None = None,
-    attrs: dict[str, Any] | None = None,
     *,
-    chunk_images: int | None = None,
-    overwrite: bool = False,
     window: int | None = None,
-    lock_timeout: float | None = 0.0,
-    storage_options: dict[str, Any] | None = None,
-    tmp_dir: str | os.PathLike[str] | None = None,
     fields: dict[str, Any] | None = None,
     options: WriteOptions | None = None,
+    **write: Unpack[WriteKwargs],
 ) -> Store:
     """Write a dask array (N, *item_shape) into a new store at ``path_or_url``; return it opened.
 
-    ``options`` (:class:`~carraystore.store.options.WriteOptions`) holds the write options in one
-    value; the keywords still work, and one that contradicts ``options`` is an error.
+    The write options (codec, chunk_images, class_names, attrs, overwrite, lock_timeout,
+    storage_options, tmp_dir) come as keywords or in ``options`` (a WriteOptions).
 
     Any shape and dtype a store takes: images (N, H, W, C) uint8, or other items (model
     outputs, features: ``layout="array"``). The array is rechunked along axis 0 to the
@@ -312,28 +307,10 @@ def from_dask(
     (``s3://bucket/out.b2nd``, with ``storage_options``) is written in a staging file under
     ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete, as ``carraystore.create`` does.
     """
-    wopts = WriteOptions.merged(
-        options,
-        str(path_or_url),
-        codec=codec,
-        chunk_images=chunk_images,
-        class_names=class_names,
-        attrs=attrs,
-        overwrite=overwrite,
-        lock_timeout=lock_timeout,
-        storage_options=storage_options,
-        tmp_dir=tmp_dir,
-    )
-    codec, chunk_images, overwrite, lock_timeout, tmp_dir = (
-        wopts.codec,
-        wopts.chunk_images,
-        wopts.overwrite,
-        wopts.lock_timeout,
-        wopts.tmp_dir,
-    )
-    class_names = list(wopts.class_names) if wopts.class_names is not None else None
-    attrs = dict(wopts.attrs) if wopts.attrs is not None else None
-    storage_options = dict(wopts.storage_options) if wopts.storage_options is not None else None
+    opts = WriteOptions.merged(options, str(path_or_url), **write)
+    carried = getattr(labels, "class_names", None)  # Labels of a store carry their names
+    if opts.class_names is None and carried is not None:
+        opts = opts.replace(class_names=carried)
     x = x if isinstance(x, da.Array) else _asarray(x)
     if x.ndim < 1:
         raise InvalidInputError(f"from_dask needs an array of items (N, ...), got a {x.ndim}-d array")
@@ -341,8 +318,6 @@ def from_dask(
         raise InvalidInputError("the array's chunk sizes along axis 0 are unknown; call x.compute_chunk_sizes() first")
     n = int(x.shape[0])
     lab = None
-    if class_names is None:
-        class_names = getattr(labels, "class_names", None)
     if labels is not None:
         lab = np.asarray(_local(labels))
         if lab.shape != (n,):
@@ -358,16 +333,9 @@ def from_dask(
         path_or_url,
         x.shape[1:],
         dtype=x.dtype,
-        codec=codec,
-        chunk_images=chunk_images,
-        class_names=class_names,
-        attrs=attrs,
-        overwrite=overwrite,
         provenance=provenance,
-        lock_timeout=lock_timeout,
-        storage_options=storage_options,
-        tmp_dir=tmp_dir,
         nthreads=1,  # the short last chunk is compressed here: one thread, the same bytes as compress_chunk
+        options=opts,
     ) as writer:
         meta = writer.meta
         k = meta.chunk_images
@@ -404,7 +372,7 @@ def from_dask(
             writer.append(
                 np.empty((0, *meta.image_shape), dtype=meta.np_dtype), labels=lab, keys=keylist, columns=cols or None
             )
-    return open_store(path_or_url, storage_options)
+    return open_store(path_or_url, opts.storage_options)
 
 
 def _compute_in_order(tasks: list[Any], window: int | None) -> Generator[Any, None, None]:

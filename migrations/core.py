@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,9 +31,12 @@ from carraystore.format.codec import Codec
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
 from carraystore.sources.journal import rollback
 from carraystore.sources.upload import RemoteTarget
-from carraystore.store.options import WriteOptions
+from carraystore.store.options import WriteKwargs, WriteOptions
 from carraystore.store.reader import StoreReader, is_url, open_store
 from carraystore.store.writer import create
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "Block",
@@ -253,18 +256,11 @@ def migrate(
     dataset: str | None = None,
     allow_pickle: bool = False,
     verify: bool = True,
-    codec: Codec | str | None = None,
-    overwrite: bool = False,
-    progress: bool = False,
-    chunk_images: int | None = None,
-    class_names: Sequence[str] | None = None,
     no_labels: bool = False,
-    lock_timeout: float | None = 0.0,
-    storage_options: dict[str, Any] | None = None,
-    tmp_dir: str | os.PathLike[str] | None = None,
     options: WriteOptions | None = None,
     group: str | None = None,
     onehot_to_class: bool = False,
+    **write: Unpack[WriteKwargs],
 ) -> MigrationReport:
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path).
 
@@ -301,18 +297,7 @@ def migrate(
     Returns a MigrationReport.
     """
     t0 = time.perf_counter()
-    opts = WriteOptions.merged(
-        options,
-        str(out),
-        codec=codec,
-        chunk_images=chunk_images,
-        class_names=class_names,
-        overwrite=overwrite,
-        progress=progress,
-        lock_timeout=lock_timeout,
-        storage_options=storage_options,
-        tmp_dir=tmp_dir,
-    )
+    opts = WriteOptions.merged(options, str(out), **write)
     opts.refuse(
         ("attrs",),
         str(out),
@@ -362,11 +347,7 @@ def migrate(
             dataset,
             allow_pickle,
             verify,
-            opts.codec,
-            opts.overwrite,
-            opts.progress,
-            opts.chunk_images,
-            opts.class_names,
+            opts,
             no_labels,
             t0,
             group,
@@ -446,18 +427,14 @@ def _migrate_locked(
     dataset: str | None,
     allow_pickle: bool,
     verify: bool,
-    chosen: Codec | str | None,
-    overwrite: bool,
-    progress: bool,
-    chunk_images: int | None,
-    class_names: Sequence[str] | None,
+    opts: WriteOptions,
     no_labels: bool,
     t0: float,
     group: str | None = None,
     onehot_to_class: bool = False,
 ) -> MigrationReport:
     refuse_folder_target(out_p)
-    if out_p.exists() and not overwrite:
+    if out_p.exists() and not opts.overwrite:
         raise StoreExistsError(f"{out_p} already exists; pass --overwrite (overwrite=True) to replace it")
     for s in (src, images if src is None else None, labels if src is None else None):
         if s is not None and Path(s).exists() and out_p.exists() and out_p.resolve() == Path(s).resolve():
@@ -474,18 +451,16 @@ def _migrate_locked(
         group=group,
         onehot_to_class=onehot_to_class,
     )
-    if class_names is not None:
-        _set_class_names(source, class_names)
+    if opts.class_names is not None:
+        _set_class_names(source, opts.class_names)
     rollback(Path(os.path.realpath(out_p)))  # an append to out_p that died half-way is undone before anything else
     remove_stale_temps(out_p)  # dead: we hold the lock every writer of out_p holds
     tmp = temp_path(out_p, "migrating")
     try:
-        store_codec, fields = _write(
-            source, tmp, chosen if chosen is not None else source.default_codec, progress, chunk_images
-        )
+        store_codec, fields = _write(source, tmp, opts)
         if verify:
-            _verify(source, tmp, progress)
-        if out_p.exists() and not overwrite:
+            _verify(source, tmp, opts.progress)
+        if out_p.exists() and not opts.overwrite:
             raise StoreExistsError(f"{out_p} appeared while migrating; not replacing it (pass --overwrite)")
         publish(tmp, out_p)
     except BaseException:
@@ -542,23 +517,21 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="rows", unit_scale=True, disable=not enabled, file=sys.stderr, leave=False)
 
 
-def _write(
-    source: Source, tmp: Path, codec: Codec | str | None, progress: bool, chunk_images: int | None
-) -> tuple[Codec, dict[str, str]]:
+def _write(source: Source, tmp: Path, opts: WriteOptions) -> tuple[Codec, dict[str, str]]:
     layout = store_layout(source.item_shape, source.dtype)
     provenance = {"migrated_from": {"kind": source.kind, "name": source.path.name, **source.provenance}}
     writer = create(
         tmp,
         source.item_shape,
         dtype=source.dtype,
-        codec=codec,
-        chunk_images=chunk_images,
+        codec=opts.codec if opts.codec is not None else source.default_codec,
+        chunk_images=opts.chunk_images,
         class_names=source.class_names,
         attrs=source.attrs,
         layout=layout,
         provenance=provenance,
     )
-    with writer, _bar(source.nrows, f"migrate {source.path.name}", progress) as bar:
+    with writer, _bar(source.nrows, f"migrate {source.path.name}", opts.progress) as bar:
         rows = 0
         fields: dict[str, str] = {}
         for block in source.blocks():

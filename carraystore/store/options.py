@@ -1,37 +1,26 @@
-"""WriteOptions: the one frozen value of the options every store writer takes (layer 1).
+"""WriteOptions: the one frozen value of the options every store writer takes.
 
-``create``, ``append``, ``migrate`` and ``copy`` (and later ``from_directory`` and
-``from_dask``) each took the same options one by one. :class:`WriteOptions` settles their
-names, defaults and checks once; every entry point takes ``options=WriteOptions(...)`` and
-still takes the old keywords (:meth:`WriteOptions.merged` joins the two, refusing a keyword
-that contradicts ``options``). :meth:`WriteOptions.add_arguments` and
-:meth:`WriteOptions.from_args` are the same fields as command-line flags.
-
-The fields, and who uses them:
+``create``, ``append``, ``migrate``, ``copy``, ``from_directory`` and ``from_dask`` take
+``options=WriteOptions(...)`` or the same fields as keywords (typed once, as
+:class:`WriteKwargs`); :meth:`WriteOptions.merged` joins the two, refusing a keyword that
+contradicts ``options``. :meth:`WriteOptions.add_arguments` and :meth:`WriteOptions.from_args`
+are the same fields as command-line flags.
 
 =================  ======================================================================
-field              meaning (entry points)
+field              meaning
 =================  ======================================================================
 codec              a :class:`~carraystore.format.codec.Codec`, a preset name (``fast``,
                    ``balanced``, ``small``) or None: ``balanced`` for a new store, the
-                   pinned codec for an append (create, append: checked against the pinned
-                   codec, migrate, from_directory, from_dask)
-chunk_images       items per chunk, None: about 4 MiB per chunk (create, migrate,
-                   from_directory, from_dask)
-class_names        the names of the label values, label 0 first; each name once (create,
-                   migrate, from_directory, from_dask)
-attrs              JSON-able user metadata kept in the store (create, from_directory,
-                   from_dask)
-overwrite          replace an existing store at the output (create, migrate, copy,
-                   from_directory, from_dask)
+                   pinned codec for an append (checked against it)
+chunk_images       items per chunk, None: about 4 MiB per chunk
+class_names        the names of the label values, label 0 first; each name once
+attrs              JSON-able user metadata kept in the store
+overwrite          replace an existing store at the output
 lock_timeout       seconds to wait while another writer holds the output; None: for ever
-                   (create, append, migrate, from_directory, from_dask; the CLI's
-                   ``--lock-timeout``, also spelled ``--wait``)
-storage_options    fsspec-style options for an output URL (create, append, migrate, copy:
-                   the destination's, from_directory, from_dask)
+                   (CLI ``--lock-timeout``, also spelled ``--wait``)
+storage_options    fsspec-style options for an output URL
 tmp_dir            where a store bound for a URL is staged (default ``$TMPDIR``)
-progress           a progress bar on stderr; False by default everywhere (the CLI turns it
-                   on when stderr is a terminal and ``--quiet`` is not given)
+progress           a progress bar on stderr (the CLI's unless ``--quiet``)
 =================  ======================================================================
 
 A field an entry point cannot honour is refused where it would change what is written
@@ -50,12 +39,15 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from carraystore.format.codec import PRESETS, Codec
 from carraystore.base.errors import InvalidInputError
+from carraystore.format.codec import PRESETS, Codec
 
-__all__ = ["WriteOptions", "WRITE_OPTION_FIELDS"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["WriteOptions", "WriteKwargs", "WRITE_OPTION_FIELDS"]
 
 
 def _copied_map(value: Any, name: str) -> dict[str, Any] | None:
@@ -64,6 +56,20 @@ def _copied_map(value: Any, name: str) -> dict[str, Any] | None:
     if not isinstance(value, Mapping):
         raise InvalidInputError(f"{name} must be a mapping (a dict) or None, got {type(value).__name__}")
     return dict(value)  # a copy: later changes to the caller's dict do not leak in (and it pickles)
+
+
+class WriteKwargs(TypedDict, total=False):
+    """The fields of :class:`WriteOptions` as keywords (``**write: Unpack[WriteKwargs]``); a test keeps them equal."""
+
+    codec: Codec | str | None
+    chunk_images: int | None
+    class_names: Sequence[str] | None
+    attrs: Mapping[str, Any] | None
+    overwrite: bool
+    lock_timeout: float | None
+    storage_options: Mapping[str, Any] | None
+    tmp_dir: str | os.PathLike[str] | None
+    progress: bool
 
 
 @dataclass(frozen=True)
@@ -135,9 +141,9 @@ class WriteOptions:
         if self.tmp_dir is not None and not isinstance(self.tmp_dir, (str, os.PathLike)):
             raise InvalidInputError(f"tmp_dir must be a folder path or None, got {type(self.tmp_dir).__name__}")
 
-    # -- joining with the old keywords ------------------------------------------------------
+    # -- joining with the keywords ------------------------------------------------------------
     @classmethod
-    def merged(cls, options: WriteOptions | None, where: str, **given: Any) -> WriteOptions:
+    def merged(cls, options: WriteOptions | None, where: str, **given: Unpack[WriteKwargs]) -> WriteOptions:
         """The options an entry point runs with: ``options``, or one built from its keywords ``given``.
 
         A keyword at its default value counts as not given. A keyword given together with

@@ -25,13 +25,15 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blosc2
 import numpy as np
 
 from carraystore._version import __version__
 from carraystore.base.atomic import named_write_errors, publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.base.errors import CodecRoundTripError, CorruptStoreError, InvalidInputError, StoreExistsError
+from carraystore.base.lock import WriterLock
 from carraystore.format.codec import (
     Codec,
     check_codec_against_header,
@@ -42,7 +44,6 @@ from carraystore.format.codec import (
     parse_chunk_header,
 )
 from carraystore.format.encoded import FORMAT_VERSION_ENCODED, Encoding, default_codec, entry_for_pixels, sniff
-from carraystore.base.errors import CodecRoundTripError, CorruptStoreError, InvalidInputError, StoreExistsError
 from carraystore.format.record import (
     COLOR_MODES,
     DTYPES,
@@ -59,12 +60,14 @@ from carraystore.format.record import (
     json_attrs,
     validate_key,
 )
-from carraystore.store.inplace import _InPlaceWrite, _write_meta
 from carraystore.sources.journal import rollback
-from carraystore.base.lock import WriterLock
-from carraystore.store.options import WriteOptions
-from carraystore.store.reader import check_header_for_write, check_local_store_path, is_url, open_store, open_unguarded
 from carraystore.sources.upload import RemoteTarget
+from carraystore.store.inplace import _InPlaceWrite, _write_meta
+from carraystore.store.options import WriteKwargs, WriteOptions
+from carraystore.store.reader import check_header_for_write, check_local_store_path, is_url, open_store, open_unguarded
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "StoreWriter",
@@ -698,56 +701,34 @@ def create(
     path: str | os.PathLike[str],
     image_shape: Sequence[int] | None = None,
     dtype: str | np.dtype | None = "uint8",
-    codec: Codec | str | None = None,
-    chunk_images: int | None = None,
-    class_names: Sequence[str] | None = None,
-    attrs: Mapping[str, Any] | None = None,
     *,
     mode: str = "w",
-    overwrite: bool = False,
     provenance: dict[str, Any] | None = None,
     nthreads: int | None = None,
     layout: str | None = None,
-    lock_timeout: float | None = 0.0,
-    storage_options: Mapping[str, Any] | None = None,
-    tmp_dir: str | os.PathLike[str] | None = None,
-    options: WriteOptions | None = None,
     encoding: Encoding | None = None,
+    options: WriteOptions | None = None,
+    **write: Unpack[WriteKwargs],
 ) -> StoreWriter:
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
     ``mode="w"`` creates a new store (``overwrite=True`` to replace an existing file at
     close); ``mode="a"`` appends to an existing store, keeping its pinned codec
     (``dtype=None`` there: the images' dtype is not checked against the store's here).
-    ``codec`` is a Codec, a preset name, or None for the default (``balanced``).
     ``image_shape`` is the shape of one item: (H, W, C) for images (C = 1, 3 or 4; an
     (H, W) shape gets C = 1), or any shape with ``layout="array"`` (``()`` for scalars).
     ``layout=None`` picks "NHWC" for (H, W, C) pixel data and "array" otherwise;
     ``layout="encoded"`` keeps uint8 images as encoded files (FORMAT.md 10), pixels given
     to ``append`` being encoded with ``encoding`` (default: PNG, lossless).
 
-    ``path`` may be a URL (``s3://bucket/train.b2nd``, ``gs://...``; ``storage_options``
-    as for ``carraystore.open``): the store is written in a staging folder under
-    ``tmp_dir`` (default ``TMPDIR``) and uploaded at ``close()``; it appears at the URL
-    only when complete. Appending to a URL downloads the store, appends, uploads it again.
-
-    ``options`` (a :class:`~carraystore.store.options.WriteOptions`) holds ``codec``,
-    ``chunk_images``, ``class_names``, ``attrs``, ``overwrite``, ``lock_timeout``,
-    ``storage_options`` and ``tmp_dir`` in one value; the keywords of the same names still
-    work, and one that contradicts ``options`` is an InvalidInputError.
+    The write options (``codec``, ``chunk_images``, ``class_names``, ``attrs``,
+    ``overwrite``, ``lock_timeout``, ``storage_options``, ``tmp_dir``) come as keywords or
+    in ``options`` (:class:`~carraystore.store.options.WriteOptions`), not both differently.
+    ``path`` may be a URL (``s3://bucket/train.b2nd``, ``gs://...``): the store is written
+    in a staging folder under ``tmp_dir`` and uploaded at ``close()``; it appears at the
+    URL only when complete. Appending to a URL downloads the store, appends, uploads it again.
     """
-    opts = WriteOptions.merged(
-        options,
-        str(path),
-        codec=codec,
-        chunk_images=chunk_images,
-        class_names=class_names,
-        attrs=attrs,
-        overwrite=overwrite,
-        lock_timeout=lock_timeout,
-        storage_options=storage_options,
-        tmp_dir=tmp_dir,
-    )
+    opts = WriteOptions.merged(options, str(path), **write)
     codec, chunk_images, class_names, attrs = opts.codec, opts.chunk_images, opts.class_names, opts.attrs
     overwrite, lock_timeout, storage_options, tmp_dir = (
         opts.overwrite,
@@ -1020,42 +1001,28 @@ def _open_for_append(
 def append(
     path: str | os.PathLike[str],
     nthreads: int | None = None,
-    lock_timeout: float | None = 0.0,
     *,
-    storage_options: Mapping[str, Any] | None = None,
-    tmp_dir: str | os.PathLike[str] | None = None,
     options: WriteOptions | None = None,
+    **write: Unpack[WriteKwargs],
 ) -> StoreWriter:
     """Open an existing store (a path or URL) to append images; same as ``create(path, mode="a")``.
 
     Appending costs what it adds (the store is extended in place; docs/appends.md).
     ``lock_timeout``: seconds to wait while another writer holds the store (None: for
     ever); after that :class:`~carraystore.base.errors.StoreLockedError` names the holder.
-    ``options`` (:class:`~carraystore.store.options.WriteOptions`): its ``lock_timeout``,
-    ``storage_options`` and ``tmp_dir`` are used, its ``codec`` must match the store's pinned
-    one; ``chunk_images``, ``class_names`` and ``attrs`` are refused (the store keeps its
-    own); ``overwrite`` and ``progress`` do not apply.
+    Of the write options, ``lock_timeout``, ``storage_options`` and ``tmp_dir`` are used,
+    ``codec`` must match the store's pinned one; ``chunk_images``, ``class_names`` and
+    ``attrs`` are refused (the store keeps its own); ``overwrite`` and ``progress`` do not apply.
     """
     where = str(path)
-    opts = WriteOptions.merged(
-        options, where, lock_timeout=lock_timeout, storage_options=storage_options, tmp_dir=tmp_dir
-    )
+    opts = WriteOptions.merged(options, where, **write)
     opts.refuse(
         ("chunk_images", "class_names", "attrs"),
         where,
         "an append keeps the store's chunk size, class names and attrs; leave them out of the options "
         "(class names and attrs change with update_metadata, CLI: carraystore meta)",
     )
-    return create(
-        path,
-        mode="a",
-        dtype=None,
-        codec=opts.codec,
-        nthreads=nthreads,
-        lock_timeout=opts.lock_timeout,
-        storage_options=opts.storage_options,
-        tmp_dir=opts.tmp_dir,
-    )
+    return create(path, mode="a", dtype=None, nthreads=nthreads, options=opts.replace(overwrite=False))
 
 
 # -- metadata updates in place ---------------------------------------------------------------

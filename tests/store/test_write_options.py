@@ -16,7 +16,7 @@ from carraystore.base.lock import WriterLock
 from carraystore.cli.main import main
 from carraystore.format.codec import PRESETS, Codec
 from carraystore.migrations import migrate
-from carraystore.store.options import WRITE_OPTION_FIELDS, WriteOptions
+from carraystore.store.options import WRITE_OPTION_FIELDS, WriteKwargs, WriteOptions
 from carraystore.store.transfer import copy_store
 
 SHAPE = (8, 8, 3)
@@ -57,6 +57,26 @@ def test_defaults_are_the_entry_points_old_defaults() -> None:
         "progress",
     )
     assert carraystore.WriteOptions is WriteOptions
+
+
+def test_write_kwargs_are_the_fields_typed_alike() -> None:
+    # the keywords every writer takes (**write: Unpack[WriteKwargs]) are WriteOptions' fields, same types
+    fields = {f.name: f.type for f in dataclasses.fields(WriteOptions)}
+    kwargs = {k: getattr(t, "__forward_arg__", t) for k, t in WriteKwargs.__annotations__.items()}
+    assert kwargs == fields and not WriteKwargs.__required_keys__
+
+
+def test_every_writer_takes_the_write_keywords_through_write_kwargs() -> None:
+    # no writer lists the fields again: each takes **write (typed by WriteKwargs) and options=
+    import inspect
+
+    from carraystore.dask import from_dask
+    from carraystore.store.writer import append, create
+
+    for fn in (create, append, migrate, from_dask):
+        params = inspect.signature(fn).parameters
+        assert not set(params) & set(WRITE_OPTION_FIELDS), fn
+        assert params["write"].annotation == "Unpack[WriteKwargs]" and "options" in params, fn
 
 
 def test_frozen_normalised_and_copied() -> None:
