@@ -16,25 +16,67 @@ chunk is decompressed to serve it: decoded chunks are kept in a small per-proces
 (``cache_chunks``). Grain's global shuffle visits chunks at random, which decodes about
 one chunk per record once the store is larger than the cache; for throughput over large
 stores, shuffle by chunk (``carraystore.torch.StoreDataset``, ``Store.batches``) or make the cache
-hold the store. The source pickles as the store's location (each worker opens it). Grain
-is not imported here: the protocol is structural.
+hold the store. The loader options that apply to one record (``image_size``, ``targets``,
+``label_mode``, ``sample_weight``, ``verify``, ``retry_timeout``) are taken as every
+loader takes them; the others (order, shards, clips, threads, ...) are Grain's to decide
+and are refused by name. The source pickles as the store's location and the options
+(each worker opens the store). Grain is not imported here: the protocol is structural.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from carraystore.engine.decoder import image_scale
-from carraystore.base.errors import InvalidInputError
-from carraystore.store.reader import StoreReader
 from carraystore.api.store import open_store
+from carraystore.base.errors import InvalidInputError
+from carraystore.engine.options import LoaderOptions
+from carraystore.engine.spec import LoaderSpec, make_spec
+from carraystore.store.reader import StoreReader
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from carraystore.engine.options import LoaderKwargs
 
 __all__ = ["StoreDataSource"]
+
+#: the loader options that say what one record is; the others order, shard or batch records
+RECORD_OPTIONS = ("targets", "label_mode", "sample_weight", "verify", "retry_timeout", "image_size")
+
+
+def _record_options(options: LoaderOptions | None, kwargs: dict[str, Any]) -> LoaderOptions:
+    """The options, refusing by name those that do not apply to records asked for by index."""
+    opts = LoaderOptions.from_kwargs(**kwargs) if options is None else options.replace(**kwargs)
+    default = LoaderOptions()
+
+    def same(a: Any, b: Any) -> bool:
+        return a is b or (type(a) is type(b) and not isinstance(a, np.ndarray) and bool(a == b))
+
+    odd = set(kwargs) | {
+        f.name for f in dataclasses.fields(opts) if not same(getattr(opts, f.name), getattr(default, f.name))
+    }
+    odd -= set(RECORD_OPTIONS)
+    if odd:
+        raise InvalidInputError(
+            f"StoreDataSource serves one record by index: {sorted(odd)} do not apply (Grain's sampler orders, "
+            f"shards and epochs the records, its operations batch and transform them); it takes {list(RECORD_OPTIONS)}"
+        )
+    return opts
+
+
+def _row(y: Any) -> Any:
+    """Sample 0 of a batch's y (an array, a tuple or a dict of arrays)."""
+    if isinstance(y, dict):
+        return {k: v[0] for k, v in y.items()}
+    if isinstance(y, tuple):
+        return tuple(v[0] for v in y)
+    return y[0]
 
 
 class StoreDataSource:
@@ -42,69 +84,70 @@ class StoreDataSource:
 
     - ``store_or_path``: a Store, a path or a URL (``storage_options`` for URLs).
     - ``cache_chunks``: decoded chunks kept per process (default 8).
-    - ``verify``: check each chunk's CRC32 before decoding it (default True).
     - ``with_key``: add ``"key"`` (the sample's source name) where the store has keys.
-    - ``image_size``: (height, width) of the images returned, the stored size divided by 1,
-      2, 4 or 8 (as the loaders' ``image_size``: JPEG entries decoded at that size, other
-      images box-averaged); the cache holds the smaller images.
+    - the loader options of :data:`RECORD_OPTIONS` (:class:`carraystore.engine.options.LoaderOptions`),
+      as keywords or one ``options`` value: ``image_size`` (images decoded smaller, as the
+      loaders do; the cache holds the smaller images), ``verify`` (CRC32 of each chunk, default
+      True), ``targets``/``label_mode`` (``"label"`` is y as the loaders give it: an array, a
+      tuple or a dict; none when there is no y), ``sample_weight`` (``"sample_weight"``, a
+      float32), ``retry_timeout``. Any other loader option is refused by name.
     """
 
     def __init__(
         self,
         store_or_path: Any,
+        options: LoaderOptions | None = None,
         *,
         cache_chunks: int = 8,
-        verify: bool = True,
         with_key: bool = False,
         storage_options: dict[str, Any] | None = None,
-        image_size: tuple[int, int] | None = None,
+        **kwargs: Unpack[LoaderKwargs],
     ) -> None:
-        if isinstance(store_or_path, StoreReader):
-            store = store_or_path
-        elif isinstance(store_or_path, (str, os.PathLike)):
-            store = open_store(store_or_path, storage_options)
-        else:
-            raise InvalidInputError(
-                f"expected a carraystore Store, a path or a URL of a .b2nd store, got {type(store_or_path).__name__}"
-            )
+        if isinstance(store_or_path, (str, os.PathLike)):
+            store_or_path = open_store(store_or_path, storage_options)
+        self.options = _record_options(options, dict(kwargs))
+        spec = make_spec(store_or_path, 1, self.options)
         self.cache_chunks = int(cache_chunks)
         if self.cache_chunks < 1:
             raise InvalidInputError(f"cache_chunks must be >= 1, got {cache_chunks}")
-        self.verify = bool(verify)
         self.with_key = bool(with_key)
-        self.scale = image_scale(store, image_size)
-        self._open_state: dict[str, Any] = store.__getstate__()
-        self._setup(store)
+        self._open_state: dict[str, Any] = spec.store.__getstate__()
+        self._setup(spec)
 
-    def _setup(self, store: StoreReader | None) -> None:
-        self._store = store
+    def _setup(self, spec: LoaderSpec | None) -> None:
+        self._spec = spec
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._labels: np.ndarray | None = None if store is None else store.labels
-        self._n = None if store is None else len(store)
+
+    @property
+    def spec(self) -> LoaderSpec:
+        """The options resolved against the store, opened again in each new process."""
+        if self._spec is None or self._pid != os.getpid():
+            st = self._open_state
+            store = open_store(st["location"], st.get("storage_options") or None, **st.get("open_kwargs", {}))
+            self._setup(make_spec(store, 1, self.options))
+        assert self._spec is not None
+        return self._spec
 
     @property
     def store(self) -> StoreReader:
         """The store, opened again in each new process."""
-        if self._store is None or self._pid != os.getpid():
-            st = self._open_state
-            self._setup(open_store(st["location"], st.get("storage_options") or None, **st.get("open_kwargs", {})))
-        assert self._store is not None
-        return self._store
+        return self.spec.store
 
     def __len__(self) -> int:
-        return len(self.store) if self._n is None else self._n
+        return len(self.store)
 
     def _chunk(self, c: int) -> np.ndarray:
-        store = self.store
+        spec = self.spec
         with self._lock:
             arr = self._cache.get(c)
             if arr is not None:
                 self._cache.move_to_end(c)
                 return arr
-        arr = store.read_chunk(c, verify=self.verify, scale=self.scale)  # outside the lock: threads decode in parallel
-        if self.scale != 1:  # the reduced images, compact: the full-size buffer is let go
+        # outside the lock: threads decode in parallel
+        arr = spec.store.read_chunk(c, verify=spec.verify, scale=spec.scale)
+        if spec.scale != 1:  # the reduced images, compact: the full-size buffer is let go
             arr = np.ascontiguousarray(arr)
         with self._lock:
             self._cache[c] = arr
@@ -119,31 +162,33 @@ class StoreDataSource:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"record {record_key} out of range for a store of {n} images")
-        store = self.store
-        k = store.chunk_images
+        spec = self.spec
+        k = spec.store.chunk_images
         image = self._chunk(i // k)[i % k].copy()  # a copy: the cached chunk may be dropped and reused
         out: dict[str, Any] = {"image": image}
-        if self._labels is not None:
-            out["label"] = np.int64(self._labels[i])
-        if self.with_key and store.keys is not None:
-            out["key"] = store.keys[i]
+        items = np.array([i], dtype=np.int64)
+        if spec.has_y:
+            out["label"] = _row(spec.y_for(items))
+        w = spec.w_for(items)
+        if w is not None:
+            out["sample_weight"] = w[0]
+        if self.with_key and spec.store.keys is not None:
+            out["key"] = spec.store.keys[i]
         return out
 
     def __getstate__(self) -> dict[str, Any]:
         return {
             "open_state": self._open_state,
+            "options": self.options,
             "cache_chunks": self.cache_chunks,
-            "verify": self.verify,
             "with_key": self.with_key,
-            "scale": self.scale,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._open_state = state["open_state"]
+        self.options = state["options"]
         self.cache_chunks = state["cache_chunks"]
-        self.verify = state["verify"]
         self.with_key = state["with_key"]
-        self.scale = state.get("scale", 1)
         self._setup(None)
 
     def __repr__(self) -> str:

@@ -36,26 +36,20 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
+from carraystore.api.store import open_store
 from carraystore.base.atomic import write_text_atomically
-from carraystore.engine.decoder import (
-    EpochDecoder,
-    LoaderOptions,
-    LoaderSpec,
-    batch_index,
-    cache_slots,
-    make_spec,
-    warn_out_of_order,
-)
 from carraystore.base.errors import InvalidInputError
 from carraystore.base.forksafe import at_fork_in_child
-from carraystore.engine.pipeline import plan_memory
+from carraystore.engine.options import LoaderOptions
+from carraystore.engine.pipeline import MemoryPlan
+from carraystore.engine.random_access import WindowCache, batch_index
 from carraystore.engine.sampling import EpochPlan
-from carraystore.api.store import open_store
+from carraystore.engine.spec import LoaderSpec, make_spec
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from carraystore.engine.decoder import LoaderKwargs
+    from carraystore.engine.options import LoaderKwargs
 
 __all__ = ["StoreDataset", "TrainingPosition", "KERAS_THREAD_PREFIX"]
 
@@ -78,7 +72,7 @@ at_fork_in_child(_after_fork_in_child)
 class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships no type information
     """A store as a Keras ``PyDataset`` of (x, y) batches (x alone for unlabelled stores).
 
-    Arguments: every :class:`carraystore.engine.decoder.LoaderOptions` field (documented there, once;
+    Arguments: every :class:`carraystore.engine.options.LoaderOptions` field (documented there, once;
     typed as ``LoaderKwargs``), as keywords or one ``options`` value, plus ``cache_windows``
     (decoded windows kept per process) and Keras's ``workers``, ``use_multiprocessing``,
     ``max_queue_size``.
@@ -123,16 +117,11 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
             self._resume = (self.epoch, sb)
         #: the length of the resumed epoch once it is over (TrainingPosition catches a fit going on with it)
         self._resumed_len: int | None = None
-        self.cache_windows = int(cache_windows)
-        if self.cache_windows < 1:
-            raise InvalidInputError(f"cache_windows must be >= 1, got {cache_windows}")
+        self._windows = WindowCache(cache_windows, KERAS_THREAD_PREFIX, "StoreDataset", warn=True)
         self.num_threads = int(self._spec.options.num_threads or 1)
         self._lock = threading.Lock()
-        self._cache: EpochDecoder | None = None
-        self._warned = False
         self._pid = os.getpid()
         self._used = False
-        self._decoded: dict[int, int] = {}
         _DATASETS.add(self)
 
     # -- description ---------------------------------------------------------------------------
@@ -160,15 +149,16 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
     @property
     def decode_counts(self) -> dict[int, int]:
         """Epoch -> chunks this process decoded for it (an epoch has ``store.nchunks``)."""
-        out = dict(self._decoded)
-        c = self._cache
-        if c is not None:
-            out[c.epoch] = out.get(c.epoch, 0) + c.chunks_decoded
-        return out
+        return self._windows.decode_counts
 
-    def _retire(self, c: EpochDecoder) -> None:
-        c.close()
-        self._decoded[c.epoch] = self._decoded.get(c.epoch, 0) + c.chunks_decoded
+    @property
+    def cache_windows(self) -> int:
+        return self._windows.cache_windows
+
+    @property
+    def memory(self) -> MemoryPlan | None:
+        """The decoder's slots and buffers (:class:`carraystore.engine.pipeline.MemoryPlan`), once it started."""
+        return self._windows.memory
 
     @property
     def first_batch(self) -> int:
@@ -187,35 +177,14 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
         return self._spec.state_dict(self.epoch, batch)
 
     # -- batches ---------------------------------------------------------------------------------
-    def _get_cache(self) -> EpochDecoder:
-        with self._lock:
-            if self._pid != os.getpid():  # a forked worker: fresh file handle and cache
-                store = self._spec.store
-                self._spec.store = open_store(store.location, store.storage_options or None)
-                self._cache = None
-                self._decoded = {}
-                self._pid = os.getpid()
-            c = self._cache
-            if c is None or c.epoch != self.epoch:
-                if c is not None:
-                    self._retire(c)
-                plan = self._spec.plan(self.epoch)
-                mwc = plan.max_window_chunks
-                want = cache_slots(mwc, self.cache_windows, self._spec.options.prefetch)
-                # Keras holds the batches (max_queue_size): only the slots are the decoder's
-                self.memory = plan_memory(self._spec, plan, want, 0, 1, "StoreDataset")
-                c = self._cache = EpochDecoder(
-                    self._spec, self.epoch, self.memory.slots, self.num_threads, KERAS_THREAD_PREFIX, plan=plan
-                )
-            return c
-
     def __getitem__(self, index: int) -> Any:
         i = batch_index(index, len(self))
-        c = self._get_cache()
-        out = c.batch(i + self.first_batch)
-        if c.out_of_order and not self._warned:
-            self._warned = True
-            warn_out_of_order(c, "StoreDataset")
+        with self._lock:
+            if self._pid != os.getpid():  # a forked worker: a file handle of its own
+                store = self._spec.store
+                self._spec.store = open_store(store.location, store.storage_options or None)
+                self._pid = os.getpid()
+        out = self._windows.batch(self._spec, self.epoch, i + self.first_batch)
         return out[0] if out[1] is None else out
 
     # -- epochs ----------------------------------------------------------------------------------
@@ -260,10 +229,7 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
 
     def close(self) -> None:
         """Free the decoded windows and end the decoder threads (they restart on demand)."""
-        with self._lock:
-            c, self._cache = self._cache, None
-            if c is not None and self._pid == os.getpid():
-                self._retire(c)
+        self._windows.close()
 
     def __del__(self) -> None:
         try:
@@ -274,15 +240,12 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
     # -- pickling (use_multiprocessing with spawn/forkserver) ------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_cache"] = None
         state.pop("_lock", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-        self._cache = None
-        self._decoded = {}
         self._pid = os.getpid()
         _DATASETS.add(self)
 

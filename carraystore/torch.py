@@ -9,7 +9,7 @@
             ...
 
 :class:`StoreDataset` is an ``IterableDataset`` over the decoding engine
-(:mod:`carraystore.engine.decoder`) taking every :class:`~carraystore.engine.decoder.LoaderOptions`
+(:mod:`carraystore.engine.decoder`) taking every :class:`~carraystore.engine.options.LoaderOptions`
 argument. DataLoader workers split an epoch's batches: batch ``b`` is made by worker
 ``b % num_workers``, and DataLoader's round-robin hands them out in order, so the output
 is the same batch sequence whatever the number of workers (every sample once per epoch,
@@ -33,25 +33,25 @@ import dataclasses
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from carraystore.engine.decoder import (
-    BatchBuffers,
-    EpochDecoder,
-    LoaderOptions,
-    LoaderSpec,
-    batch_index,
-    cache_slots,
-    make_spec,
-)
+from carraystore.api.store import open_store
 from carraystore.base.errors import InvalidInputError, LoaderError, MissingDependencyError
+from carraystore.engine.decoder import BatchBuffers, EpochDecoder
+from carraystore.engine.options import LoaderOptions
 from carraystore.engine.pipeline import MemoryPlan, OrderedBatches, assemblers_for, plan_memory
-from carraystore.store.reader import StoreReader
+from carraystore.engine.random_access import WindowCache, batch_index
 from carraystore.engine.resume import STATE_VERSION, ResumePoint
 from carraystore.engine.sampling import EpochPlan, num_batches
-from carraystore.api.store import open_store
+from carraystore.engine.spec import LoaderSpec, make_spec
+from carraystore.store.reader import StoreReader
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from carraystore.engine.options import LoaderKwargs
 
 try:
     import torch
@@ -170,21 +170,14 @@ class _StoreBatches:
         store_or_path: Any,
         batch_size: int,
         options: LoaderOptions | None,
-        rank: int | None,
-        world_size: int | None,
         device: Any,
         pin_memory: bool,
-        kwargs: dict[str, Any],
+        kwargs: LoaderKwargs,
     ) -> None:
         spec = make_spec(store_or_path, batch_size, options, **kwargs)
         opts = spec.options
-        if rank is not None or world_size is not None:
-            opts = opts.replace(
-                rank=opts.rank if rank is None else rank,
-                world_size=opts.world_size if world_size is None else world_size,
-            )
-        elif opts.world_size == 1 and "rank" not in kwargs and "world_size" not in kwargs:
-            dist = _distributed()
+        if opts.world_size == 1 and "rank" not in kwargs and "world_size" not in kwargs:
+            dist = _distributed()  # rank and world_size not given: those of torch.distributed
             if dist is not None:
                 opts = opts.replace(rank=dist[0], world_size=dist[1])
         self._spec: LoaderSpec | None = dataclasses.replace(spec, options=opts)
@@ -302,25 +295,6 @@ class _StoreBatches:
         self.epoch = point.epoch
 
     # -- one batch --------------------------------------------------------------------------------------
-    def _memory(
-        self, plan: EpochPlan, spare: int, want_slots: int | None = None, assemblers: int | None = None
-    ) -> MemoryPlan:
-        """Slots and batch buffers within ``memory_budget`` (:func:`carraystore.engine.pipeline.plan_memory`)."""
-        mwc = plan.max_window_chunks
-        if want_slots is None:
-            want_slots = mwc + int(self._options.prefetch or 0)
-        a = assemblers_for(self.spec) if assemblers is None else assemblers
-        return plan_memory(self.spec, plan, want_slots, spare, a, type(self).__name__)
-
-    def _make_decoder(self, plan: EpochPlan, serves: tuple[int, int], nslots: int | None = None) -> EpochDecoder:
-        spec = self.spec
-        opts = spec.options
-        if nslots is None:
-            nslots = plan.max_window_chunks + int(opts.prefetch or 0)
-        return EpochDecoder(
-            spec, self.epoch, nslots, int(opts.num_threads or 1), TORCH_THREAD_PREFIX, plan=plan, serves=serves
-        )
-
     def _host_buffer(self, shape: tuple[int, ...], worker: bool, pool: Any) -> tuple[np.ndarray, Any]:
         """Where batch x is decoded: (numpy view, the tensor behind it or None)."""
         dtype = self.spec.store.dtype
@@ -365,8 +339,6 @@ class _StoreBatches:
         state = self.__dict__.copy()
         for k in ("_spec", "_lock", "_plans"):
             state.pop(k, None)
-        if "_cache" in state:
-            state["_cache"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -403,13 +375,13 @@ def _on_device(v: Any, device: Any) -> Any:
 class StoreDataset(_StoreBatches, IterableDataset[Any]):
     """A store as an ``IterableDataset`` of whole batches: ``DataLoader(ds, batch_size=None)``.
 
-    Arguments: every :class:`carraystore.engine.decoder.LoaderOptions` field (``shuffle``,
+    Arguments: every :class:`carraystore.engine.options.LoaderOptions` field (``shuffle``,
     ``seed``, ``epoch``, ``start_batch``, ``window``, ``drop_remainder``, ``transform``,
     ``label_mode``, ``sequence_length``, ``verify``, ``prefetch``, ``num_threads``, ...),
     as keywords or one ``options`` value, and:
 
-    - ``rank``, ``world_size``: this process's shard; by default those of an initialised
-      ``torch.distributed`` process group (else the options', else one shard).
+    - ``rank``, ``world_size`` (loader options): when neither is given, and the options
+      say one shard, those of an initialised ``torch.distributed`` process group.
     - ``device``: ``"cuda"`` (or ``"cuda:1"``) copies each batch to the GPU from pinned
       buffers reused across batches, on a side stream, from the main process
       (``num_workers=0``); None (default) yields CPU tensors.
@@ -418,8 +390,7 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
       decoder) hands the JPEG entries of an encoded store to ``torchvision.io.decode_jpeg``
       (nvJPEG on the GPU) batch by batch, in the same order, shards and resume as the CPU
       path, from the main process (``num_workers=0``); x is ``(B, H, W, C)`` uint8 on that
-      device, y too. Its pixels are nvJPEG's, not Pillow's (on an H100 65% of the values
-      equal, some up to 59 levels apart: docs/torch.md). Not with clips, ``image_size`` or
+      device, y too. Its pixels are nvJPEG's, not Pillow's (docs/torch.md). Not with clips, ``image_size`` or
       a numpy ``transform``. Needs torchvision.
 
     Yields ``(x, y)`` tensors: x of the store's dtype and shape, ``(B, H, W, C)`` uint8
@@ -435,19 +406,17 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
         batch_size: int,
         options: LoaderOptions | None = None,
         *,
-        rank: int | None = None,
-        world_size: int | None = None,
         device: Any = None,
         pin_memory: bool = False,
         decode_device: Any = None,
-        **kwargs: Any,
+        **kwargs: Unpack[LoaderKwargs],
     ) -> None:
         if decode_device is not None:
             dd = torch.device(decode_device)
             if device is not None and torch.device(device) != dd:
                 raise InvalidInputError(f"decode_device={decode_device!r} delivers there; device={device!r} differs")
             device = dd
-        _StoreBatches.__init__(self, store_or_path, batch_size, options, rank, world_size, device, pin_memory, kwargs)
+        _StoreBatches.__init__(self, store_or_path, batch_size, options, device, pin_memory, kwargs)
         self.decode_device = None if decode_device is None else torch.device(decode_device)
         if self.decode_device is not None:
             self._check_decode_device()
@@ -540,11 +509,13 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
         if not len(mine):
             return
         # a worker's batches are num_workers apart: one assembler each (the workers are the parallelism)
-        memory = self._memory(plan, 2, assemblers=1 if worker else None)
+        want = plan.max_window_chunks + int(self._options.prefetch or 0)
+        memory = plan_memory(spec, plan, want, 2, 1 if worker else assemblers_for(spec), "StoreDataset")
         if staging is not None:  # pragma: no cover - needs a GPU
             staging.depth = max(staging.depth, memory.batch_buffers)
         pool = staging if staging is not None else BatchBuffers(memory.batch_buffers)
-        dec = self._make_decoder(plan, (k, n), memory.slots)
+        threads = int(spec.options.num_threads or 1)
+        dec = EpochDecoder(spec, self.epoch, memory.slots, threads, TORCH_THREAD_PREFIX, plan=plan, serves=(k, n))
 
         def buffer(b: int) -> tuple[np.ndarray, Any]:
             a, e = spec.batch_bounds(plan, b)
@@ -593,50 +564,37 @@ class StoreMapDataset(_StoreBatches, Dataset[Any]):
         batch_size: int,
         options: LoaderOptions | None = None,
         *,
-        rank: int | None = None,
-        world_size: int | None = None,
         pin_memory: bool = False,
         cache_windows: int = 3,
-        **kwargs: Any,
+        **kwargs: Unpack[LoaderKwargs],
     ) -> None:
-        _StoreBatches.__init__(self, store_or_path, batch_size, options, rank, world_size, None, pin_memory, kwargs)
-        self.cache_windows = int(cache_windows)
-        if self.cache_windows < 1:
-            raise InvalidInputError(f"cache_windows must be >= 1, got {cache_windows}")
-        self._cache: EpochDecoder | None = None
+        _StoreBatches.__init__(self, store_or_path, batch_size, options, None, pin_memory, kwargs)
+        self._windows = WindowCache(cache_windows, TORCH_THREAD_PREFIX, "StoreMapDataset")
+
+    @property
+    def cache_windows(self) -> int:
+        return self._windows.cache_windows
+
+    @property
+    def memory(self) -> MemoryPlan | None:
+        """The decoder's slots and buffers, once it started."""
+        return self._windows.memory
 
     def __len__(self) -> int:
         return self.num_batches
 
-    def _decoder(self) -> EpochDecoder:
-        plan = self.plan()
-        with self._lock:
-            c = self._cache
-            if c is not None and c.pid == os.getpid() and c.epoch == self.epoch and c.plan is plan:
-                return c
-            if c is not None and c.pid == os.getpid():
-                c.close()
-            mwc = plan.max_window_chunks
-            want = cache_slots(mwc, self.cache_windows, self._options.prefetch)
-            self.memory = self._memory(plan, 0, want, 1)
-            c = self._cache = self._make_decoder(plan, (0, 1), self.memory.slots)
-            return c
-
     def __getitem__(self, index: int) -> Any:
         i = batch_index(index, len(self))
         worker = get_worker_info() is not None
-        dec = self._decoder()
-        spec = self.spec
-        a, e = spec.batch_bounds(dec.plan, i)
+        plan, spec = self.plan(), self.spec
+        a, e = spec.batch_bounds(plan, i)
         xa, xt = self._host_buffer(spec.x_shape(e - a), worker, BatchBuffers(1))
-        x, y = dec.batch(i, xa)
+        x, y = self._windows.batch(spec, self.epoch, i, plan, xa)
         return self._deliver(x, y, xt, xa, None)
 
     def close(self) -> None:
         """Free the decoded windows and end the decoder threads (they restart on demand)."""
-        c, self._cache = self._cache, None
-        if c is not None and c.pid == os.getpid():
-            c.close()
+        self._windows.close()
 
     def __del__(self) -> None:
         try:

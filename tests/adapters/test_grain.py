@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ grain = pytest.importorskip("grain.python")
 
 import carraystore  # noqa: E402
 from carraystore.base.errors import InvalidInputError  # noqa: E402
+from carraystore.engine.options import LoaderOptions  # noqa: E402
 from carraystore.grain import StoreDataSource  # noqa: E402
 
 
@@ -100,3 +102,69 @@ def test_map_dataset_pipeline_and_pickling(store_path: Path) -> None:
     ds = grain.MapDataset.source(again).shuffle(seed=0).map(lambda r: (r["image"].mean(), int(r["label"]))).batch(32)
     labels = [v for b in ds for v in b[1].tolist()]
     assert sorted(labels) == list(range(101))
+
+
+@pytest.fixture(scope="module")
+def fields_store(tmp_path_factory: pytest.TempPathFactory, photo_patches: Callable[..., np.ndarray]) -> Path:
+    """40 real photo patches, 4 classes, an ``angle`` and a ``w`` field per sample, chunks of 8."""
+    path = tmp_path_factory.mktemp("grain_fields") / "fields.b2nd"
+    with carraystore.create(path, (16, 16, 3), chunk_images=8, class_names=["a", "b", "c", "d"]) as w:
+        w.append(
+            photo_patches(40, (16, 16), seed=4),
+            np.arange(40) % 4,
+            columns={"angle": np.linspace(-1, 1, 40), "w": np.arange(40) / 10},
+        )
+    return path
+
+
+def test_loader_options_make_the_records_the_loaders_batches(fields_store: Path) -> None:
+    opts = {"targets": {"cls": "label", "angle": "angle"}, "label_mode": "categorical", "sample_weight": "w"}
+    store = carraystore.open(fields_store)
+    x, y, w = next(iter(store.batches(40, shuffle=False, image_size=(8, 8), **opts)))  # type: ignore[arg-type]
+    src = pickle.loads(pickle.dumps(StoreDataSource(fields_store, image_size=(8, 8), verify=False, **opts)))
+    assert src.options.image_size == (8, 8) and not src.options.verify
+    for i in (0, 13, 39):
+        rec = src[i]
+        np.testing.assert_array_equal(rec["image"], x[i])
+        assert rec["image"].shape == (8, 8, 3)
+        np.testing.assert_array_equal(rec["label"]["cls"], y["cls"][i])
+        assert rec["label"]["cls"].dtype == np.float32 and rec["label"]["angle"] == y["angle"][i]
+        assert rec["sample_weight"] == w[i] and rec["sample_weight"].dtype == np.float32
+    # through Grain: the records batch as the loaders' y does
+    loader = grain.DataLoader(
+        data_source=src,
+        sampler=grain.IndexSampler(len(src), grain.NoSharding(), shuffle=True, num_epochs=1, seed=2),
+        operations=[grain.Batch(8)],
+    )
+    for batch in loader:
+        cls = batch["label"]["cls"]
+        assert cls.shape == (8, 4) and batch["sample_weight"].shape == (8,)
+        idx = np.round(batch["sample_weight"] * 10).astype(int)
+        np.testing.assert_array_equal(cls, y["cls"][idx])
+        np.testing.assert_allclose(batch["label"]["angle"], y["angle"][idx])
+    # an options value, a field as y; label_mode=None: no y
+    angle = StoreDataSource(fields_store, LoaderOptions(targets="angle"))[5]
+    assert angle["label"] == y["angle"][5] and "sample_weight" not in angle
+    assert set(StoreDataSource(fields_store, label_mode=None)[5]) == {"image"}
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"shuffle": False},
+        {"rank": 1, "world_size": 2},
+        {"sequence_length": 2},
+        {"num_threads": 2},
+        {"transform": lambda x, y: (x, y)},
+        {"options": LoaderOptions(seed=3)},
+    ],
+)
+def test_options_that_order_shard_or_batch_are_refused_by_name(fields_store: Path, given: dict[str, Any]) -> None:
+    name = "seed" if "options" in given else sorted(given)[0]
+    with pytest.raises(InvalidInputError, match=rf"'{name}'.*do not apply"):
+        StoreDataSource(fields_store, **given)
+
+
+def test_an_unknown_option_gets_a_hint(fields_store: Path) -> None:
+    with pytest.raises(InvalidInputError, match="did you mean 'image_size'"):
+        StoreDataSource(fields_store, imag_size=(8, 8))  # type: ignore[call-arg]

@@ -1,0 +1,135 @@
+"""Batches by index for the random-access adapters (Keras ``StoreDataset``, ``StoreMapDataset``).
+
+Batch ``i`` of an epoch is a pure function of (options, epoch, i), so any thread or process
+may ask for any batch. :class:`WindowCache` keeps one :class:`~carraystore.engine.decoder.EpochDecoder`
+per process whose slots hold ``cache_windows`` decoded windows: batches asked for in order
+decode each chunk once, and the decoder reads the next window ahead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+from carraystore.base.errors import InvalidInputError
+from carraystore.engine.decoder import EpochDecoder
+from carraystore.engine.pipeline import MemoryPlan, plan_memory
+from carraystore.engine.sampling import EpochPlan
+from carraystore.engine.spec import LoaderSpec
+
+__all__ = ["WindowCache", "batch_index"]
+
+
+def batch_index(index: int, num_batches: int) -> int:
+    """A batch ``index`` (negative counts from the end) checked against the epoch's ``num_batches``."""
+    i = int(index)
+    if i < 0:
+        i += num_batches
+    if not 0 <= i < num_batches:
+        raise IndexError(f"batch {index} out of range for an epoch of {num_batches} batches")
+    return i
+
+
+class WindowCache:
+    """One process's decoder of an epoch, kept while batches of that epoch are asked for.
+
+    The decoder is made again for another epoch, another spec (a resumed or reopened store)
+    or in a new process; ``warn`` says once when batches come out of order (windows decoded
+    twice). Pickles as its settings only.
+    """
+
+    def __init__(self, cache_windows: int, thread_prefix: str, what: str, warn: bool = False) -> None:
+        self.cache_windows = int(cache_windows)
+        if self.cache_windows < 1:
+            raise InvalidInputError(f"cache_windows must be >= 1, got {cache_windows}")
+        self.thread_prefix = thread_prefix
+        self.what = what
+        self.warn = warn
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self.decoder: EpochDecoder | None = None
+        #: the slots and buffers of the last decoder made
+        self.memory: MemoryPlan | None = None
+        self._decoded: dict[int, int] = {}
+        self._warned = False
+
+    def get(self, spec: LoaderSpec, epoch: int, plan: EpochPlan | None = None) -> EpochDecoder:
+        """The decoder of ``epoch`` (``plan``: that epoch's, default ``spec.plan(epoch)``)."""
+        if self._pid != os.getpid():  # a forked child: the parent's decoder and lock are not ours
+            self._reset()
+        with self._lock:
+            c = self.decoder
+            if c is not None and c.epoch == epoch and c.spec is spec and (plan is None or c.plan is plan):
+                return c
+            self._retire()
+            plan = spec.plan(epoch) if plan is None else plan
+            mwc = plan.max_window_chunks
+            want = max(self.cache_windows * mwc, mwc + int(spec.options.prefetch or 0))
+            # the adapter's caller holds the batches: only the slots are the decoder's
+            self.memory = plan_memory(spec, plan, want, 0, 1, self.what)
+            threads = int(spec.options.num_threads or 1)
+            c = self.decoder = EpochDecoder(spec, epoch, self.memory.slots, threads, self.thread_prefix, plan=plan)
+            return c
+
+    def batch(
+        self, spec: LoaderSpec, epoch: int, i: int, plan: EpochPlan | None = None, out: np.ndarray | None = None
+    ) -> tuple[Any, ...]:
+        """Batch ``i`` of ``epoch`` as the decoder gives it ((x, y) or (x, y, w)), x written into ``out``."""
+        c = self.get(spec, epoch, plan)
+        got = c.batch(i, out)
+        if self.warn and c.out_of_order and not self._warned:
+            self._warned = True
+            w = next((w for w, n in c.decode_count.items() if n > 1), None)
+            warnings.warn(
+                f"carraystore {self.what} ({spec.store.location}): window {w} of epoch {epoch} was decoded "
+                f"{c.decode_count.get(w, 0) if w is not None else 0} times; batches are being asked for out of "
+                "order. model.fit(shuffle=True), Keras's default, does that: StoreDataset already shuffles, so pass "
+                "shuffle=False to fit (or raise cache_windows).",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return got
+
+    @property
+    def decode_counts(self) -> dict[int, int]:
+        """Epoch -> chunks this process decoded for it."""
+        if self._pid != os.getpid():
+            return {}
+        out = dict(self._decoded)
+        c = self.decoder
+        if c is not None:
+            out[c.epoch] = out.get(c.epoch, 0) + c.chunks_decoded
+        return out
+
+    def _retire(self) -> None:
+        c, self.decoder = self.decoder, None
+        if c is not None and c.pid == os.getpid():
+            c.close()
+            self._decoded[c.epoch] = self._decoded.get(c.epoch, 0) + c.chunks_decoded
+
+    def close(self) -> None:
+        """End the decoder threads and free the decoded windows (a new decoder starts on demand)."""
+        if self._pid != os.getpid():
+            self._reset()
+            return
+        with self._lock:
+            self._retire()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "cache_windows": self.cache_windows,
+            "thread_prefix": self.thread_prefix,
+            "what": self.what,
+            "warn": self.warn,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
