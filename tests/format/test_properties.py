@@ -13,17 +13,18 @@ import signal
 import string
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import blosc2
 import numpy as np
 import pytest
+from helpers import indexed_images, kill_mid_append
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import carraystore
-from carraystore.format.codec import CODECS, FILTERS, PRESETS, SPLITMODES, Codec, is_preset
 from carraystore.base.errors import (
     CarrayStoreError,
     CodecRoundTripError,
@@ -32,6 +33,9 @@ from carraystore.base.errors import (
     StoreLockedError,
     UnknownCodecError,
 )
+from carraystore.base.lock import WriterLock
+from carraystore.engine.sampling import RAMP_GROWTH, clip_offsets, clip_starts, group_runs, plan_epoch, shard_length
+from carraystore.format.codec import CODECS, FILTERS, PRESETS, SPLITMODES, Codec, is_preset
 from carraystore.format.record import (
     COLOR_MODES,
     DTYPES,
@@ -41,8 +45,6 @@ from carraystore.format.record import (
     dtype_to_record,
     validate_key,
 )
-from carraystore.base.lock import WriterLock
-from carraystore.engine.sampling import RAMP_GROWTH, clip_offsets, clip_starts, group_runs, plan_epoch, shard_length
 from carraystore.store.writer import check_round_trip
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -482,12 +484,7 @@ SHAPE = (8, 8, 3)
 CHUNK = 4
 
 
-def _images(start: int, n: int) -> np.ndarray:
-    """Image ``i`` is a pure function of ``i`` (so the model only counts images)."""
-    out = np.zeros((n, *SHAPE), np.uint8)
-    for j in range(n):
-        out[j] = np.random.default_rng(start + j).integers(0, 256, SHAPE, dtype=np.uint8)
-    return out
+_images = partial(indexed_images, shape=SHAPE)  # image ``i`` is a function of ``i``: the model only counts images
 
 
 class AppendMachine(RuleBasedStateMachine):
@@ -527,21 +524,7 @@ class AppendMachine(RuleBasedStateMachine):
     def killed_append_leaves_the_old_store(self, k: int) -> None:
         """A writer SIGKILLed after writing chunks in place: the next reader rolls it back."""
         old = self.path.read_bytes()
-        r, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child)
-            try:
-                w = carraystore.append(self.path)
-                self._add(w, k)
-                os.write(wfd, b"x")
-                time.sleep(60)
-            finally:
-                os._exit(1)
-        os.close(wfd)
-        assert os.read(r, 1) == b"x"
-        os.close(r)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        kill_mid_append(self.path, lambda w: self._add(w, k))
         with carraystore.open(self.path) as s:
             assert len(s) == self.n
         assert self.path.read_bytes() == old

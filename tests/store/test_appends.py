@@ -11,11 +11,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import blosc2
 import numpy as np
 import pytest
+from helpers import indexed_images, kill_mid_append
 
 import carraystore
 from carraystore.base.errors import StoreExistsError, StoreLockedError
@@ -27,10 +29,7 @@ CHUNK = 4
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _images(start: int, n: int) -> np.ndarray:
-    if n == 0:
-        return np.zeros((0, *SHAPE), np.uint8)
-    return np.stack([np.random.default_rng(i).integers(0, 256, SHAPE, dtype=np.uint8) for i in range(start, start + n)])
+_images = partial(indexed_images, shape=SHAPE)
 
 
 def _keys(start: int, n: int) -> list[str]:
@@ -279,8 +278,8 @@ def test_lock_file_names_its_holder(tmp_path: Path) -> None:
 
 
 def test_ingest_into_a_target_another_writer_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from carraystore.cli.main import main
     from carraystore.base.lock import WriterLock
+    from carraystore.cli.main import main
     from carraystore.ingest.sample_data import make_photo_folder
 
     folder = make_photo_folder(tmp_path / "photos", n=12, size=(32, 32), seed=3)
@@ -350,22 +349,10 @@ def test_two_paths_to_one_store_share_one_lock(tmp_path: Path) -> None:
 
 
 def _kill_mid_append(path: Path, start: int) -> None:
-    """Leave a hot journal: a child writes chunks in place and is SIGKILLed before close()."""
-    r, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            w = carraystore.append(path)
-            w.append(_images(start, 9), labels=np.arange(start, start + 9) % 5, keys=_keys(start, 9))
-            os.write(wfd, b"x")
-            time.sleep(60)
-        finally:
-            os._exit(1)
-    os.close(wfd)
-    assert os.read(r, 1) == b"x"
-    os.close(r)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    """Leave a hot journal: a child writes 9 images in place and is SIGKILLed before close()."""
+    kill_mid_append(
+        path, lambda w: w.append(_images(start, 9), labels=np.arange(start, start + 9) % 5, keys=_keys(start, 9))
+    )
 
 
 def test_a_reader_that_cannot_roll_back_reads_the_old_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

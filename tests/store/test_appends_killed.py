@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+from helpers import indexed_images, kill_forked
 
 import carraystore
 from carraystore.format.frame import read_frame
@@ -21,13 +23,11 @@ K = 7  # images per append: not a multiple of CHUNK, so partial chunks get rewri
 TRIALS = 30
 
 
-def _images(start: int, n: int) -> np.ndarray:
-    """Images start..start+n-1: each one a function of its index alone."""
-    return np.stack([np.random.default_rng(i).integers(0, 256, SHAPE, dtype=np.uint8) for i in range(start, start + n)])
+_images = partial(indexed_images, shape=SHAPE)
 
 
-def _append_forever(path: Path, start: int, ready_fd: int) -> None:
-    os.write(ready_fd, b"x")
+def _append_forever(path: Path, start: int, ready: Callable[[], object]) -> None:
+    ready()
     i = start
     while True:
         with carraystore.append(path, lock_timeout=None) as w:
@@ -43,21 +43,8 @@ def test_sigkill_during_appends_leaves_old_or_new_store(tmp_path: Path) -> None:
     rng = random.Random(11)
     n = n0
     rolled_back = grew = 0
-    for _trial in range(TRIALS):
-        r, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child appends until it is killed
-            try:
-                os.close(r)
-                _append_forever(path, n, wfd)
-            finally:
-                os._exit(1)
-        os.close(wfd)
-        assert os.read(r, 1) == b"x"
-        os.close(r)
-        time.sleep(rng.uniform(0.0, 0.12))
-        os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
+    for _trial in range(TRIALS):  # the child appends until it is killed
+        status = kill_forked(partial(_append_forever, path, n), rng.uniform(0.0, 0.12))
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         hot = (tmp_path / ".s.b2nd.journal").exists()
         with carraystore.open(path) as store:  # rolls back a hot journal
@@ -87,10 +74,10 @@ def _blob(r: int) -> str:
     return np.random.default_rng(r).bytes(3000 * (r % 4)).hex()  # the trailer grows and shrinks
 
 
-def _update_forever(path: Path, start: int, ready_fd: int) -> None:
+def _update_forever(path: Path, start: int, ready: Callable[[], object]) -> None:
     from carraystore.store.writer import update_metadata
 
-    os.write(ready_fd, b"x")
+    ready()
     r = start
     while True:
         update_metadata(
@@ -113,20 +100,7 @@ def test_sigkill_during_metadata_updates_leaves_old_or_new_metadata(tmp_path: Pa
     r = 0
     rolled_back = changed = 0
     for _trial in range(20):
-        rd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(rd)
-                _update_forever(path, r + 1, wfd)
-            finally:
-                os._exit(1)
-        os.close(wfd)
-        assert os.read(rd, 1) == b"x"
-        os.close(rd)
-        time.sleep(rng.uniform(0.0, 0.08))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        kill_forked(partial(_update_forever, path, r + 1), rng.uniform(0.0, 0.08))
         hot = (tmp_path / ".s.b2nd.journal").exists()
         with carraystore.open(path) as store:  # rolls back a hot journal
             got = store.attrs.get("round", 0)

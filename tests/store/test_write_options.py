@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import pickle
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import random_images
 
 import carraystore
 from carraystore.base.errors import InvalidInputError, StoreExistsError
@@ -22,8 +24,7 @@ from carraystore.store.transfer import copy_store
 SHAPE = (8, 8, 3)
 
 
-def _images(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 255, (n, *SHAPE), dtype=np.uint8)
+_images = partial(random_images, shape=SHAPE, high=255)
 
 
 def _store(path: Path, n: int = 10, **kw: object) -> Path:

@@ -1,0 +1,156 @@
+"""Plain functions that several test files share (fixtures live in ``conftest.py``).
+
+``tests/`` is on ``sys.path``: ``from helpers import indexed_images``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import blosc2
+import msgpack
+import numpy as np
+import pytest
+from PIL import Image
+
+import carraystore
+from carraystore.format.record import META_KEY, seal_record
+from carraystore.ingest.sample_data import make_photo_folder
+
+# -- pixels ----------------------------------------------------------------------------------------
+
+
+def indexed_images(start: int, n: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Random uint8 images ``start..start+n-1`` of ``shape``, image ``i`` drawn from a generator seeded ``i``."""
+    out = np.zeros((n, *shape), np.uint8)
+    for j in range(n):
+        out[j] = np.random.default_rng(start + j).integers(0, 256, shape, dtype=np.uint8)
+    return out
+
+
+def random_images(n: int, seed: int = 0, *, shape: tuple[int, ...], high: int = 256) -> np.ndarray:
+    """``n`` random uint8 images of ``shape`` (values below ``high``) from one generator seeded ``seed``."""
+    return np.random.default_rng(seed).integers(0, high, (n, *shape), dtype=np.uint8)
+
+
+def image_bytes(img: np.ndarray | Image.Image, format: str, **save: Any) -> bytes:
+    """``img`` (an array or a Pillow image) encoded by Pillow as ``format`` (``JPEG``, ``PNG``)."""
+    buf = io.BytesIO()
+    (img if isinstance(img, Image.Image) else Image.fromarray(img)).save(buf, format=format, **save)
+    return buf.getvalue()
+
+
+# -- stores ----------------------------------------------------------------------------------------
+
+
+def make_store(path: Path, images: np.ndarray, labels: Any = None, keys: Any = None, **create: Any) -> Path:
+    """Write ``images`` (with ``labels`` and ``keys``) in one append to a new store at ``path``; return ``path``."""
+    with carraystore.create(path, images.shape[1:], **create) as w:
+        w.append(images, labels=labels, keys=keys)
+    return path
+
+
+def ingested_photos(
+    root: Path,
+    name: str = "photos.b2nd",
+    *,
+    n: int,
+    size: tuple[int, int],
+    seed: int,
+    classes: Any = None,
+    **ingest: Any,
+) -> Path:
+    """A photo folder ``root/photos`` ingested with one worker into ``root/name``; return the store's path."""
+    folder = make_photo_folder(root / "photos", n=n, size=size, classes=classes, seed=seed)
+    return carraystore.from_directory(folder, root / name, workers=1, **ingest).path
+
+
+def index_of(store: carraystore.Store) -> dict[bytes, int]:
+    """Every image's bytes -> its index (the images must all differ)."""
+    images = store[:]
+    table = {images[i].tobytes(): i for i in range(len(images))}
+    assert len(table) == len(images)
+    return table
+
+
+def epoch_of(store: Any, **kw: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One epoch of ``store.batches(16, **kw)``, each batch copied."""
+    return [(x.copy(), y.copy()) for x, y in store.batches(16, **kw)]
+
+
+# -- the metadata record, read and written with blosc2 and msgpack alone ----------------------------
+
+
+def raw_record(path: Path) -> bytes:
+    """The store's metadata record as stored (its msgpack bytes)."""
+    array = blosc2.open(str(path), mode="r")  # kept alive: the vlmeta object points into it
+    return bytes(array.schunk.vlmeta.get_vlmeta(META_KEY))
+
+
+def set_raw_record(path: Path, raw: bytes) -> None:
+    """Replace the store's metadata record with ``raw``, as it is."""
+    array = blosc2.open(str(path), mode="a")
+    array.schunk.vlmeta.set_vlmeta(META_KEY, raw, typesize=1)
+    del array
+
+
+def rewrite_record(path: Path, mutate: Callable[[dict[str, Any]], Any]) -> None:
+    """Change the record with ``mutate`` and seal it again, so that the checks behind the checksum are tested."""
+    rec = msgpack.unpackb(raw_record(path), raw=False)
+    mutate(rec)
+    set_raw_record(path, seal_record(rec))
+
+
+# -- killed writers --------------------------------------------------------------------------------
+
+
+def kill_forked(work: Callable[[Callable[[], object]], None], delay: float = 0.0) -> int:
+    """Fork a child that runs ``work(ready)``; ``delay`` s after it calls ``ready()``, SIGKILL it; return its status."""
+    r, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.close(r)
+            work(partial(os.write, wfd, b"x"))
+        finally:
+            os._exit(1)
+    os.close(wfd)
+    assert os.read(r, 1) == b"x"
+    os.close(r)
+    time.sleep(delay)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+def kill_mid_append(path: Path, write: Callable[[carraystore.StoreWriter], None]) -> None:
+    """Leave a hot journal: a forked child appends ``write(w)`` in place and is SIGKILLed before close()."""
+
+    def work(ready: Callable[[], object]) -> None:
+        w = carraystore.append(path)
+        write(w)
+        ready()
+        time.sleep(60)  # killed here, the writer still open
+
+    kill_forked(work)
+
+
+def wait_for_partial(
+    proc: subprocess.Popen[Any], out: Path, *, larger_than: int, timeout: float = 60, poll: float = 0.02
+) -> None:
+    """Wait until the temporary file of a writer to ``out`` holds over ``larger_than`` bytes, ``proc`` still running."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        parts = [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.partial-")]
+        if parts and parts[0].stat().st_size > larger_than:
+            return
+        assert proc.poll() is None, "ingest finished before it could be killed; make the input larger"
+        time.sleep(poll)
+    pytest.fail(f"no temporary file appeared within {timeout:g} s")
