@@ -8,14 +8,12 @@ PIP    := $(BIN)/python -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 # the suite on every core (pytest-xdist; each worker starts its own session servers)
 # two pytest workers per available core (at most 8): many tests wait on servers, subprocesses
-# and sleeps, so two per core finish sooner than one (measured on 2 cores: 329 s with 4 workers
-# for the suite that took about 360 s with 2; after issue 21's cuts 209-221 s with 4 workers on
-# a shared 2-core machine, where the suite before them took 324-363 s; 3 workers: 209 s too)
+# and sleeps, so two per core finish sooner than one
 PYTEST_XDIST ?= -n $(shell $(PYTHON) -c 'import os; print(min(8, 2 * len(os.sched_getaffinity(0))))') --dist loadgroup
 
 # The pytest plugins the suite uses, and no others: installed plugins load by default
 # (zarr's and anyio's come with those libraries), and pytest rewrites the asserts of every
-# module of a plugin's distribution as it is imported: ~2 CPU-s in each pytest process
+# module of a plugin's distribution as it is imported, in each pytest process
 # (the controller and every worker; more where PYTHONDONTWRITEBYTECODE is set)
 PYTEST_ENV ?= PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS=xdist.plugin,_hypothesis_pytestplugin
 

@@ -16,13 +16,9 @@ import pytest
 from benchpaths import data_dir, results_dir
 
 import carraystore
+from bench.benchdata import cached_photo_folder, cached_video_folder
 from carraystore.cli.benchmarks import codecs as C
-from carraystore.cli.benchmarks.datasets import (
-    cached_photo_folder,
-    cached_video_folder,
-    decode_images,
-    list_image_folder,
-)
+from carraystore.cli.benchmarks.datasets import decode_images, list_image_folder
 from carraystore.format.codec import PRESETS, Codec
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
@@ -69,7 +65,7 @@ def test_codec_suite(benchmark, samples: dict[str, np.ndarray]) -> None:
         C.run_suite, args=(samples, grid), kwargs={"repeats": CFG["repeats"]}, rounds=1, iterations=1
     )
     elapsed = time.perf_counter() - t0
-    from carraystore.cli.benchmarks.loaders import library_versions, machine_info
+    from bench.loaders import library_versions, machine_info
 
     info = {
         "title": f"{SCALE} scale",

@@ -32,8 +32,9 @@ import pytest
 from benchpaths import data_dir, results_dir
 
 import carraystore
+from bench.benchdata import cached_photo_folder
+from carraystore.cli.benchmarks.datasets import decode_images, list_image_folder
 from carraystore.engine import decoder as engine
-from carraystore.cli.benchmarks.datasets import cached_photo_folder, decode_images, list_image_folder
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent

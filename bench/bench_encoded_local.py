@@ -34,8 +34,8 @@ from bench_device import jpeg_dataloader  # the DataLoader a PyTorch user writes
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.cli.benchmarks.datasets import cached_photo_folder
-from carraystore.cli.benchmarks.loaders.machine import library_versions, machine_info
+from bench.benchdata import cached_photo_folder
+from bench.loaders.machine import library_versions, machine_info
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 SCALES = {

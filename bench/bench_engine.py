@@ -34,7 +34,7 @@ import pytest
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.cli.benchmarks.datasets import cached_photo_folder
+from bench.benchdata import cached_photo_folder
 from carraystore.engine.loader import default_threads
 from carraystore.engine.sampling import plan_epoch
 

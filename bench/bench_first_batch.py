@@ -38,8 +38,8 @@ import pytest
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.cli.benchmarks.datasets import cached_photo_folder
-from carraystore.cli.benchmarks.remote import link_mb_per_s
+from bench.benchdata import cached_photo_folder
+from bench.remote_epochs import link_mb_per_s
 from testsupport.netproxy import NetProxy
 from testsupport.servers import seaweedfs_bucket, weed_binary
 
@@ -141,7 +141,7 @@ def _run(kind: str, store: dict[str, Any], endpoint: str) -> dict[str, Any]:
     code_root = OTHERS.get(kind, str(ROOT))
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "carraystore.cli.benchmarks.remote", f.name],
+            [sys.executable, "-m", "bench.remote_epochs", f.name],
             cwd=code_root,
             env={**os.environ, "PYTHONPATH": f"{code_root}{os.pathsep}{ROOT}"},
             capture_output=True,

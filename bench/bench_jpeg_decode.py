@@ -33,8 +33,8 @@ import numpy as np
 from benchpaths import data_dir, results_dir
 
 import carraystore.format.encoded as E
-from carraystore.cli.benchmarks.datasets import cached_photo_folder
-from carraystore.cli.benchmarks.loaders.machine import library_versions, machine_info
+from bench.benchdata import cached_photo_folder
+from bench.loaders.machine import library_versions, machine_info
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 SCALES = {

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from benchpaths import data_dir, results_dir
 
-from carraystore.cli.benchmarks import loaders as L
-from carraystore.cli.benchmarks.datasets import cached_photo_folder
+from bench import loaders as L
+from bench.benchdata import cached_photo_folder
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent

@@ -2,7 +2,7 @@
 
 The legacy array is what the fast.ai course saved with ``bcolz.carray(arr, rootdir=...)``:
 float32 images (N, 224, 224, 3) with integer pixel values, lz4-5 + shuffle, 4 rows per
-chunk, written with real c-blosc 1.x chunks by ``carraystore.migrations.bcolz.write_carray``
+chunk, written with real c-blosc 1.x chunks by ``testsupport.bcolz_writer.write_carray``
 (cached under ``bench/out/``). Each mode runs in a fresh process that reports its own peak
 RSS, side by side:
 
@@ -77,8 +77,8 @@ print(json.dumps(info))
 
 def legacy_carray(n: int) -> Path:
     """The cached legacy carray of ``n`` rows (written once; a partial write never counts)."""
-    from carraystore.migrations.bcolz import write_carray
     from carraystore.ingest.sample_data import PHOTOS, load_photo, photo_crops
+    from testsupport.bcolz_writer import write_carray
 
     root = data_dir()
     path = root / f"legacy-fastai-f32-224-c{CHUNKLEN}-{n}.bc"

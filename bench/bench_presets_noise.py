@@ -19,7 +19,7 @@ import numpy as np
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.cli.benchmarks.datasets import cached_photo_folder
+from bench.benchdata import cached_photo_folder
 from carraystore.ingest.images import decode_image, image_files
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")

@@ -40,8 +40,8 @@ import pytest
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.cli.benchmarks.datasets import cached_photo_folder, list_image_folder, path_size
-from carraystore.cli.benchmarks.remote import (
+from bench.benchdata import cached_photo_folder, path_size
+from bench.remote_epochs import (
     SKIPPED_PEERS,
     TORCH_PEERS,
     build_store,
@@ -49,6 +49,7 @@ from carraystore.cli.benchmarks.remote import (
     run_contender,
     select_run,
 )
+from carraystore.cli.benchmarks.datasets import list_image_folder
 from testsupport.netproxy import NetProxy
 from testsupport.servers import seaweedfs_bucket, weed_binary
 
@@ -294,7 +295,7 @@ def _run(spec: dict[str, Any], link: NetProxy | None, timeout: float = 900) -> d
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     python = str(PEERS_PYTHON) if spec["kind"] in TORCH_PEERS else sys.executable
     proc = subprocess.Popen(
-        [python, "-m", "carraystore.cli.benchmarks.remote", f.name],
+        [python, "-m", "bench.remote_epochs", f.name],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

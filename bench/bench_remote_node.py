@@ -36,8 +36,8 @@ from typing import Any
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.cli.benchmarks.datasets import cached_photo_folder
-from carraystore.cli.benchmarks.procstats import cpu_seconds
+from bench.benchdata import cached_photo_folder
+from bench.procstats import cpu_seconds
 from testsupport.malloc import TUNED_MALLOC_ENV
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
@@ -92,7 +92,7 @@ def _reader(location: str, local: bool, cores: set[int], env: dict[str, str]) ->
         json.dump(spec, f)
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "carraystore.cli.benchmarks.remote", f.name],
+            [sys.executable, "-m", "bench.remote_epochs", f.name],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from carraystore.cli.benchmarks.procstats import cpu_seconds
+from bench.procstats import cpu_seconds
 from testsupport.servers import start_seaweedfs, stop_process, weed_binary
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")

@@ -23,9 +23,9 @@ import numpy as np
 from benchpaths import data_dir, results_dir
 
 import carraystore
-from carraystore.cli.benchmarks.datasets import cached_photo_folder
-from carraystore.format.codec import crc32
+from bench.benchdata import cached_photo_folder
 from carraystore.engine.loader import default_threads
+from carraystore.format.codec import crc32
 
 SCALE = os.environ.get("CARRAYSTORE_BENCH_SCALE", "default")
 HERE = Path(__file__).resolve().parent

@@ -55,9 +55,9 @@ sys.path.insert(0, str(HERE))
 import bench_remote as br  # noqa: E402
 
 import carraystore  # noqa: E402
+from bench.procstats import cpu_seconds  # noqa: E402
+from bench.remote_epochs import build_store  # noqa: E402
 from carraystore.cli.benchmarks.layout import _decode_rate  # noqa: E402
-from carraystore.cli.benchmarks.procstats import cpu_seconds  # noqa: E402
-from carraystore.cli.benchmarks.remote import build_store  # noqa: E402
 from testsupport.netproxy import NetProxy  # noqa: E402
 from testsupport.servers import start_seaweedfs, stop_process  # noqa: E402
 

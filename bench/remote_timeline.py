@@ -36,10 +36,10 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 import carraystore  # noqa: E402
-from carraystore.sources import remote  # noqa: E402
-from carraystore.cli.benchmarks.remote import link_mb_per_s  # noqa: E402
-from carraystore.store.reader import StoreReader  # noqa: E402
+from bench.remote_epochs import link_mb_per_s  # noqa: E402
 from carraystore.ingest.sample_data import PHOTOS, load_photo, photo_crops  # noqa: E402
+from carraystore.sources import remote  # noqa: E402
+from carraystore.store.reader import StoreReader  # noqa: E402
 from testsupport.servers import seaweedfs_bucket  # noqa: E402
 
 BUCKET = "timeline"

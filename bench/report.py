@@ -15,10 +15,11 @@ import os
 import sys
 from pathlib import Path
 
-from carraystore.cli.benchmarks import codecs as C
-from carraystore.cli.benchmarks import loaders as L
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # run as a script: bench.loaders from the repository root
+
+from bench import loaders as L  # noqa: E402
+from carraystore.cli.benchmarks import codecs as C  # noqa: E402
 
 
 def replace_block(text: str, name: str, body: str) -> str:

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.format.codec import Codec
 from carraystore.base.errors import InvalidInputError, MigrationError
+from carraystore.format.codec import Codec
 from carraystore.format.record import COLOR_MODES, DTYPES, dtype_to_record
 
 __all__ = [

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from carraystore.base.errors import MigrationError
-from carraystore.migrations.base import (
+
+from .base import (
     Block,
     OneHotLabelsError,
     Source,
@@ -18,7 +19,7 @@ from carraystore.migrations.base import (
     object_conversion_of,
     onehot_to_class,
 )
-from carraystore.migrations.bcolz import CarrayReader, CtableReader
+from .bcolz import CarrayReader, CtableReader
 
 __all__ = ["CarraySource", "TwoArraySource", "CtableSource", "object_conversion"]
 

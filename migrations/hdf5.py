@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from carraystore.base.errors import MigrationError, MissingDependencyError
-from carraystore.migrations.base import (
+
+from .base import (
     CLASS_NAME_DATASETS,
     LABEL_NAMES,
     MIGRATION_BLOCK_BYTES,

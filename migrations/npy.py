@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from carraystore.base.errors import MigrationError
-from carraystore.migrations.base import (
+
+from .base import (
     Block,
     PickleNotAllowedError,
     Source,
@@ -24,7 +25,7 @@ from carraystore.migrations.base import (
     labels_from_array,
     onehot_to_class,
 )
-from carraystore.migrations.npz import _read_exact, read_npy_header
+from .npz import _read_exact, read_npy_header
 
 __all__ = ["NpySource", "PickleSource", "NPY_MAGIC", "is_pickle"]
 

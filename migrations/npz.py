@@ -19,7 +19,8 @@ from typing import IO
 import numpy as np
 
 from carraystore.base.errors import MigrationError
-from carraystore.migrations.base import (
+
+from .base import (
     CLASS_NAME_DATASETS,
     Block,
     PickleNotAllowedError,

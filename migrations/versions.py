@@ -29,12 +29,13 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from carraystore.format.codec import Codec
 from carraystore.base.errors import CarrayStoreError, FormatError, FormatVersionError, MigrationError
-from carraystore.format.record import FORMAT_NAME, FORMAT_VERSION, META_KEY, dtype_from_record, dtype_to_record
+from carraystore.format.codec import Codec
 from carraystore.format.frame import Frame, read_frame
-from carraystore.migrations.base import Block, Source
+from carraystore.format.record import FORMAT_NAME, FORMAT_VERSION, META_KEY, dtype_from_record, dtype_to_record
 from carraystore.sources.local import LocalFileSource
+
+from .base import Block, Source
 
 __all__ = [
     "FormatMigration",

@@ -1,5 +1,6 @@
 """Test and benchmark infrastructure, outside the wheel: imported by tests/ and bench/ only.
 
+- ``bcolz_writer``: bcolz carrays and ctables with real c-blosc 1.x chunks (``write_carray``);
 - ``netproxy``: a loopback TCP link (round trip, bandwidth cap, injected faults);
 - ``servers``: SeaweedFS and a plain HTTP Range server on loopback (``servers`` also runs
   alone as a process: ``python -m testsupport.servers ROOT``);

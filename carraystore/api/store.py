@@ -4,8 +4,7 @@ The reader (:class:`carraystore.store.reader.StoreReader`: metadata, random acce
 verify) sits low in the layers; the loaders sit above it. ``Store`` is the reader plus
 ``batches`` (the streaming loader) and ``to_dask`` (the dask view, imported when
 called), defined here, above both, so no module imports upward and nothing is patched in at
-import time. ``carraystore.open`` returns a ``Store``. This module also keeps the names of
-carraystore 0.1.0's ``carraystore.api.store`` module for existing code.
+import time. ``carraystore.open`` returns a ``Store``.
 """
 
 from __future__ import annotations
@@ -14,27 +13,16 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from carraystore.format.codec import TARGET_CHUNK_BYTES, default_chunk_images
-from carraystore.engine.decoder import LoaderKwargs, LoaderOptions
 from carraystore.engine.loader import BatchIterator
 from carraystore.engine.loader import batches as _batches
-from carraystore.store.reader import ChunkProblem, StoreReader
+from carraystore.engine.options import LoaderKwargs, LoaderOptions
+from carraystore.store.reader import StoreReader
 from carraystore.store.reader import open_store as _open_store
-from carraystore.store.writer import StoreWriter, append, create
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = [
-    "Store",
-    "StoreWriter",
-    "ChunkProblem",
-    "create",
-    "append",
-    "open_store",
-    "default_chunk_images",
-    "TARGET_CHUNK_BYTES",
-]
+__all__ = ["Store", "open_store"]
 
 
 class Store(StoreReader):
@@ -47,7 +35,7 @@ class Store(StoreReader):
     def batches(
         self, batch_size: int, options: LoaderOptions | None = None, **kwargs: Unpack[LoaderKwargs]
     ) -> BatchIterator:
-        """Iterate one epoch of (x, y) batches; the arguments are :class:`~carraystore.engine.decoder.LoaderOptions`'
+        """Iterate one epoch of (x, y) batches; the arguments are :class:`~carraystore.engine.options.LoaderOptions`'
         fields (see ``carraystore.engine.loader.batches``)."""
         return _batches(self, batch_size, options, **kwargs)
 

@@ -1,4 +1,5 @@
-"""`carraystore bench codecs` / `bench loaders` on tiny real-photo data, and the benchmark peers' correctness."""
+"""`carraystore bench codecs` and the loader comparison (`python -m bench.loaders`) on tiny real-photo data, and the
+benchmark peers' correctness."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import numpy as np
 import pytest
 
 import carraystore
+from bench import loaders as L
+from bench.benchdata import evict_from_page_cache
+from bench.loaders.command import main as loaders_main
 from carraystore.cli.benchmarks import codecs as C
-from carraystore.cli.benchmarks import loaders as L
-from carraystore.cli.benchmarks.datasets import decode_images, evict_from_page_cache, list_image_folder
+from carraystore.cli.benchmarks.datasets import decode_images, list_image_folder
 from carraystore.cli.main import main
 from carraystore.ingest.sample_data import make_photo_folder
 
@@ -151,14 +154,12 @@ def test_codecs_mixed_sizes_need_image_size(tmp_path: Path, capsys: pytest.Captu
     )
 
 
-# -- bench loaders -----------------------------------------------------------------------
+# -- the loader comparison --------------------------------------------------------------------
 
 
 def test_loaders_subset_writes_all_outputs(photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_dir = tmp_path / "res"
     argv = [
-        "bench",
-        "loaders",
         str(photos),
         "--limit",
         "40",
@@ -174,7 +175,7 @@ def test_loaders_subset_writes_all_outputs(photos: Path, tmp_path: Path, capsys:
         "--work",
         str(tmp_path / "w"),
     ]
-    assert main(argv) == 0
+    assert loaders_main(argv) == 0
     out = capsys.readouterr().out
     assert "| one .npy per image |" in out and "| carraystore balanced, block shuffle |" in out
     data = json.loads((out_dir / "loaders.json").read_text())
@@ -189,13 +190,13 @@ def test_loaders_subset_writes_all_outputs(photos: Path, tmp_path: Path, capsys:
 
 
 def test_loaders_list_and_bad_peer(photos: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "loaders", "--list"]) == 0
+    assert loaders_main(["--list"]) == 0
     out = capsys.readouterr().out
     for name in ("keras_load_img", "tfrecord", "hdf5", "zarr", "bcolz", "carraystore_fast_block"):
         assert name in out
-    assert main(["bench", "loaders", str(photos), "--peers", "nosuch"]) == 2
+    assert loaders_main([str(photos), "--peers", "nosuch"]) == 2
     assert "unknown loaders ['nosuch']" in capsys.readouterr().err
-    assert main(["bench", "loaders"]) == 2
+    assert loaders_main([]) == 2
     assert "give DIR" in capsys.readouterr().err
 
 
@@ -256,7 +257,7 @@ def test_peer_epoch_yields_every_image_once(name: str, photos: Path, tmp_path: P
 
 def test_chunk_shuffle_covers_everything_and_mixes() -> None:
     labels = np.arange(100)
-    got = [y for _, y in L._chunk_shuffle(100, 32, 16, 0, 3, lambda a, b: labels[a:b, None], labels)]
+    got = [y for _, y in L.chunk_shuffle(100, 32, 16, 0, 3, lambda a, b: labels[a:b, None], labels)]
     flat = np.concatenate(got)
     assert sorted(flat.tolist()) == list(range(100)) and [len(g) for g in got] == [16] * 6 + [4]
     assert not np.array_equal(flat, labels)

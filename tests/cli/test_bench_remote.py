@@ -1,4 +1,4 @@
-"""The remote benchmark's helpers (carraystore.cli.benchmarks.remote): its store contenders and run selection."""
+"""The remote benchmark's helpers (bench.remote_epochs): its store contenders and run selection."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.cli.benchmarks.remote import STORE_KINDS, build_store, run_contender, select_run
+from bench.remote_epochs import STORE_KINDS, build_store, run_contender, select_run
 from carraystore.base.errors import CarrayStoreError
 
 STORES = {"carraystore": "balanced", "carraystore_fast": "fast", "carraystore_encoded": "encoded"}

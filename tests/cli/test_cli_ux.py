@@ -61,9 +61,9 @@ def test_a_flag_typo_gets_the_subcommands_usage_and_a_suggestion(
     err = capsys.readouterr().err
     assert "usage: carraystore preview" in err and "did you mean --cols?" in err
     with pytest.raises(SystemExit):
-        main(["bench", "loaders", "--colour-mode", "rgb"])
+        main(["bench", "layout", "--colour-mode", "rgb"])
     err = capsys.readouterr().err
-    assert "usage: carraystore bench loaders" in err and "did you mean --color-mode?" in err
+    assert "usage: carraystore bench layout" in err and "did you mean --color-mode?" in err
     with pytest.raises(SystemExit):
         main(["inf", "x.b2nd"])
     assert "did you mean 'info'?" in capsys.readouterr().err
@@ -215,11 +215,11 @@ def test_preview_enlarges_small_images_and_prints_keys(small_store: Path, tmp_pa
 def test_bench_loaders_takes_color_mode_and_image_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
+    from bench.loaders.command import main as loaders_main
+
     photos = make_photo_folder(tmp_path / "p", n=24, size=(40, 40), classes=("astronaut", "coffee"), seed=1)
     out_dir = tmp_path / "res"
     argv = [
-        "bench",
-        "loaders",
         str(photos),
         "--batch-size",
         "8",
@@ -239,7 +239,7 @@ def test_bench_loaders_takes_color_mode_and_image_size(tmp_path: Path, capsys: p
         "--work",
         str(tmp_path / "w"),
     ]
-    assert main(argv) == 0
+    assert loaders_main(argv) == 0
     capsys.readouterr()
     data = json.loads((out_dir / "loaders.json").read_text())
     assert data["info"]["image_shape"] == [24, 20, 1] and data["info"]["color_mode"] == "grayscale"
@@ -250,7 +250,7 @@ def test_bench_loaders_takes_color_mode_and_image_size(tmp_path: Path, capsys: p
 
 @pytest.mark.parametrize("name", ["pillow_threads", "keras_load_img", "tfdata_jpeg", "tfrecord", "npy_files"])
 def test_every_bench_peer_delivers_the_color_mode(name: str, tmp_path: Path) -> None:
-    from carraystore.cli.benchmarks import loaders as L
+    from bench import loaders as L
 
     peer = L.PEER_BY_NAME[name]
     why = peer.missing()

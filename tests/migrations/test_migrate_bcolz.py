@@ -16,8 +16,9 @@ import pytest
 import carraystore
 from carraystore.base.errors import MigrationError, StoreExistsError
 from carraystore.migrations import MigrationVerifyError, migrate
-from carraystore.migrations.bcolz import CarrayReader, write_carray, write_ctable
+from carraystore.migrations.bcolz import CarrayReader
 from carraystore.migrations.bcolz_sources import CarraySource
+from testsupport.bcolz_writer import write_carray, write_ctable
 
 pytest.importorskip("numcodecs", reason="write_carray uses numcodecs' c-blosc 1.x")
 LOCAL = Path(__file__).resolve().parents[1] / "data" / "bcolz"

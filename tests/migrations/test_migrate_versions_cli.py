@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.cli.main import main
 from carraystore.base.errors import FormatVersionError, MigrationError
+from carraystore.cli.main import main
 from carraystore.format.record import FORMAT_VERSION
 from carraystore.migrations import migrate
 from carraystore.migrations.versions import FORMAT_MIGRATIONS, FormatMigration, is_old_store, upgrade_record
@@ -98,7 +98,7 @@ def test_cli_migrates_a_carray_and_prints_a_summary(tmp_path: Path, capsys) -> N
 
 def test_cli_two_array_form_and_errors(photo_arrays, tmp_path: Path, capsys) -> None:
     pytest.importorskip("numcodecs")
-    from carraystore.migrations.bcolz import write_carray
+    from testsupport.bcolz_writer import write_carray
 
     x, y, _ = photo_arrays
     write_carray(tmp_path / "x.bc", x, chunklen=10)
@@ -147,7 +147,8 @@ def test_wheel_ships_migrations_inside_carraystore_and_migrates(tmp_path: Path) 
     for name in ("pyproject.toml", "README.md"):
         if (REPO / name).exists():
             shutil.copy(REPO / name, src / name)
-    shutil.copytree(REPO / "carraystore", src / "carraystore", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("carraystore", "migrations"):  # migrations/ installs as carraystore.migrations
+        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     r = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
@@ -160,6 +161,7 @@ def test_wheel_ships_migrations_inside_carraystore_and_migrates(tmp_path: Path) 
     names = zipfile.ZipFile(whl).namelist()
     assert "carraystore/migrations/__init__.py" in names and "carraystore/migrations/bcolz.py" in names
     assert not [n for n in names if n.startswith("migrations/")]
+    assert not [n for n in names if n.startswith(("bench/", "testsupport/", "carraystore/cli/benchmarks/loaders/"))]
     site = tmp_path / "site"
     zipfile.ZipFile(whl).extractall(site)
     case = tmp_path / "case"

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.cli.main import main
 from carraystore.base.errors import MigrationError
+from carraystore.cli.main import main
 from carraystore.format.frame import read_frame
-from carraystore.sources.journal import journal_path
 from carraystore.migrations import migrate
+from carraystore.sources.journal import journal_path
 from carraystore.sources.local import LocalFileSource
 from carraystore.store.writer import update_metadata
 

@@ -3,9 +3,9 @@
 All ``bench/bench_*.py`` run in one pytest subprocess (pytest-benchmark its only plugin),
 as ``make bench`` runs them, with ``--benchmark-disable`` and ``CARRAYSTORE_BENCH_SCALE=tiny``;
 data and results go to a temporary folder, so the committed results in bench/results/ are
-never touched. One process imports TensorFlow, torch and the rest once (a process per file
-cost about 1.8 CPU-s more per file); the test reads each file's outcome from the run's JUnit
-report, names every file that failed, and checks what the files wrote.
+never touched. One process imports TensorFlow, torch and the rest once; the test reads each
+file's outcome from the run's JUnit report, names every file that failed, and checks what the
+files wrote.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _run(paths: list[Path], tmp: Path) -> subprocess.CompletedProcess[str]:
         TF_CPP_MIN_LOG_LEVEL="2",
         CARRAYSTORE_BENCH_APPEND_BIG_MB="24",  # the append benchmark's big store: 24 MB, not tiny's 200
         # pytest-benchmark only: the other installed plugins (hypothesis's, zarr's, anyio's)
-        # import their libraries at start-up, ~2 CPU-s of each of these 13 processes
+        # import their libraries at start-up
         PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
         PYTEST_PLUGINS="pytest_benchmark.plugin",
     )

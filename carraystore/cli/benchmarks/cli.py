@@ -1,12 +1,9 @@
-"""``carraystore bench codecs PATH``, ``bench loaders DIR`` (or ``loaders URL``), ``bench shuffle STORE`` and
-``bench layout SRC``."""
+"""``carraystore bench codecs PATH``, ``bench shuffle STORE`` and ``bench layout SRC``."""
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +13,16 @@ __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    """Add the ``bench`` command (sub-commands ``codecs``, ``loaders``, ``shuffle`` and ``layout``) to the CLI."""
+    """Add the ``bench`` command (sub-commands ``codecs``, ``shuffle`` and ``layout``) to the CLI."""
     p = sub.add_parser(
         "bench",
-        help="measure codecs and loaders on your own data",
-        description="Measure blosc2 codecs (and recommend a preset) or compare loaders on your own images.",
+        help="measure codecs, shuffle and layouts on your own data",
+        description=(
+            "Measure blosc2 codecs (and recommend a preset), how well block shuffle mixes a store, or which "
+            "layout feeds more images/s, on your own data."
+        ),
     )
-    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT", help="codecs, loaders, shuffle or layout")
+    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT", help="codecs, shuffle or layout")
     bsub.required = True
 
     c = bsub.add_parser(
@@ -63,56 +63,6 @@ def register(sub: Any) -> None:
     c.add_argument("--out", help="also write codecs.md, codecs.json and codecs.png into this folder")
     c.add_argument("-q", "--quiet", action="store_true", help="no per-row progress")
     c.set_defaults(func=_cmd_codecs)
-
-    lo = bsub.add_parser(
-        "loaders",
-        help="images/s of carraystore against the loaders you use today, on your image folder",
-        description=(
-            "Convert DIR's images into every format whose library is installed (npy files, npz, HDF5, zarr, "
-            "bcolz, TFRecord, carraystore presets), then time one epoch after another of each loader in a fresh "
-            "process, warm and cold page cache. Needs free disk space of several times the decoded images. "
-            "Given a store instead (a .b2nd path or a URL such as s3://bucket/train.b2nd), times carraystore's "
-            "epochs from it: images/s, time to the first batch, requests and MB per epoch, peak RSS."
-        ),
-    )
-    lo.add_argument("dir", nargs="?", help="folder of images in class sub-folders, or a store (.b2nd path or URL)")
-    lo.add_argument("--limit", type=int, default=None, help="use a seeded random subset of this many images")
-    lo.add_argument(
-        "--image-size",
-        nargs=2,
-        type=int,
-        metavar=("H", "W"),
-        help="resize every image, as ingest --image-size (default: all must agree)",
-    )
-    lo.add_argument(
-        "--color-mode",
-        choices=["grayscale", "rgb", "rgba"],
-        default="rgb",
-        help="channels every loader delivers, as ingest --color-mode (default rgb)",
-    )
-    lo.add_argument("--batch-size", type=int, default=32, help="images per batch (default 32)")
-    lo.add_argument("--epochs", type=int, default=3, help="timed epochs per regime; the median counts (default 3)")
-    lo.add_argument("--no-cold", action="store_true", help="skip the cold-cache epochs")
-    lo.add_argument("--peers", help="comma-separated loaders to run (default: all installed); see --list")
-    lo.add_argument("--list", action="store_true", help="list the loaders and whether each can run here, then exit")
-    lo.add_argument("--work", help="folder for the converted copies (kept; default: a temporary folder, removed)")
-    lo.add_argument("--out", help="write loaders.md, loaders.json and loaders.png into this folder")
-    lo.add_argument("--seed", type=int, default=0, help="seed of the subset and the shuffles (default 0)")
-    lo.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per loader (default 1800)")
-    lo.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    from carraystore.cli.commands import storage_options_arg
-
-    lo.add_argument(
-        "--storage-options",
-        type=storage_options_arg,
-        metavar="JSON",
-        help="options for a store URL (endpoint, credentials, knobs)",
-    )
-    lo.add_argument("--cache-dir", help="a store URL's local chunk cache folder (default: none)")
-    lo.add_argument(
-        "--cache-size", type=_size_arg, help="what the chunk cache may hold: bytes or a size such as 20GB, 512MiB"
-    )
-    lo.set_defaults(func=_cmd_loaders)
 
     sh = bsub.add_parser(
         "shuffle",
@@ -191,16 +141,6 @@ def register(sub: Any) -> None:
     ly.set_defaults(func=_cmd_layout)
 
 
-def _size_arg(text: str) -> int | None:
-    """--cache-size: bytes or a size such as ``20GB`` (as ``carraystore.open(cache_size=...)``)."""
-    from carraystore.sources.cache import parse_size
-
-    try:
-        return parse_size(text)
-    except InvalidInputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _say(quiet: bool) -> Any:
     return (lambda s: None) if quiet else (lambda s: print(s, file=sys.stderr, flush=True))
 
@@ -259,8 +199,8 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
 
 
 def _cmd_shuffle(args: argparse.Namespace) -> int:
-    from carraystore.store.reader import StoreReader, open_store
     from carraystore.engine.shuffle_report import DEFAULT_WINDOW, compare_windows, shuffle_table
+    from carraystore.store.reader import StoreReader, open_store
 
     if args.batch_size < 1:
         raise InvalidInputError(f"--batch-size must be at least 1, got {args.batch_size}")
@@ -301,90 +241,3 @@ def _cmd_layout(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
-
-
-def _store_epochs(args: argparse.Namespace) -> int:
-    """``bench loaders STORE``: carraystore's own epochs from a path or URL."""
-    from carraystore.cli.benchmarks.remote import store_epochs
-
-    if args.epochs < 1:
-        raise InvalidInputError(f"--epochs must be at least 1, got {args.epochs}")
-    say = _say(args.quiet)
-    rows = store_epochs(
-        args.dir,
-        args.storage_options,
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        seed=args.seed,
-        cache_dir=args.cache_dir,
-        cache_size=args.cache_size,
-        report=lambda d: say(f"epoch {d['epoch']}: {d['images_per_s']:,.0f} images/s") if d["phase"] == "end" else None,
-    )
-    remote = "requests" in rows[0]
-    print(
-        f"# carraystore epochs from {args.dir} (batches of {args.batch_size}, block shuffle; opened in {rows[0]['open_s']:.3f} s)\n"
-    )
-    print("| epoch | images/s | first batch (s) |" + (" requests | MB |" if remote else "") + " peak RSS (MB) |")
-    print("| ---: | ---: | ---: |" + (" ---: | ---: |" if remote else "") + " ---: |")
-    for r in rows:
-        extra = f" {r['requests']} | {r['mb']:.1f} |" if remote else ""
-        print(f"| {r['epoch']} | {r['images_per_s']:,.0f} | {r['first_batch_s']:.3f} |{extra} {r['peak_rss_mb']:.0f} |")
-    if args.out:
-        import json
-
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "store_epochs.json").write_text(
-            json.dumps({"store": args.dir, "batch_size": args.batch_size, "epochs": rows}, indent=2) + "\n"
-        )
-        print(f"wrote {out / 'store_epochs.json'}")
-    return 0
-
-
-def _cmd_loaders(args: argparse.Namespace) -> int:
-    from carraystore.cli.benchmarks import loaders as L
-
-    if args.list:
-        ok, skipped = L.available_peers()
-        for p in L.PEERS:
-            state = "available" if p.name not in skipped else f"skipped: {skipped[p.name]}"
-            print(f"{p.name:28s} {p.label} ({state})")
-        return 0
-    if not args.dir:
-        raise InvalidInputError("give DIR, a folder of images in class sub-folders (or --list to see the loaders)")
-    from carraystore.store.reader import is_url
-
-    if is_url(args.dir) or args.dir.endswith(".b2nd"):
-        return _store_epochs(args)
-    peers = [s.strip() for s in args.peers.split(",") if s.strip()] if args.peers else None
-    if peers:
-        unknown = [p for p in peers if p not in L.PEER_BY_NAME]
-        if unknown:
-            raise InvalidInputError(f"unknown loaders {unknown}; choose from {sorted(L.PEER_BY_NAME)}")
-    if args.epochs < 1:
-        raise InvalidInputError(f"--epochs must be at least 1, got {args.epochs}")
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="carraystore-bench-"))
-    try:
-        cmp = L.run_comparison(
-            args.dir,
-            work,
-            limit=args.limit,
-            image_size=tuple(args.image_size) if args.image_size else None,
-            color_mode=args.color_mode,
-            batch_size=args.batch_size,
-            epochs=args.epochs,
-            cold=not args.no_cold,
-            seed=args.seed,
-            peers=peers,
-            timeout_s=args.timeout,
-            progress=_say(args.quiet),
-        )
-    finally:
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-    print(L.markdown_report(cmp, heading="# Loader comparison on your images"))
-    if args.out:
-        paths = L.write_results(cmp, args.out)
-        print("wrote " + ", ".join(str(p) for p in paths.values()))
-    failed = [r for r in cmp.rows if r.status == "error"]
-    return 1 if failed else 0

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.format.codec import PRESETS, Codec
 from carraystore.base.errors import InvalidInputError
+from carraystore.format.codec import PRESETS, Codec
 
 __all__ = [
     "CODECS",

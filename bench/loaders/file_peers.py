@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.cli.benchmarks.loaders.peer import Batch, Context, Peer, index_batches
+from bench.loaders.peer import Batch, Context, Peer, index_batches
 
 __all__ = ["KerasLoadImg", "PillowThreads", "TfDataJpeg", "TfRecord"]
 

@@ -8,7 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
-from carraystore.cli.benchmarks.loaders.peer import Context, Peer
+from bench.loaders.peer import Context, Peer
 
 __all__ = ["BUILD_VERSION", "build_artifact"]
 

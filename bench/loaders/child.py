@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from carraystore.cli.benchmarks.datasets import evict_from_page_cache
-from carraystore.cli.benchmarks.loaders.peer import Batch, Context
-from carraystore.cli.benchmarks.loaders.registry import PEER_BY_NAME
-from carraystore.cli.benchmarks.procstats import peak_rss_mb
+from bench.benchdata import evict_from_page_cache
+from bench.loaders.peer import Batch, Context
+from bench.loaders.registry import PEER_BY_NAME
+from bench.procstats import peak_rss_mb
 
-__all__ = ["CHILD_MODULE", "child_main", "main"]
+__all__ = ["CHILD_MODULE", "child_main"]
 
 #: ``python -m CHILD_MODULE --child SPEC`` runs one round in a fresh process.
-CHILD_MODULE = "carraystore.cli.benchmarks.loaders"
+CHILD_MODULE = "bench.loaders"
 
 
 def _run_epoch(read: Callable[[int], Iterator[Batch]], e: int, batch_size: int) -> tuple[float, int, list[int]]:
@@ -68,15 +65,3 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         "diversity": float(np.mean(diversity)) if diversity else None,
         "peak_rss_mb": peak_rss_mb(),
     }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="carraystore bench loaders: one round of one peer")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        result = child_main(json.loads(args.child))
-        sys.stdout.write(json.dumps(result) + "\n")
-        return 0
-    parser.error("use `carraystore bench loaders DIR`")
-    return 2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from carraystore.cli.benchmarks.loaders.results import Comparison, check_goals
+from bench.loaders.results import Comparison, check_goals
 
 __all__ = ["results_table", "goals_text", "plot_results", "write_results", "markdown_report"]
 

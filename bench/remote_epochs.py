@@ -1,6 +1,6 @@
 """Remote epochs: carraystore over a URL, and the peers a user would pick for remote data.
 
-Used by ``carraystore bench loaders URL`` (:func:`store_epochs`) and by
+Used by ``python -m bench.loaders URL`` (:func:`store_epochs`) and by
 ``bench/bench_remote.py`` (:func:`run_contender` in a fresh process per contender, behind
 a :class:`~testsupport.netproxy.NetProxy`). carraystore runs as one store per
 :data:`STORE_KINDS` entry (written by :func:`build_store`, read with
@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.cli.benchmarks.procstats import cpu_seconds, peak_rss_mb
+from bench.procstats import cpu_seconds, peak_rss_mb
 
 __all__ = [
     "store_epochs",
@@ -327,15 +327,7 @@ def run_contender(spec: dict[str, Any], emit: Any = None) -> list[dict[str, Any]
             arr = zarr.open_array(store=zs, path=spec["zarr_path"], mode="r")
             epoch = lambda e: _zarr_epoch(spec, e, pool, arr)  # noqa: E731
         elif kind in TORCH_PEERS:  # only in the peers' environment (PyTorch)
-            try:  # test-support code, outside the wheel: bench/bench_remote.py runs this from a checkout
-                from testsupport import torchpeers
-            except ImportError as exc:
-                from carraystore.base.errors import MissingDependencyError
-
-                raise MissingDependencyError(
-                    f"the {kind} contender needs testsupport/torchpeers.py from a checkout of the carraystore "
-                    "repository: run it through bench/bench_remote.py (PYTHONPATH set to the repository root)"
-                ) from exc
+            from testsupport import torchpeers
 
             os.environ.update(spec.get("env", {}))  # MDS: S3_ENDPOINT_URL and keys, read by its boto3 client
             if kind == "mds":
@@ -362,10 +354,6 @@ def _child_main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover - a child process of bench/bench_remote.py
-    sys.exit(_child_main(sys.argv[1:]))
-
-
 def link_mb_per_s(endpoint: str, bucket: str, key: str, total_bytes: int) -> float:
     """What an emulated link delivers: 8 concurrent ranged GETs of an eighth of ``total_bytes``
     of the object ``key`` through ``endpoint`` (an unsigned S3 endpoint), MB/s, best of 2."""
@@ -385,3 +373,7 @@ def link_mb_per_s(endpoint: str, bucket: str, key: str, total_bytes: int) -> flo
             list(pool.map(lambda i: obstore.get_range(store, key, start=i * part, length=part), range(8)))
             best = max(best, total_bytes / (time.perf_counter() - t0) / 1e6)
     return best
+
+
+if __name__ == "__main__":  # pragma: no cover - a child process of bench/bench_remote.py
+    sys.exit(_child_main(sys.argv[1:]))

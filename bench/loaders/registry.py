@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from carraystore.cli.benchmarks.loaders.array_peers import (
+from bench.loaders.array_peers import (
     Bcolz,
     CarrayStore,
     Hdf5,
@@ -13,8 +13,8 @@ from carraystore.cli.benchmarks.loaders.array_peers import (
     NumpyMemory,
     Zarr,
 )
-from carraystore.cli.benchmarks.loaders.file_peers import KerasLoadImg, PillowThreads, TfDataJpeg, TfRecord
-from carraystore.cli.benchmarks.loaders.peer import Peer
+from bench.loaders.file_peers import KerasLoadImg, PillowThreads, TfDataJpeg, TfRecord
+from bench.loaders.peer import Peer
 
 __all__ = ["PEERS", "PEER_BY_NAME", "ON_DISK", "available_peers"]
 

@@ -11,7 +11,7 @@ Peers (each skipped with a reason when its library is missing):
 - ``npz_cache``: one ``np.savez_compressed`` file, loaded whole every epoch;
 - ``hdf5``: h5py, gzip-4, chunks of 32 images, read with a chunk-shuffle generator;
 - ``zarr``: zarr v3 with ``BloscCodec()`` defaults, chunks of 32 images, chunk-shuffle generator;
-- ``bcolz``: a legacy bcolz carray (lz4, written and read by ``carraystore.migrations.bcolz``),
+- ``bcolz``: a legacy bcolz carray (lz4, written by ``testsupport.bcolz_writer``, read by ``carraystore.migrations.bcolz``),
   chunk-shuffle generator;
 - ``numpy_memory``: the images in RAM, fancy-indexed batches (the upper bound);
 - ``carraystore_<preset>_<shuffle>``: ``Store.batches`` with block or global shuffle.
@@ -20,7 +20,7 @@ Every on-disk artifact is written in the folder's (class-sorted) order — the w
 for chunk-level shuffling, which the "distinct labels per batch" column shows.
 
 Every artifact is built first. Then ``epochs`` rounds run every peer once each, in a
-fresh Python process (``python -m carraystore.cli.benchmarks.loaders --child``), so that its
+fresh Python process (``python -m bench.loaders --child``, from the repository root), so that its
 peak RSS (``VmHWM``) is its own and so that other work on the machine falls on all
 peers alike. In a round, a peer reads two untimed batches (imports, thread pools,
 graph tracing), then its files are evicted from the page cache
@@ -36,7 +36,7 @@ a fresh process), ``comparison`` (the run), ``results`` (rows and goals), ``repo
 
 from __future__ import annotations
 
-from carraystore.cli.benchmarks.loaders.array_peers import (
+from bench.loaders.array_peers import (
     Bcolz,
     CarrayStore,
     Hdf5,
@@ -45,24 +45,21 @@ from carraystore.cli.benchmarks.loaders.array_peers import (
     NumpyMemory,
     Zarr,
 )
-from carraystore.cli.benchmarks.loaders.artifacts import BUILD_VERSION, build_artifact
-from carraystore.cli.benchmarks.loaders.child import child_main
-from carraystore.cli.benchmarks.loaders.comparison import run_comparison
-from carraystore.cli.benchmarks.loaders.file_peers import KerasLoadImg, PillowThreads, TfDataJpeg, TfRecord
-from carraystore.cli.benchmarks.loaders.machine import library_versions, machine_info
-from carraystore.cli.benchmarks.loaders.peer import PEER_CHUNK, Batch, Context, Peer, chunk_shuffle, index_batches
-from carraystore.cli.benchmarks.loaders.registry import ON_DISK, PEER_BY_NAME, PEERS, available_peers
-from carraystore.cli.benchmarks.loaders.report import (
+from bench.loaders.artifacts import BUILD_VERSION, build_artifact
+from bench.loaders.child import child_main
+from bench.loaders.comparison import run_comparison
+from bench.loaders.file_peers import KerasLoadImg, PillowThreads, TfDataJpeg, TfRecord
+from bench.loaders.machine import library_versions, machine_info
+from bench.loaders.peer import PEER_CHUNK, Batch, Context, Peer, chunk_shuffle, index_batches
+from bench.loaders.registry import ON_DISK, PEER_BY_NAME, PEERS, available_peers
+from bench.loaders.report import (
     goals_text,
     markdown_report,
     plot_results,
     results_table,
     write_results,
 )
-from carraystore.cli.benchmarks.loaders.results import Comparison, PeerResult, check_goals
-
-#: the name of the chunk-shuffle generator before the split (tests and bench/ use it)
-_chunk_shuffle = chunk_shuffle
+from bench.loaders.results import Comparison, PeerResult, check_goals
 
 __all__ = [
     "PEERS",

@@ -13,16 +13,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from carraystore.cli.benchmarks.datasets import decode_images, path_size
-from carraystore.cli.benchmarks.loaders.artifacts import build_artifact
-from carraystore.cli.benchmarks.loaders.child import CHILD_MODULE, child_main
-from carraystore.cli.benchmarks.loaders.machine import library_versions, machine_info
-from carraystore.cli.benchmarks.loaders.peer import Context, Peer
-from carraystore.cli.benchmarks.loaders.registry import PEER_BY_NAME, available_peers
-from carraystore.cli.benchmarks.loaders.results import Comparison, PeerResult
+from bench.benchdata import path_size
+from bench.loaders.artifacts import build_artifact
+from bench.loaders.child import CHILD_MODULE, child_main
+from bench.loaders.machine import library_versions, machine_info
+from bench.loaders.peer import Context, Peer
+from bench.loaders.registry import PEER_BY_NAME, available_peers
+from bench.loaders.results import Comparison, PeerResult
 from carraystore.base.errors import InvalidInputError
+from carraystore.cli.benchmarks.datasets import decode_images
 
 __all__ = ["run_comparison"]
+
+#: the repository root: ``bench`` is importable from it (the child runs ``python -m bench.loaders``)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_comparison(
@@ -168,6 +172,7 @@ def _spawn(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("KERAS_BACKEND", "tensorflow")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
         [sys.executable, "-m", CHILD_MODULE, "--child", json.dumps(spec)],
         capture_output=True,

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from carraystore.cli.benchmarks.loaders.peer import PEER_CHUNK, Batch, Context, Peer, chunk_shuffle, index_batches
+from bench.loaders.peer import PEER_CHUNK, Batch, Context, Peer, chunk_shuffle, index_batches
 
 __all__ = ["NpyFiles", "NpzCache", "Hdf5", "Zarr", "Bcolz", "NumpyMemory", "CarrayStore"]
 
@@ -122,18 +122,12 @@ class Bcolz(Peer):
     label = "legacy bcolz carray (lz4), chunk-shuffle"
 
     def missing(self) -> str | None:
-        try:
-            from carraystore.migrations import bcolz as mod
-        except ImportError as exc:
-            return f"carraystore.migrations.bcolz is not available ({exc})"
-        if not hasattr(mod, "write_carray") or not hasattr(mod, "CarrayReader"):
-            return "carraystore.migrations.bcolz has no write_carray() / CarrayReader yet"
         if importlib.util.find_spec("numcodecs") is None:
             return "numcodecs is not installed (bcolz chunks are c-blosc 1.x)"
         return None
 
     def build(self, ctx: Context, dest: Path) -> None:
-        from carraystore.migrations.bcolz import write_carray
+        from testsupport.bcolz_writer import write_carray
 
         dest.mkdir(parents=True)
         write_carray(dest / "x", ctx.images, chunklen=PEER_CHUNK, cname="lz4", clevel=5, shuffle=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from carraystore.cli.benchmarks.loaders.registry import ON_DISK
+from bench.loaders.registry import ON_DISK
 
 __all__ = ["PeerResult", "Comparison", "check_goals"]
 
