@@ -16,11 +16,13 @@ import sys
 import textwrap
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import obstore
 import pytest
+from helpers import random_images
 from obstore.store import S3Store
 
 import carraystore as cs
@@ -66,8 +68,7 @@ def _staging_dirs(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("carraystore-upload-*"))
 
 
-def _images(n: int, seed: int = 0, shape=(24, 24, 3)) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (n, *shape), dtype=np.uint8)
+_images = partial(random_images, shape=(24, 24, 3))
 
 
 # -- ingest ---------------------------------------------------------------------------------
@@ -411,12 +412,10 @@ def test_copy_from_plain_http(http_server, seaweedfs, bucket: str, tmp_path: Pat
         np.testing.assert_array_equal(store[:], x)
 
 
-# -- store epochs from a URL (python -m bench.loaders URL) and the link proxy -------------------
+# -- bench loaders URL and the link proxy ----------------------------------------------------
 
 
 def test_bench_loaders_on_a_store_url(seaweedfs, bucket: str, tmp_path: Path, capsys) -> None:
-    from bench.loaders.command import main as loaders_main
-
     src = tmp_path / "src.b2nd"
     _store_with_holes(src)
     url = f"s3://{bucket}/bench/src.b2nd"
@@ -425,8 +424,10 @@ def test_bench_loaders_on_a_store_url(seaweedfs, bucket: str, tmp_path: Path, ca
         nchunks = store.nchunks
     opts = json.dumps(seaweedfs.storage_options)
     assert (
-        loaders_main(
+        cli_main(
             [
+                "bench",
+                "loaders",
                 url,
                 "--storage-options",
                 opts,
@@ -451,8 +452,6 @@ def test_bench_loaders_on_a_store_url(seaweedfs, bucket: str, tmp_path: Path, ca
 
 
 def test_bench_loaders_cache_size_takes_a_size_like_open(seaweedfs, bucket: str, tmp_path: Path, capsys) -> None:
-    from bench.loaders.command import main as loaders_main
-
     src = tmp_path / "src.b2nd"
     _store_with_holes(src)
     url = f"s3://{bucket}/bench/cached.b2nd"
@@ -460,8 +459,10 @@ def test_bench_loaders_cache_size_takes_a_size_like_open(seaweedfs, bucket: str,
     opts = json.dumps(seaweedfs.storage_options)
     cache = tmp_path / "cache"
     assert (
-        loaders_main(
+        cli_main(
             [
+                "bench",
+                "loaders",
                 url,
                 "--storage-options",
                 opts,
@@ -484,7 +485,7 @@ def test_bench_loaders_cache_size_takes_a_size_like_open(seaweedfs, bucket: str,
     assert rows[0]["requests"] > 0 and rows[0]["mb"] > 0
     assert rows[1]["requests"] == 0 and rows[1]["mb"] == 0
     with pytest.raises(SystemExit):
-        loaders_main([url, "--cache-dir", str(cache), "--cache-size", "ten"])
+        cli_main(["bench", "loaders", url, "--cache-dir", str(cache), "--cache-size", "ten"])
     assert "--cache-size" in capsys.readouterr().err
 
 

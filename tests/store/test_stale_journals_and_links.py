@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import indexed_images
 
 import carraystore
 from carraystore.base.errors import CorruptStoreError, StaleJournalError
@@ -20,18 +21,18 @@ SHAPE = (8, 8, 3)
 CHUNK = 4
 
 
-def _images(start: int, n: int) -> np.ndarray:
-    return np.stack([np.random.default_rng(i).integers(0, 256, SHAPE, dtype=np.uint8) for i in range(start, start + n)])
-
-
 def _store(path: Path, n: int, **kw: object) -> None:
     with carraystore.create(path, SHAPE, chunk_images=CHUNK, **kw) as w:  # type: ignore[arg-type]
-        w.append(_images(0, n), labels=np.arange(n) % 5, keys=[f"d/{i}.png" for i in range(n)])
+        w.append(indexed_images(0, n, SHAPE), labels=np.arange(n) % 5, keys=[f"d/{i}.png" for i in range(n)])
 
 
 def _append(path: Path, start: int, n: int) -> None:
     with carraystore.append(path) as w:
-        w.append(_images(start, n), labels=np.arange(n) % 5, keys=[f"d/{i}.png" for i in range(start, start + n)])
+        w.append(
+            indexed_images(start, n, SHAPE),
+            labels=np.arange(n) % 5,
+            keys=[f"d/{i}.png" for i in range(start, start + n)],
+        )
 
 
 # die once the journal is hot: after the chunks (in commit), or right after the journal and marker
@@ -166,7 +167,7 @@ def test_copy_overwrite_takes_the_destinations_writer_lock(tmp_path: Path) -> No
     _store(src, 6)
     _store(dst, 10)
     a = carraystore.append(dst)
-    a.append(_images(10, 5), labels=np.arange(5) % 5, keys=[f"d/{i}.png" for i in range(10, 15)])
+    a.append(indexed_images(10, 5, SHAPE), labels=np.arange(5) % 5, keys=[f"d/{i}.png" for i in range(10, 15)])
     with pytest.raises(StoreLockedError, match=r"being written by append"):
         copy_store(src, dst, overwrite=True)
     r = subprocess.run(
@@ -222,7 +223,7 @@ def test_migrate_never_follows_a_link_inside_a_bcolz_folder(tmp_path: Path) -> N
     pytest.importorskip("numcodecs", reason="write_carray uses numcodecs' c-blosc 1.x")
     from carraystore.base.errors import MigrationError
     from carraystore.migrations import migrate
-    from testsupport.bcolz_writer import write_carray
+    from carraystore.migrations.bcolz import write_carray
 
     write_carray(tmp_path / "a.bc", np.zeros((20, 4, 4, 3), np.uint8), chunklen=10)
     write_carray(tmp_path / "other.bc", np.full((20, 4, 4, 3), 7, np.uint8), chunklen=10)
@@ -240,8 +241,8 @@ def test_the_chunk_cache_never_writes_through_a_planted_link(tmp_path: Path) -> 
     import hashlib
     import os
 
-    from carraystore.sources.cache import CachedSource
     from carraystore.base.errors import CacheFolderError
+    from carraystore.sources.cache import CachedSource
     from carraystore.sources.local import LocalFileSource
 
     store = tmp_path / "s.b2nd"
