@@ -1,4 +1,4 @@
-"""Appends cost what they add (issue 11): 32 images appended to a big store and to a small one.
+"""Appends cost what they add: 32 images appended to a big store and to a small one.
 
 Two real stores of 224x224 RGB images with int labels and keys, side by side in one run:
 a small one (~20 MB) and a big one (~10 GB on disk at the default scale). The images are

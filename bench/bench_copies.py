@@ -1,4 +1,4 @@
-"""Issue 8's goal: copies per image on the decoding path, side by side in one run (warm cache).
+"""The copies-per-image goal: copies per image on the decoding path, side by side in one run (warm cache).
 
 On real photos of 256x256 pixels in a ``fast`` store (lz4, blocks of one image), every
 round times, interleaved, one epoch of block-shuffled batches of 64 from:
@@ -13,7 +13,7 @@ round times, interleaved, one epoch of block-shuffled batches of 64 from:
   on-disk peer of the 0.1.0 comparison for this shape).
 
 Reported per contender: images/s (best and median round), time to the first batch, and
-CPU seconds per 1,000 images. The goals (issue 8): ``carraystore_fast`` >= 0.5 x
+CPU seconds per 1,000 images. The goals: ``carraystore_fast`` >= 0.5 x
 ``numpy`` and >= 2 x the best on-disk peer. Unmet goals are reported, not asserted: the
 machines here are shared and the result says what limits them (docs/benchmarks.md).
 """

@@ -1,4 +1,4 @@
-"""The encoded layout, local and warm, against a PyTorch ``DataLoader`` over the same JPEG files (issue 20).
+"""The encoded layout, local and warm, against a PyTorch ``DataLoader`` over the same JPEG files.
 
 One folder of real-photo JPEGs (crops of the scikit-image photographs, as
 ``carraystore.ingest.sample_data`` makes them), side by side in one process, interleaved rounds,
@@ -12,7 +12,7 @@ the same number of cores for both:
   processes (``W = 0``: the main process), each epoch starting its workers as by default;
   its first-batch time is reported apart.
 
-Goal (issue 20): the encoded epoch at least 1.2x the DataLoader at the same number of
+Goal: the encoded epoch at least 1.2x the DataLoader at the same number of
 workers (threads; or the DataLoader in its main process, where that is faster), and the
 store's bytes per image at most 5% over the source files'. The
 machine's load average is recorded: other processes share it.

@@ -1,11 +1,11 @@
-"""Issue 20's goal for small remote stores: time to the first batch, and the link's share.
+"""The goal for small remote stores: time to the first batch, and the link's share.
 
-Goal (issue 20): "Time to first batch from a remote store: about one round trip plus one
+Goal: "Time to first batch from a remote store: about one round trip plus one
 chunk's transfer and decode, whatever the window [...]; at least 0.9 of the link limit
 also for a 600-image store." Measured from outside: 600 photos of 128x128 in a store of
 the library's default chunks (4 MiB uncompressed: 84 images, 8 chunks), on SeaweedFS (S3)
 behind a :class:`NetProxy` link of 20 ms round trip and 400 Mbit/s, the same link the
-issue measured; a block-shuffled epoch of batches of 64 with the default window (16
+remote goals use; a block-shuffled epoch of batches of 64 with the default window (16
 chunks). A second store of 1 MiB chunks (21 images, 29 chunks: more than one window) is
 read the same way. Beside them, the same pixels as a zarr v3 array (blosc lz4, one chunk
 = the store's chunk) read through obstore as ``bench_remote.py`` reads it.

@@ -1,4 +1,4 @@
-"""JPEG entries of the encoded layout: Pillow against simplejpeg, images/s per thread (issue 20).
+"""JPEG entries of the encoded layout: Pillow against simplejpeg, images/s per thread.
 
 Real-photo JPEGs (crops of the scikit-image photographs, saved by Pillow at quality 90,
 4:2:0, as ``carraystore.ingest.sample_data`` makes them) at 128x128 and 256x256 are decoded the way

@@ -1,7 +1,7 @@
 """Loader comparison: the same real photos through every common loader, warm and cold page cache.
 
 Writes ``loaders.json``, ``loaders.md`` and ``loaders.png`` to the results folder. At
-scales other than ``tiny`` it then asserts the issue's goals (after writing, so the
+scales other than ``tiny`` it then asserts the comparison's goals (after writing, so the
 numbers are there either way):
 
 - warm cache: carraystore ``fast`` with block shuffle >= 2x the fastest on-disk peer;
@@ -75,7 +75,7 @@ def test_loader_comparison(benchmark) -> None:
         return
     assert set(goals) == {"warm_fast_2x", "cold_default_beats_all", "small_not_larger_than_npz"}, goals
     # The cold-cache goal for the default preset is known not to hold on a fast disk (JPEG
-    # pipelines read ~6x fewer bytes; README and docs/benchmarks.md say so with the numbers):
+    # pipelines read fewer bytes; README and docs/benchmarks.md say so with the numbers):
     # it is reported, and warned about, but does not fail `make bench`. The other goals do.
     known_unmet = {"cold_default_beats_all"}
     for k in known_unmet:

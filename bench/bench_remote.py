@@ -1,8 +1,8 @@
-"""Issue 9's goal: training epochs from a storage node, over an emulated link, against the peers.
+"""The remote goal: training epochs from a storage node, over an emulated link, against the peers.
 
 A SeaweedFS server (S3) on loopback holds the same real photos six ways: carraystore
 stores (uploaded with ``carraystore.copy``; pixels, and the encoded layout: the JPEG
-files' own bytes, issue 20), one JPEG object per image, WebDataset tar
+files' own bytes), one JPEG object per image, WebDataset tar
 shards of the JPEGs, a zarr v3 array, and the same JPEGs as MosaicML Streaming (MDS)
 shards and LitData chunks (about as many images per shard as the WebDataset shards). A
 :class:`NetProxy` between the readers and the server adds a round-trip time (0, 20, 50 ms)
@@ -11,9 +11,9 @@ fresh process (peak RSS is its own; MDS's and LitData's two DataLoader worker pr
 are not counted) for a few epochs; the proxy counts the requests and bytes of each epoch.
 
 Reported per link and contender: images/s (median epoch), time to the first batch,
-requests and MB per epoch, peak RSS; and the two limits of the issue: the link (cap /
+requests and MB per epoch, peak RSS; and the two limits of the goals: the link (cap /
 compressed bytes per image of the store) and the local warm rate (the same store read
-from local disk, page cache warm). Goals (issue 9): at 20 ms and 400 Mbit/s carraystore
+from local disk, page cache warm). Goals: at 20 ms and 400 Mbit/s carraystore
 reaches 0.8 x the lesser limit; at 0 ms (uncapped) 0.8 x the local warm rate; and it is
 ahead of every peer at 20 ms. Unmet goals are reported, not asserted (shared machines).
 MosaicML Streaming and LitData need PyTorch, which carraystore does not install: they are

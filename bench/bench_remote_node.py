@@ -1,4 +1,4 @@
-"""Issue 9's 0 ms goal with the storage node on cores of its own.
+"""The remote 0 ms goal with the storage node on cores of its own.
 
 Goal: "at 0 ms [an epoch] reaches at least 0.8x of the local warm rate". In
 ``bench_remote.py`` the 0 ms link puts SeaweedFS, the Python link proxy and the reader on

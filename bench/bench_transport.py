@@ -1,4 +1,4 @@
-"""Why obstore: the transport of remote reads, measured side by side in one run (issue 9).
+"""Why obstore: the transport of remote reads, measured side by side in one run.
 
 A SeaweedFS server on loopback holds one object of random bytes. Each round reads every
 chunk-sized range of it once, in a random order (nothing adjacent, so nothing coalesces),
@@ -168,8 +168,8 @@ def test_transport(benchmark, server) -> None:  # type: ignore[no-untyped-def]
     contenders = dict(CONTENDERS)
     if SCALE == "tiny":
         # the smoke test: s3fs's client set up once, before the Python probe thread runs. Set up
-        # beside the probe (every round, at other scales) it waits for the GIL at every step:
-        # ~20 s on an idle 2-core machine, the probe spinning all along (~50 CPU-s in all)
+        # beside the probe (every round, at other scales) it waits for the GIL at every step,
+        # the probe spinning all along (bench/results/comment_figures.md)
         fs = _s3fs(server)
         fs.cat_ranges([f"{BUCKET}/{KEY}"], [0], [1])
         contenders["s3fs"] = lambda srv, ranges: _run_s3fs(srv, ranges, fs)

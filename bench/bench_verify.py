@@ -8,7 +8,7 @@ rounds against best rounds, with the medians beside them. On a shared machine th
 wall-clock rows are noisy, so the file also measures the CPU time (``time.thread_time``,
 one thread) of the CRC32 of every chunk against the CPU time of decompressing them:
 the share the check adds to a loader that is CPU-bound, which is what the assertion uses.
-The issue-12 rule: the check is on by default when it costs under 5% with the default
+The rule: the check is on by default when it costs under 5% with the default
 preset.
 """
 
@@ -39,7 +39,7 @@ SCALES = {
 if SCALE not in SCALES:
     raise ValueError(f"CARRAYSTORE_BENCH_SCALE={SCALE!r}: use one of {sorted(SCALES)}")
 CFG = SCALES[SCALE]
-#: the most the default check may cost (issue 12)
+#: the most the default check may cost
 LIMIT = 0.05
 PRESETS = ("balanced", "fast")
 

@@ -1,4 +1,4 @@
-"""Spot check for issue 19's codec question: the default (balanced) against larger blocks and no filter.
+"""Spot check of the codec question: the default (balanced) against larger blocks and no filter.
 
 168 of the 256x256 real-photo JPEGs of the loader benchmark (decoded), chunks of 21 images
 (~4 MiB), one thread each way, best of 3 decompressions. Run: python bench/spot_codec_blocks.py

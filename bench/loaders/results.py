@@ -51,7 +51,7 @@ class Comparison:
 
 
 def check_goals(cmp: Comparison) -> dict[str, Any]:
-    """The issue's three goals, measured: each with ``met`` (True/False/None) and the numbers."""
+    """The comparison's three goals, measured: each with ``met`` (True/False/None) and the numbers."""
     ok = [r for r in cmp.rows if r.status == "ok"]
     disk = [r for r in ok if r.name in ON_DISK]
     goals: dict[str, Any] = {}

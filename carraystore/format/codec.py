@@ -31,7 +31,7 @@ from carraystore.base.errors import (
     UnknownCodecError,
 )
 
-try:  # the same CRC32 as zlib's, ~8x faster (ISA-L); zlib where no isal wheel exists
+try:  # the same CRC32 as zlib's, faster (ISA-L); zlib where no isal wheel exists
     from isal.isal_zlib import crc32 as _crc32
 except ImportError:  # pragma: no cover - isal is a dependency
     _crc32 = zlib.crc32
@@ -234,8 +234,8 @@ class Codec:
 
 #: Named presets, chosen from the codec suite's measurements (docs/codecs.md, bench/results/):
 #: ``fast``: decompression near memory speed (data in the page cache or on fast NVMe);
-#: ``balanced`` (= ``Codec()``, the default): about half the bytes of raw pixels at ~0.8 GB/s
-#: per core; ``small``: the fewest bytes that still compress at a practical speed (slow
+#: ``balanced`` (= ``Codec()``, the default): about half the bytes of raw pixels, still fast to
+#: decompress; ``small``: the fewest bytes that still compress at a practical speed (slow
 #: disks and networks). Blocks are automatic (~128 KiB) in all three.
 PRESETS: dict[str, Codec] = {
     "fast": Codec("lz4", 1, filters=()),

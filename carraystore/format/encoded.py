@@ -15,7 +15,7 @@ decompression bomb is never expanded) and :func:`decode_chunk_inplace` (a chunk'
 decoded into the same buffer, last image first). Nothing here touches a file.
 
 JPEG entries are decoded by simplejpeg (libjpeg-turbo, the GIL released, straight into the
-output buffer: about twice Pillow's images/s) wherever it gives Pillow's very pixels: once
+output buffer: faster than Pillow, bench/results/jpeg_decode.md) wherever it gives Pillow's very pixels: once
 per process :func:`jpeg_decoder` decodes a set of small JPEGs (baseline and progressive;
 4:4:4, 4:2:2, 4:2:0 and grayscale; odd sizes; to L, RGB and RGBA) with both and uses
 simplejpeg only when every pixel agrees. Entries it was not checked on (CMYK, 4:4:0, 12-bit,

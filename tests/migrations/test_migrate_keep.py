@@ -1,4 +1,4 @@
-"""Migrations keep everything or say why (issue 18): fields, one-hot labels, HDF5 splits, .npy,
+"""Migrations keep everything or say why: fields, one-hot labels, HDF5 splits, .npy,
 pickles only with --allow-pickle, a quiet -q; and from_dask keeps the class names of labels().
 
 Real HDF5 files (h5py) and .npy/.npz files written here; the CLI through carraystore.cli.main.main.

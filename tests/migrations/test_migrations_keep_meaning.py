@@ -1,4 +1,4 @@
-"""Migrations keep meaning (issue 12, point 6): labels and class names come along, and can be set later.
+"""Migrations keep meaning: labels and class names come along, and can be set later.
 
 Real HDF5 files (h5py), real .npz files, real stores; the CLI through carraystore.cli.main.main.
 """
@@ -43,7 +43,7 @@ def test_hdf5_labels_and_class_names_beside_the_images_come_along(arrays, tmp_pa
         f["train/class_names"] = np.array(NAMES, dtype="S")
         f["mean_pixel"] = np.array([0.5, 0.4, 0.3])  # not one per row: neither images nor labels
     out = tmp_path / "o.b2nd"
-    assert main(["migrate", str(h5), str(out)]) == 0  # -q would print nothing (issue 18)
+    assert main(["migrate", str(h5), str(out)]) == 0  # -q would print nothing
     summary = capsys.readouterr().out
     assert "labels inferred: 'train/labels'" in summary and "class names from dataset 'train/class_names'" in summary
     store = carraystore.open(out)
@@ -115,7 +115,7 @@ def test_npz_images_and_labels_are_inferred_like_hdf5(arrays, tmp_path: Path, ca
     x, y = arrays
     npz = tmp_path / "d.npz"
     np.savez(npz, images=x, labels=y, class_names=np.array(NAMES))
-    assert main(["migrate", str(npz), str(tmp_path / "a.b2nd")]) == 0  # --quiet would print nothing (issue 18)
+    assert main(["migrate", str(npz), str(tmp_path / "a.b2nd")]) == 0  # --quiet would print nothing
     assert "labels inferred: 'labels'" in capsys.readouterr().out
     for argv in ([], ["--images", "images"]):
         out = tmp_path / f"o{len(argv)}.b2nd"

@@ -1,4 +1,4 @@
-"""``carraystore bench layout SRC``: pixels or encoded, for your images, cores and link (issue 20).
+"""``carraystore bench layout SRC``: pixels or encoded, for your images, cores and link.
 
 A store holds images either as compressed **pixels** (a codec preset, ``balanced`` by
 default) or **encoded** (each image's JPEG/PNG/WebP file, decoded when read; FORMAT.md 10).
