@@ -18,7 +18,6 @@ Everything that turns a store into batches goes through here: ``Store.batches`` 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import queue
@@ -35,6 +34,7 @@ import numpy as np
 
 from carraystore.base.errors import LoaderError
 from carraystore.base.forksafe import at_fork_in_child
+from carraystore.engine.link import LinkPolicy
 from carraystore.engine.sampling import EpochPlan
 from carraystore.engine.spec import LoaderSpec
 from carraystore.format import blocks
@@ -166,18 +166,12 @@ def release_buffers(store: StoreReader | None = None) -> None:
 
 _LIVE: weakref.WeakSet[EpochDecoder] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
-#: the decoder last started on each remote source: only it hints the next epoch (an older
-#: one's late hint, e.g. a short resumed epoch whose next plan was still being made, would
-#: keep or fetch bytes for a read that the epoch after it already made)
-_NEWEST: weakref.WeakKeyDictionary[Any, EpochDecoder] = weakref.WeakKeyDictionary()
-_NEWEST_LOCK = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
     # the parent's decoder threads do not exist here: forget them, and the locks they held
-    global _LIVE_LOCK, _ARENA_LOCK, _NEWEST_LOCK
+    global _LIVE_LOCK, _ARENA_LOCK
     _LIVE_LOCK = threading.Lock()
-    _NEWEST_LOCK = threading.Lock()
     _ARENA_LOCK = threading.Lock()
     _LIVE.clear()
 
@@ -309,30 +303,8 @@ class EpochDecoder:
         self.closed = False
         self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._announced = -1  # the last window whose byte ranges the source was told about
-        #: a remote source fetches the first window this decoder starts alone (its "lead"):
-        #: later windows are neither announced nor fetched until the lead's bytes are in, so
-        #: that the first batch waits for one round trip and that window's bytes, not for a
-        #: share of the link among every chunk in flight (issue 20)
-        self._lead: _Window | None = None
-        self._lead_w = -1
-        self._lead_need = 0
-        self._lead_arrived: set[int] = set()
-        self._lead_in = threading.Event()
-        self._remote = bool(getattr(spec.store.source, "max_inflight", 0))
-        if not self._remote:  # a local file: no link to share
-            self._lead_in.set()
-        #: a remote source keeps the bytes of the next epoch's first window that this epoch
-        #: fetches for a second read, and is told the rest of that window once this epoch's
-        #: bytes are all in: the next epoch starts with it in or on its way, instead of after
-        #: the link idled while this epoch's last chunks were decoded, and a round trip
-        #: (epochs usually follow each other; if none does, it costs one window's bytes)
-        self._next_lead: frozenset[int] = frozenset()
-        self._kept: set[int] = set()  # chunks of it this epoch fetched, kept for the next
-        self._announced_chunks: set[int] = set()
-        self._all_announced = threading.Event()
-        self._epoch_chunks: list[int] = []
-        #: the next epoch's first window was hinted to the source (:meth:`_next_epoch_hint`)
-        self.next_epoch_hinted = False
+        #: the lead window, the announce distance and the next epoch's hint (:mod:`carraystore.engine.link`)
+        self.link = LinkPolicy(spec, epoch, self.plan, self.serves, self.cond)
         self.threads = [
             threading.Thread(target=self._decode_loop, name=f"{thread_prefix}-{id(self):x}-decode{i}", daemon=True)
             for i in range(max(1, num_threads))
@@ -341,10 +313,7 @@ class EpochDecoder:
             _LIVE.add(self)
         for t in self.threads:
             t.start()
-        if self._remote:
-            with _NEWEST_LOCK, contextlib.suppress(TypeError):  # (a source that takes no weak reference)
-                _NEWEST[spec.store.source] = self
-            threading.Thread(target=self._next_epoch_hint, name="carraystore-next-epoch", daemon=True).start()
+        self.link.start_hint(self._unread)
 
     # -- decoder threads -------------------------------------------------------------------
     def _decode_loop(self) -> None:
@@ -356,9 +325,9 @@ class EpochDecoder:
                 task()
                 continue
             win, j = task
-            lead = win is self._lead
+            lead = win is self.link.lead
             if not lead:
-                self._lead_in.wait()
+                self.link.lead_in.wait()
             fetched = functools.partial(self._lead_fetched, j) if lead else None
             err: BaseException | None = None
             if win.error is None and not self.closed:
@@ -385,93 +354,22 @@ class EpochDecoder:
                     self.cond.notify_all()
 
     def _lead_fetched(self, j: int) -> None:
-        """The lead window's chunk ``j`` is in (or failed; said once or twice): after its
-        last, announce and fetch the windows after it."""
+        """The lead window's chunk ``j`` is in (or failed): after its last, announce and
+        fetch the windows after it."""
         with self.cond:
-            if j in self._lead_arrived:
-                return
-            self._lead_arrived.add(j)
-            if len(self._lead_arrived) < self._lead_need or self._lead_in.is_set():
-                return
-            self._lead_in.set()
-            if not self.closed:
-                for v in sorted({self._lead_w, *self.windows}):
+            if self.link.lead_fetched(j):
+                for v in sorted({self.link.lead_w, *self.windows}):
                     self._announce(v)
 
-    def _next_epoch_hint(self) -> None:
-        """Plan the next epoch (in this thread: planning a large store takes a while) and
-        mark the chunks of its first window that this epoch fetches from then on as kept for
-        it; once this epoch's chunks are all announced and fetched, hint the rest of that
-        window. A hint only: the next epoch's order may differ (another loader's options)."""
-        try:
-            plan = self.spec.plan(self.epoch + 1)
-            # the first window this decoder reads (a worker of several reads those of its batches)
-            w = next(
-                (v for v in range(plan.nwindows) if len(plan.window_chunks[v]) and self._batches_of(v, plan)), None
-            )
-            if w is None:
-                return
-            lead = [int(c) for c in plan.window_chunks[w]]
-            with self.cond:
-                self._next_lead = frozenset(lead)
-                # announced before the plan was made: kept if not read yet (the others are
-                # hinted with the rest, below)
-                store = self.spec.store
-                keep = [c for c in lead if c in self._announced_chunks and c not in self._kept]
-                keep = [c for c in keep if store.chunks_hinted([c])]
-                if keep:
-                    self._keep_for_next(keep)
-            # until this epoch's chunks are all asked for and in; an epoch stopped before that
-            # (closed) hints nothing, one that ended (closed too) as they came in still does
-            deadline = time.monotonic() + 600.0  # a stalled epoch: the retries' business, not the hint's
-            while not self._all_announced.wait(0.5):
-                if self.closed or time.monotonic() > deadline:
-                    return
-            while not self.spec.store.wait_chunks_fetched(self._epoch_chunks, timeout=0.5):
-                if self.closed or time.monotonic() > deadline:
-                    return
-            with self.cond:
-                # and those kept that the source let go (unread for long: stale, or failed a
-                # check) once this epoch read them (a chunk it has yet to read is fetched by
-                # that read, and the next epoch's by its own)
-                store, plan = self.spec.store, self.plan
-                done = {v for v, e in self.windows.items() if e.done.is_set()} | self.finished
-                unread = {int(c) for v in range(plan.nwindows) if v not in done for c in plan.window_chunks[v]}
-                rest = [c for c in lead if c not in self._kept or (c not in unread and not store.chunks_hinted([c]))]
-                # again: this epoch may not have read them yet (an epoch reads every chunk)
-                self.next_epoch_hinted = self._keep_for_next(rest)
-        except Exception:  # e.g. a resumed epoch's options plan no other epoch: no hint
-            pass
-
-    def _keep_for_next(self, chunks: list[int]) -> bool:
-        """Hint the next epoch's ``chunks`` (kept for its read too), unless a later decoder
-        started on this source meanwhile: that epoch hints for itself (lock held). Whether
-        they were hinted."""
-        with _NEWEST_LOCK:  # held while hinting: a decoder starting now hints after this
-            try:
-                newest = _NEWEST.get(self.spec.store.source, self)
-            except TypeError:
-                newest = self
-            if newest is not self:
-                return False
-            self.spec.store.prefetch_chunks(chunks, again=True)
-            self._kept.update(chunks)
-            return True
+    def _unread(self) -> set[int]:
+        """The chunks of the windows this epoch has yet to read (lock held)."""
+        done = {v for v, e in self.windows.items() if e.done.is_set()} | self.finished
+        return {int(c) for v in range(self.plan.nwindows) if v not in done for c in self.plan.window_chunks[v]}
 
     # -- windows ------------------------------------------------------------------------------
-    def _batches_of(self, w: int, plan: EpochPlan | None = None) -> range:
-        """The batches this decoder serves that draw from window ``w`` (of ``plan``: this
-        epoch's by default)."""
-        plan = self.plan if plan is None else plan
-        b = self.spec.batch_size
-        lo, hi = int(plan.window_starts[w]), int(plan.window_starts[w + 1])
-        if hi <= lo:
-            return range(0)
-        first, last = lo // b, (hi - 1) // b + 1
-        k, n = self.serves
-        if n == 1:
-            return range(first, last)
-        return range(first + (k - first) % n, last, n)
+    def _batches_of(self, w: int) -> range:
+        """The batches this decoder serves that draw from window ``w``."""
+        return self.plan.batches_of(w, self.spec.batch_size, self.serves)
 
     def _evictable(self, keep_unserved: bool) -> int | None:
         """A resident window whose slots may be taken (lock held).
@@ -535,22 +433,7 @@ class EpochDecoder:
         slots = np.array([self.free.pop() for _ in range(need)], dtype=np.int64)
         win = _Window(chunks, slots, self._batches_of(w))
         self.windows[w] = win
-        if not self._lead_in.is_set() and self._lead is None:
-            self._lead, self._lead_w, self._lead_need = win, w, need
-            store = self.spec.store
-            hinted = bool(need) and store.chunks_hinted(chunks)
-            if not need or (hinted and store.wait_chunks_fetched(chunks, timeout=0)):
-                # nothing to fetch, or its bytes are in (the previous epoch hinted them as its
-                # own arrived): the rest may follow at once
-                self._lead_in.set()
-            elif hinted:
-                # on their way: one chunk of the next window (that this decoder reads) beside
-                # them keeps the link busy meanwhile (its round trip overlaps theirs) and takes
-                # only a share of the link from them (all of the rest at once would delay the
-                # first batch)
-                nxt = next((v for v in range(w + 1, self.plan.nwindows) if self._batches_of(v)), None)
-                if nxt is not None:
-                    store.prefetch_chunks(self.plan.window_chunks[nxt][:1])
+        self.link.take_lead(win, w, chunks)
         n = self.decode_count[w] = self.decode_count.get(w, 0) + 1
         if n > 1:
             self.out_of_order = True
@@ -563,9 +446,9 @@ class EpochDecoder:
         """Tell the byte source which chunks come next: up to a window beyond ``w``; for a
         remote source two windows and at least its ``max_inflight`` chunks beyond it, so that
         many ranged GETs are in flight (the source bounds the bytes it fetches ahead)."""
-        want = int(getattr(self.spec.store.source, "max_inflight", 0) or 0)
-        if not self._lead_in.is_set():  # the lead window alone until its bytes are in
-            if w != self._lead_w or self._announced >= w:
+        want = self.link.want
+        if not self.link.lead_in.is_set():  # the lead window alone until its bytes are in
+            if w != self.link.lead_w or self._announced >= w:
                 return
             want, last = 0, w
         else:
@@ -586,23 +469,11 @@ class EpochDecoder:
         if chunks:
             try:
                 self.spec.store.prefetch_chunks(chunks)
-                if self._remote:
-                    self._announced_chunks.update(int(c) for c in chunks)
-                    # the next epoch's first window reads these again: their bytes cross once
-                    keep = [int(c) for c in chunks if int(c) in self._next_lead and int(c) not in self._kept]
-                    if keep:
-                        self._keep_for_next(keep)
+                self.link.announced(chunks)
             except Exception:  # a hint only
                 pass
-        if (
-            last == self.plan.nwindows - 1
-            and self._lead_in.is_set()
-            and self._remote
-            and not self._all_announced.is_set()
-        ):
-            # every chunk announced: the rest of the next epoch's first window follows them
-            self._epoch_chunks = [int(c) for v in range(w, last + 1) for c in self.plan.window_chunks[v]]
-            self._all_announced.set()
+        if last == self.plan.nwindows - 1:  # every chunk announced
+            self.link.all_announced([c for v in range(w, last + 1) for c in self.plan.window_chunks[v]])
 
     def _acquire(self, w: int) -> _Window:
         with self.cond:
@@ -779,7 +650,7 @@ class EpochDecoder:
             if self.closed:
                 return
             self.closed = True
-            self._lead_in.set()
+            self.link.close()
             for win in self.windows.values():
                 if not win.done.is_set():
                     win.error = win.error or LoaderError(

@@ -29,6 +29,7 @@ from carraystore.base.resources import format_bytes
 from carraystore.engine.decoder import EpochDecoder, LoaderClosed
 from carraystore.engine.sampling import EpochPlan
 from carraystore.engine.spec import LoaderSpec
+from carraystore.format.frame import ReadAheadSource
 
 __all__ = ["MemoryPlan", "plan_memory", "assemblers_for", "chunks_in_flight", "OrderedBatches"]
 
@@ -85,7 +86,8 @@ def _batch_bytes(spec: LoaderSpec) -> int:
 
 
 def _source_bytes(spec: LoaderSpec) -> int:
-    return int(getattr(spec.store.source, "readahead_bytes", 0) or 0)
+    src = spec.store.source
+    return src.readahead_bytes if isinstance(src, ReadAheadSource) else 0
 
 
 def chunks_in_flight(plan: EpochPlan, batch_size: int, batches: int) -> int:

@@ -25,6 +25,7 @@ An *item* is a sample index, or, for sequences, the index of a clip's first samp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from carraystore.base.errors import InvalidInputError
 __all__ = [
     "Shuffle",
     "EpochPlan",
+    "EpochOrder",
     "plan_epoch",
     "epoch_sequence",
     "ramp_windows",
@@ -140,6 +142,16 @@ class EpochPlan:
             return it
         return it[:, None] + np.arange(self.span, dtype=np.int64)
 
+    def batches_of(self, w: int, batch_size: int, serves: tuple[int, int] = (0, 1)) -> range:
+        """The batches drawing from window ``w`` that a reader serving batches ``b % n == k``
+        (``serves=(k, n)``) asks for."""
+        lo, hi = int(self.window_starts[w]), int(self.window_starts[w + 1])
+        if hi <= lo:
+            return range(0)
+        first, last = lo // batch_size, (hi - 1) // batch_size + 1
+        k, n = serves
+        return range(first + (k - first) % n, last, n)
+
     def chunk_order(self) -> np.ndarray:
         """Chunks in the order a loader decodes them (window after window)."""
         if not self.window_chunks:
@@ -155,43 +167,66 @@ def _rng(*words: int) -> np.random.Generator:
 _TAG_CHUNKS, _TAG_WINDOW, _TAG_GLOBAL, _TAG_CLIPS = 0x43484E4B, 0x57494E44, 0x474C4F42, 0x434C4950
 
 
+@dataclass(frozen=True)
+class EpochOrder:
+    """What one rank's order of an epoch depends on besides the store: one value, checked
+    once and passed whole (:func:`plan_epoch`, :func:`epoch_sequence`).
+
+    ``span`` is how many consecutive samples an item covers (clips); the first windows
+    ramp up (:func:`ramp_windows`) from the pieces that hold the first ``batch_size`` items.
+    """
+
+    shuffle: Shuffle = "block"
+    seed: int = 0
+    epoch: int = 0
+    window: int = 16
+    rank: int = 0
+    world_size: int = 1
+    drop_remainder: bool = False
+    span: int = 1
+    batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "shuffle", _check_shuffle(self.shuffle))
+        for name in ("seed", "epoch", "window", "rank", "world_size", "span", "batch_size"):
+            s(self, name, _nonneg(name, getattr(self, name)))
+        if self.window < 1 or self.world_size < 1 or self.span < 1 or self.batch_size < 1:
+            raise InvalidInputError("window, world_size, span and batch_size must all be >= 1")
+        if self.rank >= self.world_size:
+            raise InvalidInputError(f"rank {self.rank} is not below world_size {self.world_size}")
+        s(self, "drop_remainder", bool(self.drop_remainder))
+
+    def replace(self, **changes: Any) -> EpochOrder:
+        """A copy with some fields changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
 def plan_epoch(
     n_samples: int,
     chunk_size: int,
+    order: EpochOrder | None = None,
     *,
-    shuffle: Shuffle = "block",
-    seed: int = 0,
-    epoch: int = 0,
-    window: int = 16,
-    rank: int = 0,
-    world_size: int = 1,
-    drop_remainder: bool = False,
     items: np.ndarray | None = None,
-    span: int = 1,
-    batch_size: int = 1,
     ramp: bool = True,
     sequence: np.ndarray | None = None,
+    **fields: Any,
 ) -> EpochPlan:
-    """The epoch's order for one rank (see the module docstring).
+    """The epoch's order for one rank (see the module docstring): ``order``, or an
+    :class:`EpochOrder` of the keyword ``fields``.
 
     ``items`` (sorted sample indices, default every sample) lets sequences shuffle clip
-    starts instead of samples; ``span`` is how many consecutive samples an item covers.
-    The first windows ramp up (:func:`ramp_windows`) from the pieces that hold the first
-    ``batch_size`` items (one batch); ``ramp=False`` makes every window ``window`` pieces,
-    the first ones too (the order of the versions before the ramp). ``sequence``: what
+    starts instead of samples. ``ramp=False`` makes every window ``window`` pieces, the
+    first ones too (the order of the versions before the ramp). ``sequence``: what
     :func:`epoch_sequence` returns for the same arguments, when the plans of many ranks
     are made at once (it is the same for every rank).
     """
-    shuffle = _check_shuffle(shuffle)
+    o = EpochOrder(**fields) if order is None else order.replace(**fields) if fields else order
+    shuffle, seed, epoch, window, rank, span = o.shuffle, o.seed, o.epoch, o.window, o.rank, o.span
     n_samples = _nonneg("n_samples", n_samples)
     chunk_size = _nonneg("chunk_size", chunk_size)
-    seed, epoch = _nonneg("seed", seed), _nonneg("epoch", epoch)
-    window, rank, world_size = _nonneg("window", window), _nonneg("rank", rank), _nonneg("world_size", world_size)
-    span, batch_size = _nonneg("span", span), _nonneg("batch_size", batch_size)
-    if chunk_size < 1 or window < 1 or world_size < 1 or span < 1 or batch_size < 1:
-        raise InvalidInputError("chunk_size, window, world_size, span and batch_size must all be >= 1")
-    if rank >= world_size:
-        raise InvalidInputError(f"rank {rank} is not below world_size {world_size}")
+    if chunk_size < 1:
+        raise InvalidInputError("chunk_size must be >= 1")
     if sequence is not None:  # made for these arguments: the items are in it, already checked
         m = len(sequence)
     elif items is None:
@@ -202,7 +237,7 @@ def plan_epoch(
         if items.size and (items[0] < 0 or items[-1] + span > n_samples or np.any(np.diff(items) <= 0)):
             raise InvalidInputError("items must be strictly increasing and lie inside the store (with their span)")
         m = len(items)
-    length = shard_length(m, world_size, drop_remainder)
+    length = shard_length(m, o.world_size, o.drop_remainder)
     empty = EpochPlan(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), (), chunk_size, span)
     if length == 0:
         return empty
@@ -226,14 +261,13 @@ def plan_epoch(
     else:
         piece = np.concatenate([[0], np.cumsum(np.diff(pchunk) != 0)])
         if ramp:  # the first window holds a batch: as many pieces as its items need
-            first = int(np.searchsorted(np.cumsum(np.bincount(piece)), batch_size)) + 1
+            first = int(np.searchsorted(np.cumsum(np.bincount(piece)), o.batch_size)) + 1
             window_id = ramp_windows(piece, window, first)
         else:
             window_id = piece // window
     if shuffle == "block":
         keys = _rng(seed, epoch, _TAG_WINDOW, rank).random(length)
-        order = np.lexsort((keys, window_id))
-        part = part[order]
+        part = part[np.lexsort((keys, window_id))]
     elif shuffle == "global":
         pass  # already a full permutation
     starts = np.concatenate([[0], np.flatnonzero(np.diff(window_id)) + 1, [length]]).astype(np.int64)
@@ -241,30 +275,21 @@ def plan_epoch(
     return EpochPlan(part, starts, tuple(chunks), chunk_size, span)
 
 
-def epoch_sequence(
-    n_samples: int,
-    chunk_size: int,
-    *,
-    shuffle: Shuffle = "block",
-    seed: int = 0,
-    epoch: int = 0,
-    items: np.ndarray | None = None,
-) -> np.ndarray:
+def epoch_sequence(n_samples: int, chunk_size: int, order: EpochOrder, items: np.ndarray | None = None) -> np.ndarray:
     """The epoch's item sequence every rank agrees on, before it is cut into shards and
     windows: chunks in a random order (``"block"``), a full permutation (``"global"``), or
-    the store's order. ``plan_epoch(..., sequence=)`` takes it to make many ranks' plans
-    at the cost of one sequence (the rest of an epoch at another world size needs them all)."""
-    shuffle = _check_shuffle(shuffle)
-    seed, epoch = _nonneg("seed", seed), _nonneg("epoch", epoch)
+    the store's order (only ``order``'s shuffle, seed and epoch matter).
+    ``plan_epoch(..., sequence=)`` takes it to make many ranks' plans at the cost of one
+    sequence (the rest of an epoch at another world size needs them all)."""
     chunk_size = _nonneg("chunk_size", chunk_size)
     if chunk_size < 1:
         raise InvalidInputError("chunk_size must be >= 1")
     if items is None:
         items = np.arange(_nonneg("n_samples", n_samples), dtype=np.int64)
-    return _sequence(np.asarray(items, dtype=np.int64).reshape(-1), chunk_size, shuffle, seed, epoch)
+    return _sequence(np.asarray(items, dtype=np.int64).reshape(-1), chunk_size, order.shuffle, order.seed, order.epoch)
 
 
-def _sequence(items: np.ndarray, chunk_size: int, shuffle: str | bool, seed: int, epoch: int) -> np.ndarray:
+def _sequence(items: np.ndarray, chunk_size: int, shuffle: Shuffle, seed: int, epoch: int) -> np.ndarray:
     m = len(items)
     if shuffle == "global":
         out: np.ndarray = items[_rng(seed, epoch, _TAG_GLOBAL).permutation(m)]
@@ -385,32 +410,10 @@ def remainder_plan(
     return EpochPlan(part, starts, chunks, chunk_size, span)
 
 
-def epoch_order(
-    n_samples: int,
-    chunk_size: int,
-    seed: int = 0,
-    epoch: int = 0,
-    window: int = 16,
-    rank: int = 0,
-    world_size: int = 1,
-    drop_remainder: bool = False,
-    shuffle: Shuffle = "block",
-    batch_size: int = 1,
-) -> np.ndarray:
+def epoch_order(n_samples: int, chunk_size: int, **order: Any) -> np.ndarray:
     """The sample indices one rank visits in one epoch, in order (int64): what a loader of
-    batches of ``batch_size`` serves."""
-    return plan_epoch(
-        n_samples,
-        chunk_size,
-        shuffle=shuffle,
-        seed=seed,
-        epoch=epoch,
-        window=window,
-        rank=rank,
-        world_size=world_size,
-        drop_remainder=drop_remainder,
-        batch_size=batch_size,
-    ).items
+    batches of ``batch_size`` serves (``order``: the fields of :class:`EpochOrder`)."""
+    return plan_epoch(n_samples, chunk_size, EpochOrder(**order)).items
 
 
 # -- sequences --------------------------------------------------------------------------

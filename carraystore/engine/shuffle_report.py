@@ -33,7 +33,7 @@ import numpy as np
 
 from carraystore.base.errors import InvalidInputError
 from carraystore.engine.options import DEFAULT_WINDOW
-from carraystore.engine.sampling import Shuffle, _check_shuffle, plan_epoch
+from carraystore.engine.sampling import EpochOrder, Shuffle, _check_shuffle, plan_epoch
 
 __all__ = [
     "Diversity",
@@ -282,25 +282,15 @@ def shuffle_report(
     s, opened = _open(store)
     try:
         n, k = len(s), int(s.chunk_images)
-        plan = plan_epoch(
-            n,
-            k,
-            shuffle=shuffle,
-            seed=seed,
-            epoch=epoch,
-            window=window,
-            rank=rank,
-            world_size=world_size,
-            drop_remainder=drop_remainder,
-            batch_size=batch_size,
-        )
+        o = EpochOrder(shuffle, seed, epoch, window, rank, world_size, drop_remainder, batch_size=batch_size)
+        plan = plan_epoch(n, k, o)
         return report_for_order(
             plan.items,
             batch_size,
             labels=s.labels,
             groups=store_groups(s),
             chunk_size=k,
-            shuffle=shuffle,
+            shuffle=o.shuffle,
             window=window,
             seed=seed,
             epoch=epoch,

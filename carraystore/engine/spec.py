@@ -39,6 +39,7 @@ from carraystore.engine.options import (
 )
 from carraystore.engine.resume import ORDER_FIELDS, ResumePoint, check_order
 from carraystore.engine.sampling import (
+    EpochOrder,
     EpochPlan,
     clip_offsets,
     clip_starts,
@@ -49,6 +50,7 @@ from carraystore.engine.sampling import (
     remainder_plan,
     shard_length,
 )
+from carraystore.format.frame import ReadAheadSource
 from carraystore.store.reader import StoreReader, open_store
 
 __all__ = ["LoaderSpec", "make_spec"]
@@ -210,21 +212,29 @@ class LoaderSpec:
                     self.drop_remainder,
                 )
             return p
-        return self._whole_plan(epoch, self.rank, self.world_size, self.batch_size, self.items_for(epoch))
+        o = self.order(epoch)
+        return plan_epoch(len(self.store), self.store.chunk_images, o, items=self.items_for(epoch))
+
+    def order(self, epoch: int, batch_size: int | None = None) -> EpochOrder:
+        """What this rank's order of ``epoch`` depends on (batches of ``batch_size``: this spec's by default)."""
+        o = self.options
+        return EpochOrder(
+            o.shuffle, o.seed, epoch, self.window, o.rank, o.world_size, o.drop_remainder, self.span,
+            self.batch_size if batch_size is None else batch_size,
+        )  # fmt: skip
 
     def _whole_plan_of(self, epoch: int, batch_size: int) -> Callable[[int, int], EpochPlan]:
         """Every rank's plan of ``epoch`` at any world size, the epoch's items and sequence made once."""
         made: list[tuple[np.ndarray | None, np.ndarray]] = []
+        order = self.order(epoch, batch_size)
 
         def whole(rank: int, world_size: int) -> EpochPlan:
             if not made:
-                o, items = self.options, self.items_for(epoch)
-                seq = epoch_sequence(
-                    len(self.store), self.store.chunk_images, shuffle=o.shuffle, seed=o.seed, epoch=epoch, items=items
-                )
-                made.append((items, seq))
+                items = self.items_for(epoch)
+                made.append((items, epoch_sequence(len(self.store), self.store.chunk_images, order, items)))
             items, seq = made[0]
-            return self._whole_plan(epoch, rank, world_size, batch_size, items, seq)
+            o = order.replace(rank=rank, world_size=world_size)
+            return plan_epoch(len(self.store), self.store.chunk_images, o, items=items, sequence=seq)
 
         return whole
 
@@ -258,31 +268,6 @@ class LoaderSpec:
             start = ResumePoint(epoch, (), facts, self.batch_size)
         per_rank = min(b * self.batch_size, length)
         return start.then(epoch, self.world_size, per_rank, batches_left=not (nb and b == nb)).to_state()
-
-    def _whole_plan(
-        self,
-        epoch: int,
-        rank: int,
-        world_size: int,
-        batch_size: int,
-        items: np.ndarray | None,
-        sequence: np.ndarray | None = None,
-    ) -> EpochPlan:
-        return plan_epoch(
-            len(self.store),
-            self.store.chunk_images,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epoch=epoch,
-            window=self.window,
-            rank=rank,
-            world_size=world_size,
-            drop_remainder=self.drop_remainder,
-            items=items,
-            span=self.span,
-            batch_size=batch_size,
-            sequence=sequence,
-        )
 
     def batch_bounds(self, plan: EpochPlan, i: int) -> tuple[int, int]:
         a = i * self.batch_size
@@ -384,15 +369,6 @@ def _open(store_or_path: Any) -> StoreReader:
     )
 
 
-def _set_retry_timeout(source: Any, seconds: float) -> None:
-    """Give the remote source under ``source`` (behind a cache, say) its retry budget."""
-    while source is not None:
-        if hasattr(type(source), "retry_timeout"):
-            source.retry_timeout = seconds
-            return
-        source = getattr(source, "inner", None)
-
-
 def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None = None, **kwargs: Any) -> LoaderSpec:
     """Resolve loader options (an options value, or keyword arguments) against a store."""
     if options is None:
@@ -400,8 +376,8 @@ def make_spec(store_or_path: Any, batch_size: int, options: LoaderOptions | None
     elif kwargs:
         options = options.replace(**kwargs)
     store = _open(store_or_path)
-    if options.retry_timeout is not None:
-        _set_retry_timeout(store.source, options.retry_timeout)
+    if options.retry_timeout is not None and isinstance(store.source, ReadAheadSource):
+        store.source.retry_timeout = options.retry_timeout  # (a cache passes it on to its remote source)
     batch_size = _int_arg("batch_size", batch_size, 1)
     labels = store.labels
     if store.class_names:

@@ -20,10 +20,19 @@ import blosc2
 import msgpack
 import numpy as np
 
-from carraystore.format.codec import check_chunk_layout
 from carraystore.base.errors import CorruptStoreError, MetadataTooLargeError, NotAStoreError
+from carraystore.format.codec import check_chunk_layout
 
-__all__ = ["ByteSource", "Frame", "read_frame", "HEAD_READ_BYTES", "special_chunk_header", "header_problems"]
+__all__ = [
+    "ByteSource",
+    "ReadAheadSource",
+    "LinkCounters",
+    "Frame",
+    "read_frame",
+    "HEAD_READ_BYTES",
+    "special_chunk_header",
+    "header_problems",
+]
 
 #: Bytes read from the start of a file to get the frame header in one request (a store's
 #: header is about 260 bytes; a longer one costs a second read).
@@ -70,6 +79,59 @@ class ByteSource(Protocol):
 
     def close(self) -> None:
         """Release handles and connections."""
+
+
+class LinkCounters(Protocol):
+    """What a source that reads over a link counts: GETs sent, bytes received, retries,
+    ranges served by coalesced GETs."""
+
+    requests: int
+    bytes: int
+    retries: int
+    coalesced: int
+
+
+@runtime_checkable
+class ReadAheadSource(ByteSource, Protocol):
+    """A byte source that fetches hinted ranges ahead over a link (a remote object, a chunk
+    cache in front of one): what the reader and the engine's link policy ask of it beyond
+    :class:`ByteSource`. A local file is not one."""
+
+    @property
+    def identity(self) -> str:
+        """What names the object's current content (URL, size, ETag or modification time)."""
+
+    @property
+    def max_inflight(self) -> int:
+        """GETs in flight at once (0: no link to share, e.g. a cache over a local file)."""
+
+    @property
+    def readahead_bytes(self) -> int:
+        """Bytes fetched ahead and not yet read, at most."""
+
+    @property
+    def head_bytes(self) -> int:
+        """Bytes at the start of the file held in memory since opening."""
+
+    @property
+    def stats(self) -> LinkCounters:
+        """GETs, bytes, retries and coalesced ranges so far."""
+
+    @property
+    def retry_timeout(self) -> float:
+        """Seconds a failing request is tried again before the read fails."""
+
+    @retry_timeout.setter
+    def retry_timeout(self, seconds: float) -> None: ...
+
+    def hinted(self, ranges: Sequence[tuple[int, int]]) -> bool:
+        """Whether every range is fetched ahead, or on its way, for a read to come."""
+
+    def wait_prefetched(self, ranges: Sequence[tuple[int, int]], timeout: float | None = None) -> bool:
+        """Wait until none of these ranges is still on its way; False after ``timeout`` seconds."""
+
+    def discard(self, offset: int, length: int) -> None:
+        """Forget any bytes of this range held for a read: they failed a check, the next read fetches them again."""
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from carraystore.base.errors import CacheFolderError, InvalidInputError
-from carraystore.format.frame import ByteSource
+from carraystore.format.frame import ByteSource, LinkCounters, ReadAheadSource
 
 __all__ = ["CachedSource", "CacheStats", "parse_size"]
 
@@ -84,7 +84,7 @@ class CacheStats:
 
     _INNER = ("requests", "bytes", "retries", "coalesced")
 
-    def __init__(self, inner: Any = None) -> None:
+    def __init__(self, inner: LinkCounters | None = None) -> None:
         self.hits = 0
         self.misses = 0
         self.fetched_bytes = 0
@@ -93,10 +93,12 @@ class CacheStats:
         self.bad = 0
         self._inner = inner
 
-    requests = property(lambda self: int(getattr(self._inner, "requests", 0)), doc="GETs the inner source sent")
-    bytes = property(lambda self: int(getattr(self._inner, "bytes", 0)), doc="bytes the inner source received")
-    retries = property(lambda self: int(getattr(self._inner, "retries", 0)), doc="retries of the inner source")
-    coalesced = property(lambda self: int(getattr(self._inner, "coalesced", 0)), doc="ranges served by coalesced GETs")
+    requests = property(lambda self: self._inner.requests if self._inner else 0, doc="GETs the inner source sent")
+    bytes = property(lambda self: self._inner.bytes if self._inner else 0, doc="bytes the inner source received")
+    retries = property(lambda self: self._inner.retries if self._inner else 0, doc="retries of the inner source")
+    coalesced = property(
+        lambda self: self._inner.coalesced if self._inner else 0, doc="ranges served by coalesced GETs"
+    )
 
     def as_dict(self) -> dict[str, int]:
         own = {k: v for k, v in vars(self).items() if not k.startswith("_")}
@@ -108,15 +110,18 @@ class CacheStats:
 
 class CachedSource:
     """``source`` with its ranges kept on local disk under ``cache_dir`` (``cache_size``
-    bytes at most, None for no limit). Implements the ByteSource protocol."""
+    bytes at most, None for no limit). A :class:`~carraystore.format.frame.ReadAheadSource`:
+    the read-ahead is the inner source's (none over a local file)."""
 
     def __init__(
         self, source: ByteSource, cache_dir: str | os.PathLike[str], cache_size: int | str | None = None
     ) -> None:
         self.inner = source
+        #: the inner source, when it reads ahead over a link
+        self.link: ReadAheadSource | None = source if isinstance(source, ReadAheadSource) else None
         self.location = source.location
         self.cache_size = parse_size(cache_size)
-        identity = getattr(source, "identity", None) or f"{source.location}|{source.size()}"
+        identity = self.link.identity if self.link else f"{source.location}|{source.size()}"
         self.identity = identity
         self._salt = hashlib.blake2b(identity.encode(), digest_size=16).digest()
         self.dir = Path(cache_dir).expanduser() / hashlib.sha256(identity.encode()).hexdigest()[:32]
@@ -134,7 +139,7 @@ class CachedSource:
                 f"cache_dir {cache_dir}: cannot hold the chunk cache of {source.location} ({type(exc).__name__}: {exc}); "
                 "give a writable folder on a local disk, or no cache_dir"
             ) from exc
-        self.stats = CacheStats(getattr(source, "stats", None))
+        self.stats = CacheStats(self.link.stats if self.link else None)
         self._lock = threading.Lock()
         self._admit_lock = threading.Lock()
         #: the lowest score turned away for lack of room: the kept ranges are those below it
@@ -240,12 +245,11 @@ class CachedSource:
                 self.stats.hits += 1
             # bytes of it the inner source fetched ahead (hinted before it was cached, e.g. for
             # the next epoch) would wait in memory for a read that now never comes
-            forget = getattr(self.inner, "discard", None)
-            if forget is not None and self.max_inflight:
-                forget(offset, length)
+            if self.link and self.link.max_inflight:
+                self.link.discard(offset, length)
             return cached
         data = self.inner.read(offset, length)
-        if offset + length <= getattr(self.inner, "head_bytes", 0):
+        if offset + length <= self.head_bytes:
             return data  # the inner source holds these in memory: nothing to fetch or keep
         with self._lock:
             self.stats.misses += 1
@@ -262,9 +266,8 @@ class CachedSource:
             self.path_of(offset, length).unlink()
         except OSError:
             pass
-        discard = getattr(self.inner, "discard", None)
-        if discard is not None:
-            discard(offset, length)
+        if self.link:
+            self.link.discard(offset, length)
 
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | memoryview]:
         self.prefetch(ranges)
@@ -276,17 +279,25 @@ class CachedSource:
         if missing:
             self.inner.prefetch(missing, again=again)
 
+    # -- ReadAheadSource: the inner source's link ------------------------------------------
+    max_inflight = property(lambda self: self.link.max_inflight if self.link else 0, doc="the inner source's GETs")
+    readahead_bytes = property(lambda self: self.link.readahead_bytes if self.link else 0, doc="the inner's bound")
+    head_bytes = property(lambda self: self.link.head_bytes if self.link else 0, doc="held by the inner source")
+
     @property
-    def max_inflight(self) -> int:
-        """The inner source's GETs at once (0 for a local file): the loader shares the link
-        as for the inner source."""
-        return int(getattr(self.inner, "max_inflight", 0) or 0)
+    def retry_timeout(self) -> float:
+        """The inner source's retry budget, in seconds."""
+        return self.link.retry_timeout if self.link else 0.0
+
+    @retry_timeout.setter
+    def retry_timeout(self, seconds: float) -> None:
+        if self.link:
+            self.link.retry_timeout = seconds
 
     def hinted(self, ranges: Sequence[tuple[int, int]]) -> bool:
         """Every range is in the cache, or the inner source fetches it ahead."""
         missing = self._missing(ranges)
-        hinted = getattr(self.inner, "hinted", None)
-        return not missing or (hinted is not None and bool(hinted(missing)))
+        return not missing or (self.link is not None and self.link.hinted(missing))
 
     def _missing(self, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """The ranges the cache does not hold (in this process's index or on disk)."""
@@ -297,8 +308,7 @@ class CachedSource:
     def wait_prefetched(self, ranges: Sequence[tuple[int, int]], timeout: float | None = None) -> bool:
         """The inner source's :meth:`~carraystore.sources.remote.RemoteSource.wait_prefetched` (True
         when it has none)."""
-        wait = getattr(self.inner, "wait_prefetched", None)
-        return True if wait is None else bool(wait(ranges, timeout))
+        return self.link.wait_prefetched(ranges, timeout) if self.link else True
 
     # -- admission and eviction ----------------------------------------------------------------
     def _maybe_store(self, offset: int, length: int, data: bytes | memoryview) -> None:
@@ -372,10 +382,6 @@ class CachedSource:
     def __setstate__(self, state: dict[str, Any]) -> None:
         other = CachedSource(state["inner"], state["cache_dir"], state["cache_size"])
         self.__dict__.update(other.__dict__)
-
-    @property
-    def stats_inner(self) -> Any:
-        return getattr(self.inner, "stats", None)
 
     def __repr__(self) -> str:
         return f"<CachedSource {self.location!r} in {str(self.dir)!r} size={self.cache_size}>"

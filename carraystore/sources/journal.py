@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from carraystore.base.errors import CorruptStoreError, StaleJournalError, WriteError
-from carraystore.format.frame import FRAME_LEN_AT
 from carraystore.base.lock import WriterLock
+from carraystore.format.frame import FRAME_LEN_AT
 from carraystore.sources.local import LocalFileSource
 
 __all__ = [

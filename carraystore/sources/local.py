@@ -1,11 +1,9 @@
-"""Sources of bytes: where a store's bytes come from (layer 3).
+"""A store in a local file: ``os.pread``, a read-only memory map, ``posix_fadvise`` read-ahead (layer 3).
 
-A :class:`ByteSource` (the protocol is defined beside its first user, the frame parser)
-knows its total size, reads one byte range, reads many ranges
-concurrently, and takes a hint to start fetching ranges it will be asked for soon.
-The frame parser and the reader see nothing else, so a store reads the same from a
-local file, an object store (:mod:`carraystore.sources.remote`) or a local chunk cache
-(:mod:`carraystore.sources.cache`). A new source implements this protocol and nothing more.
+:class:`LocalFileSource` is a :class:`~carraystore.format.frame.ByteSource` (the protocol
+is defined beside its first user, the frame parser): it knows its size, reads one range or
+many, and takes a hint to read ranges ahead. It is not a
+:class:`~carraystore.format.frame.ReadAheadSource`: no link to share, nothing held for a read.
 """
 
 from __future__ import annotations
@@ -17,9 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from carraystore.base.errors import CorruptStoreError
-from carraystore.format.frame import ByteSource
 
-__all__ = ["ByteSource", "LocalFileSource"]
+__all__ = ["LocalFileSource"]
 
 
 class LocalFileSource:

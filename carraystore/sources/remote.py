@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from carraystore.sources.buffers import BufferPool
 from carraystore.base.errors import CorruptStoreError, InvalidInputError, RemoteReadError
 from carraystore.base.forksafe import at_fork_in_child
 from carraystore.format.frame import HEAD_READ_BYTES
+from carraystore.sources.buffers import BufferPool
 from carraystore.sources.remoteconfig import (
     DEFAULT_COALESCE_BYTES,
     DEFAULT_MAX_INFLIGHT,

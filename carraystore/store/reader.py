@@ -23,17 +23,6 @@ import blosc2
 import msgpack
 import numpy as np
 
-from carraystore.format.codec import (
-    CODECS,
-    FILTERS,
-    SPLITMODES,
-    Codec,
-    check_codec_against_header,
-    chunk_crc_ok,
-    crc32,
-    parse_chunk_header,
-)
-from carraystore.format.encoded import chunk_entries, decode_chunk_inplace, reduce_images_inplace, reduced_view
 from carraystore.base.errors import (
     CarrayStoreError,
     ChecksumError,
@@ -46,6 +35,19 @@ from carraystore.base.errors import (
     RemoteReadError,
 )
 from carraystore.base.forksafe import in_forked_child
+from carraystore.format.codec import (
+    CODECS,
+    FILTERS,
+    SPLITMODES,
+    Codec,
+    check_codec_against_header,
+    chunk_crc_ok,
+    crc32,
+    parse_chunk_header,
+)
+from carraystore.format.encoded import chunk_entries, decode_chunk_inplace, reduce_images_inplace, reduced_view
+from carraystore.format.frame import PIPELINE_AT, ByteSource, Frame, ReadAheadSource, read_frame, special_chunk_header
+from carraystore.format.frame import header_problems as frame_header_problems
 from carraystore.format.record import (
     FORMAT_NAME,
     MAX_FORMAT_VERSION,
@@ -56,10 +58,8 @@ from carraystore.format.record import (
     as_records,
     metadata_limit,
 )
-from carraystore.format.frame import PIPELINE_AT, Frame, read_frame, special_chunk_header
-from carraystore.format.frame import header_problems as frame_header_problems
 from carraystore.sources.journal import JournalSource, journal_path, load_journal, rollback_if_abandoned
-from carraystore.sources.local import ByteSource, LocalFileSource
+from carraystore.sources.local import LocalFileSource
 
 #: Times a chunk fetched over a network that fails its CRC32 is fetched again before it is an error.
 CRC_REFETCHES = 2
@@ -320,13 +320,14 @@ class StoreReader:
         if self.check_reads:
             # bytes that crossed a network and fail their CRC are fetched again (a source
             # that can forget a range: remote, cached) before the chunk counts as damaged
-            discard = getattr(self._source, "discard", None)
+            src = self._source
+            link = src if isinstance(src, ReadAheadSource) else None
             for attempt in range(CRC_REFETCHES + 1):
                 try:
                     self.check_chunk_bytes(i, data)
                     break
                 except ChecksumError as exc:
-                    if discard is None or attempt == CRC_REFETCHES:
+                    if link is None or attempt == CRC_REFETCHES:
                         if attempt:
                             raise ChecksumError(f"{exc} (fetched {attempt + 1} times)") from exc
                         raise
@@ -335,7 +336,7 @@ class StoreReader:
                         self.location, i, offset, offset + length, attempt + 1, CRC_REFETCHES,
                     )  # fmt: skip
                     del data
-                    discard(offset, length)
+                    link.discard(offset, length)
                     data = self._fetch_chunk(i, offset, length, copy)
         return data
 
@@ -384,21 +385,18 @@ class StoreReader:
     def chunks_hinted(self, chunks: Sequence[int] | np.ndarray) -> bool:
         """Whether the source fetched ahead, or is fetching, every one of these chunks (hinted
         with :meth:`prefetch_chunks` and not read yet); False for a local file."""
-        hinted = getattr(self._source, "hinted", None)
-        return bool(hinted(self._ranges_of(chunks))) if hinted is not None else False
+        src = self._source
+        return isinstance(src, ReadAheadSource) and src.hinted(self._ranges_of(chunks))
 
     def wait_chunks_fetched(self, chunks: Sequence[int] | np.ndarray, timeout: float | None = None) -> bool:
         """Wait until the bytes of these chunks, hinted with :meth:`prefetch_chunks`, have
         arrived (or their fetch failed); True once none is on its way, False on ``timeout``.
         Chunks never hinted, already read, or of a local file count as arrived."""
-        wait = getattr(self._source, "wait_prefetched", None)
-        if wait is None:
+        src = self._source
+        if not isinstance(src, ReadAheadSource):
             return True
         ranges = self._ranges_of(chunks)
-        return bool(wait(ranges, timeout)) if ranges else True
-
-    # the name the loader of 0.1.0 used
-    advise_willneed = prefetch_chunks
+        return src.wait_prefetched(ranges, timeout) if ranges else True
 
     def decompress_chunk(
         self,

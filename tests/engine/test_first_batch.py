@@ -194,7 +194,7 @@ def test_a_remote_store_fetches_the_first_window_before_the_rest(served_store: s
         )
         # epoch 1's first window was hinted by epoch 0 once epoch 0's bytes were in: epoch 1
         # begins with it fetched (or on its way), and asks for nothing of it
-        assert it._s.decoder.next_epoch_hinted
+        assert it._s.decoder.link.next_epoch_hinted
         plan = make_spec(store, BATCH, seed=2, epoch=1).plan(1)
         lead = {local.chunk_byte_range(int(c))[0] for c in plan.window_chunks[0]}
         gets.clear()

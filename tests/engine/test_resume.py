@@ -254,13 +254,13 @@ def test_tf_training_position_counts_steps_into_states(store: Path, tmp_path: Pa
 def test_plans_from_one_sequence_equal_plans_made_alone() -> None:
     """Many ranks' plans from one epoch_sequence (what resuming at another world size makes)
     are the plans each rank makes on its own, padding and drop_remainder included."""
-    from carraystore.engine.sampling import epoch_sequence, plan_epoch
+    from carraystore.engine.sampling import EpochOrder, epoch_sequence, plan_epoch
 
     items = np.flatnonzero(np.arange(200) % 7 != 3)  # clip starts (span 2): not every sample
     for shuffle in ("block", "global", False):
         for kw in ({}, {"items": items, "span": 2}):
             for world, drop in ((1, False), (3, False), (4, True), (5, False)):
-                seq = epoch_sequence(203, 8, shuffle=shuffle, seed=2, epoch=5, items=kw.get("items"))
+                seq = epoch_sequence(203, 8, EpochOrder(shuffle, seed=2, epoch=5), kw.get("items"))  # type: ignore[arg-type]
                 for r in range(world):
                     args = dict(
                         shuffle=shuffle, seed=2, epoch=5, window=3, rank=r, world_size=world, drop_remainder=drop

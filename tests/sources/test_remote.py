@@ -479,7 +479,7 @@ def test_a_cached_store_keeps_no_bytes_for_the_next_epoch_that_the_cache_serves(
         it = store.batches(16, seed=3, epoch=0)
         _same([(x.copy(), y.copy()) for x, y in it], _epoch(local, seed=3, epoch=0))
         deadline = time.monotonic() + 30
-        while not it._s.decoder.next_epoch_hinted:  # (its thread may come a moment after the epoch)
+        while not it._s.decoder.link.next_epoch_hinted:  # (its thread may come a moment after the epoch)
             assert time.monotonic() < deadline
             time.sleep(0.01)
         _same(_epoch(store, seed=3, epoch=1), _epoch(local, seed=3, epoch=1))  # all from the cache
@@ -1004,7 +1004,7 @@ def test_a_late_next_epoch_hint_keeps_nothing_once_the_next_epoch_began(
         it = store.batches(16, epoch=1, **kw)
         _same([(x.copy(), y.copy()) for x, y in it], _epoch(local, epoch=1, **kw))
         deadline = time.monotonic() + 30
-        while not it._s.decoder.next_epoch_hinted:  # epoch 1 hinted epoch 2's first window
+        while not it._s.decoder.link.next_epoch_hinted:  # epoch 1 hinted epoch 2's first window
             assert time.monotonic() < deadline
             time.sleep(0.01)
         gate.set()
@@ -1028,7 +1028,7 @@ def _serve(store: Any, epoch: int, serves: tuple[int, int], **kw: Any) -> EpochD
             _, y = dec.batch(b)
             assert np.array_equal(y, spec.labels_for(plan.items[a:e]))
         deadline = time.monotonic() + 30
-        while not dec.next_epoch_hinted:
+        while not dec.link.next_epoch_hinted:
             assert time.monotonic() < deadline
             time.sleep(0.01)
     finally:
@@ -1084,13 +1084,13 @@ def test_the_next_epochs_first_window_is_hinted_even_when_its_kept_bytes_went_st
         it = store.batches(16, epoch=0, **kw)
         _same([(x.copy(), y.copy()) for x, y in it], _epoch(local, epoch=0, **kw))
         dec = it._s.decoder
-        assert dec._kept and src.hinted(lead)  # kept for epoch 1 as epoch 0 fetched them
+        assert dec.link.kept and src.hinted(lead)  # kept for epoch 1 as epoch 0 fetched them
         with src._lock:
             src._drop_stale(0.0)  # as if 60 s went by since: let go
         assert not src.hinted(lead)
         gate.set()
         deadline = time.monotonic() + 30
-        while not dec.next_epoch_hinted:
+        while not dec.link.next_epoch_hinted:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert src.hinted(lead)
