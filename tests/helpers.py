@@ -77,7 +77,7 @@ def index_of(store: carraystore.Store) -> dict[bytes, int]:
     """Every image's bytes -> its index (the images must all differ)."""
     images = store[:]
     table = {images[i].tobytes(): i for i in range(len(images))}
-    assert len(table) == len(images)
+    assert len(table) == len(images), "fixture images must be distinct"
     return table
 
 
