@@ -18,9 +18,11 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
+from helpers import index_of  # noqa: E402
+
 import carraystore  # noqa: E402
-from carraystore.keras import KERAS_THREAD_PREFIX, StoreDataset  # noqa: E402
 from carraystore.ingest.sample_data import PHOTOS, make_photo_folder  # noqa: E402
+from carraystore.keras import KERAS_THREAD_PREFIX, StoreDataset  # noqa: E402
 
 CLASSES = PHOTOS[:4]
 
@@ -38,13 +40,6 @@ def splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     res = carraystore.from_directory(folder, root / "stores", split_dirs=True, chunk_images=16, workers=1)
     return {name: r.path for name, r in res.items()}
-
-
-def index_of(store: carraystore.Store) -> dict[bytes, int]:
-    images = store[:]
-    table = {images[i].tobytes(): i for i in range(len(images))}
-    assert len(table) == len(images)
-    return table
 
 
 def test_getitem_is_deterministic_and_each_epoch_covers_every_sample(splits: dict[str, Path]) -> None:

@@ -13,8 +13,10 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from helpers import index_of, ingested_photos  # noqa: E402
+
 import carraystore  # noqa: E402
-from carraystore.ingest.sample_data import PHOTOS, make_photo_folder, make_video_folder  # noqa: E402
+from carraystore.ingest.sample_data import PHOTOS, make_video_folder  # noqa: E402
 from carraystore.tf import to_dataset  # noqa: E402
 
 CLASSES = PHOTOS[:4]
@@ -22,16 +24,9 @@ CLASSES = PHOTOS[:4]
 
 @pytest.fixture(scope="module")
 def photo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tf")
-    folder = make_photo_folder(root / "photos", n=150, size=(24, 24), classes=CLASSES, seed=8)
-    return carraystore.from_directory(folder, root / "photos.b2nd", chunk_images=16, workers=1).path
-
-
-def index_of(store: carraystore.Store) -> dict[bytes, int]:
-    images = store[:]
-    table = {images[i].tobytes(): i for i in range(len(images))}
-    assert len(table) == len(images)
-    return table
+    return ingested_photos(
+        tmp_path_factory.mktemp("tf"), n=150, size=(24, 24), classes=CLASSES, seed=8, chunk_images=16
+    )
 
 
 def test_element_spec(photo_store: Path, tmp_path: Path) -> None:

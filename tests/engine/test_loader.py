@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import index_of, ingested_photos
 from loader_threads import loader_threads
 
 import carraystore
@@ -33,19 +34,9 @@ pytestmark = pytest.mark.usefixtures("no_loader_threads_left")
 @pytest.fixture(scope="module")
 def photo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """200 real 32x32 JPEG photos in class folders, ingested with the default shuffled write."""
-    root = tmp_path_factory.mktemp("loader")
-    folder = make_photo_folder(root / "photos", n=200, size=(32, 32), classes=CLASSES, seed=5)
-    out = root / "photos.b2nd"
-    carraystore.from_directory(folder, out, chunk_images=16, workers=1)
-    return out
-
-
-def index_of(store: carraystore.Store) -> dict[bytes, int]:
-    """Every image's bytes -> its index (the random photo crops are all different)."""
-    images = store[:]
-    table = {images[i].tobytes(): i for i in range(len(images))}
-    assert len(table) == len(images), "fixture images must be distinct"
-    return table
+    return ingested_photos(
+        tmp_path_factory.mktemp("loader"), n=200, size=(32, 32), classes=CLASSES, seed=5, chunk_images=16
+    )
 
 
 def indices(table: dict[bytes, int], x: np.ndarray) -> list[int]:
