@@ -41,6 +41,7 @@ __all__ = [
     "disk_size",
     "infer_labels",
     "labels_from_array",
+    "class_labels",
     "store_layout",
 ]
 
@@ -372,6 +373,15 @@ def labels_from_array(values: np.ndarray, where: str) -> tuple[np.ndarray, tuple
     if n and int(a.min()) < 0:
         raise MigrationError(f"{where}: labels include negative values ({int(a.min())}){hint}")
     return a.astype("<i8"), None, f"{a.dtype} labels"
+
+
+def class_labels(values: np.ndarray, where: str, onehot: bool) -> tuple[np.ndarray, tuple[str, ...] | None, str]:
+    """(labels, class_names or None, what was done) of a labels array: strict one-hot rows with
+    ``onehot`` (``--onehot-to-class``), else :func:`labels_from_array`."""
+    if onehot:
+        a = onehot_to_class(values, where)
+        return a, None, f"one-hot rows ({np.shape(values)[1]} classes) turned into class indices"
+    return labels_from_array(values, where)
 
 
 def object_conversion_of(

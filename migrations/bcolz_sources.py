@@ -14,10 +14,10 @@ from .base import (
     Block,
     OneHotLabelsError,
     Source,
+    class_labels,
     disk_size,
     labels_from_array,
     object_conversion_of,
-    onehot_to_class,
 )
 from .bcolz import CarrayReader, CtableReader
 
@@ -187,10 +187,7 @@ class CtableSource(Source):
             where = f"{path}, column {labels!r}"
             values = t.columns[labels].read()
             try:
-                if onehot:
-                    self._labels, how = onehot_to_class(values, where), "one-hot rows turned into class indices"
-                else:
-                    self._labels, self.class_names, how = labels_from_array(values, where)
+                self._labels, self.class_names, how = class_labels(values, where, onehot)
             except MigrationError as exc:
                 if not inferred or isinstance(exc, OneHotLabelsError):
                     raise

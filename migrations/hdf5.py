@@ -22,8 +22,7 @@ from .base import (
     MIGRATION_BLOCK_BYTES,
     Block,
     Source,
-    labels_from_array,
-    onehot_to_class,
+    class_labels,
     plan_arrays,
 )
 
@@ -273,11 +272,7 @@ class Hdf5Source(Source):
         self._labels = None
         if labels is not None:
             where = f"{path}, dataset {labels!r}"
-            if plan.onehot:
-                self._labels, self.class_names = onehot_to_class(f[labels][...], where), None
-                how = f"one-hot rows ({f[labels].shape[1]} classes) turned into class indices"
-            else:
-                self._labels, self.class_names, how = labels_from_array(f[labels][...], where)
+            self._labels, self.class_names, how = class_labels(f[labels][...], where, plan.onehot)
             self.has_labels = True
             self.notes.append(f"labels from {labels!r}: {how}")
             if self.class_names is None:

@@ -20,10 +20,9 @@ from .base import (
     Block,
     PickleNotAllowedError,
     Source,
+    class_labels,
     disk_size,
     fixed_from_objects,
-    labels_from_array,
-    onehot_to_class,
 )
 from .npz import _read_exact, read_npy_header
 
@@ -58,11 +57,7 @@ class _ArraySource(Source):
         where = str(labels)
         if lab.shape[:1] != (self.nrows,):
             raise MigrationError(f"{labels}: {lab.shape} labels for {self.nrows} rows of {self.path}")
-        if onehot:
-            self._labels = onehot_to_class(lab, where)
-            how = f"one-hot rows ({lab.shape[1]} classes) turned into class indices"
-        else:
-            self._labels, self.class_names, how = labels_from_array(lab, where)
+        self._labels, self.class_names, how = class_labels(lab, where, onehot)
         self.has_labels = True
         self.notes.append(f"labels from {labels.name}: {how}")
 

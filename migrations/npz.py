@@ -25,9 +25,8 @@ from .base import (
     Block,
     PickleNotAllowedError,
     Source,
+    class_labels,
     fixed_from_objects,
-    labels_from_array,
-    onehot_to_class,
     plan_arrays,
 )
 
@@ -255,11 +254,7 @@ class NpzSource(Source):
         if labels is not None:
             lab = self._load(labels)
             where = f"{self.path}, array {labels!r}"
-            if plan.onehot:
-                self._labels = onehot_to_class(lab, where)
-                how = f"one-hot rows ({lab.shape[1]} classes) turned into class indices"
-            else:
-                self._labels, self.class_names, how = labels_from_array(lab, where)
+            self._labels, self.class_names, how = class_labels(lab, where, plan.onehot)
             self.has_labels = True
             self.notes.append(f"labels from {labels!r}: {how}")
         names_member = self._class_names_member(names_members, images, labels)
