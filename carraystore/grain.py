@@ -36,6 +36,7 @@ import numpy as np
 from carraystore.api.store import open_store
 from carraystore.base.errors import InvalidInputError
 from carraystore.engine.options import LoaderOptions
+from carraystore.engine.random_access import ProcessSpec
 from carraystore.engine.spec import LoaderSpec, make_spec
 from carraystore.store.reader import StoreReader
 
@@ -105,34 +106,29 @@ class StoreDataSource:
     ) -> None:
         if isinstance(store_or_path, (str, os.PathLike)):
             store_or_path = open_store(store_or_path, storage_options)
-        self.options = _record_options(options, dict(kwargs))
-        spec = make_spec(store_or_path, 1, self.options)
+        self._source = ProcessSpec(make_spec(store_or_path, 1, _record_options(options, dict(kwargs))))
         self.cache_chunks = int(cache_chunks)
         if self.cache_chunks < 1:
             raise InvalidInputError(f"cache_chunks must be >= 1, got {cache_chunks}")
         self.with_key = bool(with_key)
-        self._open_state: dict[str, Any] = spec.store.__getstate__()
-        self._setup(spec)
+        self._setup()
 
-    def _setup(self, spec: LoaderSpec | None) -> None:
-        self._spec = spec
+    def _setup(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
 
     @property
+    def options(self) -> LoaderOptions:
+        return self._source.options
+
+    @property
     def spec(self) -> LoaderSpec:
         """The options resolved against the store, opened again in each new process."""
-        if self._spec is None or self._pid != os.getpid():
-            st = self._open_state
-            store = open_store(st["location"], st.get("storage_options") or None, **st.get("open_kwargs", {}))
-            self._setup(make_spec(store, 1, self.options))
-        assert self._spec is not None
-        return self._spec
+        return self._source.get()
 
     @property
     def store(self) -> StoreReader:
-        """The store, opened again in each new process."""
         return self.spec.store
 
     def __len__(self) -> int:
@@ -140,6 +136,8 @@ class StoreDataSource:
 
     def _chunk(self, c: int) -> np.ndarray:
         spec = self.spec
+        if self._pid != os.getpid():  # a new process: a cache of its own
+            self._setup()
         with self._lock:
             arr = self._cache.get(c)
             if arr is not None:
@@ -177,20 +175,12 @@ class StoreDataSource:
         return out
 
     def __getstate__(self) -> dict[str, Any]:
-        return {
-            "open_state": self._open_state,
-            "options": self.options,
-            "cache_chunks": self.cache_chunks,
-            "with_key": self.with_key,
-        }
+        return {"_source": self._source, "cache_chunks": self.cache_chunks, "with_key": self.with_key}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._open_state = state["open_state"]
-        self.options = state["options"]
-        self.cache_chunks = state["cache_chunks"]
-        self.with_key = state["with_key"]
-        self._setup(None)
+        self.__dict__.update(state)
+        self._setup()
 
     def __repr__(self) -> str:
         # Grain's checkpoints compare it: the location and the record count, nothing per process
-        return f"StoreDataSource({self._open_state['location']!r}, records={len(self)})"
+        return f"StoreDataSource({self._source.location!r}, records={len(self)})"

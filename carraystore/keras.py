@@ -36,13 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from carraystore.api.store import open_store
 from carraystore.base.atomic import write_text_atomically
 from carraystore.base.errors import InvalidInputError
 from carraystore.base.forksafe import at_fork_in_child
 from carraystore.engine.options import LoaderOptions
 from carraystore.engine.pipeline import MemoryPlan
-from carraystore.engine.random_access import WindowCache, batch_index
+from carraystore.engine.random_access import ProcessSpec, WindowCache, batch_index
 from carraystore.engine.sampling import EpochPlan
 from carraystore.engine.spec import LoaderSpec, make_spec
 
@@ -105,12 +104,12 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
         if max_queue_size is None:
             max_queue_size = spec.options.queue_size if "queue_size" in kwargs else 10
         super().__init__(workers=workers, use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
-        self._spec = spec
-        self.epoch = self._spec.options.epoch
-        nb = self._spec.epoch_batches(self.epoch)
+        self._source = ProcessSpec(spec)
+        self.epoch = spec.options.epoch
+        nb = self.spec.epoch_batches(self.epoch)
         #: (epoch, first batch) while the first epoch is being resumed at start_batch, else None
         self._resume: tuple[int, int] | None = None
-        sb = self._spec.options.start_batch
+        sb = self.spec.options.start_batch
         if sb > nb:
             raise InvalidInputError(f"start_batch {sb} is past the epoch's {nb} batches")
         if sb:
@@ -118,28 +117,27 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
         #: the length of the resumed epoch once it is over (TrainingPosition catches a fit going on with it)
         self._resumed_len: int | None = None
         self._windows = WindowCache(cache_windows, KERAS_THREAD_PREFIX, "StoreDataset", warn=True)
-        self.num_threads = int(self._spec.options.num_threads or 1)
         self._lock = threading.Lock()
-        self._pid = os.getpid()
         self._used = False
         _DATASETS.add(self)
 
     # -- description ---------------------------------------------------------------------------
     @property
     def store(self) -> Any:
-        return self._spec.store
+        return self.spec.store
 
     @property
     def batch_size(self) -> int:
-        return self._spec.batch_size
+        return self.spec.batch_size
 
     @property
     def spec(self) -> LoaderSpec:
-        return self._spec
+        """The options resolved against the store (opened again in each new process)."""
+        return self._source.get()
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The order of ``epoch`` (default: the current one)."""
-        return self._spec.plan(self.epoch if epoch is None else epoch)
+        return self.spec.plan(self.epoch if epoch is None else epoch)
 
     @property
     def chunks_decoded(self) -> int:
@@ -167,24 +165,19 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
         return r[1] if r is not None and r[0] == self.epoch else 0
 
     def __len__(self) -> int:
-        return self._spec.epoch_batches(self.epoch) - self.first_batch
+        return self.spec.epoch_batches(self.epoch) - self.first_batch
 
     def state_dict(self, batch: int) -> dict[str, Any]:
         """The resume state (:mod:`carraystore.engine.resume`) when ``batch`` is the next batch of the
         current epoch, counted as ``TrainingPosition.position`` counts (from the epoch's start,
         or from the resumed point of an epoch started with ``resume=``). Any carraystore loader
         resumes from it as ``resume=``, at any world size."""
-        return self._spec.state_dict(self.epoch, batch)
+        return self.spec.state_dict(self.epoch, batch)
 
     # -- batches ---------------------------------------------------------------------------------
     def __getitem__(self, index: int) -> Any:
         i = batch_index(index, len(self))
-        with self._lock:
-            if self._pid != os.getpid():  # a forked worker: a file handle of its own
-                store = self._spec.store
-                self._spec.store = open_store(store.location, store.storage_options or None)
-                self._pid = os.getpid()
-        out = self._windows.batch(self._spec, self.epoch, i + self.first_batch)
+        out = self._windows.batch(self.spec, self.epoch, i + self.first_batch)
         return out[0] if out[1] is None else out
 
     # -- epochs ----------------------------------------------------------------------------------
@@ -217,9 +210,9 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
             if not self._used:
                 return  # the same epoch goes on: batches already decoded stay valid
             if self._resume is not None and self._resume[0] == self.epoch:
-                self._resumed_len = self._spec.num_batches - self._resume[1]
-            elif self._spec.resumes_epoch(self.epoch):
-                self._resumed_len = self._spec.epoch_batches(self.epoch)
+                self._resumed_len = self.spec.num_batches - self._resume[1]
+            elif self.spec.resumes_epoch(self.epoch):
+                self._resumed_len = self.spec.epoch_batches(self.epoch)
             else:
                 self._resumed_len = None
             self.epoch += 1
@@ -231,12 +224,6 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
         """Free the decoded windows and end the decoder threads (they restart on demand)."""
         self._windows.close()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
     # -- pickling (use_multiprocessing with spawn/forkserver) ------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -246,11 +233,10 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-        self._pid = os.getpid()
         _DATASETS.add(self)
 
     def __repr__(self) -> str:
-        s = self._spec
+        s = self.spec
         return (
             f"<carraystore.keras.StoreDataset {str(s.store.path)!r} batch_size={s.batch_size} "
             f"shuffle={s.shuffle!r} epoch={self.epoch} batches={len(self)}>"

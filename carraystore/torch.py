@@ -30,19 +30,16 @@ imported here only.
 from __future__ import annotations
 
 import dataclasses
-import os
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from carraystore.api.store import open_store
 from carraystore.base.errors import InvalidInputError, LoaderError, MissingDependencyError
 from carraystore.engine.decoder import BatchBuffers, EpochDecoder
 from carraystore.engine.options import LoaderOptions
 from carraystore.engine.pipeline import MemoryPlan, OrderedBatches, assemblers_for, plan_memory
-from carraystore.engine.random_access import WindowCache, batch_index
+from carraystore.engine.random_access import ProcessSpec, WindowCache, batch_index
 from carraystore.engine.resume import STATE_VERSION, ResumePoint
 from carraystore.engine.sampling import EpochPlan, num_batches
 from carraystore.engine.spec import LoaderSpec, make_spec
@@ -180,14 +177,10 @@ class _StoreBatches:
             dist = _distributed()  # rank and world_size not given: those of torch.distributed
             if dist is not None:
                 opts = opts.replace(rank=dist[0], world_size=dist[1])
-        self._spec: LoaderSpec | None = dataclasses.replace(spec, options=opts)
-        self._open_state: dict[str, Any] = spec.store.__getstate__()
-        self._options = opts
+        self._source = ProcessSpec(dataclasses.replace(spec, options=opts))
         self._batch_size = spec.batch_size
-        self._pid = os.getpid()
         self.epoch = opts.epoch
-        self._plans: dict[Any, EpochPlan] = {}
-        self._lock = threading.RLock()
+        self._plan: tuple[LoaderSpec, int, EpochPlan] | None = None
         #: batches of the current plan handed out in this process (or counted by StoreDataLoader)
         self._seen = 0
         self.device = None if device is None else torch.device(device)
@@ -212,16 +205,7 @@ class _StoreBatches:
     @property
     def spec(self) -> LoaderSpec:
         """The options resolved against the store (opened again in each new process)."""
-        if self._pid != os.getpid():  # a forked child: a lock a parent thread held would stay locked here
-            self._lock = threading.RLock()
-        with self._lock:
-            if self._spec is None or self._pid != os.getpid():
-                st = self._open_state
-                store = open_store(st["location"], st.get("storage_options") or None, **st.get("open_kwargs", {}))
-                self._spec = make_spec(store, self._batch_size, self._options)
-                self._pid = os.getpid()
-                self._plans = {}
-            return self._spec
+        return self._source.get()
 
     @property
     def store(self) -> StoreReader:
@@ -233,31 +217,29 @@ class _StoreBatches:
 
     @property
     def options(self) -> LoaderOptions:
-        return self._options
+        return self._source.options
 
     @property
     def rank(self) -> int:
-        return self._options.rank
+        return self.options.rank
 
     @property
     def world_size(self) -> int:
-        return self._options.world_size
+        return self.options.world_size
 
     # -- the epoch ----------------------------------------------------------------------------------
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """This rank's order for ``epoch`` (default: the current one; the rest of it when resumed)."""
         e = self.epoch if epoch is None else int(epoch)
-        spec = self.spec
-        p = self._plans.get(e)
-        if p is None:
-            p = spec.plan(e)
-            self._plans = {e: p}
-        return p
+        spec, memo = self.spec, self._plan
+        if memo is None or memo[0] is not spec or memo[1] != e:
+            memo = self._plan = (spec, e, spec.plan(e))
+        return memo[2]
 
     @property
     def num_batches(self) -> int:
         """Batches of the current epoch on this rank (the batches left of a resumed epoch)."""
-        return num_batches(len(self.plan()), self._batch_size, self._options.drop_remainder)
+        return num_batches(len(self.plan()), self._batch_size, self.options.drop_remainder)
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` from now on: a new order (call it before every epoch, as with DistributedSampler)."""
@@ -288,10 +270,7 @@ class _StoreBatches:
         self._seen = 0
 
     def _resume_at(self, point: ResumePoint) -> None:
-        opts = self._options.replace(resume=point, epoch=point.epoch, start_batch=0)
-        spec = make_spec(self.spec.store, self._batch_size, opts)  # checks the state against the store, here
-        with self._lock:
-            self._options, self._spec, self._plans = opts, spec, {}
+        self._source.set_options(self.options.replace(resume=point, epoch=point.epoch, start_batch=0))
         self.epoch = point.epoch
 
     # -- one batch --------------------------------------------------------------------------------------
@@ -334,19 +313,15 @@ class _StoreBatches:
             )
         return _CudaStaging(self.device)  # pragma: no cover - needs a GPU
 
-    # -- pickling: the location and the options, never an open store -------------------------------------
+    # -- pickling: the location and the options (ProcessSpec), never an open store ---------------------
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for k in ("_spec", "_lock", "_plans"):
-            state.pop(k, None)
-        return state
+        return {**self.__dict__, "_plan": None}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._spec = None
-        self._lock = threading.RLock()
-        self._plans = {}
-        self._pid = os.getpid()
+    def __repr__(self) -> str:
+        return (
+            f"<carraystore.torch.{type(self).__name__} {self._source.location!r} batch_size={self._batch_size} "
+            f"rank={self.rank}/{self.world_size} epoch={self.epoch} batches={self.num_batches}>"
+        )
 
 
 def _decode_jpeg_fn() -> tuple[Any, Any]:
@@ -454,7 +429,7 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
         ci = store.chunk_images
         mode = modes.RGB if store.meta.color_mode == "rgb" else modes.GRAY
         shape = tuple(store.image_shape)
-        nb = num_batches(len(plan), self._batch_size, self._options.drop_remainder)
+        nb = num_batches(len(plan), self._batch_size, self.options.drop_remainder)
         self._seen = 0
         entries: dict[int, list[bytes]] = {}
         window = -1
@@ -502,14 +477,14 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
         staging = self._staging(worker)
         plan = self.plan()
         spec = self.spec
-        nb = num_batches(len(plan), self._batch_size, self._options.drop_remainder)
+        nb = num_batches(len(plan), self._batch_size, self.options.drop_remainder)
         mine = range(k, nb, n)
         if not worker:
             self._seen = 0
         if not len(mine):
             return
         # a worker's batches are num_workers apart: one assembler each (the workers are the parallelism)
-        want = plan.max_window_chunks + int(self._options.prefetch or 0)
+        want = plan.max_window_chunks + int(self.options.prefetch or 0)
         memory = plan_memory(spec, plan, want, 2, 1 if worker else assemblers_for(spec), "StoreDataset")
         if staging is not None:  # pragma: no cover - needs a GPU
             staging.depth = max(staging.depth, memory.batch_buffers)
@@ -538,12 +513,6 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
                 del out
         finally:
             batches.stop()
-
-    def __repr__(self) -> str:
-        return (
-            f"<carraystore.torch.StoreDataset {self._open_state['location']!r} batch_size={self._batch_size} "
-            f"rank={self.rank}/{self.world_size} epoch={self.epoch} batches={len(self)}>"
-        )
 
 
 class StoreMapDataset(_StoreBatches, Dataset[Any]):
@@ -595,18 +564,6 @@ class StoreMapDataset(_StoreBatches, Dataset[Any]):
     def close(self) -> None:
         """Free the decoded windows and end the decoder threads (they restart on demand)."""
         self._windows.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __repr__(self) -> str:
-        return (
-            f"<carraystore.torch.StoreMapDataset {self._open_state['location']!r} batch_size={self._batch_size} "
-            f"rank={self.rank}/{self.world_size} epoch={self.epoch} batches={len(self)}>"
-        )
 
 
 class StoreDataLoader(DataLoader[Any]):

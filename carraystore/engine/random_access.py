@@ -1,9 +1,10 @@
-"""Batches by index for the random-access adapters (Keras ``StoreDataset``, ``StoreMapDataset``).
+"""What the adapters share to serve batches from any thread or process.
 
-Batch ``i`` of an epoch is a pure function of (options, epoch, i), so any thread or process
-may ask for any batch. :class:`WindowCache` keeps one :class:`~carraystore.engine.decoder.EpochDecoder`
-per process whose slots hold ``cache_windows`` decoded windows: batches asked for in order
-decode each chunk once, and the decoder reads the next window ahead.
+Batch ``i`` of an epoch is a pure function of (options, epoch, i). :class:`ProcessSpec` is a
+:class:`~carraystore.engine.spec.LoaderSpec` by the store's location, made again in each
+new process (fork, spawn, a pickled dataset); :class:`WindowCache` keeps one process's
+:class:`~carraystore.engine.decoder.EpochDecoder` whose slots hold ``cache_windows`` decoded
+windows, so that batches asked for in order decode each chunk once.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import numpy as np
 
 from carraystore.base.errors import InvalidInputError
 from carraystore.engine.decoder import EpochDecoder
+from carraystore.engine.options import LoaderOptions
 from carraystore.engine.pipeline import MemoryPlan, plan_memory
 from carraystore.engine.sampling import EpochPlan
-from carraystore.engine.spec import LoaderSpec
+from carraystore.engine.spec import LoaderSpec, make_spec
+from carraystore.store.reader import open_store
 
-__all__ = ["WindowCache", "batch_index"]
+__all__ = ["ProcessSpec", "WindowCache", "batch_index"]
 
 
 def batch_index(index: int, num_batches: int) -> int:
@@ -32,6 +35,49 @@ def batch_index(index: int, num_batches: int) -> int:
     if not 0 <= i < num_batches:
         raise IndexError(f"batch {index} out of range for an epoch of {num_batches} batches")
     return i
+
+
+class ProcessSpec:
+    """A spec that pickles as the store's location, its options and batch size, and is made
+    again (the store opened again, as the same class) in each new process."""
+
+    def __init__(self, spec: LoaderSpec) -> None:
+        self._open_state: dict[str, Any] = spec.store.__getstate__()
+        self._cls = type(spec.store)
+        self.batch_size = spec.batch_size
+        self.options = spec.options
+        self._lock = threading.Lock()
+        self._spec: LoaderSpec | None = spec
+        self._pid = os.getpid()
+
+    @property
+    def location(self) -> str:
+        return str(self._open_state["location"])
+
+    def get(self) -> LoaderSpec:
+        """This process's spec."""
+        if self._pid != os.getpid():  # a forked child: a lock a parent thread held would stay locked here
+            self._lock, self._spec, self._pid = threading.Lock(), None, os.getpid()
+        with self._lock:
+            if self._spec is None:
+                st = self._open_state
+                store = open_store(st["location"], st["storage_options"] or None, cls=self._cls, **st["open_kwargs"])
+                self._spec = make_spec(store, self.batch_size, self.options)
+            return self._spec
+
+    def set_options(self, options: LoaderOptions) -> LoaderSpec:
+        """Serve ``options`` from now on (checked against the store here); the new spec."""
+        spec = make_spec(self.get().store, self.batch_size, options)
+        with self._lock:
+            self.options, self._spec = options, spec
+        return spec
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: self.__dict__[k] for k in ("_open_state", "_cls", "batch_size", "options")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock, self._spec, self._pid = threading.Lock(), None, os.getpid()
 
 
 class WindowCache:
@@ -122,13 +168,14 @@ class WindowCache:
         with self._lock:
             self._retire()
 
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
     def __getstate__(self) -> dict[str, Any]:
-        return {
-            "cache_windows": self.cache_windows,
-            "thread_prefix": self.thread_prefix,
-            "what": self.what,
-            "warn": self.warn,
-        }
+        return {k: self.__dict__[k] for k in ("cache_windows", "thread_prefix", "what", "warn")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

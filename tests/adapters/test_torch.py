@@ -114,6 +114,24 @@ def test_two_ranks_get_equal_shards_that_cover_every_sample(odd_store: Path) -> 
     assert not set(drop[0]) & set(drop[1])
 
 
+def test_rank_and_world_size_are_loader_options_and_default_to_torch_distributed(
+    odd_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import carraystore.torch as ct
+    from carraystore.engine.options import LoaderOptions
+
+    by_value = StoreDataset(odd_store, B, LoaderOptions(rank=1, world_size=2, **OPTS))  # type: ignore[arg-type]
+    assert (by_value.rank, by_value.world_size) == (1, 2)
+    assert _ids(list(by_value)) == _ids(list(StoreDataset(odd_store, B, rank=1, world_size=2, **OPTS)))
+    monkeypatch.setattr(ct, "_distributed", lambda: (1, 4))  # an initialised process group of 4
+    for ds in (StoreDataset(odd_store, B), StoreMapDataset(odd_store, B)):
+        assert (ds.rank, ds.world_size) == (1, 4) and len(ds) == 6  # 51 samples of 203
+    for given in ({"world_size": 1}, {"rank": 0}, {"rank": 0, "world_size": 2}):
+        ds = StoreDataset(odd_store, B, **given)  # type: ignore[arg-type]
+        assert (ds.rank, ds.world_size) == (0, given.get("world_size", 1))
+    assert StoreDataset(odd_store, B, LoaderOptions(world_size=2)).world_size == 2
+
+
 def test_set_epoch_changes_the_order_deterministically(odd_store: Path) -> None:
     ds = StoreDataset(odd_store, B, **OPTS)
     e0 = _ids(list(ds))
