@@ -1,10 +1,12 @@
-"""One set of tests of the ByteSource protocol (carraystore/frame.py), run on every source.
+"""One set of tests of the ByteSource protocol (carraystore/format/frame.py), run on every source.
 
 :class:`ByteSourceTests` holds the tests; each subclass gives a ``make_source`` fixture
 that returns ``make(data) -> ByteSource``, a source over exactly those bytes. Subclasses:
-the local file (sources.py), remote sources over a plain HTTP Range server and over
-SeaweedFS's S3 gateway (remote.py), the local chunk cache, cold and warm (cache.py), and
-the journal's view of a store before an unfinished write (journal.py).
+the local file (sources/local.py), remote sources over a plain HTTP Range server and over
+SeaweedFS's S3 gateway (sources/remote.py), the local chunk cache, cold and warm, over a
+local file and over a remote source (sources/cache.py), and the journal's view of a store
+before an unfinished write (sources/journal.py). :class:`ReadAheadSourceTests` adds the
+tests of the ReadAheadSource protocol, run on every source over a link.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from carraystore.sources.cache import CachedSource
 from carraystore.base.errors import CorruptStoreError
-from carraystore.format.frame import ByteSource
+from carraystore.format.frame import ByteSource, ReadAheadSource
+from carraystore.sources.cache import CachedSource
 from carraystore.sources.journal import Journal, JournalSource
-from carraystore.sources.remote import RemoteSource
 from carraystore.sources.local import LocalFileSource
+from carraystore.sources.remote import RemoteSource
 
 Make = Callable[[bytes], ByteSource]
 
@@ -43,6 +45,8 @@ class ByteSourceTests:
 
     #: whether ``read`` after ``close`` fails (a cache may still serve what it holds)
     closed_reads_fail = True
+    #: whether the source claims the ReadAheadSource protocol
+    read_ahead = False
 
     @pytest.fixture
     def source(self, make_source: Make) -> Iterator[tuple[ByteSource, bytes]]:
@@ -57,6 +61,9 @@ class ByteSourceTests:
         src, _ = source
         assert isinstance(src, ByteSource)
         assert isinstance(src.location, str) and src.location
+
+    def test_claims_read_ahead_only_when_it_is_a_read_ahead_source(self, source: tuple[ByteSource, bytes]) -> None:
+        assert isinstance(source[0], ReadAheadSource) == self.read_ahead
 
     def test_size(self, source: tuple[ByteSource, bytes]) -> None:
         src, data = source
@@ -117,6 +124,63 @@ class ByteSourceTests:
                 src.read(110, 5)
 
 
+#: ranges past a remote source's head (the bytes it holds since opening are never fetched ahead)
+AHEAD = [(77_777, 12_345), (SIZE - 4097, 4097), (20_000, 3000)]
+
+
+class ReadAheadSourceTests(ByteSourceTests):
+    """The ReadAheadSource protocol: a source over a link, with hints, waits and discards."""
+
+    read_ahead = True
+
+    def test_its_link_facts(self, source: tuple[ReadAheadSource, bytes]) -> None:
+        src, _ = source
+        assert isinstance(src.identity, str) and src.identity
+        assert src.max_inflight >= 1 and src.readahead_bytes > 0 and src.head_bytes >= 0
+        for counter in (src.stats.requests, src.stats.bytes, src.stats.retries, src.stats.coalesced):
+            assert isinstance(counter, int) and counter >= 0
+        src.retry_timeout = 7.5
+        assert src.retry_timeout == 7.5
+
+    def test_the_head_is_served_without_a_request(self, source: tuple[ReadAheadSource, bytes]) -> None:
+        src, data = source
+        before = src.stats.requests
+        n = min(src.head_bytes, 100)
+        assert bytes(src.read(0, n)) == data[:n] and src.stats.requests == before
+
+    def test_hinted_ranges_arrive_and_are_read_once(self, source: tuple[ReadAheadSource, bytes]) -> None:
+        src, data = source
+        assert not src.hinted(AHEAD)
+        assert src.wait_prefetched(AHEAD, timeout=0)  # nothing on its way
+        src.prefetch(AHEAD)
+        assert src.hinted(AHEAD)
+        assert src.wait_prefetched(AHEAD, timeout=30)
+        assert [bytes(src.read(o, n)) for o, n in AHEAD] == [data[o : o + n] for o, n in AHEAD]
+
+    def test_a_range_hinted_again_is_still_hinted_after_its_first_read(
+        self, source: tuple[ReadAheadSource, bytes]
+    ) -> None:
+        src, data = source
+        o, n = AHEAD[0]
+        src.prefetch([(o, n)])
+        src.prefetch([(o, n)], again=True)
+        assert src.wait_prefetched([(o, n)], timeout=30)
+        assert bytes(src.read(o, n)) == data[o : o + n]
+        assert src.hinted([(o, n)])
+        assert bytes(src.read(o, n)) == data[o : o + n]
+
+    def test_a_discarded_range_is_read_afresh(self, source: tuple[ReadAheadSource, bytes]) -> None:
+        src, data = source
+        o, n = AHEAD[1]
+        src.prefetch([(o, n)])
+        assert src.wait_prefetched([(o, n)], timeout=30)
+        src.discard(o, n)
+        assert not src.hinted([(o, n)])
+        assert bytes(src.read(o, n)) == data[o : o + n]
+        src.discard(o, n)  # nothing held: a no-op
+        assert bytes(src.read(o, n)) == data[o : o + n]
+
+
 # -- the sources ---------------------------------------------------------------------------------
 
 
@@ -137,7 +201,7 @@ class TestLocalFileSource(ByteSourceTests):
             assert bytes(src.view(o, n)) == data[o : o + n]
 
 
-class TestRemoteSourceHTTP(ByteSourceTests):
+class TestRemoteSourceHTTP(ReadAheadSourceTests):
     """A plain HTTP server with Range support (tests/remote_servers.py)."""
 
     @pytest.fixture
@@ -152,7 +216,7 @@ class TestRemoteSourceHTTP(ByteSourceTests):
         return make
 
 
-class TestRemoteSourceS3(ByteSourceTests):
+class TestRemoteSourceS3(ReadAheadSourceTests):
     """SeaweedFS's S3 gateway (one server for the session, tests/remote_servers.py)."""
 
     @pytest.fixture
@@ -168,9 +232,11 @@ class TestRemoteSourceS3(ByteSourceTests):
 
 
 class TestCachedSourceCold(ByteSourceTests):
-    """The chunk cache over a local file, empty at first (every first read is a miss)."""
+    """The chunk cache over a local file, empty at first (every first read is a miss). A
+    ReadAheadSource with no link under it (``max_inflight`` 0)."""
 
     closed_reads_fail = False
+    read_ahead = True
 
     @pytest.fixture
     def make_source(self, tmp_path: Path) -> Make:
@@ -182,6 +248,7 @@ class TestCachedSourceWarm(ByteSourceTests):
     the file under it is gone, so what the cache serves must be right by itself."""
 
     closed_reads_fail = False
+    read_ahead = True
 
     @pytest.fixture
     def make_source(self, tmp_path: Path) -> Make:
@@ -207,6 +274,24 @@ class TestCachedSourceWarm(ByteSourceTests):
         assert src.identity_check  # type: ignore[attr-defined]
         assert bytes(src.read(77_777, 12_345)) == data[77_777 : 77_777 + 12_345]
         assert src.stats.hits >= 2 and src.stats.misses == 0
+
+
+class TestCachedSourceOverRemote(ReadAheadSourceTests):
+    """The chunk cache in front of a remote source (a plain HTTP Range server): the link's
+    hints, waits and discards pass through it."""
+
+    closed_reads_fail = False
+
+    @pytest.fixture
+    def make_source(self, http_server, tmp_path: Path) -> Make:  # type: ignore[no-untyped-def]
+        names = itertools.count()
+
+        def make(data: bytes) -> ByteSource:
+            name = f"cached{next(names)}.bin"
+            _file(http_server.root, data, name)
+            return CachedSource(RemoteSource(f"{http_server.url}/{name}", retries=0), tmp_path / "cache")
+
+        return make
 
 
 class TestJournalSource(ByteSourceTests):
