@@ -141,7 +141,7 @@ class Bcolz(Peer):
         buf = np.empty((arr.chunklen, *arr.item_shape), dtype=arr.dtype)
 
         def read(a: int, b: int) -> np.ndarray:
-            return arr.read_chunk(a // arr.rows_per_file, out=buf)[: b - a]
+            return np.asarray(arr.read_chunk(a // arr.rows_per_file, out=buf)[: b - a])
 
         def epoch(e: int) -> Iterator[Batch]:
             return chunk_shuffle(len(y), arr.rows_per_file, ctx.batch_size, ctx.seed, e, read, y)
