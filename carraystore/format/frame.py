@@ -399,7 +399,7 @@ def header_problems(frame: Frame) -> list[str]:
     flags, thread counts, the filter pipeline, the metalayer index and offsets, the b2nd
     metalayer's layout), which plain blosc2 and the in-place writers rely on. What the
     fields must hold for a given store's metadata is the reader's part
-    (:func:`carraystore.store.reader.header_problems`). Returns the problems found, [] if none.
+    (:func:`carraystore.store.checks.header_problems`). Returns the problems found, [] if none.
     """
     h = frame.header
     if len(h) != frame.header_len or len(h) < 94:

@@ -62,9 +62,10 @@ from carraystore.format.record import (
 )
 from carraystore.sources.journal import rollback
 from carraystore.sources.upload import RemoteTarget
+from carraystore.store.checks import check_header_for_write
 from carraystore.store.inplace import _InPlaceWrite, _write_meta
 from carraystore.store.options import WriteKwargs, WriteOptions
-from carraystore.store.reader import check_header_for_write, check_local_store_path, is_url, open_store, open_unguarded
+from carraystore.store.reader import check_local_store_path, is_url, open_store, open_unguarded
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

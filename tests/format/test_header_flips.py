@@ -22,7 +22,7 @@ import pytest
 import carraystore
 from carraystore.cli import main as cli
 from carraystore.base.errors import CarrayStoreError, CorruptStoreError, WriteError
-from carraystore.store.reader import header_problems
+from carraystore.store.checks import header_problems
 
 SHAPE = (4, 4, 3)
 GOLDEN = Path(__file__).parents[1] / "data" / "golden"
