@@ -7,9 +7,10 @@
   writer, which places them in order through a bounded window, so its memory stays a few
   chunks whatever the array's size.
 - :func:`from_directory`: a folder of images ingested on a ``dask.distributed`` cluster
-  (workers decode and compress whole chunks; the same store as a local ingest).
-- :func:`in_order`: that bounded, ordered window over ``dask.distributed`` futures, used by
-  ``from_dask`` and ``from_directory``.
+  (workers decode and compress whole chunks; the same store as a local ingest;
+  :mod:`carraystore.ingest.cluster`).
+- :func:`in_order`: a bounded, ordered window over ``dask.distributed`` futures, used by
+  ``from_dask`` and the cluster ingest.
 
 Needs the ``dask`` extra: ``pip install 'carraystore[dask]'``.
 """
@@ -19,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import secrets
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,15 +28,12 @@ import numpy as np
 from carraystore.api.daskview import Labels, fields, labels, targets, to_dask
 from carraystore.api.store import Store, open_store
 from carraystore.base.errors import (
-    CarrayStoreError,
-    IngestError,
     InvalidInputError,
     MissingDependencyError,
 )
 from carraystore.format.record import StoreMeta
-from carraystore.ingest.badfiles import shape_error
-from carraystore.ingest.images import MODES, DecodeOptions, decode_files
-from carraystore.ingest.run import IngestResult, StoreJob
+from carraystore.ingest.cluster import in_order
+from carraystore.ingest.job import IngestResult
 from carraystore.ingest.run import from_directory as ingest_directory
 from carraystore.store.options import WriteKwargs, WriteOptions
 from carraystore.store.writer import compress_chunk, create
@@ -73,191 +69,22 @@ def default_client() -> Any | None:
         return None
 
 
-def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> Generator[Any, None, None]:
-    """Results of futures in submission order, with at most ``window`` futures alive at a time.
-
-    ``submits`` yields callables that each submit work to ``client`` and return its future
-    (or a list of futures, e.g. ``client.compute`` of several tasks sharing inputs). It is
-    pulled lazily, whenever fewer than ``window`` futures are alive, so that it can plan the
-    next task from the results yielded so far. Results are fetched one at a time, in order:
-    those that finish early wait on the workers, so this process holds one result at a time.
-    Each future is released once its result is taken; a worker lost midway is handled by
-    the scheduler (its tasks run again elsewhere). On an error the remaining work is cancelled.
-    """
-    window = max(1, int(window))
-    it = iter(submits)
-    alive: deque[Any] = deque()
-
-    def fill() -> None:
-        while len(alive) < window:
-            make = next(it, None)
-            if make is None:
-                return
-            got = make()
-            alive.extend(got if isinstance(got, list) else [got])
-
-    try:
-        fill()
-        while alive:
-            fut = alive.popleft()
-            value = fut.result()
-            fut.release()
-            yield value
-            fill()  # after the consumer has seen the value: it may steer the next submission
-    finally:
-        if alive:
-            client.cancel(list(alive))
-
-
 # -- folders of images ingested on a cluster ----------------------------------------------------
 
 
 def from_directory(
     directory: str | os.PathLike[str], output: str | os.PathLike[str], *, client: Any, **options: Any
 ) -> IngestResult | dict[str, IngestResult]:
-    """``carraystore.ingest.run.from_directory`` with the decoding on a ``dask.distributed`` cluster.
+    """``carraystore.from_directory`` with the decoding on the ``dask.distributed`` cluster of ``client``.
 
-    ``client`` is a ``dask.distributed.Client``; every other argument is the local
-    ingest's (``workers`` is unused). The store is byte for byte the one a local ingest
-    writes (docs/dask.md). The workers read the files at the same path, so ``directory``
-    must be on a file system they all see. ``carraystore.from_directory(..., client=)``
-    and ``carraystore ingest --dask-scheduler`` call this.
+    Every other argument is the local ingest's (``workers`` is unused); the store is byte for
+    byte the one a local ingest writes (docs/dask.md).
     """
     if client is None:
         raise InvalidInputError(
             "client must be a dask.distributed Client; without one, ingest locally with carraystore.from_directory"
         )
-    return ingest_directory(directory, output, runner=functools.partial(_ingest_on_cluster, client), **options)
-
-
-def _chunk_task(
-    root: str, rels: list[str], opts: DecodeOptions, shape: tuple[int, ...], first_rel: str, meta: Any
-) -> tuple[bytes, int, int, list[tuple[int, str]]]:
-    """On a cluster worker: decode the files of one planned chunk exactly as a local ingest
-    does (``images.decode_files``, ``badfiles.shape_error``) and compress the good ones as one store chunk.
-
-    Returns (compressed chunk, number of good images, CRC32, [(index in ``rels``, reason)]).
-    """
-    good: list[np.ndarray] = []
-    errors: list[tuple[int, str]] = []
-    for j, (arr, err) in enumerate(decode_files(root, rels, opts)):
-        err = err or shape_error(arr, shape, first_rel)
-        if err is None and arr is not None:
-            good.append(arr)
-        else:
-            errors.append((j, err or "not decoded"))
-    items = np.stack(good) if good else np.zeros((0, *shape), dtype=meta.np_dtype)
-    data, crc = compress_chunk(meta, items)
-    return data, len(good), crc, errors
-
-
-def _ingest_on_cluster(client: Any, job: StoreJob) -> IngestResult:
-    """An ingest runner (``ingest.Runner``): ``ingest.run_locally`` with the decoding on a
-    dask.distributed cluster (same order, same bytes).
-
-    This process plans: the item shape (``image_size``, or the first file that decodes, as
-    locally; the files before it are bad ones, handled here), then the files of each chunk.
-    Workers decode, resize and compress whole chunks (``_chunk_task``); this process places
-    them in order (:func:`in_order`, a bounded window) with the keys and labels it already
-    knows, and treats bad files as the local ingest does (``badfiles.BadFiles``: the same
-    ``on_error``, ``max_skipped`` and messages). A chunk with bad files comes back short: the
-    plan then gives the next task fewer files so that later chunks line up again, and chunks
-    already under way are decompressed and appended here (same bytes).
-    """
-    import blosc2
-
-    root, rels, labels, opts, bad = job.root, job.rels, job.labels, job.opts, job.bad
-    sees = client.run(os.path.isdir, str(root))
-    if not sees:  # the tasks would wait for a worker for ever
-        raise IngestError(
-            f"{root}: the dask cluster at {client.scheduler.address} has no workers; start workers "
-            "(`dask worker ADDRESS`) or ingest without --dask-scheduler / client"
-        )
-    blind = sorted(w for w, ok in sees.items() if not ok)
-    if blind:
-        raise IngestError(
-            f"{root}: worker(s) {', '.join(blind)} cannot see this folder; a distributed ingest reads the files "
-            "on the workers, so the folder must be at the same path on every worker (a shared file system)"
-        )
-    _, channels = MODES[opts.color_mode]
-    first_rel = ""
-    begin = 0  # the files before the first one that decodes are bad: handled here, not sent out
-    if opts.image_size is not None:
-        shape: tuple[int, ...] = (*opts.image_size, channels)
-    else:  # the first image that decodes fixes the shape, as in the local ingest
-        for begin, rel in enumerate(rels):
-            arr, err = decode_files(str(root), [rel], opts)[0]
-            if err is None and arr is not None:
-                shape, first_rel = arr.shape, rel
-                break
-            bad.add(begin, rel, err or "not decoded", None, "")
-        else:
-            raise bad.none_decoded()
-    writer = job.open_writer(shape)  # as the local ingest: the same bytes
-    meta = writer.meta
-    k = meta.chunk_images
-    window = max(4, 2 * sum(client.nthreads().values()))
-    groups: list[tuple[int, int]] = []  # the planned (start, stop) file range of every task, in order
-    bad_seen = [begin]  # bad files among the groups already placed (and before them)
-    tag = f"carraystore-ingest-{secrets.token_hex(4)}"
-
-    def plan() -> Any:
-        pos = begin
-        while pos < len(rels):
-            # images before `pos` if every file in flight decodes; fill up to the next chunk boundary
-            size = k - (pos - bad_seen[0]) % k
-            start, pos = pos, min(pos + size, len(rels))
-            groups.append((start, pos))
-            yield lambda a=start, b=pos: client.submit(
-                _chunk_task, str(root), rels[a:b], opts, shape, first_rel, meta, key=f"{tag}-{a}-{b}"
-            )
-
-    results = in_order(client, plan(), window)
-    bar = None
-    try:
-        bar = job.progress_bar(initial=begin)
-        for g in range(len(rels)):  # at most one task per file; the plan ends the loop
-            try:
-                data, ngood, crc, errors = next(results)
-            except StopIteration:
-                break
-            except CarrayStoreError:
-                raise
-            except Exception as exc:  # the cluster gave up on a task (e.g. it killed several workers)
-                start, stop = groups[g]
-                raise IngestError(
-                    f"{root}: the cluster could not decode the chunk of files {rels[start]} .. {rels[stop - 1]} "
-                    f"({type(exc).__name__}: {exc}); ingest those files locally to find the one at fault"
-                ) from exc
-            start, stop = groups[g]
-            for j, err in errors:
-                bad.add(start + j, rels[start + j], err, shape, first_rel)
-            bad_seen[0] += len(errors)
-            failed = {j for j, _ in errors}
-            idx = [i for i in range(start, stop) if i - start not in failed]
-            lab = labels[idx] if labels is not None else None
-            keys = [rels[i] for i in idx]
-            grp = [job.groups[i] for i in idx] if job.groups is not None else None
-            if ngood and writer.nimages % k == 0:
-                writer.append_compressed_chunk(
-                    data, ngood, crc, labels=lab, keys=keys, columns=job.columns_for(keys), groups=grp
-                )
-            elif ngood:  # a chunk planned before an earlier bad file shifted the boundaries
-                items = np.frombuffer(blosc2.decompress2(data), dtype=meta.np_dtype).reshape(k, *shape)[:ngood]
-                writer.append(items, labels=lab, keys=keys, columns=job.columns_for(keys), groups=grp)
-            if bar is not None:
-                bar.update(stop - start)
-        for rel, reason in bad.skipped:
-            writer.add_skipped(rel, reason)
-        writer.close()
-    except BaseException:
-        writer.abort()
-        raise
-    finally:
-        results.close()  # cancels the tasks still under way, now rather than at garbage collection
-        if bar is not None:
-            bar.close()
-    return job.result(writer, shape)
+    return ingest_directory(directory, output, client=client, **options)
 
 
 # -- dask arrays as stores -------------------------------------------------------------------

@@ -117,7 +117,7 @@ def _ingest_on_cluster(args: argparse.Namespace, options: dict[str, Any]) -> Any
         raise MissingDependencyError(
             "--dask-scheduler needs dask.distributed: pip install 'carraystore[dask]'"
         ) from exc
-    from carraystore.dask import from_directory
+    from carraystore.ingest.run import from_directory
 
     connect: Callable[..., Any] = Client  # distributed.Client.__init__ carries no annotations
     try:

@@ -260,7 +260,7 @@ def test_follow_links_over_a_loop_terminates_and_names_the_link(photos: Path, tm
 
 
 def test_duplicate_class_names_are_refused(photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["ingest", str(photos), str(tmp_path / "s.b2nd"), "-q", "--class-names", "rocket", "rocket"]) == 2
+    assert main(["ingest", str(photos), str(tmp_path / "s.b2nd"), "-q", "--class-names", "rocket,rocket"]) == 2
     assert "'rocket' is listed twice" in capsys.readouterr().err
     with pytest.raises(InvalidInputError, match="listed twice"):
         carraystore.create(tmp_path / "t.b2nd", (8, 8, 3), class_names=["a", "b", "a"])

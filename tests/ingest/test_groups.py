@@ -16,7 +16,7 @@ from PIL import Image
 import carraystore
 from carraystore.base.errors import ClipError, FormatError, GroupSplitError, InvalidInputError, ShortGroupsWarning
 from carraystore.format.record import StoreMeta
-from carraystore.ingest.run import group_split_indices, natural_order
+from carraystore.ingest.plan import group_split_indices, natural_order
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from spec_reader import read_store  # noqa: E402

@@ -215,35 +215,35 @@ def test_bad_options_are_clear(photos: Path, tmp_path: Path) -> None:
     assert (tmp_path / "y.b2nd").read_bytes() == before
 
 
-def test_the_facade_shows_the_ingest_parameters_plus_client() -> None:
-    # carraystore.from_directory dispatches to ingest or to the dask adapter (client=); help() and
-    # IDEs still see every real parameter and the ingest's documentation
+def test_the_facade_is_the_ingest_itself() -> None:
+    # carraystore.from_directory is the ingest function: its own parameters (client among them) and docstring
     from carraystore.ingest import run as ingest
 
-    facade = inspect.signature(carraystore.from_directory).parameters
-    own = inspect.signature(ingest.from_directory).parameters
-    assert list(facade) == [p for p in own if p != "runner"] + ["client"]
-    assert all(facade[p] == own[p] for p in own if p != "runner")
-    assert facade["client"].kind is inspect.Parameter.KEYWORD_ONLY and facade["client"].default is None
+    assert carraystore.from_directory is ingest.from_directory
+    params = inspect.signature(carraystore.from_directory).parameters
+    assert params["client"].kind is inspect.Parameter.KEYWORD_ONLY and params["client"].default is None
+    assert {"labels", "image_size", "validation_split", "append", "options"} <= set(params)
+    assert params["write"].annotation == "Unpack[WriteKwargs]"  # codec, chunk_images, ... typed once
     doc = carraystore.from_directory.__doc__ or ""
-    assert doc.startswith("Ingest a folder of images into a store") and "``client``" in doc and "runner" not in doc
+    assert doc.startswith("Ingest a folder of images into a store") and "``client``" in doc
 
 
 def test_a_runner_writes_each_planned_store(photos: Path, tmp_path: Path) -> None:
     # the hook the dask adapter uses: one StoreJob per store, the files already in write order
-    from carraystore.ingest.run import StoreJob, run_locally
+    from carraystore.ingest.run import IngestResult, StoreJob, run_locally
 
     jobs: list[StoreJob] = []
 
-    def runner(job: StoreJob) -> carraystore.ingest.run.IngestResult:
+    def runner(job: StoreJob) -> IngestResult:
         jobs.append(job)
         return run_locally(job)
 
     out = tmp_path / "both"
     res = from_directory(photos, out, workers=1, validation_split=0.25, subset="both", seed=3, runner=runner)
-    assert [j.output for j in jobs] == [out / "training.b2nd", out / "validation.b2nd"]
+    assert [j.plan.output for j in jobs] == [out / "training.b2nd", out / "validation.b2nd"]
     for job, part in zip(jobs, ("training", "validation"), strict=True):
-        store = carraystore.open(job.output)
-        assert list(store.keys) == job.rels and res[part].nimages == len(job.rels)  # type: ignore[index]
+        store = carraystore.open(job.plan.output)
+        assert list(store.keys) == job.plan.rels and res[part].nimages == len(job.plan.rels)  # type: ignore[index]
     all_rels = list_images(photos)[0]
-    assert not set(jobs[0].rels) & set(jobs[1].rels) and sorted(jobs[0].rels + jobs[1].rels) == sorted(all_rels)
+    train, val = jobs[0].plan.rels, jobs[1].plan.rels
+    assert not set(train) & set(val) and sorted(train + val) == sorted(all_rels)

@@ -1,0 +1,179 @@
+"""An ingest's unit of work: a planned store with everything to decode and write it, and what came of it.
+
+A :class:`StoreJob` is what a runner takes (``carraystore.ingest.run.run_locally``, or the
+cluster's ``carraystore.ingest.cluster.run_on_cluster``); an :class:`IngestResult` is what it returns.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from carraystore.base.errors import IngestError
+from carraystore.format.encoded import Encoding
+from carraystore.ingest.badfiles import BadFiles
+from carraystore.ingest.images import DecodeOptions, shown_name
+from carraystore.ingest.plan import StorePlan
+from carraystore.store.options import WriteOptions
+from carraystore.store.writer import StoreWriter, create
+
+__all__ = ["IngestResult", "StoreJob", "Runner"]
+
+
+@dataclass
+class IngestResult:
+    """What an ingest did: output path, counts, class names, skipped files, speed."""
+
+    #: the store's path, or its URL
+    path: Path | str
+    nimages: int
+    image_shape: tuple[int, ...]
+    class_names: tuple[str, ...] | None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    nbytes: int = 0
+    cbytes: int = 0
+    #: number of groups (videos, sessions) among the written items, or None without groups
+    ngroups: int | None = None
+    #: what the ingest decided that the user should know (frame order, group split, ...)
+    notes: list[str] = field(default_factory=list)
+    #: for an append: the store's items after it (``nimages`` counts the added ones)
+    total: int | None = None
+
+    @property
+    def images_per_s(self) -> float:
+        return self.nimages / self.seconds if self.seconds > 0 else float("nan")
+
+    def summary(self) -> str:
+        ratio = self.nbytes / self.cbytes if self.cbytes else float("nan")
+        what = (
+            f"appended {self.nimages} images to {self.path} (now {self.total})"
+            if self.total is not None
+            else f"wrote {self.path}: {self.nimages} images"
+        )
+        lines = [
+            f"{what} of {'x'.join(map(str, self.image_shape))} "
+            f"in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s); "
+            f"{self.nbytes / 1e6:.1f} MB -> {self.cbytes / 1e6:.1f} MB (ratio {ratio:.2f})"
+        ]
+        if self.class_names is not None:
+            lines.append(f"  classes: {', '.join(self.class_names)}")
+        if self.ngroups is not None:
+            lines.append(f"  groups: {self.ngroups} (whole videos/sessions: splits and clips never cut one)")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        if self.ignored:
+            lines.append(
+                f"  ignored {len(self.ignored)} file(s) that are not in a class folder or not images, e.g. {shown_name(self.ignored[0])}"
+            )
+            lines.extend(
+                f"    {shown_name(p)}" for p in self.ignored if p.endswith(")") and "/ (" in p
+            )  # folders not entered
+        if self.skipped:
+            lines.append(f"  skipped {len(self.skipped)} file(s) that could not be decoded:")
+            lines.extend(f"    {p}: {r}" for p, r in self.skipped)
+        return "\n".join(lines)
+
+
+@dataclass
+class StoreJob:
+    """One store of an ingest: its :class:`~carraystore.ingest.plan.StorePlan` and how to decode and write it.
+
+    A runner decodes ``plan.rels`` (relative to ``plan.root``) with ``opts``, hands every file
+    it cannot use to ``bad`` (which stops the ingest when the policy says so), writes the good
+    ones in this order through :meth:`open_writer` with their labels, keys, groups and fields,
+    records ``bad.skipped`` in the store, and returns :meth:`result`.
+    """
+
+    plan: StorePlan
+    opts: DecodeOptions
+    #: the write options of a new store (its class names are the plan's)
+    write: WriteOptions
+    workers: int
+    on_error: str
+    max_skipped: float | int
+    #: layout "encoded": the pinned encoding of the pixels kept that are not a file's own bytes
+    encoding: Encoding | None = None
+    #: an append: the store's writer, opened (and locked) before planning
+    appender: StoreWriter | None = None
+    t0: float = field(default_factory=time.perf_counter)
+    bad: BadFiles = field(init=False)
+    #: the items in the store before this job (an append's)
+    before: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        p = self.plan
+        self.bad = BadFiles(p.root, len(p.rels), self.on_error, self.max_skipped, p.allowed, list(p.skipped))
+        self.before = self.appender.nimages if self.appender is not None else 0
+
+    @property
+    def store_shape(self) -> tuple[int, ...] | None:
+        """The item shape fixed before decoding: an appended-to store's, else None."""
+        return self.appender.meta.image_shape if self.appender is not None else None
+
+    def open_writer(self, shape: tuple[int, ...]) -> StoreWriter:
+        """The store's writer, with one blosc2 thread, so that a chunk's blocks are in order and the same
+        ingest always gives the same bytes (blosc2's threads place blocks as they finish)."""
+        if self.appender is not None:
+            if tuple(shape) != self.appender.meta.image_shape:
+                raise IngestError(
+                    f"{self.plan.output}: the store holds {self.appender.meta.image_shape} images, "
+                    f"these decode to {shape}"
+                )
+            return self.appender
+        layout = {"layout": "encoded", "encoding": self.encoding} if self.encoding is not None else {}
+        return create(
+            self.plan.output,
+            shape,
+            dtype=self.opts.dtype,
+            nthreads=1,
+            provenance=self.plan.provenance,
+            options=self.write.replace(class_names=self.plan.class_names, progress=False),
+            **layout,  # type: ignore[arg-type]
+        )
+
+    def progress_bar(self, initial: int = 0) -> Any:
+        """A tqdm bar over the files on stderr, or None without ``write.progress``."""
+        if not self.write.progress:
+            return None
+        from tqdm import tqdm
+
+        name = str(self.plan.output).rsplit("/", 1)[-1]  # a path or a URL
+        return tqdm(
+            total=len(self.plan.rels),
+            initial=initial,
+            desc=f"ingest {name}",
+            unit="img",
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
+
+    def result(self, writer: StoreWriter, shape: tuple[int, ...]) -> IngestResult:
+        """What the ingest of this store did, once ``writer`` is closed."""
+        p, total = self.plan, writer.nimages
+        n = total - self.before
+        appended = self.appender is not None
+        return IngestResult(
+            path=p.output,
+            nimages=n,
+            image_shape=shape,
+            class_names=writer.meta.class_names if appended else p.class_names,
+            skipped=self.bad.skipped,
+            ignored=p.ignored,
+            seconds=time.perf_counter() - self.t0,
+            nbytes=n * int(np.prod(shape)) * np.dtype(self.opts.dtype).itemsize,
+            cbytes=writer.file_size or 0,
+            ngroups=len(set(p.groups)) if p.groups is not None and writer.meta.group_names is not None else None,
+            notes=list(p.notes),
+            total=total if appended else None,
+        )
+
+
+#: Decodes and writes one planned store: ``run_locally`` (the default) or ``run_on_cluster``.
+Runner = Callable[[StoreJob], IngestResult]
