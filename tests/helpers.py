@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -102,11 +103,18 @@ def set_raw_record(path: Path, raw: bytes) -> None:
     del array
 
 
-def rewrite_record(path: Path, mutate: Callable[[dict[str, Any]], Any]) -> None:
-    """Change the record with ``mutate`` and seal it again, so that the checks behind the checksum are tested."""
+def rewrite_record(path: Path, mutate: Callable[[dict[str, Any]], Any], out: Path | None = None) -> Path:
+    """Change the record (of a copy at ``out`` if given) with ``mutate`` and seal it again; return the store changed.
+
+    Sealed again, so that the checks behind the checksum are what is tested.
+    """
+    if out is not None:
+        shutil.copy(path, out)
+        path = out
     rec = msgpack.unpackb(raw_record(path), raw=False)
     mutate(rec)
     set_raw_record(path, seal_record(rec))
+    return path
 
 
 # -- killed writers --------------------------------------------------------------------------------
