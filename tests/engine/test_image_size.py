@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import image_bytes
 from PIL import Image
 
 import carraystore as cs
@@ -229,16 +231,8 @@ def test_sizes_that_are_not_a_scale_are_refused(encoded: dict[str, cs.Store], tm
         cs.open(tmp_path / "arr.b2nd").batches(1, image_size=(8, 8))
 
 
-def _jpeg(a: np.ndarray, **kw: Any) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, format="JPEG", **kw)
-    return buf.getvalue()
-
-
-def _png(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, format="PNG")
-    return buf.getvalue()
+_jpeg = partial(image_bytes, format="JPEG")
+_png = partial(image_bytes, format="PNG")
 
 
 @pytest.mark.parametrize("scale", [2, 4, 8])

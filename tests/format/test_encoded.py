@@ -6,17 +6,19 @@ import filecmp
 import io
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import image_bytes
 from PIL import Image
 
 import carraystore as cs
-from carraystore.format.encoded import Encoding, decode_entry
 from carraystore.base.errors import CorruptStoreError, EncodedImageError, FormatError, InvalidInputError, LoaderError
-from carraystore.store.export import export_images
+from carraystore.format.encoded import Encoding, decode_entry
 from carraystore.ingest.images import DecodeOptions, decode_image
+from carraystore.store.export import export_images
 from carraystore.store.writer import create
 
 H, W = 24, 32
@@ -29,16 +31,8 @@ def _photo(i: int, h: int = H, w: int = W) -> np.ndarray:
     return (a + noise).clip(0, 255).astype(np.uint8)
 
 
-def _jpeg(a: np.ndarray, q: int = 90) -> bytes:
-    b = io.BytesIO()
-    Image.fromarray(a).save(b, format="JPEG", quality=q)
-    return b.getvalue()
-
-
-def _png(a: np.ndarray) -> bytes:
-    b = io.BytesIO()
-    Image.fromarray(a).save(b, format="PNG")
-    return b.getvalue()
+_jpeg = partial(image_bytes, format="JPEG", quality=90)
+_png = partial(image_bytes, format="PNG")
 
 
 def _pillow(data: bytes) -> np.ndarray:

@@ -14,9 +14,9 @@ import blosc2
 import msgpack
 import numpy as np
 import pytest
+from helpers import raw_record, rewrite_record
 
 import carraystore
-from carraystore.format.codec import PRESETS, Codec, parse_chunk_header
 from carraystore.base.errors import (
     CodecMismatchError,
     FormatError,
@@ -24,6 +24,7 @@ from carraystore.base.errors import (
     InvalidInputError,
     UnknownCodecError,
 )
+from carraystore.format.codec import PRESETS, Codec, parse_chunk_header
 from carraystore.format.record import (
     FORMAT_VERSION,
     META_KEY,
@@ -31,7 +32,6 @@ from carraystore.format.record import (
     StringTable,
     dtype_from_record,
     dtype_to_record,
-    seal_record,
     validate_key,
 )
 
@@ -259,27 +259,8 @@ def store_path(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> Path
     return path
 
 
-def _raw_record(path: Path) -> dict[str, Any]:
-    """The record as plain blosc2 + msgpack read it (no carraystore code involved)."""
-    array = blosc2.open(str(path), mode="r")
-    raw = array.schunk.vlmeta.get_vlmeta(META_KEY)
-    return msgpack.unpackb(raw, raw=False)
-
-
-def _rewrite(path: Path, out: Path, mutate: Callable[[dict[str, Any]], Any]) -> Path:
-    """Copy the store to ``out`` with its metadata record changed by ``mutate``."""
-    shutil.copy(path, out)
-    rec = _raw_record(out)
-    mutate(rec)
-    array = blosc2.open(str(out), mode="a")
-    # re-sealed (FORMAT.md 4.3), so that the checks behind the checksum are what is tested
-    array.schunk.vlmeta.set_vlmeta(META_KEY, seal_record(rec), typesize=1)
-    del array
-    return out
-
-
 def test_every_codec_parameter_is_recorded(store_path: Path) -> None:
-    rec = _raw_record(store_path)
+    rec = msgpack.unpackb(raw_record(store_path), raw=False)  # read with plain blosc2 + msgpack
     store = carraystore.open(store_path)
     assert rec["format"] == "carraystore" and rec["format_version"] == FORMAT_VERSION
     assert rec["writer_version"] == carraystore.__version__ and rec["blosc2_version"] == blosc2.__version__
@@ -357,7 +338,7 @@ def test_a_later_chunk_with_other_parameters_is_reported_by_verify(store_path: P
         crc[1] = carraystore.format.codec.crc32(data)
         rec["crc32"] = crc.tobytes()
 
-    fixed = _rewrite(bad, tmp_path / "fixed.b2nd", fix_crc)
+    fixed = rewrite_record(bad, fix_crc, tmp_path / "fixed.b2nd")
     problems = carraystore.open(fixed).verify()
     assert [p.chunk for p in problems] == [1]
     assert "filters [] meta [] in the file, ['shuffle', 'bytedelta'] meta [0, 3] recorded" in problems[0].reason
@@ -425,7 +406,7 @@ def test_an_edited_record_is_refused_with_a_clear_error(
     store_path: Path,
     tmp_path: Path,
 ) -> None:
-    bad = _rewrite(store_path, tmp_path / "edited.b2nd", mutate)
+    bad = rewrite_record(store_path, mutate, tmp_path / "edited.b2nd")
     with pytest.raises(error) as info:
         carraystore.open(bad)
     assert isinstance(info.value, carraystore.CarrayStoreError)

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import image_bytes
 from PIL import Image
 
 import carraystore as cs
 import carraystore.format.encoded as E
-from carraystore.format.encoded import JPEG_DECODER_ENV, decode_entry, jpeg_decoder
 from carraystore.base.errors import EncodedImageError
+from carraystore.format.encoded import JPEG_DECODER_ENV, decode_entry, jpeg_decoder
 from carraystore.ingest.sample_data import PHOTOS, load_photo, photo_crops
 
 simplejpeg = pytest.importorskip("simplejpeg")
@@ -29,10 +31,7 @@ MODES = {"grayscale": "L", "rgb": "RGB", "rgba": "RGBA"}
 CHANNELS = {"grayscale": 1, "rgb": 3, "rgba": 4}
 
 
-def _jpeg(img: Image.Image, **kw: Any) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, format="JPEG", **kw)
-    return buf.getvalue()
+_jpeg = partial(image_bytes, format="JPEG")
 
 
 def _pillow(data: bytes, color_mode: str) -> np.ndarray:

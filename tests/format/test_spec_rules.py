@@ -6,32 +6,22 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import blosc2
 import msgpack
 import numpy as np
 import pytest
+from helpers import rewrite_record
 
 import carraystore
 from carraystore.base.errors import FormatError, InvalidInputError
-from carraystore.format.record import META_KEY, key_problem, seal_record, validate_key
+from carraystore.format.record import key_problem, validate_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import spec_reader  # noqa: E402
 
 SHAPE = (4, 4, 1)
 DOT_KEYS = [".", "x/", "a//b", "a/./b", "./a", "a/.", "a/b/"]
-
-
-def _rewrite(path: Path, mutate: Callable[[dict[str, Any]], Any]) -> None:
-    array = blosc2.open(str(path), mode="a")
-    rec = msgpack.unpackb(bytes(array.schunk.vlmeta.get_vlmeta(META_KEY)), raw=False)
-    mutate(rec)
-    array.schunk.vlmeta.set_vlmeta(META_KEY, seal_record(rec), typesize=1)
-    del array
 
 
 # -- keys: empty and '.' components (FORMAT.md 4.5) ----------------------------------------------
@@ -60,7 +50,7 @@ def test_both_readers_refuse_such_keys_in_the_key_table(tmp_path: Path, key: str
     keys[1] = key
     blob = "".join(keys).encode()
     offsets = np.cumsum([0] + [len(k.encode()) for k in keys]).astype("<u8").tobytes()
-    _rewrite(path, lambda rec: rec.__setitem__("keys", {"utf8": blob, "offsets": offsets}))
+    rewrite_record(path, lambda rec: rec.__setitem__("keys", {"utf8": blob, "offsets": offsets}))
     with pytest.raises(FormatError, match=r"key 1 .*(empty|'\.') path component"):
         carraystore.open(path)
     with pytest.raises(spec_reader.SpecError, match="bad key"):

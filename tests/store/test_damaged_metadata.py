@@ -18,10 +18,9 @@ import blosc2
 import msgpack
 import numpy as np
 import pytest
+from helpers import raw_record, rewrite_record, set_raw_record
 
 import carraystore
-from carraystore.cli.main import main
-from carraystore.format.codec import chunk_crc_ok, crc32, zero_chunk
 from carraystore.base.errors import (
     ChecksumError,
     CorruptStoreError,
@@ -31,8 +30,10 @@ from carraystore.base.errors import (
     MetadataChecksumError,
     MetadataTooLargeError,
 )
-from carraystore.format.record import META_KEY, seal_record
+from carraystore.cli.main import main
+from carraystore.format.codec import chunk_crc_ok, crc32, zero_chunk
 from carraystore.format.frame import read_frame, special_chunk_header
+from carraystore.format.record import META_KEY, seal_record
 from carraystore.sources.local import LocalFileSource
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "carraystore-0.1.0"
@@ -48,31 +49,13 @@ def store_path(tmp_path: Path) -> Path:
     return path
 
 
-def _raw(path: Path) -> bytes:
-    array = blosc2.open(str(path), mode="r")  # kept alive: the vlmeta object points into it
-    return bytes(array.schunk.vlmeta.get_vlmeta(META_KEY))
-
-
-def _set_raw(path: Path, raw: bytes) -> None:
-    array = blosc2.open(str(path), mode="a")
-    array.schunk.vlmeta.set_vlmeta(META_KEY, raw, typesize=1)
-    del array
-
-
-def _rewrite(path: Path, mutate: Callable[[dict[str, Any]], Any]) -> None:
-    """Change the record and seal it again, so that the checks behind the checksum are what is tested."""
-    rec = msgpack.unpackb(_raw(path), raw=False)
-    mutate(rec)
-    _set_raw(path, seal_record(rec))
-
-
 # -- the metadata checksum ---------------------------------------------------------------------
 
 
 def test_new_records_are_sealed_and_a_changed_byte_is_refused(
     store_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    raw = _raw(store_path)
+    raw = raw_record(store_path)
     assert raw[-16:-4] == b"\xaameta_crc32\xce" and int.from_bytes(raw[-4:], "big") == crc32(raw[:-4])
     array = blosc2.open(str(store_path))
     assert array.schunk.meta[META_KEY]["meta_crc32"] is True
@@ -80,7 +63,7 @@ def test_new_records_are_sealed_and_a_changed_byte_is_refused(
     i = raw.index(b"k/3.png")
     damaged = raw[:i] + b"k/8" + raw[i + 3 :]  # one key silently renamed, same length: valid msgpack
     assert msgpack.unpackb(damaged, raw=False)["keys"]
-    _set_raw(store_path, damaged)
+    set_raw_record(store_path, damaged)
     with pytest.raises(MetadataChecksumError, match="s.b2nd.*checksum"):
         carraystore.open(store_path)
     assert main(["verify", str(store_path)]) != 0
@@ -89,26 +72,26 @@ def test_new_records_are_sealed_and_a_changed_byte_is_refused(
 
 
 def test_a_changed_label_is_refused(store_path: Path) -> None:
-    raw = bytearray(_raw(store_path))
+    raw = bytearray(raw_record(store_path))
     rec = msgpack.unpackb(bytes(raw), raw=False)
     at = bytes(raw).index(rec["labels"])
     raw[at] ^= 1  # label 0 -> 1: still a valid class
-    _set_raw(store_path, bytes(raw))
+    set_raw_record(store_path, bytes(raw))
     with pytest.raises(MetadataChecksumError):
         carraystore.open(store_path)
 
 
 def test_a_lost_checksum_is_refused_when_the_fixed_meta_promises_one(store_path: Path) -> None:
-    rec = msgpack.unpackb(_raw(store_path), raw=False)
+    rec = msgpack.unpackb(raw_record(store_path), raw=False)
     del rec["meta_crc32"]
-    _set_raw(store_path, msgpack.packb(rec, use_bin_type=True))
+    set_raw_record(store_path, msgpack.packb(rec, use_bin_type=True))
     with pytest.raises(MetadataChecksumError, match="lost its checksum"):
         carraystore.open(store_path)
 
 
 def test_unsealed_golden_stores_still_open_and_an_append_seals_them(tmp_path: Path) -> None:
     src = GOLDEN / "appended.b2nd"
-    assert _raw(src)[-16:-4] != b"\xaameta_crc32\xce"  # 0.1.0 wrote no checksum
+    assert raw_record(src)[-16:-4] != b"\xaameta_crc32\xce"  # 0.1.0 wrote no checksum
     copy = tmp_path / "appended.b2nd"
     shutil.copy(src, copy)
     before = carraystore.open(copy)
@@ -116,16 +99,16 @@ def test_unsealed_golden_stores_still_open_and_an_append_seals_them(tmp_path: Pa
         w.append(np.zeros((2, *before.image_shape), np.uint8), labels=[0, 0], keys=["c/0", "c/1"])
     after = carraystore.open(copy)
     assert len(after) == len(before) + 2 and list(after.keys)[-2:] == ["c/0", "c/1"]
-    assert _raw(copy)[-16:-4] == b"\xaameta_crc32\xce" and after.verify() == []
+    assert raw_record(copy)[-16:-4] == b"\xaameta_crc32\xce" and after.verify() == []
 
 
 # -- size, depth, types ---------------------------------------------------------------------------
 
 
 def test_metadata_that_inflates_far_beyond_the_store_is_refused_before_it_is_decompressed(store_path: Path) -> None:
-    rec = msgpack.unpackb(_raw(store_path), raw=False)
+    rec = msgpack.unpackb(raw_record(store_path), raw=False)
     rec["attrs"] = {"pad": "a" * (80 * 2**20)}  # 80 MiB of metadata for 10 images
-    _set_raw(store_path, seal_record(rec))
+    set_raw_record(store_path, seal_record(rec))
     del rec
     assert store_path.stat().st_size < 2 * 2**20
     probe = (
@@ -157,7 +140,7 @@ def test_deeply_nested_attrs_are_a_named_error(store_path: Path, tmp_path: Path)
     for _ in range(1000):
         cur["x"] = {}
         cur = cur["x"]
-    _rewrite(store_path, lambda rec: rec.__setitem__("attrs", deep))
+    rewrite_record(store_path, lambda rec: rec.__setitem__("attrs", deep))
     with pytest.raises(FormatError, match="nests deeper"):
         carraystore.open(store_path)
     with pytest.raises(FormatError, match="nests deeper"):  # and the writer never writes one
@@ -165,13 +148,13 @@ def test_deeply_nested_attrs_are_a_named_error(store_path: Path, tmp_path: Path)
 
 
 def test_msgpack_timestamps_are_refused(store_path: Path) -> None:
-    rec = msgpack.unpackb(_raw(store_path), raw=False)
+    rec = msgpack.unpackb(raw_record(store_path), raw=False)
     rec["attrs"] = {"when": datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)}
     del rec["meta_crc32"]
     raw = msgpack.packb(rec, use_bin_type=True, datetime=True)
     rec2 = msgpack.unpackb(raw, raw=False, timestamp=0)
     assert isinstance(rec2["attrs"]["when"], msgpack.Timestamp)
-    _set_raw(store_path, seal_record(rec2))  # sealed, so only the timestamp rule can refuse it
+    set_raw_record(store_path, seal_record(rec2))  # sealed, so only the timestamp rule can refuse it
     with pytest.raises(FormatError, match="timestamp"):
         carraystore.open(store_path)
 
@@ -192,7 +175,7 @@ def test_msgpack_timestamps_are_refused(store_path: Path) -> None:
     ids=["utf8", "nul", "dotdot", "absolute", "dotdot-backslash", "absolute-backslash"],
 )
 def test_bad_keys_are_refused_on_open(store_path: Path, mutate: Callable[[bytes], bytes], why: str) -> None:
-    _rewrite(store_path, lambda rec: rec["keys"].__setitem__("utf8", mutate(rec["keys"]["utf8"])))
+    rewrite_record(store_path, lambda rec: rec["keys"].__setitem__("utf8", mutate(rec["keys"]["utf8"])))
     with pytest.raises(FormatError, match=why):
         carraystore.open(store_path)
 
@@ -210,7 +193,7 @@ def test_labels_without_class_names_follow_the_range_rule(store_path: Path, tmp_
         rec["class_names"] = None
         rec["labels"] = np.array([0, 1, 2**31] + [0] * 7, "<i8").tobytes()
 
-    _rewrite(store_path, out_of_range)
+    rewrite_record(store_path, out_of_range)
     with pytest.raises(FormatError, match="labels span 0..2147483648"):
         carraystore.open(store_path)
     for bad in ([-1, 0], [0, 2**31]):
@@ -225,10 +208,10 @@ def test_labels_without_class_names_follow_the_range_rule(store_path: Path, tmp_
 
 
 def test_repeated_or_non_string_class_names_are_refused(store_path: Path) -> None:
-    _rewrite(store_path, lambda rec: rec.__setitem__("class_names", ["a", "a"]))
+    rewrite_record(store_path, lambda rec: rec.__setitem__("class_names", ["a", "a"]))
     with pytest.raises(FormatError, match="repeat"):
         carraystore.open(store_path)
-    _rewrite(store_path, lambda rec: rec.__setitem__("class_names", ["a", 3]))
+    rewrite_record(store_path, lambda rec: rec.__setitem__("class_names", ["a", 3]))
     with pytest.raises(FormatError, match="strings"):
         carraystore.open(store_path)
 
@@ -308,7 +291,7 @@ def test_titled_dtypes_are_refused_when_written(tmp_path: Path) -> None:
 
 
 def test_color_mode_must_match_the_channels(store_path: Path) -> None:
-    _rewrite(store_path, lambda rec: rec.__setitem__("color_mode", "grayscale"))
+    rewrite_record(store_path, lambda rec: rec.__setitem__("color_mode", "grayscale"))
     with pytest.raises(FormatError, match="color_mode 'grayscale' does not match C = 3"):
         carraystore.open(store_path)
 
