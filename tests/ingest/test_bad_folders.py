@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 import carraystore
-from carraystore.cli.main import main
 from carraystore.base.errors import IngestError
+from carraystore.cli.main import main
 from carraystore.ingest.run import from_directory
 from carraystore.ingest.sample_data import make_photo_folder
 
@@ -117,8 +117,8 @@ def test_max_skipped_as_share_and_count(tmp_path: Path) -> None:
 
 
 def test_one_lister_for_ingest_and_the_benchmarks(tmp_path: Path) -> None:
-    from carraystore.ingest import images
     from carraystore.cli.benchmarks import datasets
+    from carraystore.ingest import images
 
     assert datasets.IMAGE_EXTENSIONS is images.IMAGE_EXTENSIONS
     src = tmp_path / "src"

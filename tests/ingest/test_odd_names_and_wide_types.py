@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.format.codec import check_chunk_layout
 from carraystore.base.errors import CorruptStoreError, InvalidInputError
-from carraystore.store.export import export_images
+from carraystore.format.codec import check_chunk_layout
 from carraystore.ingest.sample_data import make_photo_folder
+from carraystore.store.export import export_images
 
 # -- item 9: every stream of a split block is checked, whatever the typesize --------------
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.cli.main import main
 from carraystore.base.errors import InvalidInputError, ManifestError
+from carraystore.cli.main import main
 from carraystore.ingest.sample_data import make_photo_folder
 
 CLASSES = ("astronaut", "chelsea", "coffee", "rocket")

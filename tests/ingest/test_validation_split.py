@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import carraystore
-from carraystore.cli.main import main
 from carraystore.base.errors import IngestError, InvalidInputError
+from carraystore.cli.main import main
 from carraystore.ingest.run import from_directory
 from carraystore.ingest.sample_data import make_photo_folder
 
