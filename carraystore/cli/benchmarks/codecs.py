@@ -664,12 +664,6 @@ def write_results(
     return paths
 
 
-def load_results(path: str | os.PathLike[str]) -> list[CodecResult]:
-    """Rows back from ``write_results``'s JSON."""
-    data = json.loads(Path(path).read_text())
-    return [CodecResult.from_dict(d) for d in data["results"]]
-
-
 # -- samples -----------------------------------------------------------------------------
 
 
