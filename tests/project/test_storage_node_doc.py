@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import ingested_photos
 
 import carraystore
-from carraystore.ingest.sample_data import make_photo_folder
 from testsupport.servers import LOOPBACK, free_port, weed_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,9 +125,9 @@ def bash(script: str, cwd: Path, timeout: float, new_group: bool = False) -> sub
 def local_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real store of photos in three chunks: ``train.b2nd``."""
     root = tmp_path_factory.mktemp("storage-node")
-    photos = make_photo_folder(root / "photos", n=90, size=(32, 32), classes=("astronaut", "coffee"), seed=3)
-    carraystore.from_directory(photos, root / "train.b2nd", workers=1, chunk_images=32)
-    return root / "train.b2nd"
+    return ingested_photos(
+        root, "train.b2nd", n=90, size=(32, 32), classes=("astronaut", "coffee"), seed=3, chunk_images=32
+    )
 
 
 def test_the_document_marks_each_recipe() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import epoch_of, make_store
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs, stop_process
@@ -45,10 +46,8 @@ N, CHUNK = 200, 8  # 25 chunks of 8 images of 32x32x3
 def local_store(tmp_path_factory: pytest.TempPathFactory, photo_patches: Any) -> Path:
     path = tmp_path_factory.mktemp("remote_local") / "train.b2nd"
     x = photo_patches(N, size=(32, 32), seed=5)
-    labels = np.arange(N) % 4
-    with carraystore.create(path, (32, 32, 3), chunk_images=CHUNK, class_names=["a", "b", "c", "d"]) as w:
-        w.append(x, labels=labels, keys=[f"{'abcd'[i % 4]}/{i:04d}.jpg" for i in range(N)])
-    return path
+    keys = [f"{'abcd'[i % 4]}/{i:04d}.jpg" for i in range(N)]
+    return make_store(path, x, np.arange(N) % 4, keys, chunk_images=CHUNK, class_names=["a", "b", "c", "d"])
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +64,6 @@ def proxy(seaweedfs: SeaweedFS) -> Any:
 def _options(proxy_or_server: Any, **knobs: Any) -> dict[str, Any]:
     url = proxy_or_server.url if isinstance(proxy_or_server, NetProxy) else proxy_or_server.endpoint
     return {"endpoint_url": url, "anon": True, **knobs}
-
-
-def _epoch(store: Any, **kw: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(x.copy(), y.copy()) for x, y in store.batches(16, **kw)]
 
 
 def _same(a: list[tuple[np.ndarray, np.ndarray]], b: list[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -123,7 +118,7 @@ def test_reader_features_on_a_url(s3_url: str, seaweedfs: SeaweedFS, local_store
 def test_epoch_matches_local_file(s3_url: str, seaweedfs: SeaweedFS, local_store: Path, kw: dict[str, Any]) -> None:
     local = carraystore.open(local_store)
     with carraystore.open(s3_url, seaweedfs.storage_options) as store:
-        _same(_epoch(store, **kw), _epoch(local, **kw))
+        _same(epoch_of(store, **kw), epoch_of(local, **kw))
 
 
 def test_epoch_costs_at_most_nchunks_plus_4_requests(s3_url: str, proxy: NetProxy, local_store: Path) -> None:
@@ -131,10 +126,10 @@ def test_epoch_costs_at_most_nchunks_plus_4_requests(s3_url: str, proxy: NetProx
     for kw in (dict(seed=4, window=3), dict(seed=4, epoch=2), dict(shuffle="global", seed=2)):
         before = proxy.stats.requests
         with carraystore.open(s3_url, _options(proxy)) as store:
-            got = _epoch(store, **kw)
+            got = epoch_of(store, **kw)
         requests = proxy.stats.requests - before  # opening included
         assert requests <= store.nchunks + 4, (kw, requests, proxy.stats.request_lines[before:])
-        _same(got, _epoch(local, **kw))
+        _same(got, epoch_of(local, **kw))
     assert proxy.stats.bytes_down < 4 * local_store.stat().st_size
 
 
@@ -265,7 +260,7 @@ def test_plain_http_server(http_server: RangeHTTPServer, local_store: Path) -> N
     with carraystore.open(url) as store:
         assert len(http_server.requests) <= 4
         kw = dict(seed=2, window=5)
-        _same(_epoch(store, **kw), _epoch(local, **kw))
+        _same(epoch_of(store, **kw), epoch_of(local, **kw))
         assert len(http_server.requests) <= store.nchunks + 4
         assert all(rng is not None for _, _, rng in http_server.requests)  # ranged GETs only
     with pytest.raises(RemoteReadError, match=r"missing\.b2nd.*does not exist"):
@@ -365,10 +360,10 @@ def test_added_latency(s3_url: str, seaweedfs: SeaweedFS, local_store: Path) -> 
     with NetProxy(LOOPBACK, seaweedfs.s3_port, rtt=0.05) as slow:
         t = time.monotonic()
         with carraystore.open(s3_url, _options(slow)) as store:
-            got = _epoch(store, seed=5, window=2)
+            got = epoch_of(store, seed=5, window=2)
         took = time.monotonic() - t
         assert slow.stats.requests <= store.nchunks + 4
-    _same(got, _epoch(local, seed=5, window=2))
+    _same(got, epoch_of(local, seed=5, window=2))
     # requests overlap: far less than one round trip per request one after another
     assert took < 0.05 * slow.stats.requests + 5
 
@@ -387,8 +382,8 @@ def test_survivable_faults_lose_and_duplicate_nothing(
     else:
         proxy.stall_after(50_000)  # the server stops sending; the request times out
     with caplog.at_level(logging.DEBUG, logger="carraystore.sources.remote"):
-        got = _epoch(store, **kw)
-    _same(got, _epoch(local, **kw))
+        got = epoch_of(store, **kw)
+    _same(got, epoch_of(local, **kw))
     retries = store.source.stats.retries
     assert retries >= 1
     if fault == "cut":
@@ -452,17 +447,17 @@ def test_cache_of_half_the_store_halves_the_second_epoch(
         assert isinstance(store.source, CachedSource)
         for epoch in range(3):
             before = proxy.stats.bytes_down  # bytes on the wire, HTTP headers included
-            got = _epoch(store, seed=7, epoch=epoch)
+            got = epoch_of(store, seed=7, epoch=epoch)
             fetched.append((proxy.stats.bytes_down - before) / size)
             assert store.source.cached_bytes() <= size // 2
-            _same(got, _epoch(local, seed=7, epoch=epoch))
+            _same(got, epoch_of(local, seed=7, epoch=epoch))
     print(f"fetched per epoch (fraction of the store): {fetched}")
     assert fetched[0] >= 0.9  # the first epoch fetches everything (but the metadata)
     assert fetched[1] <= 0.55 and fetched[2] <= 0.55, fetched
     # another process (here: another open) shares the cache: it fetches as little
     before = proxy.stats.bytes_down
     with carraystore.open(s3_url, _options(proxy), cache_dir=cache, cache_size=size // 2) as store:
-        _same(_epoch(store, seed=7, epoch=5), _epoch(local, seed=7, epoch=5))
+        _same(epoch_of(store, seed=7, epoch=5), epoch_of(local, seed=7, epoch=5))
     assert (proxy.stats.bytes_down - before) / size <= 0.55 + 0.05  # + opening (header and index)
 
 
@@ -477,12 +472,12 @@ def test_a_cached_store_keeps_no_bytes_for_the_next_epoch_that_the_cache_serves(
         assert isinstance(store.source, CachedSource) and store.source.max_inflight > 0
         inner = store.source.inner
         it = store.batches(16, seed=3, epoch=0)
-        _same([(x.copy(), y.copy()) for x, y in it], _epoch(local, seed=3, epoch=0))
+        _same([(x.copy(), y.copy()) for x, y in it], epoch_of(local, seed=3, epoch=0))
         deadline = time.monotonic() + 30
         while not it._s.decoder.link.next_epoch_hinted:  # (its thread may come a moment after the epoch)
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        _same(_epoch(store, seed=3, epoch=1), _epoch(local, seed=3, epoch=1))  # all from the cache
+        _same(epoch_of(store, seed=3, epoch=1), epoch_of(local, seed=3, epoch=1))  # all from the cache
         assert not inner._ahead and not inner._again and inner._ahead_bytes == 0
     # the same, step by step: bytes kept for a second read, which the cache then serves
     with carraystore.open(s3_url, _options(seaweedfs), cache_dir=tmp_path / "cache2") as store:
@@ -820,7 +815,7 @@ def test_stats_count_requests_and_retries_with_and_without_the_cache(
         kw = {"cache_dir": cache} if cache else {}
         with carraystore.open(s3_url, _options(proxy, max_inflight=2), **kw) as store:
             proxy.inject_503(2)
-            _epoch(store, seed=2)
+            epoch_of(store, seed=2)
             stats = store.source.stats
             assert stats.requests > stats.retries >= 2, (cache, stats)  # coalesced GETs: fewer than chunks
             assert stats.bytes > 0 and stats.as_dict()["retries"] == stats.retries
@@ -848,13 +843,13 @@ def test_a_chunk_that_fails_its_crc_is_fetched_again(
 ) -> None:
     local = carraystore.open(local_store)
     with carraystore.open(s3_url, seaweedfs.storage_options, cache_dir=tmp_path / "c") as store:
-        first = _epoch(store, seed=6, window=2)
+        first = epoch_of(store, seed=6, window=2)
         _flip_cached_chunk(store, 5)
         misses = store.source.stats.misses
         with caplog.at_level(logging.WARNING, logger="carraystore.sources.remote"):
-            again = _epoch(store, seed=6, window=2)
+            again = epoch_of(store, seed=6, window=2)
         assert store.source.stats.misses == misses + 1  # chunk 5 came from the server again
-    want = _epoch(local, seed=6, window=2)
+    want = epoch_of(local, seed=6, window=2)
     _same(first, want)
     _same(again, want)  # the epoch's order and pixels kept
     logged = [r.getMessage() for r in caplog.records if "CRC32" in r.getMessage()]
@@ -1000,9 +995,9 @@ def test_a_late_next_epoch_hint_keeps_nothing_once_the_next_epoch_began(
     kw: dict[str, Any] = dict(seed=4, window=5)
     with carraystore.open(f"{http_server.url}/train.b2nd") as store:
         src = store.source
-        _same(_epoch(store, epoch=0, **kw), _epoch(local, epoch=0, **kw))
+        _same(epoch_of(store, epoch=0, **kw), epoch_of(local, epoch=0, **kw))
         it = store.batches(16, epoch=1, **kw)
-        _same([(x.copy(), y.copy()) for x, y in it], _epoch(local, epoch=1, **kw))
+        _same([(x.copy(), y.copy()) for x, y in it], epoch_of(local, epoch=1, **kw))
         deadline = time.monotonic() + 30
         while not it._s.decoder.link.next_epoch_hinted:  # epoch 1 hinted epoch 2's first window
             assert time.monotonic() < deadline
@@ -1082,7 +1077,7 @@ def test_the_next_epochs_first_window_is_hinted_even_when_its_kept_bytes_went_st
         plan = make_spec(store, 16, **kw).plan(1)
         lead = [store.chunk_byte_range(int(c)) for c in plan.window_chunks[0]]
         it = store.batches(16, epoch=0, **kw)
-        _same([(x.copy(), y.copy()) for x, y in it], _epoch(local, epoch=0, **kw))
+        _same([(x.copy(), y.copy()) for x, y in it], epoch_of(local, epoch=0, **kw))
         dec = it._s.decoder
         assert dec.link.kept and src.hinted(lead)  # kept for epoch 1 as epoch 0 fetched them
         with src._lock:
@@ -1094,7 +1089,7 @@ def test_the_next_epochs_first_window_is_hinted_even_when_its_kept_bytes_went_st
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert src.hinted(lead)
-        _same(_epoch(store, epoch=1, **kw), _epoch(local, epoch=1, **kw))
+        _same(epoch_of(store, epoch=1, **kw), epoch_of(local, epoch=1, **kw))
         assert not set(src._ahead) - {
             store.chunk_byte_range(int(c)) for c in make_spec(store, 16, **kw).plan(2).window_chunks[0]
         }

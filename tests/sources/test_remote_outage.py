@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import epoch_of, make_store
 from remote_servers import LOOPBACK, SeaweedFS, start_seaweedfs, stop_process
 
 import carraystore
@@ -187,9 +188,7 @@ def test_retry_timeout_is_checked_and_travels() -> None:
 def local_store(tmp_path_factory: pytest.TempPathFactory, photo_patches: Any) -> Path:
     path = tmp_path_factory.mktemp("outage_local") / "train.b2nd"
     x = photo_patches(N, size=(32, 32), seed=9)
-    with carraystore.create(path, (32, 32, 3), chunk_images=CHUNK, class_names=["a", "b", "c"]) as w:
-        w.append(x, labels=np.arange(N) % 3)
-    return path
+    return make_store(path, x, np.arange(N) % 3, chunk_images=CHUNK, class_names=["a", "b", "c"])
 
 
 @pytest.fixture(scope="module")
@@ -247,10 +246,6 @@ class Outage:
         return self.seconds
 
 
-def _epoch(store: Any, **kw: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(x.copy(), y.copy()) for x, y in store.batches(16, **kw)]
-
-
 @pytest.mark.slow
 def test_an_epoch_rides_out_a_storage_node_restart(
     node: tuple[SeaweedFS, str], local_store: Path, caplog: pytest.LogCaptureFixture
@@ -258,7 +253,7 @@ def test_an_epoch_rides_out_a_storage_node_restart(
     server, url = node
     _up(server)
     kw = dict(seed=3, window=1)
-    want = _epoch(carraystore.open(local_store), **kw)
+    want = epoch_of(carraystore.open(local_store), **kw)
     # defaults (retry_timeout 120 s), a small read-ahead so that most of the epoch is still to fetch
     opts = {**server.storage_options, "max_inflight": 2, "readahead_bytes": 20_000}
     got: list[tuple[np.ndarray, np.ndarray]] = []
