@@ -5,22 +5,13 @@
               validation_data=StoreDataset("val.b2nd", 32, shuffle=False))
 
 Batch ``i`` of an epoch is a pure function of (arguments, epoch, i), so Keras may ask for
-batches from several threads or processes in any order. Decoded windows of chunks are
-kept in a small per-process cache (``cache_windows``, default 3) and the next window is
-decoded in the background, so batches asked in order decode every chunk once per epoch.
-``on_epoch_end`` after ``on_epoch_begin`` (what Keras does around each epoch) moves to the
-next epoch: a new order. Outside Keras, use ``set_epoch``.
-
-``model.fit(shuffle=True)`` (Keras's default) asks for the batches in a random order,
-which makes every batch decode its window again unless the whole epoch fits in the
-cache; StoreDataset warns when it sees that. It already shuffles: pass ``shuffle=False``.
-
-Resuming in the middle of an epoch: :class:`TrainingPosition` records (epoch, next
-batch) and the resume state after every batch; ``StoreDataset(..., resume=state)`` (at
-any world size: the rest of the epoch is cut into the new shards) or, at the same world
-size, ``StoreDataset(..., epoch=e, start_batch=b)`` then serves the rest of epoch ``e``
-first (``len()`` is the batches left) and whole epochs after it, and
-``model.fit(ds, initial_epoch=e, ...)`` keeps Keras's epoch count in step (docs/loading.md).
+batches from several threads or processes in any order; decoded windows are kept per
+process (:class:`carraystore.engine.random_access.WindowCache`), so batches asked in order
+decode every chunk once per epoch. ``on_epoch_end`` after ``on_epoch_begin`` (what Keras
+does around each epoch) moves to the next epoch; outside Keras, use ``set_epoch``.
+``model.fit(shuffle=True)`` asks for batches in a random order (StoreDataset warns): it
+already shuffles, pass ``shuffle=False``. :class:`TrainingPosition` records where a ``fit``
+is, for ``StoreDataset(..., resume=state)`` (docs/loading.md, Resuming).
 
 Only ``keras`` is imported here, never ``tensorflow``, so another Keras backend works.
 """

@@ -24,14 +24,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from carraystore.base.atomic import write_text_atomically
-from carraystore.engine.decoder import LoaderOptions, LoaderSpec, make_spec
 from carraystore.base.errors import InvalidInputError, MissingDependencyError
 from carraystore.engine.loader import iterate
+from carraystore.engine.options import LoaderOptions
+from carraystore.engine.spec import LoaderSpec, make_spec
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from carraystore.engine.decoder import LoaderKwargs
+    from carraystore.engine.options import LoaderKwargs
 
 try:
     import tensorflow as tf
@@ -164,29 +165,17 @@ def to_dataset(
     input_context: Any = None,
     **kwargs: Unpack[LoaderKwargs],
 ) -> Any:
-    """A ``tf.data.Dataset`` of (x, y) batches (x alone for unlabelled stores).
+    """A ``tf.data.Dataset`` of (x, y) batches (x alone for unlabelled stores; (x, y, w) with ``sample_weight``).
 
-    ``kwargs`` are the fields of :class:`carraystore.engine.decoder.LoaderOptions` (documented there,
-    once; typed as ``LoaderKwargs``), or one ``options`` value. With
-    ``sample_weight`` the elements are (x, y, w); y is a tuple or dict when ``targets`` is. The batch dimension is ``None``, or
-    ``batch_size`` with ``drop_remainder=True``. Each pass over the dataset is the next
-    epoch. ``start_batch=b`` or ``resume=state`` (a resume state, :mod:`carraystore.engine.resume`,
-    e.g. from :class:`TrainingPosition`; any world size) makes a dataset of the rest of that
-    epoch only (its cardinality is the batches left; a second pass is an error saying what
-    to do).
-    ``prefetch`` is in chunks, as for ``batches``; batches are also prefetched with
-    ``tf.data.AUTOTUNE``. ``output_signature`` overrides the element spec worked out from
-    the store (and the transform, run once on zeros).
-
-    ``input_context`` (the ``tf.distribute.InputContext`` that
-    ``strategy.distribute_datasets_from_function`` passes) makes the dataset one input
-    pipeline's share, with ``batch_size`` per replica: every replica the pipeline feeds
-    reads a shard of its own (``rank``/``world_size`` come from the context), all shards
-    have the same number of batches, and ``drop_remainder`` defaults to True (every
-    replica's batches full: a short last batch on one replica would stop ``fit``). A
-    pipeline that feeds R > 1 replicas (the default ``PER_WORKER`` input mode) yields R
-    batches per step, which Keras counts as R steps: use :func:`distribute` (one pipeline
-    per replica), or ``.repeat()`` the dataset and give ``fit`` ``steps_per_epoch``.
+    ``kwargs``: the :class:`carraystore.engine.options.LoaderOptions` fields, or one ``options``
+    value. Each pass over the dataset is the next epoch; with ``start_batch`` or ``resume`` the
+    dataset is the rest of that epoch only (a second pass is an error saying what to do). The
+    batch dimension is ``None`` (``batch_size`` with ``drop_remainder=True``);
+    ``output_signature`` overrides the element spec worked out from the store and the
+    transform (run once on zeros). ``input_context`` (from
+    ``strategy.distribute_datasets_from_function``) makes the dataset one input pipeline's
+    share: ``batch_size`` per replica, a shard per replica, ``drop_remainder=True`` by default
+    (docs/loading.md, tf.distribute).
     """
     replicas = 1
     if input_context is not None:
@@ -249,17 +238,11 @@ def to_dataset(
 def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwargs: Unpack[LoaderKwargs]) -> Any:
     """A store as a ``tf.distribute.DistributedDataset`` for ``strategy``, ready for ``model.fit``.
 
-    ``strategy.distribute_datasets_from_function`` over :func:`to_dataset` with one input
-    pipeline per replica where the strategy allows it (``MirroredStrategy``: the
-    ``PER_REPLICA`` input mode), so that every replica reads its own shard in batches of
-    ``global_batch_size / num_replicas``, the remainder is dropped per replica
-    (``drop_remainder=True`` unless given), and the dataset's cardinality is the number of
-    steps of an epoch: Keras shows and runs the right ``steps_per_epoch``. Strategies
-    without per-replica input (``MultiWorkerMirroredStrategy``, ``TPUStrategy``) get one
-    pipeline per worker that still gives every replica its own shard, but Keras counts
-    each of its batches as a step (it warns): there, build the datasets yourself with
-    ``to_dataset(..., input_context=ctx).repeat()`` (each pass is the next epoch) and give
-    ``fit`` ``steps_per_epoch=steps_per_epoch(store, global_batch_size)``.
+    :func:`to_dataset` per input pipeline, one pipeline per replica where the strategy allows
+    it (``PER_REPLICA``): each replica reads its own shard in batches of ``global_batch_size /
+    num_replicas`` (``drop_remainder=True`` unless given) and the cardinality is the steps of
+    an epoch. Other strategies get one pipeline per worker, which Keras counts wrong (it
+    warns; docs/loading.md says what to do there).
     """
 
     feed = _Feed(None, [])  # filled as the strategy makes its pipelines

@@ -8,23 +8,13 @@
         for x, y in loader:                          # x uint8 (B, H, W, C), y int64 (B,)
             ...
 
-:class:`StoreDataset` is an ``IterableDataset`` over the decoding engine
-(:mod:`carraystore.engine.decoder`) taking every :class:`~carraystore.engine.options.LoaderOptions`
-argument. DataLoader workers split an epoch's batches: batch ``b`` is made by worker
-``b % num_workers``, and DataLoader's round-robin hands them out in order, so the output
-is the same batch sequence whatever the number of workers (every sample once per epoch,
-nothing padded or dropped within a process). DDP ranks get the engine's shards: equal,
-disjoint, padded by wrapping around (or cut with ``drop_remainder``).
-
-``state_dict()`` records the epoch and the samples consumed; ``load_state_dict`` resumes
-mid-epoch, at the same or another world size (what remains is cut into new equal shards:
-nothing consumed comes back, nothing left is lost; :mod:`carraystore.engine.resume`). The state is
-the one every carraystore loader takes as ``resume=`` (Keras, tf.data, ``batches``).
-
-:class:`StoreMapDataset` is the map-style variant: ``ds[i]`` is batch ``i`` of the epoch,
-for samplers. Datasets pickle as the store's location and the options (each worker
-process opens the store itself), so fork, spawn and forkserver all work. torch is
-imported here only.
+:class:`StoreDataset` (an ``IterableDataset``) and :class:`StoreMapDataset` (``ds[i]`` is
+batch ``i``) take the :class:`~carraystore.engine.options.LoaderOptions` as every loader does.
+Batch ``b`` is made by DataLoader worker ``b % num_workers``, so the batches are the same
+whatever the number of workers; DDP ranks get the engine's shards. ``state_dict()`` /
+``load_state_dict`` resume mid-epoch at any world size (:mod:`carraystore.engine.resume`).
+Datasets pickle as the store's location and the options (fork, spawn and forkserver all
+work). torch is imported here only; docs/torch.md.
 """
 
 from __future__ import annotations
@@ -241,6 +231,10 @@ class _StoreBatches:
         """Batches of the current epoch on this rank (the batches left of a resumed epoch)."""
         return num_batches(len(self.plan()), self._batch_size, self.options.drop_remainder)
 
+    def __len__(self) -> int:
+        """Batches this rank yields this epoch (all workers together)."""
+        return self.num_batches
+
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` from now on: a new order (call it before every epoch, as with DistributedSampler)."""
         e = int(epoch)
@@ -413,10 +407,6 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
             )
         _decode_jpeg_fn()  # torchvision there, and loadable: say so now, not in the first batch
 
-    def __len__(self) -> int:
-        """Batches this rank yields this epoch (all workers together)."""
-        return self.num_batches
-
     def _decoded_on_device(self) -> Iterator[Any]:
         """The epoch's batches, each batch's JPEG entries decoded by torchvision on ``decode_device``."""
         if get_worker_info() is not None:
@@ -549,16 +539,13 @@ class StoreMapDataset(_StoreBatches, Dataset[Any]):
         """The decoder's slots and buffers, once it started."""
         return self._windows.memory
 
-    def __len__(self) -> int:
-        return self.num_batches
-
     def __getitem__(self, index: int) -> Any:
         i = batch_index(index, len(self))
         worker = get_worker_info() is not None
         plan, spec = self.plan(), self.spec
         a, e = spec.batch_bounds(plan, i)
         xa, xt = self._host_buffer(spec.x_shape(e - a), worker, BatchBuffers(1))
-        x, y = self._windows.batch(spec, self.epoch, i, plan, xa)
+        x, y = self._windows.batch(spec, self.epoch, i, xa)
         return self._deliver(x, y, xt, xa, None)
 
     def close(self) -> None:

@@ -20,7 +20,6 @@ from carraystore.base.errors import InvalidInputError
 from carraystore.engine.decoder import EpochDecoder
 from carraystore.engine.options import LoaderOptions
 from carraystore.engine.pipeline import MemoryPlan, plan_memory
-from carraystore.engine.sampling import EpochPlan
 from carraystore.engine.spec import LoaderSpec, make_spec
 from carraystore.store.reader import open_store
 
@@ -106,16 +105,16 @@ class WindowCache:
         self._decoded: dict[int, int] = {}
         self._warned = False
 
-    def get(self, spec: LoaderSpec, epoch: int, plan: EpochPlan | None = None) -> EpochDecoder:
-        """The decoder of ``epoch`` (``plan``: that epoch's, default ``spec.plan(epoch)``)."""
+    def get(self, spec: LoaderSpec, epoch: int) -> EpochDecoder:
+        """This process's decoder of ``epoch``."""
         if self._pid != os.getpid():  # a forked child: the parent's decoder and lock are not ours
             self._reset()
         with self._lock:
             c = self.decoder
-            if c is not None and c.epoch == epoch and c.spec is spec and (plan is None or c.plan is plan):
+            if c is not None and c.epoch == epoch and c.spec is spec:
                 return c
             self._retire()
-            plan = spec.plan(epoch) if plan is None else plan
+            plan = spec.plan(epoch)
             mwc = plan.max_window_chunks
             want = max(self.cache_windows * mwc, mwc + int(spec.options.prefetch or 0))
             # the adapter's caller holds the batches: only the slots are the decoder's
@@ -124,11 +123,9 @@ class WindowCache:
             c = self.decoder = EpochDecoder(spec, epoch, self.memory.slots, threads, self.thread_prefix, plan=plan)
             return c
 
-    def batch(
-        self, spec: LoaderSpec, epoch: int, i: int, plan: EpochPlan | None = None, out: np.ndarray | None = None
-    ) -> tuple[Any, ...]:
+    def batch(self, spec: LoaderSpec, epoch: int, i: int, out: np.ndarray | None = None) -> tuple[Any, ...]:
         """Batch ``i`` of ``epoch`` as the decoder gives it ((x, y) or (x, y, w)), x written into ``out``."""
-        c = self.get(spec, epoch, plan)
+        c = self.get(spec, epoch)
         got = c.batch(i, out)
         if self.warn and c.out_of_order and not self._warned:
             self._warned = True
