@@ -1,19 +1,16 @@
 """The decoding engine: one epoch's chunks read, checked and decompressed by threads (layer 6).
 
-Everything that turns a store into batches goes through here: ``Store.batches`` /
-:func:`carraystore.engine.loader.batches` (a streaming iterator), the Keras ``StoreDataset``
-(batches asked for by index, from any thread) and the tf.data adapter.
-
-- :class:`LoaderOptions` is the one frozen set of loader arguments every adapter takes.
-- :class:`LoaderSpec` is those options resolved against one store (clips, classes, sizes).
-- :class:`EpochDecoder` serves batch ``i`` of one epoch. Decoded chunks live in a pool of
-  chunk-sized slots allocated once (and kept for the next epoch of the same Store). A
-  window's slots are reserved together, its chunks are read and decompressed by the
-  decoder threads (GIL released, one blosc2 thread each), and the slots go back to the
-  pool once every batch of the window was served. Windows ahead are decoded while the
-  current one is served, as far as free slots allow; their byte ranges are announced to
-  the byte source first, so a remote source has them in flight early.
-- Errors name the store, the chunk and the batch; fork safety is :mod:`carraystore.base.forksafe`.
+Everything that turns a store into batches goes through here: the streaming iterator
+(:mod:`carraystore.engine.loader`), the random-access adapters and the PyTorch workers.
+:class:`EpochDecoder` serves batch ``i`` of one epoch of a
+:class:`~carraystore.engine.spec.LoaderSpec`. Decoded chunks live in a pool of chunk-sized
+slots allocated once (and kept for the next epoch of the same Store). A window's slots are
+reserved together, its chunks are read and decompressed by the decoder threads (GIL
+released, one blosc2 thread each), and the slots go back to the pool once every batch of
+the window was served. Windows ahead are decoded while the current one is served, as far
+as free slots allow; their byte ranges are announced to the byte source first, as far as
+the link policy (:mod:`carraystore.engine.link`) says. Threads, locks and a window's life:
+docs/engine.md.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ import queue
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -180,15 +176,10 @@ at_fork_in_child(_after_fork_in_child)
 
 
 #: Items smaller than this are gathered from decoded chunks: per-item calls cost more than
-#: the copy they save (measured: 64x64 RGB images ran at half the speed image by image).
+#: the copy they save.
 DIRECT_MIN_ITEM_BYTES = 64 * 1024
-
-
-#: Direct mode by default only up to this many decoder threads: its per-image calls and the
-#: batch split into shares contend for the GIL and the decoder's lock, so past 4 threads it
-#: got slower while whole chunks kept scaling (measured on 16 cores, 192x192 photos, ``fast``:
-#: direct 42k/55k/40k/31k images/s at 2/4/8/16 threads, whole chunks 35k/47k/84k/97k;
-#: bench/results/device/probe.log).
+#: Direct mode by default only up to this many decoder threads: past them its per-image
+#: calls contend for the GIL and the decoder's lock, while whole chunks keep scaling.
 DIRECT_MAX_THREADS = 4
 
 
@@ -680,31 +671,3 @@ def stop_all() -> None:
         live = list(_LIVE)
     for d in live:
         d.close()
-
-
-def batch_index(index: int, num_batches: int) -> int:
-    """A random-access adapter's batch ``index`` (negative counts from the end) checked against the epoch."""
-    i = int(index)
-    if i < 0:
-        i += num_batches
-    if not 0 <= i < num_batches:
-        raise IndexError(f"batch {index} out of range for an epoch of {num_batches} batches")
-    return i
-
-
-def cache_slots(max_window_chunks: int, cache_windows: int, prefetch: int | None) -> int:
-    """Chunk slots of a random-access adapter's decoder: ``cache_windows`` windows, and never
-    fewer than one window plus the read-ahead."""
-    return max(cache_windows * max_window_chunks, max_window_chunks + int(prefetch or 0))
-
-
-def warn_out_of_order(decoder: EpochDecoder, what: str) -> None:
-    """Warn once that batches were asked for out of order (windows decoded twice)."""
-    w = next((w for w, n in decoder.decode_count.items() if n > 1), None)
-    warnings.warn(
-        f"carraystore {what} ({decoder.spec.store.location}): window {w} of epoch {decoder.epoch} was decoded "
-        f"{decoder.decode_count.get(w, 0) if w is not None else 0} times; batches are being asked for out of order. model.fit(shuffle=True), "
-        "Keras's default, does that: StoreDataset already shuffles, so pass shuffle=False to fit (or raise cache_windows).",
-        RuntimeWarning,
-        stacklevel=4,
-    )

@@ -26,7 +26,6 @@ An *item* is a sample index, or, for sequences, the index of a clip's first samp
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,8 +48,6 @@ __all__ = [
     "group_runs",
     "clip_starts",
     "clip_offsets",
-    "batch_label_diversity",
-    "pairs_kept_together",
 ]
 
 #: How fast the first windows of a shard grow (:func:`ramp_windows`): 1, 4, 16, ... times the
@@ -313,7 +310,7 @@ def ramp_windows(piece: np.ndarray, window: int, first: int = 1) -> np.ndarray:
     ``window``; :data:`RAMP_GROWTH`), every later one ``window``.
 
     So a loader's first batch needs the chunks of one batch decoded, not a whole window
-    (over a link, the first chunk arrives long before the window's last: issue 20), and
+    (over a link, the first chunk arrives long before the window's last), and
     the next windows are decoded while the ones before are served. Only the first few
     pieces of a shard (5 for ``first=1`` and the default window of 16) are mixed in
     smaller windows.
@@ -490,37 +487,3 @@ def clip_offsets(
 
 
 # -- shuffle quality ------------------------------------------------------------------------
-
-
-def batch_label_diversity(labels: np.ndarray, order: np.ndarray, batch_size: int) -> float:
-    """Mean number of distinct labels per full batch when visiting ``order``."""
-    order = np.asarray(order, dtype=np.int64)
-    nb = len(order) // batch_size
-    if nb == 0:
-        return math.nan
-    lab = np.asarray(labels)[order[: nb * batch_size]].reshape(nb, batch_size)
-    lab = np.sort(lab, axis=1)
-    return float(np.mean(1 + np.count_nonzero(np.diff(lab, axis=1), axis=1)))
-
-
-def pairs_kept_together(previous: np.ndarray, current: np.ndarray, batch_size: int) -> float:
-    """Share of the pairs of samples in one batch of ``current`` that shared a batch in ``previous``.
-
-    A full shuffle gives about ``(batch_size - 1) / (n - 1)``; the closer to that the better.
-    """
-    prev, cur = np.asarray(previous, dtype=np.int64), np.asarray(current, dtype=np.int64)
-    n = int(max(prev.max(initial=-1), cur.max(initial=-1))) + 1
-    bprev = np.full(n, -1, dtype=np.int64)
-    bprev[prev] = np.arange(len(prev)) // batch_size
-    bcur = np.arange(len(cur)) // batch_size
-    pairs_total = 0
-    pairs_kept = 0
-    _, counts = np.unique(bcur, return_counts=True)
-    pairs_total = int(np.sum(counts * (counts - 1) // 2))
-    if pairs_total == 0:
-        return math.nan
-    seen = bprev[cur] >= 0
-    key = bcur[seen] * (int(bprev.max(initial=0)) + 1) + bprev[cur[seen]]
-    _, kc = np.unique(key, return_counts=True)
-    pairs_kept = int(np.sum(kc * (kc - 1) // 2))
-    return pairs_kept / pairs_total

@@ -40,6 +40,7 @@ __all__ = [
     "ShuffleReport",
     "distinct_per_batch",
     "expected_distinct_per_batch",
+    "pairs_kept_together",
     "displacement",
     "expected_displacement",
     "report_for_order",
@@ -143,6 +144,27 @@ def distinct_per_batch(values: np.ndarray, order: np.ndarray, batch_size: int) -
     v = _codes(values)[order[: nb * batch_size]].reshape(nb, batch_size)
     v = np.sort(v, axis=1)
     return float(np.mean(1 + np.count_nonzero(np.diff(v, axis=1), axis=1)))
+
+
+def pairs_kept_together(previous: np.ndarray, current: np.ndarray, batch_size: int) -> float:
+    """Share of the pairs of samples in one batch of ``current`` that shared a batch in ``previous``.
+
+    A full shuffle gives about ``(batch_size - 1) / (n - 1)``; the closer to that the better.
+    """
+    prev, cur = np.asarray(previous, dtype=np.int64), np.asarray(current, dtype=np.int64)
+    n = int(max(prev.max(initial=-1), cur.max(initial=-1))) + 1
+    bprev = np.full(n, -1, dtype=np.int64)
+    bprev[prev] = np.arange(len(prev)) // batch_size
+    bcur = np.arange(len(cur)) // batch_size
+    _, counts = np.unique(bcur, return_counts=True)
+    pairs_total = int(np.sum(counts * (counts - 1) // 2))
+    if pairs_total == 0:
+        return math.nan
+    seen = bprev[cur] >= 0
+    key = bcur[seen] * (int(bprev.max(initial=0)) + 1) + bprev[cur[seen]]
+    _, kc = np.unique(key, return_counts=True)
+    pairs_kept = int(np.sum(kc * (kc - 1) // 2))
+    return pairs_kept / pairs_total
 
 
 def expected_distinct_per_batch(values: np.ndarray, batch_size: int) -> float:

@@ -22,7 +22,7 @@ from loader_threads import loader_threads
 import carraystore
 from carraystore.base.errors import ClipError, InvalidInputError, LoaderError
 from carraystore.engine.loader import THREAD_NAME_PREFIX, batches
-from carraystore.engine.sampling import batch_label_diversity, pairs_kept_together
+from carraystore.engine.shuffle_report import distinct_per_batch, pairs_kept_together
 from carraystore.ingest.sample_data import PHOTOS, make_photo_folder, make_video_folder
 
 CLASSES = PHOTOS[:4]
@@ -140,7 +140,7 @@ def test_batch_diversity_and_shuffle_quality(tmp_path: Path) -> None:
                 ys.append(y)
             orders.append(np.array(order))
             labels = np.concatenate(ys)
-            diversity.append(batch_label_diversity(labels, np.arange(len(labels)), 32))
+            diversity.append(distinct_per_batch(labels, np.arange(len(labels)), 32))
         kept_pairs = [pairs_kept_together(orders[e - 1], orders[e], 32) for e in range(1, 4)]
         return float(np.mean(diversity)), float(np.mean(kept_pairs))
 

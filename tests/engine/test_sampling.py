@@ -9,15 +9,14 @@ import pytest
 
 from carraystore.base.errors import InvalidInputError
 from carraystore.engine.sampling import (
-    batch_label_diversity,
     clip_starts,
     epoch_order,
     group_runs,
     num_batches,
-    pairs_kept_together,
     plan_epoch,
     shard_length,
 )
+from carraystore.engine.shuffle_report import distinct_per_batch, pairs_kept_together
 
 SIZES = [(1, 1), (7, 3), (100, 8), (1000, 64), (1003, 37)]
 
@@ -136,9 +135,9 @@ def test_sequence_plan_covers_every_clip_and_lists_the_chunks_it_spans() -> None
 
 def test_shuffle_quality_metrics() -> None:
     labels = np.repeat(np.arange(8), 8)  # 64 samples, class-sorted
-    assert batch_label_diversity(labels, np.arange(64), 8) == 1.0
+    assert distinct_per_batch(labels, np.arange(64), 8) == 1.0
     interleaved = np.arange(64).reshape(8, 8).T.reshape(-1)  # one sample of each old batch
-    assert batch_label_diversity(labels, interleaved, 8) == 8.0
+    assert distinct_per_batch(labels, interleaved, 8) == 8.0
     order = np.arange(64)
     assert pairs_kept_together(order, order, 8) == 1.0
     assert pairs_kept_together(order, interleaved, 8) == 0.0
