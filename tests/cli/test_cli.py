@@ -13,6 +13,7 @@ from pathlib import Path
 import blosc2
 import numpy as np
 import pytest
+from helpers import wait_for_partial
 from PIL import Image
 
 import carraystore
@@ -184,15 +185,7 @@ def test_sigkill_during_ingest_leaves_no_file_and_the_old_one_intact(tmp_path: P
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            partial = [p for p in tmp_path.iterdir() if ".partial-" in p.name]
-            if partial and partial[0].stat().st_size > 200_000:
-                break
-            assert proc.poll() is None, "ingest finished before it could be killed; make the input larger"
-            time.sleep(0.02)
-        else:
-            pytest.fail("no temporary file appeared")
+        wait_for_partial(proc, out, larger_than=200_000)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     finally:

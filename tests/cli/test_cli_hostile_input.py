@@ -22,14 +22,15 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from helpers import wait_for_partial
 from PIL import Image
 
 import carraystore
-from carraystore.cli.main import main
 from carraystore.base.errors import IngestError, InvalidInputError
-from carraystore.store.export import make_contact_sheet
+from carraystore.cli.main import main
 from carraystore.ingest.run import from_directory
 from carraystore.ingest.sample_data import make_photo_folder
+from carraystore.store.export import make_contact_sheet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -471,15 +472,7 @@ def test_a_killed_ingest_leaves_no_worker_holding_the_callers_pipes(tmp_path: Pa
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            partial = [p for p in tmp_path.iterdir() if ".partial-" in p.name]
-            if partial and partial[0].stat().st_size > 100_000:
-                break
-            assert proc.poll() is None, "ingest finished before it could be killed; make the input larger"
-            time.sleep(0.02)
-        else:
-            pytest.fail("no temporary file appeared")
+        wait_for_partial(proc, out, larger_than=100_000, timeout=120)
         family = psutil.Process(proc.pid).children(recursive=True)
         assert family == []  # the ingest decodes in threads: no process that could hold the pipes
         os.kill(proc.pid, signal.SIGKILL)

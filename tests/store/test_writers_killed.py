@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import wait_for_partial
 
 import carraystore
 from carraystore.ingest.sample_data import make_photo_folder
@@ -152,15 +153,7 @@ def _ingest_and_kill(folder: Path, out: Path, workers: int) -> list[int]:
     children: list[int] = []
     try:
         _wait_for_line(proc, "start")
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            parts = _partials(out.parent, out.name)
-            if parts and parts[0].stat().st_size > 100_000:
-                break
-            assert proc.poll() is None, "ingest finished before it could be killed; make the input larger"
-            time.sleep(0.01)
-        else:
-            pytest.fail("no temporary file appeared within 60 s")
+        wait_for_partial(proc, out, larger_than=100_000, poll=0.01)
         children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     finally:
         _kill(proc)
