@@ -16,9 +16,10 @@ from carraystore.format.codec import PRESETS, Codec
 from carraystore.format.record import FORMAT_VERSION
 from carraystore.ingest.run import from_directory
 from carraystore.migrations import migrate
+from carraystore.store.metadata import update_metadata
 from carraystore.store.options import WriteOptions
 from carraystore.store.reader import ChunkProblem
-from carraystore.store.writer import StoreWriter, append, create, update_metadata
+from carraystore.store.writer import StoreWriter, append, create
 
 if _TYPE_CHECKING:  # transfer (and its upload layer) is imported only when copy is called
     from carraystore.store.transfer import CopyResult

@@ -35,8 +35,9 @@ from carraystore.format.record import StoreMeta
 from carraystore.ingest.cluster import in_order
 from carraystore.ingest.job import IngestResult
 from carraystore.ingest.run import from_directory as ingest_directory
+from carraystore.store.chunks import compress_chunk
 from carraystore.store.options import WriteKwargs, WriteOptions
-from carraystore.store.writer import compress_chunk, create
+from carraystore.store.writer import create
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -166,12 +167,9 @@ def from_dask(
     ) as writer:
         meta = writer.meta
         k = meta.chunk_images
-        # every label and key is checked now, not when its chunk arrives after the compute
-        if lab is not None:
-            lab = writer._check_labels(lab, n)
-        if keylist is not None:
-            writer._check_keys(keylist, n)
-        cols = writer._check_columns(cols, n)
+        # every label, key and field is checked now, not when its chunk arrives after the compute
+        checked = writer.check_items(n, lab, keylist, cols)
+        lab, cols = checked.labels, checked.columns
         if n:
             want = {0: k, **{i: -1 for i in range(1, x.ndim)}}
             if (

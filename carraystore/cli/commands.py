@@ -198,7 +198,7 @@ def _parse_attr(text: str) -> tuple[str, Any]:
 
 
 def _cmd_meta(args: argparse.Namespace) -> int:
-    from carraystore.store.writer import update_metadata
+    from carraystore.store.metadata import update_metadata
 
     path = Path(args.store)
     names = None

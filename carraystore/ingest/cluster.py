@@ -19,7 +19,7 @@ from carraystore.base.errors import CarrayStoreError, IngestError
 from carraystore.ingest.badfiles import shape_error
 from carraystore.ingest.images import MODES, DecodeOptions, decode_files
 from carraystore.ingest.job import IngestResult, StoreJob
-from carraystore.store.writer import compress_chunk
+from carraystore.store.chunks import compress_chunk
 
 __all__ = ["in_order", "run_on_cluster"]
 

@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from carraystore.base.errors import ImageDecodeError, IngestError, InvalidInputError
-from carraystore.store.writer import check_class_names
+from carraystore.store.items import check_class_names
 
 __all__ = [
     "IMAGE_EXTENSIONS",

@@ -4,7 +4,7 @@
 metadata of an existing store file, guarded by the rollback journal
 (:mod:`carraystore.sources.journal`); :func:`_write_meta` stores the sealed metadata record. The
 writer uses both for appends (:func:`carraystore.store.writer.append`) and metadata updates
-(:func:`carraystore.store.writer.update_metadata`); docs/appends.md describes the steps. It sits
+(:func:`carraystore.store.metadata.update_metadata`); docs/appends.md describes the steps. It sits
 in layer 4 because its final check reads the changed store back through the reader
 (:func:`carraystore.store.reader.open_unguarded`).
 """

@@ -47,25 +47,21 @@ from carraystore.format.encoded import FORMAT_VERSION_ENCODED, Encoding, default
 from carraystore.format.record import (
     COLOR_MODES,
     DTYPES,
-    FORMAT_NAME,
     FORMAT_VERSION,
-    LABEL_LIMIT,
     LAYOUTS,
-    META_CRC_KEY,
-    META_KEY,
     StoreMeta,
-    StringTable,
     as_records,
     dtype_to_record,
     json_attrs,
-    validate_key,
 )
 from carraystore.sources.journal import rollback
 from carraystore.sources.upload import RemoteTarget
 from carraystore.store.checks import check_header_for_write
+from carraystore.store.chunks import check_round_trip, new_array
 from carraystore.store.inplace import _InPlaceWrite, _write_meta
+from carraystore.store.items import CheckedItems, ItemRecord, check_class_names
 from carraystore.store.options import WriteKwargs, WriteOptions
-from carraystore.store.reader import check_local_store_path, is_url, open_store, open_unguarded
+from carraystore.store.reader import is_url, open_store
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -74,50 +70,7 @@ __all__ = [
     "StoreWriter",
     "create",
     "append",
-    "compress_chunk",
-    "check_round_trip",
-    "check_class_names",
-    "update_metadata",
 ]
-
-
-def check_class_names(names: Sequence[str] | None, where: str) -> tuple[str, ...] | None:
-    """``names`` as a tuple of strings; refuses a name listed twice (two labels would mean one class)
-    and control characters (a class name becomes a folder name on export)."""
-    if names is None:
-        return None
-    out = tuple(str(c) for c in names)
-    seen: set[str] = set()
-    for c in out:
-        bad = next((ch for ch in c if ord(ch) < 32 or ord(ch) == 127), None)
-        if bad is not None:
-            raise InvalidInputError(
-                f"{where}: class name {c!r} holds the control character {bad!r}; class names are printed and "
-                "exported as folder names, so they may not hold NUL, newline, tab or other control characters"
-            )
-        if c in seen:
-            raise InvalidInputError(
-                f"{where}: class name {c!r} is listed twice in {list(out)}; class names must be unique"
-            )
-        seen.add(c)
-    return out
-
-
-def _frame_cparams(codec: Codec, dtype: np.dtype) -> dict[str, Any]:
-    """Frame-level cparams: what plain blosc2 would use if someone wrote into the array."""
-    cp: dict[str, Any] = {
-        "codec": blosc2.Codec[codec.codec.upper()],
-        "clevel": codec.clevel,
-        "splitmode": blosc2.SplitMode[f"{codec.splitmode.upper()}_SPLIT"],
-        "nthreads": 1,
-    }
-    if codec.typesize == dtype.itemsize and codec.filters:
-        cp["filters"] = [blosc2.Filter[f.upper()] for f in codec.filters]
-        cp["filters_meta"] = list(codec.filters_meta)
-    else:  # explicit, never blosc2's default SHUFFLE (the frame's typesize is the dtype's itemsize)
-        cp["filters"] = [blosc2.Filter.NOFILTER]
-        cp["filters_meta"] = [0]
-    return cp
 
 
 class StoreWriter:
@@ -164,23 +117,8 @@ class StoreWriter:
             None if is_preset(meta.codec, meta.np_dtype, meta.image_shape, meta.layout) else np.empty_like(self._buf)
         )
         self._crc = list(int(c) for c in meta.crc32)
-        self._labels: list[np.ndarray] = [meta.labels] if meta.labels is not None else []
-        self._keys: list[StringTable] = [meta.keys] if meta.keys is not None else []
-        # FORMAT.md 4.4: a store is labelled when its record holds labels (an empty bin for an
-        # empty labelled store) or class names; an empty store with neither is undecided until
-        # its first append
-        self._has_labels: bool | None = (
-            True if meta.labels is not None or meta.class_names is not None else (None if meta.nimages == 0 else False)
-        )
-        # the same for keys: a key table (empty for an empty store) means every item has a key
-        self._has_keys: bool | None = True if meta.keys is not None else (None if meta.nimages == 0 else False)
+        self._items = ItemRecord(meta, path)
         self._skipped: list[dict[str, str]] = list(meta.skipped)
-        self._columns: dict[str, list[np.ndarray]] = {name: [col] for name, col in meta.columns.items()}
-        self._group_names: list[str] = list(meta.group_names or ())
-        self._groups: list[np.ndarray] = [meta.groups] if meta.groups is not None else []
-        self._has_groups: bool | None = (
-            None if meta.nimages == 0 and meta.group_names is None else meta.group_names is not None
-        )
         # Images [chunk_start, chunk_start + fill) sit in the pending buffer.
         self._chunk_start = (meta.nimages // k) * k
         self._fill = meta.nimages - self._chunk_start
@@ -266,12 +204,12 @@ class StoreWriter:
         """
         self._check_open()
         old = self._meta.class_names
-        if old is None and self._has_labels and self.nimages:
+        if old is None and self._items.has_labels and self.nimages:
             raise InvalidInputError(
                 f"{self.path}: the store has labels without class names; name them first "
                 "(update_metadata, CLI: carraystore meta --class-names) before adding classes"
             )
-        if self._has_labels is False:
+        if self._items.has_labels is False:
             raise InvalidInputError(f"{self.path}: the store has no labels, so there are no classes to name")
         current = list(old or ())
         for name in names:
@@ -280,14 +218,14 @@ class StoreWriter:
             if name not in current:
                 current.append(name)
         self._meta = dataclasses.replace(self._meta, class_names=tuple(current))
-        if self._has_labels is None:
-            self._has_labels = True
+        if self._items.has_labels is None:
+            self._items.has_labels = True
         return tuple(current)
 
     @property
     def group_names(self) -> tuple[str, ...] | None:
         """The group names so far (None while the store has no groups)."""
-        return tuple(self._group_names) if self._has_groups else None
+        return tuple(self._items.group_names) if self._items.has_groups else None
 
     def append_encoded(
         self,
@@ -384,24 +322,10 @@ class StoreWriter:
                 f"{where}: the compressed chunk holds {header.nbytes} bytes, a chunk is {k * meta.image_nbytes}"
             )
         n = int(nitems)
-        lab = self._check_labels(labels, n)
-        keytab = self._check_keys(keys, n)
-        cols = self._check_columns(columns, n)
-        grp, new_names = self._check_groups(groups, n)
-        if self._has_labels is None:
-            self._has_labels = lab is not None
-        if self._has_keys is None:
-            self._has_keys = keytab is not None
-        self._add_groups(grp, new_names)
+        self._record_items(n, labels, keys, columns, groups)
         if n < k:  # the last chunk so far: kept pending, exactly like a short append
             blosc2.decompress2(data, dst=self._buf)
             self._buf[n:].view(np.uint8)[...] = 0
-        if lab is not None:
-            self._labels.append(lab)
-        if keytab is not None:
-            self._keys.append(keytab)
-        for name, col in cols.items():
-            self._columns.setdefault(name, []).append(col)
         if n < k:
             self._fill = n
             return
@@ -418,24 +342,12 @@ class StoreWriter:
         try:
             if self._fill and self.nimages != self._stored:  # an append of nothing rewrites no chunk
                 self._flush_chunk()
-            labels = np.concatenate(self._labels).astype("<i8") if self._labels else None
-            if labels is None and self._has_labels:
-                labels = np.zeros(0, dtype="<i8")
-            keys = StringTable.join(self._keys) if self._keys else None
             meta = dataclasses.replace(
                 self._meta,
                 nimages=self.nimages,
-                labels=labels,
-                keys=keys,
                 crc32=np.asarray(self._crc, dtype="<u4"),
                 skipped=tuple(self._skipped),
-                columns={name: np.concatenate(parts) for name, parts in self._columns.items()},
-                group_names=tuple(self._group_names) if self._has_groups else None,
-                groups=(
-                    (np.concatenate(self._groups).astype("<i4") if self._groups else np.zeros(0, dtype="<i4"))
-                    if self._has_groups
-                    else None
-                ),
+                **self._items.finished(),
                 encoding=self._encoding,
                 entry_sizes=np.concatenate(self._sizes).astype("<u4") if self._sizes else self._meta.entry_sizes,
                 writer_version=__version__,
@@ -509,65 +421,6 @@ class StoreWriter:
         if self._closed:
             raise InvalidInputError(f"{self.path}: writer is closed")
 
-    def _check_labels(self, labels: Any, n: int) -> np.ndarray | None:
-        has = labels is not None
-        if self._has_labels is not None and has != self._has_labels:
-            if self._has_labels:
-                raise InvalidInputError(f"{self.path}: this store is labelled; pass labels= for every append")
-            raise InvalidInputError(
-                f"{self.path}: this store has no labels; pass labels for every image from the first append"
-            )
-        if not has:
-            return None
-        lab = np.asarray(labels)
-        if lab.shape != (n,):
-            raise InvalidInputError(f"{self.path}: {lab.shape} labels for {n} images; give one integer label per image")
-        if n and lab.dtype.kind not in "iu":
-            if lab.dtype.kind == "f" and np.all(lab == np.round(lab)):
-                lab = lab.astype(np.int64)
-            else:
-                raise InvalidInputError(
-                    f"{self.path}: labels must be integers (class indices), got {lab.dtype}; for a float "
-                    "target (regression) pass columns={'target': values} and load it with targets='target' "
-                    "(docs/targets.md)"
-                )
-        lab = lab.astype("<i8")
-        names = self._meta.class_names
-        if n and names is not None and (lab.min() < 0 or lab.max() >= len(names)):
-            raise InvalidInputError(
-                f"{self.path}: labels span {lab.min()}..{lab.max()} but there are {len(names)} class names"
-            )
-        if n and (lab.min() < 0 or lab.max() >= LABEL_LIMIT):
-            raise InvalidInputError(
-                f"{self.path}: labels must lie in 0..{LABEL_LIMIT - 1}, got {lab.min()}..{lab.max()} "
-                "(a store has no 'missing' label: leave unlabelled items out, or give them a class of their own)"
-            )
-        return lab
-
-    def _check_columns(self, columns: dict[str, np.ndarray] | None, n: int) -> dict[str, np.ndarray]:
-        columns = dict(columns or {})
-        if self.nimages and set(columns) != set(self._columns):
-            raise InvalidInputError(
-                f"{self.path}: columns {sorted(columns)} given, the store has columns {sorted(self._columns)}; "
-                "give the same columns on every append"
-            )
-        out = {}
-        for name, col in columns.items():
-            if not isinstance(name, str) or not name:
-                raise InvalidInputError(f"{self.path}: a column (field) name must be a non-empty string, got {name!r}")
-            arr = np.asarray(col)
-            if arr.ndim == 0 or len(arr) != n:
-                raise InvalidInputError(f"{self.path}: column {name!r} has {arr.shape} rows for {n} items")
-            dtype_to_record(arr.dtype)  # refuses object dtypes
-            if name in self._columns and self._columns[name]:
-                prev = self._columns[name][0]
-                if prev.dtype != arr.dtype or prev.shape[1:] != arr.shape[1:]:
-                    raise InvalidInputError(
-                        f"{self.path}: column {name!r} is {arr.dtype}{arr.shape[1:]}, earlier rows are {prev.dtype}{prev.shape[1:]}"
-                    )
-            out[name] = arr
-        return out
-
     def _record_items(
         self,
         n: int,
@@ -576,82 +429,21 @@ class StoreWriter:
         columns: dict[str, np.ndarray] | None,
         groups: Sequence[Any] | np.ndarray | None,
     ) -> None:
-        """Check the per-item values of an append of ``n`` items, then record them (all or none).
+        """Check the per-item values of an append of ``n`` items, then record them (all or none)."""
+        self._items.record(self.check_items(n, labels, keys, columns, groups))
 
-        Only an append that passed every check fixes whether the store has labels, keys and groups.
-        """
-        lab = self._check_labels(labels, n)
-        keytab = self._check_keys(keys, n)
-        cols = self._check_columns(columns, n)
-        grp, new_names = self._check_groups(groups, n)
-        if self._has_labels is None:
-            self._has_labels = lab is not None
-        if self._has_keys is None:
-            self._has_keys = keytab is not None
-        self._add_groups(grp, new_names)
-        if lab is not None:
-            self._labels.append(lab)
-        if keytab is not None:
-            self._keys.append(keytab)
-        for name, col in cols.items():
-            self._columns.setdefault(name, []).append(col)
-
-    def _check_groups(self, groups: Any, n: int) -> tuple[np.ndarray | None, list[str]]:
-        """(the items' group indices, the names they add) for ``groups``; nothing is changed yet."""
-        has = groups is not None
-        if self._has_groups is not None and has != self._has_groups:
-            if self._has_groups:
-                raise InvalidInputError(
-                    f"{self.path}: this store records groups (videos, sessions, ...); pass groups= for every append"
-                )
-            raise InvalidInputError(
-                f"{self.path}: this store has no groups; its items were written without them, so groups= cannot "
-                "start now (write a new store with groups from the first append)"
-            )
-        if not has:
-            return None, []
-        values = list(groups.tolist() if isinstance(groups, np.ndarray) else groups)
-        if len(values) != n:
-            raise InvalidInputError(f"{self.path}: {len(values)} groups for {n} items; give one group per item")
-        index = {name: i for i, name in enumerate(self._group_names)}
-        new: list[str] = []
-        out = np.empty(n, dtype="<i4")
-        for j, v in enumerate(values):
-            name = v if isinstance(v, str) else str(v)
-            i = index.get(name)
-            if i is None:
-                if not name or isinstance(v, (bytes, float)) or v is None:
-                    raise InvalidInputError(
-                        f"{self.path}: group {v!r} of item {j}: a group is a non-empty name or an integer"
-                    )
-                i = index[name] = len(index)
-                new.append(name)
-            out[j] = i
-        if len(index) >= LABEL_LIMIT:
-            raise InvalidInputError(f"{self.path}: more than {LABEL_LIMIT - 1} groups")
-        return out, new
-
-    def _add_groups(self, grp: np.ndarray | None, new_names: list[str]) -> None:
-        if self._has_groups is None:
-            self._has_groups = grp is not None
-        if grp is not None:
-            self._group_names.extend(new_names)
-            self._groups.append(grp)
-
-    def _check_keys(self, keys: Any, n: int) -> StringTable | None:
-        has = keys is not None
-        if self._has_keys is not None and has != self._has_keys:
-            if self._has_keys:
-                raise InvalidInputError(f"{self.path}: this store has keys; pass keys= for every append")
-            raise InvalidInputError(
-                f"{self.path}: this store has no keys; pass keys for every image from the first append"
-            )
-        if not has:
-            return None
-        keys = list(keys)
-        if len(keys) != n:
-            raise InvalidInputError(f"{self.path}: {len(keys)} keys for {n} images; give one key per image")
-        return StringTable.from_strings(validate_key(k) for k in keys)
+    def check_items(
+        self,
+        n: int,
+        labels: Sequence[int] | np.ndarray | None = None,
+        keys: Sequence[str] | None = None,
+        columns: dict[str, np.ndarray] | None = None,
+        groups: Sequence[Any] | np.ndarray | None = None,
+    ) -> CheckedItems:
+        """The per-item values of an append of ``n`` items, checked as ``append`` checks them; nothing is recorded."""
+        return self._items.check(
+            n, labels, keys, columns, groups, class_names=self._meta.class_names, nimages=self.nimages
+        )
 
     def _flush_chunk(self) -> None:
         k = self._meta.chunk_images
@@ -690,7 +482,7 @@ class StoreWriter:
                 # blosc2 < 4.1 cannot grow an array from length 0 (3.x miscounts its chunks,
                 # 4.0 crashes), so the first chunk re-creates the still empty file at length total.
                 self._array = None
-                self._array = _new_array(self._tmp, self._meta, total)
+                self._array = new_array(self._tmp, self._meta, total)
                 self._stored = total
             elif total != self._stored:
                 self._array.resize((total, *self._meta.image_shape))
@@ -906,7 +698,7 @@ def _create_new(
     tmp = temp_path(p)
     try:
         with named_write_errors(tmp, "a new store"):
-            array = _new_array(tmp, meta, 0)
+            array = new_array(tmp, meta, 0)
     except Exception:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -929,24 +721,8 @@ def _create_remote(
         target.cleanup()
         raise
     writer.path, writer._target = url, target  # close() uploads; error messages name the URL
+    writer._items.where = url
     return writer
-
-
-def _new_array(tmp: Path, meta: StoreMeta, nimages: int) -> Any:
-    """A fresh store file at ``tmp`` holding ``nimages`` unwritten items and ``meta``."""
-    shape = meta.image_shape
-    array = blosc2.empty(
-        (nimages, *shape),
-        dtype=meta.np_dtype,
-        chunks=(meta.chunk_images, *shape),
-        blocks=(meta.codec.block_images, *shape),
-        urlpath=str(tmp),
-        mode="w",
-        meta={META_KEY: {"format": FORMAT_NAME, "format_version": meta.format_version, META_CRC_KEY: True}},
-        cparams=_frame_cparams(meta.codec, meta.np_dtype),
-    )
-    _write_meta(array, meta)
-    return array
 
 
 def _open_for_append(
@@ -1024,141 +800,3 @@ def append(
         "(class names and attrs change with update_metadata, CLI: carraystore meta)",
     )
     return create(path, mode="a", dtype=None, nthreads=nthreads, options=opts.replace(overwrite=False))
-
-
-# -- metadata updates in place ---------------------------------------------------------------
-
-
-def update_metadata(
-    path: str | os.PathLike[str],
-    class_names: Sequence[str] | None = None,
-    attrs: dict[str, Any] | None = None,
-    remove_attrs: Sequence[str] = (),
-    *,
-    lock_timeout: float | None = 0.0,
-) -> StoreMeta:
-    """Set a store's class names and/or attrs in place; the pixels are neither read nor rewritten.
-
-    ``attrs`` are merged into the existing ones (``remove_attrs`` deletes keys). Blosc2 keeps
-    the metadata in the frame's trailer, after the data chunks: an update rewrites the
-    header and the trailer, never a data chunk. It is a writer like an append: it holds the
-    store's writer lock (``lock_timeout``: seconds to wait for another writer, None for
-    ever; then :class:`~carraystore.base.errors.StoreLockedError` names the holder) and writes
-    under the same rollback journal, so a crash mid-update is rolled back by the next
-    writer or reader, and readers meanwhile read the old store (docs/appends.md).
-    Returns the new metadata.
-    """
-    if is_url(path):
-        raise InvalidInputError(
-            f"{path}: metadata is changed in place on local stores only; copy the store here (carraystore copy), "
-            "change it, and copy it back"
-        )
-    p = Path(path)
-    check_local_store_path(p)  # a missing path, a folder or a FIFO is named as open names it
-    real = Path(os.path.realpath(p))  # the lock and the journal sit beside the real file
-    with WriterLock(real, purpose="meta", timeout=lock_timeout):
-        rollback(real)  # a write that died half-way is undone first
-        remove_stale_temps(p)
-        store = open_unguarded(real)
-        meta, frame = store.meta, store._frame
-        store.close()
-        check_header_for_write(frame, meta, real)
-        new = _updated_meta(p, meta, class_names, attrs, remove_attrs)
-        inplace = _InPlaceWrite(real, frame, meta.nimages)
-        try:
-            with named_write_errors(real, "the metadata"):
-                inplace.commit(new)
-        except BaseException:
-            inplace.abort()
-            raise
-    return new
-
-
-def _updated_meta(
-    p: Path,
-    meta: StoreMeta,
-    class_names: Sequence[str] | None,
-    attrs: dict[str, Any] | None,
-    remove_attrs: Sequence[str],
-) -> StoreMeta:
-    new_attrs = dict(meta.attrs)
-    if attrs:
-        new_attrs.update(json_attrs(attrs, str(p)))
-    for key in remove_attrs:
-        if key not in new_attrs:
-            raise InvalidInputError(f"{p}: no attr {key!r} to remove; the attrs are {sorted(new_attrs)}")
-        del new_attrs[key]
-    names = meta.class_names
-    if class_names is not None:
-        names = tuple(str(c) for c in class_names)
-        if len(set(names)) != len(names) or not all(names):
-            raise InvalidInputError(f"{p}: class names must be distinct and non-empty, got {list(names)}")
-        if meta.labels is None:
-            raise InvalidInputError(
-                f"{p}: the store has no labels; class names name label values, so there is nothing to name"
-            )
-        top = int(meta.labels.max()) if len(meta.labels) else -1
-        if top >= len(names):
-            raise InvalidInputError(
-                f"{p}: labels go up to {top}, so {top + 1} class names are needed; {len(names)} given ({', '.join(names)})"
-            )
-    new = dataclasses.replace(meta, class_names=names, attrs=new_attrs)
-    new.validate(str(p))
-    return new
-
-
-# -- chunks compressed elsewhere (carraystore.dask: workers compress, one writer places) --------
-
-
-def compress_chunk(meta: StoreMeta, items: np.ndarray) -> tuple[bytes, int]:
-    """Compress up to ``meta.chunk_images`` items as one store chunk: (bytes, its recorded CRC-32).
-
-    The bytes are exactly what :class:`StoreWriter` writes for the same items (zero padding
-    after the last item, the pinned codec); any process can run this and hand the result
-    to :meth:`StoreWriter.append_compressed_chunk`.
-    """
-    k = meta.chunk_images
-    items = np.asarray(items)
-    if items.shape[1:] != meta.image_shape or items.dtype != meta.np_dtype or len(items) > k:
-        raise InvalidInputError(
-            f"compress_chunk: {items.dtype}{items.shape} is not up to {k} items of {meta.np_dtype}{meta.image_shape}"
-        )
-    if len(items) == k and items.flags.c_contiguous:
-        buf = items
-    else:
-        buf = np.zeros((k, *meta.image_shape), dtype=meta.np_dtype)
-        as_records(buf[: len(items)])[...] = as_records(items)
-    data = blosc2.compress2(buf, **meta.codec.cparams(meta.blocksize, 1))
-    if not is_preset(meta.codec, meta.np_dtype, meta.image_shape, meta.layout):  # see StoreWriter._round_trip
-        check_round_trip(data, buf, np.empty_like(buf), meta.codec, "compress_chunk", nthreads=1)
-    return data, chunk_crc(data, meta.codec, meta.blocksize)
-
-
-def check_round_trip(
-    data: bytes, items: np.ndarray, scratch: np.ndarray, codec: Codec, where: str, nthreads: int | None = None
-) -> None:
-    """Raise CodecRoundTripError unless the compressed chunk ``data`` decompresses (into
-    ``scratch``, an array like ``items``) to exactly the bytes of ``items``.
-
-    blosc2 4.x compresses some custom filter chains (bitshuffle three times over 1-byte
-    items; bitshuffle, bytedelta, delta over RGB bytes) into chunks that decompress to other
-    bytes, while their CRC (taken over the compressed chunk) and verify see nothing wrong.
-    """
-    try:
-        if nthreads is None:
-            blosc2.decompress2(data, dst=scratch)
-        else:
-            blosc2.decompress2(data, dst=scratch, nthreads=nthreads)
-        same = np.array_equal(scratch.reshape(-1).view(np.uint8), items.reshape(-1).view(np.uint8))
-    except Exception as exc:  # blosc2 refusing its own chunk is the same defect
-        raise _round_trip_error(codec, where, f"it does not decompress ({exc})") from exc
-    if not same:
-        raise _round_trip_error(codec, where, "it decompresses to other bytes than were compressed")
-
-
-def _round_trip_error(codec: Codec, where: str, what: str) -> CodecRoundTripError:
-    return CodecRoundTripError(
-        f"{where}: codec {codec.codec!r} clevel {codec.clevel} with filter chain {list(codec.filters)} "
-        f"(meta {list(codec.filters_meta)}) made a chunk that blosc2 {blosc2.__version__} cannot restore: {what}. "
-        "Nothing was written; choose another filter chain (or a preset: 'fast', 'balanced', 'small')"
-    )

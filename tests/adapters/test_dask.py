@@ -30,7 +30,7 @@ from carraystore.base.errors import (
     StoreLockedError,
 )
 from carraystore.ingest.sample_data import make_photo_folder
-from carraystore.store.writer import compress_chunk
+from carraystore.store.chunks import compress_chunk
 
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")

@@ -16,7 +16,7 @@ import pytest
 import carraystore
 from carraystore.format.codec import PRESETS, Codec, is_preset
 from carraystore.base.errors import CodecRoundTripError, InvalidInputError
-from carraystore.store.writer import compress_chunk
+from carraystore.store.chunks import compress_chunk
 
 #: (codec, number of items, item shape): blosc2 4.14 mis-decodes the last, partial chunk of
 #: these random uint8 items (the full chunks before it round-trip)

@@ -45,7 +45,7 @@ from carraystore.format.record import (
     dtype_to_record,
     validate_key,
 )
-from carraystore.store.writer import check_round_trip
+from carraystore.store.chunks import check_round_trip
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

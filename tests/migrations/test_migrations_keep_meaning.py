@@ -21,7 +21,7 @@ from carraystore.format.frame import read_frame
 from carraystore.migrations import migrate
 from carraystore.sources.journal import journal_path
 from carraystore.sources.local import LocalFileSource
-from carraystore.store.writer import update_metadata
+from carraystore.store.metadata import update_metadata
 
 h5py = pytest.importorskip("h5py")
 
@@ -240,7 +240,7 @@ def test_meta_refuses_too_few_class_names(store_path: Path, capsys) -> None:
 _CRASH = r"""
 import os, signal, sys
 import carraystore.store.inplace as ip
-import carraystore.store.writer as w
+import carraystore.store.metadata as w
 real = ip._write_meta
 def torn(array, meta):
     real(array, meta)

@@ -410,7 +410,7 @@ w.close()
 """
 
 HOLD_META = """
-import json, sys, carraystore.store.inplace as ip, carraystore.store.writer as w
+import json, sys, carraystore.store.inplace as ip, carraystore.store.metadata as w
 real = ip._write_meta
 def paused(array, meta):
     real(array, meta)  # the new trailer is written; the journal and the lock are still there
@@ -445,7 +445,7 @@ def _let_go(proc: subprocess.Popen[bytes]) -> None:
 
 def test_a_meta_update_and_an_append_exclude_each_other(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from carraystore.cli.main import main
-    from carraystore.store.writer import update_metadata
+    from carraystore.store.metadata import update_metadata
 
     path = tmp_path / "s.b2nd"
     _store(path, 6)
@@ -509,7 +509,7 @@ def test_a_meta_update_killed_mid_write_is_rolled_back_by_a_reader(tmp_path: Pat
 
 
 def test_a_reader_during_a_shrinking_meta_update_reads_the_old_store(tmp_path: Path) -> None:
-    from carraystore.store.writer import update_metadata
+    from carraystore.store.metadata import update_metadata
 
     path = tmp_path / "s.b2nd"
     _store(path, 6)
@@ -528,7 +528,7 @@ def test_a_reader_during_a_shrinking_meta_update_reads_the_old_store(tmp_path: P
 
 
 META_LOOP = """
-import sys, numpy as np, carraystore.store.writer as w
+import sys, numpy as np, carraystore.store.metadata as w
 path = sys.argv[1]
 print("go", flush=True)
 i = 0
@@ -581,7 +581,7 @@ def test_opening_during_a_meta_update_loop_never_sees_damage(tmp_path: Path) -> 
 
 def test_a_meta_update_of_an_empty_store_is_in_place_and_locked(tmp_path: Path) -> None:
     from carraystore.base.lock import WriterLock
-    from carraystore.store.writer import update_metadata
+    from carraystore.store.metadata import update_metadata
 
     path = tmp_path / "s.b2nd"
     with carraystore.create(path, SHAPE, chunk_images=CHUNK, attrs={"a": 1}):

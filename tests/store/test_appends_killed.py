@@ -75,7 +75,7 @@ def _blob(r: int) -> str:
 
 
 def _update_forever(path: Path, start: int, ready: Callable[[], object]) -> None:
-    from carraystore.store.writer import update_metadata
+    from carraystore.store.metadata import update_metadata
 
     ready()
     r = start
