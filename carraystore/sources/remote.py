@@ -35,6 +35,7 @@ waits in Rust with the GIL released, and many are in flight from a few threads
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import logging
 import os
@@ -107,7 +108,7 @@ class RemoteStats:
     coalesced: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries, "coalesced": self.coalesced}
+        return dataclasses.asdict(self)
 
 
 class _Run:
@@ -182,20 +183,8 @@ class RemoteSource:
         opts.update({k: v for k, v in knobs.items() if k in ("timeout", "connect_timeout")})
         self._store, self.key = make_object_store(url, opts)
         self._plain_url = plain_http_url(url, self.storage_options)
-        self._conns = threading.local()
-        self._buffers = BufferPool(self.readahead_bytes)
         self.stats = RemoteStats()
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-        self._ahead: dict[tuple[int, int], tuple[_Run, int]] = {}
-        #: ranges fetched ahead that will be read more than once (``prefetch(again=True)``):
-        #: how many reads beyond the next one keep them
-        self._again: dict[tuple[int, int], int] = {}
-        #: ranges hinted by prefetch and not started yet (the read-ahead bound was reached)
-        self._pending: OrderedDict[tuple[int, int], None] = OrderedDict()
-        self._runs: list[_Run] = []
-        self._ahead_bytes = 0
+        self._fresh()
         self._closed = False
         # the first request: the frame header, and the object's size and identity (tried
         # for at most OPEN_RETRY_TIMEOUT s: a wrong endpoint fails within half a minute)
@@ -255,16 +244,23 @@ class RemoteSource:
         if self._closed:
             raise ValueError(f"{self.url}: the source was closed")
         if os.getpid() != self._pid:
-            self._lock = threading.Lock()
-            self._pool = None
-            self._ahead = {}
-            self._again = {}
-            self._pending = OrderedDict()
-            self._runs = []
-            self._ahead_bytes = 0
-            self._conns = threading.local()
-            self._buffers = BufferPool(self.readahead_bytes)
-            self._pid = os.getpid()
+            self._fresh()
+
+    def _fresh(self) -> None:
+        """The process's own lock, connections, buffers and read-ahead (at opening, and in a forked child)."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._conns = threading.local()
+        self._buffers = BufferPool(self.readahead_bytes)
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[tuple[int, int], tuple[_Run, int]] = {}
+        #: ranges fetched ahead that will be read more than once (``prefetch(again=True)``):
+        #: how many reads beyond the next one keep them
+        self._again: dict[tuple[int, int], int] = {}
+        #: ranges hinted by prefetch and not started yet (the read-ahead bound was reached)
+        self._pending: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._runs: list[_Run] = []
+        self._ahead_bytes = 0
 
     def _plain_only(self) -> bool:
         """Whether requests must avoid obstore here (this process was forked after it ran)."""
