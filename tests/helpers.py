@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -25,6 +26,9 @@ from PIL import Image
 import carraystore
 from carraystore.format.record import META_KEY, seal_record
 from carraystore.ingest.sample_data import make_photo_folder
+
+#: The command line that runs carraystore's CLI in a child process (``[*CLI, "info", path]``).
+CLI = (sys.executable, "-m", "carraystore.cli")
 
 # -- pixels ----------------------------------------------------------------------------------------
 
