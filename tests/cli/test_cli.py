@@ -6,14 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import blosc2
 import numpy as np
 import pytest
-from helpers import wait_for_partial
+from helpers import CLI, wait_for_partial
 from PIL import Image
 
 import carraystore
@@ -150,7 +149,7 @@ def test_cli_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_module_entry_point(stores: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "carraystore.cli", "info", "--json", str(stores / "val.b2nd")],
+        [*CLI, "info", "--json", str(stores / "val.b2nd")],
         capture_output=True,
         text=True,
         check=True,
@@ -167,20 +166,7 @@ def test_sigkill_during_ingest_leaves_no_file_and_the_old_one_intact(tmp_path: P
     before = out.read_bytes()
     old.write_bytes(before)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "carraystore.cli",
-            "ingest",
-            str(src),
-            str(out),
-            "--overwrite",
-            "-q",
-            "--workers",
-            "1",
-            "--chunk-images",
-            "4",
-        ],
+        [*CLI, "ingest", str(src), str(out), "--overwrite", "-q", "--workers", "1", "--chunk-images", "4"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -196,19 +182,7 @@ def test_sigkill_during_ingest_leaves_no_file_and_the_old_one_intact(tmp_path: P
     # and a fresh output path gets nothing at all
     fresh = tmp_path / "fresh.b2nd"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "carraystore.cli",
-            "ingest",
-            str(src),
-            str(fresh),
-            "-q",
-            "--workers",
-            "1",
-            "--chunk-images",
-            "4",
-        ],
+        [*CLI, "ingest", str(src), str(fresh), "-q", "--workers", "1", "--chunk-images", "4"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

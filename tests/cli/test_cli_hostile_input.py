@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from helpers import wait_for_partial
+from helpers import CLI, wait_for_partial
 from PIL import Image
 
 import carraystore
@@ -37,9 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``carraystore ARGS`` in a child process (a hang fails the test instead of blocking it)."""
-    return subprocess.run(
-        [sys.executable, "-m", "carraystore.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -456,18 +454,7 @@ def test_a_killed_ingest_leaves_no_worker_holding_the_callers_pipes(tmp_path: Pa
     src = make_photo_folder(tmp_path / "src", n=600, size=(160, 160), seed=3)
     out = tmp_path / "out.b2nd"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "carraystore.cli",
-            "ingest",
-            str(src),
-            str(out),
-            "--workers",
-            "2",
-            "--chunk-images",
-            "4",
-        ],
+        [*CLI, "ingest", str(src), str(out), "--workers", "2", "--chunk-images", "4"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import CLI
 from PIL import Image
 
 import carraystore
@@ -107,7 +107,7 @@ def test_a_path_the_os_refuses_is_an_error_line_not_a_traceback(small_store: Pat
     blocker = tmp_path / "file"
     blocker.write_text("x")
     r = subprocess.run(
-        [sys.executable, "-m", "carraystore.cli", "export", str(small_store), str(blocker / "sub")],
+        [*CLI, "export", str(small_store), str(blocker / "sub")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -137,7 +137,7 @@ def test_info_on_several_stores_describes_every_one_and_prints_one_json_document
 
 def test_info_piped_into_head_exits_quietly(small_store: Path) -> None:
     # enough output to fill the pipe several times over, so the writer meets a closed pipe
-    cmd = [sys.executable, "-m", "carraystore.cli", "info", *([str(small_store)] * 400)]
+    cmd = [*CLI, "info", *([str(small_store)] * 400)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     first = proc.stdout.readline()

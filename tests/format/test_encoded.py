@@ -5,13 +5,12 @@ from __future__ import annotations
 import filecmp
 import io
 import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import image_bytes
+from helpers import CLI, image_bytes
 from PIL import Image
 
 import carraystore as cs
@@ -135,7 +134,7 @@ def test_append_and_raw_fallback(tmp_path: Path) -> None:
 
 def test_convert_both_ways_is_verified_and_atomic(stores, tmp_path: Path) -> None:
     e, p = stores
-    cli = [sys.executable, "-m", "carraystore.cli", "convert"]
+    cli = [*CLI, "convert"]
     r = subprocess.run(
         [*cli, str(p.path), str(tmp_path / "pe.b2nd"), "--layout", "encoded"], capture_output=True, text=True
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+from helpers import CLI
 from PIL import Image
 
 import carraystore
@@ -136,9 +137,7 @@ def test_action_video_frame_layout_gives_classes_groups_and_natural_order(videos
         assert set(s.labels[s.groups == g].tolist()) == {s.class_names.index(action)}
     assert list(s.keys)[:3] == ["run/video_3/frame_1.png", "run/video_3/frame_2.png", "run/video_3/frame_3.png"]
     assert r.ngroups == 7
-    info = subprocess.run(
-        [sys.executable, "-m", "carraystore.cli", "info", str(tmp_path / "v.b2nd")], capture_output=True, text=True
-    )
+    info = subprocess.run([*CLI, "info", str(tmp_path / "v.b2nd")], capture_output=True, text=True)
     assert "7, 9 to 15 items each: run/video_3, run/video_10" in info.stdout
     assert any("natural order" in n for n in r.notes) and "natural order" in r.summary()
 
@@ -226,7 +225,7 @@ def test_validation_split_never_cuts_a_video(videos: Path, tmp_path: Path) -> No
 def test_validation_split_through_the_cli_keeps_videos_whole(videos: Path, tmp_path: Path) -> None:
     out = tmp_path / "cli"
     r = subprocess.run(
-        [sys.executable, "-m", "carraystore.cli", "ingest", str(videos), str(out), "-q", "--keep-order"]
+        [*CLI, "ingest", str(videos), str(out), "-q", "--keep-order"]
         + ["--validation-split", "0.2", "--subset", "both", "--workers", "2"],
         capture_output=True,
         text=True,
@@ -302,7 +301,7 @@ def test_append_a_new_session_folder(tmp_path: Path) -> None:
     # a new recording session: one more video of an old class, and a new class
     second = make_videos(tmp_path / "day2", {"walk": {"video_7": 4}, "jump": {"video_8": 3}}, size=(10, 10))
     r = subprocess.run(
-        [sys.executable, "-m", "carraystore.cli", "ingest", str(second), str(out), "--append", "-q"],
+        [*CLI, "ingest", str(second), str(out), "--append", "-q"],
         capture_output=True,
         text=True,
         timeout=120,

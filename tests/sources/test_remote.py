@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import epoch_of, make_store
+from helpers import CLI, epoch_of, make_store
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from remote_servers import LOOPBACK, RangeHTTPServer, SeaweedFS, start_seaweedfs, stop_process
@@ -183,7 +183,7 @@ def test_cli_on_a_url_with_the_aws_environment(s3_url: str, seaweedfs: SeaweedFS
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env["AWS_ENDPOINT_URL"] = seaweedfs.endpoint
     env["AWS_REGION"] = "us-east-1"
-    cmd = [sys.executable, "-m", "carraystore.cli"]
+    cmd = [*CLI]
     info = subprocess.run([*cmd, "info", "--json", s3_url], env=env, capture_output=True, text=True, timeout=120)
     assert info.returncode == 0, info.stderr
     assert '"nimages": 200' in info.stdout

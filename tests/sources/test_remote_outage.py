@@ -21,7 +21,6 @@ import logging
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import epoch_of, make_store
+from helpers import CLI, epoch_of, make_store
 from remote_servers import LOOPBACK, SeaweedFS, start_seaweedfs, stop_process
 
 import carraystore
@@ -327,7 +326,7 @@ def test_the_cli_says_what_failed_in_one_line() -> None:
         s.bind((LOOPBACK, 0))
         closed = s.getsockname()[1]
     out = subprocess.run(
-        [sys.executable, "-m", "carraystore.cli", "info", URL, "--storage-options", '{"retry_timeout": 1}'],
+        [*CLI, "info", URL, "--storage-options", '{"retry_timeout": 1}'],
         env={**os.environ, "AWS_ENDPOINT_URL": f"http://{LOOPBACK}:{closed}"},
         capture_output=True,
         text=True,

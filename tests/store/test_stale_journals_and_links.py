@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import indexed_images
+from helpers import CLI, indexed_images
 
 import carraystore
 from carraystore.base.errors import CorruptStoreError, StaleJournalError
@@ -171,7 +171,7 @@ def test_copy_overwrite_takes_the_destinations_writer_lock(tmp_path: Path) -> No
     with pytest.raises(StoreLockedError, match=r"being written by append"):
         copy_store(src, dst, overwrite=True)
     r = subprocess.run(
-        [sys.executable, "-m", "carraystore.cli", "copy", str(src), str(dst), "--overwrite", "-q"],
+        [*CLI, "copy", str(src), str(dst), "--overwrite", "-q"],
         capture_output=True,
         text=True,
         timeout=120,
