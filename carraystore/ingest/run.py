@@ -72,87 +72,48 @@ def from_directory(
     options: WriteOptions | None = None,
     **write: Unpack[WriteKwargs],
 ) -> IngestResult | dict[str, IngestResult]:
-    """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path).
+    """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path or URL); returns an IngestResult.
+
+    ``labels``: ``"inferred"`` (class sub-folders, sorted, or the ``class_names`` given, in
+    label order), None, or one value per file in sorted path order: integers are class
+    labels; floats or vectors become the field ``"target"`` (docs/targets.md). ``targets``:
+    a CSV or JSON-lines manifest of per-file fields keyed by the relative path (column
+    ``file`` or ``path``; a ``group`` column gives the groups); every file needs a row and
+    every row a file (:class:`~carraystore.base.errors.ManifestError`). ``groups``: items that
+    belong together (videos, sessions), recorded in the store: ``"inferred"`` takes the folder
+    below each class folder; or one value per file, a mapping path -> group, a function of
+    the path, or None. Splits keep groups whole and clips never cross one.
+
+    ``image_size`` (None: the files' own size, which must agree), ``color_mode`` (``"rgb"``),
+    ``interpolation`` (``"bilinear"``) and ``crop_to_aspect_ratio`` work as in Keras;
+    ``dtype`` is ``"uint8"`` or ``"uint16"`` (16-bit grayscale kept exactly;
+    ``images.decode_image``). ``layout="encoded"`` keeps each file's own JPEG/PNG/WebP bytes
+    where they decode to the same pixels, else encodes the pixels as PNG, or as JPEG at
+    ``quality`` (FORMAT.md 10).
+
+    Files are written in a seeded random order (``seed``) unless ``shuffle=False`` or
+    ``keep_order=True``: natural path order then (``frame_2`` before ``frame_10``).
+    ``split_dirs=True`` writes one store per sub-folder (``output/<split>.b2nd``, shared class
+    names); a folder whose sub-folders look like splits is refused otherwise, unless
+    ``allow_split_names=True``. ``validation_split`` with ``subset`` (``"training"``,
+    ``"validation"`` or ``"both"``: ``output/training.b2nd`` and ``output/validation.b2nd``)
+    picks the files Keras picks with the same ``seed``, or whole groups
+    (:class:`~carraystore.base.errors.GroupSplitError` when a part would be empty). Several
+    stores come back as a dict name -> IngestResult.
+
+    ``on_error="skip"`` skips files that do not decode (or whose names cannot be keys) and
+    lists them, stopping with nothing written when more than ``max_skipped`` fail (a fraction
+    below 1 or a count). ``append=True`` adds the folder to the store ``output`` in place
+    (locked, crash-safe): the store's decode options, new classes after its own, files
+    already in it refused or left out with ``skip_existing=True``.
 
     The write options (``codec``, ``chunk_images``, ``class_names``, ``attrs``, ``overwrite``,
     ``lock_timeout``, ``storage_options``, ``tmp_dir``, ``progress``) come as keywords or in
-    ``options`` (:class:`~carraystore.store.options.WriteOptions`); ``class_names`` also picks
-    the class folders to use, in label order.
-
-    With ``split_dirs=True``, every sub-folder of ``directory`` (train/, validation/, ...)
-    becomes its own store ``output/<split>.b2nd`` with one shared list of class names;
-    the result is then a dict split -> IngestResult.
-
-    ``labels``: ``"inferred"`` (class sub-folders), None, or one value per file in sorted
-    path order. Integers are class labels. Floats, or vectors (one row per file), are a
-    regression **target**, never cast to classes: they become the field ``"target"`` (the
-    store is then unlabelled; load it with ``targets="target"``, docs/targets.md).
-
-    ``targets``: a manifest (CSV or JSON lines) of per-file fields keyed by the path
-    relative to ``directory`` (a column ``file`` or ``path``); every other column becomes a
-    field (``store.columns``): whole numbers int64, other numbers float64, JSON arrays
-    vectors. Every image file must have a row and every row a file, or
-    :class:`~carraystore.base.errors.ManifestError` names them (see ``carraystore.ingest.manifest``).
-    With ``split_dirs`` the rows are keyed relative to ``directory`` too (``train/cat/1.jpg``).
-
-    ``image_size=None`` keeps the files' own size (they must all agree); ``keep_order=True``
-    (or ``shuffle=False``) writes files in natural path order (``frame_2`` before
-    ``frame_10``; a note says so when names lack leading zeros), e.g. for video frames.
-    ``workers`` decoding threads (default: all cores; 1 decodes in the calling thread).
-    ``codec`` is a Codec or a preset name (``fast``, ``balanced``, ``small``).
-    ``color_mode`` (default ``"rgb"``), ``interpolation`` (default ``"bilinear"``) and
-    ``crop_to_aspect_ratio`` (default False) as in Keras.
-    ``dtype`` is ``"uint8"`` (the default; 16-bit files keep their high byte) or ``"uint16"`` (16-bit grayscale
-    kept exactly, 8-bit files scaled by 257, 16-bit colour PNGs refused): see ``images.decode_image``.
-    File names that cannot be keys (not UTF-8, newline) and files that are not regular files
-    follow ``on_error`` like undecodable ones.
-
-    ``groups`` (videos, sessions, patients: items that belong together) are recorded in the
-    store (``Store.groups``, ``Store.group_names``): ``"inferred"`` (default) takes the folder
-    below each class folder (``walk/video_0001/frame_1.jpg``: class ``walk``, group
-    ``walk/video_0001``; plain class folders have no groups); or one value per file in
-    sorted path order, a mapping relative path -> group, a function of the relative path,
-    or None. Validation splits keep groups whole, clips never cross one.
-
-    With ``on_error="skip"`` files that do not decode are skipped and listed, but when more
-    than ``max_skipped`` of them fail (a fraction below 1, default 0.01 = 1%, or a count of
-    files) the ingest stops and writes nothing. A folder whose sub-folders look like splits
-    (train/ and validation/, ...) is refused unless ``split_dirs=True`` (one store per
-    split) or ``allow_split_names=True`` (they really are classes).
-
-    ``validation_split`` and ``subset`` work as in ``image_dataset_from_directory``: the
-    same ``seed`` puts the same files in the validation set as Keras does (the last
-    ``int(validation_split * n)`` of the sorted list shuffled with that seed; with
-    ``keep_order`` the last files in path order). With groups, whole groups are drawn
-    instead (seeded, class by class), the share reached and the class coverage are noted,
-    and :class:`~carraystore.base.errors.GroupSplitError` says when a part would be empty.
-    ``subset="training"`` or ``"validation"`` writes that part to ``output``;
-    ``subset="both"`` writes both in one call, ``output/training.b2nd`` and
-    ``output/validation.b2nd``, and returns a dict.
-    ``lock_timeout``: seconds to wait while another writer holds the output store (None:
-    for ever); then :class:`~carraystore.base.errors.StoreLockedError` names the holder.
-
-    ``append=True`` adds the folder's images to the existing store ``output``, in place,
-    crash-safe and locked as ``carraystore.append``: the decode options come from the
-    store (an image_size, color_mode, dtype, interpolation that differs is refused by
-    name), new classes are added after the store's (existing ones keep their label), and
-    files whose key is already in the store are refused, or left out with
-    ``skip_existing=True``. A store written in order stays in order.
-
-    ``output`` may be a URL (``s3://bucket/train.b2nd``; with ``split_dirs`` a prefix
-    ``s3://bucket/data`` that receives ``<split>.b2nd`` objects): each store is written in a
-    staging folder under ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete.
-
-    ``layout="encoded"`` keeps each image as an encoded file (FORMAT.md 10): a file's own
-    bytes when it is a JPEG, PNG or WebP that decodes to exactly the pixels the default
-    ``layout="pixels"`` would store (no resize, no colour change), else those pixels
-    encoded once as PNG (lossless), or as JPEG at ``quality`` (then every image is).
-
-    ``client`` (a ``dask.distributed.Client``) decodes on its cluster instead of local threads
-    (``workers`` is then unused); the store is byte for byte the one a local ingest writes
-    (docs/dask.md). The workers read the files at the same path, so ``directory`` must be on
-    a file system they all see. ``runner`` decodes and writes each planned store (a
-    :class:`~carraystore.ingest.job.StoreJob`) some other way.
+    ``options`` (:class:`~carraystore.store.options.WriteOptions`). ``workers`` decoding threads
+    (default: all cores). ``client`` (a ``dask.distributed.Client``) decodes on its cluster
+    instead, the files at the same path on every worker, and writes the same bytes
+    (docs/dask.md); ``runner`` runs each planned :class:`~carraystore.ingest.job.StoreJob`
+    some other way.
     """
     wopts = WriteOptions.merged(options, str(output), **write)
     size = _check_options(color_mode or "rgb", image_size, interpolation or "bilinear", on_error)

@@ -23,7 +23,7 @@ import dataclasses
 import math
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -522,32 +522,19 @@ def create(
     URL only when complete. Appending to a URL downloads the store, appends, uploads it again.
     """
     opts = WriteOptions.merged(options, str(path), **write)
-    codec, chunk_images, class_names, attrs = opts.codec, opts.chunk_images, opts.class_names, opts.attrs
-    overwrite, lock_timeout, storage_options, tmp_dir = (
-        opts.overwrite,
-        opts.lock_timeout,
-        opts.storage_options,
-        opts.tmp_dir,
-    )
     if is_url(path):
         return _create_remote(
             str(path),
-            storage_options,
-            tmp_dir,
+            opts,
             mode=mode,
-            overwrite=overwrite,
             image_shape=image_shape,
             dtype=dtype,
-            codec=codec,
-            chunk_images=chunk_images,
-            class_names=class_names,
-            attrs=attrs,
             provenance=provenance,
             nthreads=nthreads,
             layout=layout,
             encoding=encoding,
         )
-    if storage_options:
+    if opts.storage_options:
         raise InvalidInputError(f"{path}: storage_options apply to URLs only, not to local paths")
     if isinstance(path, str) and path.startswith("file://"):
         path = path[len("file://") :]
@@ -563,28 +550,14 @@ def create(
     # One writer at a time: held until the writer's close() or abort(). The lock and the
     # journal sit beside the real file, so two paths (links) to one store share them.
     real = Path(os.path.realpath(p))
-    lock = WriterLock(real, purpose="append" if mode == "a" else "create", timeout=lock_timeout)
+    lock = WriterLock(real, purpose="append" if mode == "a" else "create", timeout=opts.lock_timeout)
     lock.acquire()
     try:
         rollback(real)  # an append that died half-way is undone first (nothing happens without a journal)
         remove_stale_temps(p)  # dead: we hold the lock every writer of p holds
         if mode == "a":
-            return _open_for_append(real, image_shape, dtype, nthreads, codec, lock)
-        return _create_new(
-            p,
-            image_shape,
-            dtype,
-            codec,
-            chunk_images,
-            class_names,
-            attrs,
-            overwrite,
-            provenance,
-            nthreads,
-            layout,
-            lock,
-            encoding,
-        )
+            return _open_for_append(real, image_shape, dtype, nthreads, opts.codec, lock)
+        return _create_new(p, image_shape, dtype, opts, provenance, nthreads, layout, lock, encoding)
     except BaseException:
         lock.release()
         raise
@@ -594,31 +567,22 @@ def _create_new(
     p: Path,
     image_shape: Sequence[int] | None,
     dtype: Any,
-    codec: Codec | str | None,
-    chunk_images: int | None,
-    class_names: Sequence[str] | None,
-    attrs: Mapping[str, Any] | None,
-    overwrite: bool,
+    opts: WriteOptions,
     provenance: dict[str, Any] | None,
     nthreads: int,
     layout: str | None,
     lock: WriterLock,
-    encoding: Encoding | None = None,
+    encoding: Encoding | None,
 ) -> StoreWriter:
     refuse_folder_target(p)
-    if p.exists() and not overwrite:
+    codec, chunk_images = opts.codec, opts.chunk_images
+    if p.exists() and not opts.overwrite:
         raise StoreExistsError(
             f"{p} already exists; pass overwrite=True (CLI: --overwrite) to replace it, or mode='a' to append"
         )
     if image_shape is None:
         raise InvalidInputError("create(): image_shape (H, W, C) is required for a new store")
-    if chunk_images is not None and (
-        isinstance(chunk_images, bool) or int(chunk_images) != chunk_images or chunk_images < 1
-    ):
-        raise InvalidInputError(
-            f"{p}: chunk_images must be a positive integer (images per chunk), got {chunk_images!r}"
-        )
-    class_names = check_class_names(class_names, str(p))
+    class_names = check_class_names(opts.class_names, str(p))
     shape = tuple(int(x) for x in image_shape)
     dt = np.dtype(dtype)
     dtype_to_record(dt)  # refuses object dtypes with a clear message
@@ -644,12 +608,7 @@ def _create_new(
             raise InvalidInputError(f"dtype {dt} is not an image dtype; use one of {DTYPES} or layout='array'")
     elif shape and min(shape) < 1:
         raise InvalidInputError(f"item shape {shape} has an empty dimension")
-    if codec is None:
-        codec = Codec.preset("balanced")
-    elif isinstance(codec, str):
-        codec = Codec.preset(codec)
-    elif not isinstance(codec, Codec):
-        raise InvalidInputError(f"codec must be a Codec, a preset name or None, got {type(codec).__name__}")
+    codec = Codec.preset(codec if isinstance(codec, str) else "balanced") if not isinstance(codec, Codec) else codec
     auto_block = codec.block_images is None
     codec = codec.resolve(dt, shape, layout)
     block_images, typesize = codec.block_images, codec.typesize
@@ -677,7 +636,6 @@ def _create_new(
         )
     if image_nbytes * block_images >= 2**31 or image_nbytes * chunk_images >= 2**31:
         raise InvalidInputError(f"chunks of {chunk_images} images of {image_nbytes} bytes exceed blosc2's 2 GiB limit")
-    names = tuple(str(c) for c in class_names) if class_names is not None else None
     meta = StoreMeta(
         image_shape=shape,
         dtype=dtype_to_record(dt),
@@ -688,9 +646,9 @@ def _create_new(
         format_version=FORMAT_VERSION_ENCODED if layout == "encoded" else FORMAT_VERSION,
         encoding=encoding if layout == "encoded" else None,
         entry_sizes=np.zeros(0, dtype="<u4") if layout == "encoded" else None,
-        class_names=names,
+        class_names=class_names,
         provenance=dict(provenance or {}),
-        attrs=json_attrs(attrs, str(p)),
+        attrs=json_attrs(opts.attrs, str(p)),
         writer_version=__version__,
         blosc2_version=blosc2.__version__,
     )
@@ -706,17 +664,18 @@ def _create_new(
     return StoreWriter(p, tmp, array, meta, nthreads, lock=lock)
 
 
-def _create_remote(
-    url: str, storage_options: Mapping[str, Any] | None, tmp_dir: Any, *, mode: str, overwrite: bool, **kwargs: Any
-) -> StoreWriter:
+def _create_remote(url: str, opts: WriteOptions, *, mode: str, **kwargs: Any) -> StoreWriter:
     """``create`` for a URL: the local writer on a staging file, uploaded at close."""
     if mode not in ("w", "a"):
         raise InvalidInputError(f"mode must be 'w' or 'a', got {mode!r}")
-    target = RemoteTarget(url, storage_options, overwrite=overwrite, tmp_dir=tmp_dir, must_exist=mode == "a")
+    target = RemoteTarget(
+        url, opts.storage_options, overwrite=opts.overwrite, tmp_dir=opts.tmp_dir, must_exist=mode == "a"
+    )
     try:
         if mode == "a":
             target.download()
-        writer = create(target.local_path, mode=mode, overwrite=True, **kwargs)
+        staged = opts.replace(overwrite=True, lock_timeout=0.0, storage_options=None, tmp_dir=None)
+        writer = create(target.local_path, mode=mode, options=staged, **kwargs)
     except BaseException:
         target.cleanup()
         raise
