@@ -13,6 +13,8 @@ import pytest
 pytest.importorskip("grain")
 grain = pytest.importorskip("grain.python")
 
+from helpers import make_store  # noqa: E402
+
 import carraystore  # noqa: E402
 from carraystore.base.errors import InvalidInputError  # noqa: E402
 from carraystore.engine.options import LoaderOptions  # noqa: E402
@@ -22,10 +24,8 @@ from carraystore.grain import StoreDataSource  # noqa: E402
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory: pytest.TempPathFactory, photo_patches: Callable[..., np.ndarray]) -> Path:
     """101 real photo patches (16x16), chunks of 8, label = sample index."""
-    path = tmp_path_factory.mktemp("grain") / "photos.b2nd"
-    with carraystore.create(path, (16, 16, 3), chunk_images=8) as w:
-        w.append(photo_patches(101, (16, 16), seed=9), np.arange(101), keys=[f"p/{i:03d}.jpg" for i in range(101)])
-    return path
+    path, keys = tmp_path_factory.mktemp("grain") / "photos.b2nd", [f"p/{i:03d}.jpg" for i in range(101)]
+    return make_store(path, photo_patches(101, (16, 16), seed=9), np.arange(101), keys, chunk_images=8)
 
 
 def test_records_are_the_store_samples(store_path: Path) -> None:

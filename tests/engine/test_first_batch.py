@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import make_store
 
 import carraystore
 from carraystore.engine.decoder import EpochDecoder
@@ -29,10 +30,8 @@ N, CHUNK, BATCH = 160, 16, 16  # 10 chunks: more than the 7-chunk store of the i
 
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory: pytest.TempPathFactory, photo_patches: Callable[..., np.ndarray]) -> Path:
-    path = tmp_path_factory.mktemp("first_batch") / "s.b2nd"
-    with carraystore.create(path, (24, 24, 3), chunk_images=CHUNK, class_names=["a", "b", "c"]) as w:
-        w.append(photo_patches(N, size=(24, 24), seed=3), labels=np.arange(N) % 3)
-    return path
+    path, x = tmp_path_factory.mktemp("first_batch") / "s.b2nd", photo_patches(N, size=(24, 24), seed=3)
+    return make_store(path, x, np.arange(N) % 3, chunk_images=CHUNK, class_names=["a", "b", "c"])
 
 
 def test_ramp_windows_start_from_the_first_pieces_and_grow() -> None:

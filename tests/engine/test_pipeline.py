@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_store
 
 import carraystore
 from carraystore.base.errors import InvalidInputError, LoaderError
@@ -29,10 +30,7 @@ def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """600 real 48x48 photo crops, 16 per chunk (38 chunks): many windows of window=4."""
     rng = np.random.default_rng(3)
     x = np.concatenate([np.stack(photo_crops(load_photo(p), N // 4, (48, 48), rng)) for p in PHOTOS[:4]])
-    path = tmp_path_factory.mktemp("pipeline") / "photos.b2nd"
-    with carraystore.create(path, (48, 48, 3), chunk_images=16) as w:
-        w.append(x, np.arange(N) % 7)
-    return path
+    return make_store(tmp_path_factory.mktemp("pipeline") / "photos.b2nd", x, np.arange(N) % 7, chunk_images=16)
 
 
 pytestmark = pytest.mark.usefixtures("no_loader_threads_left")

@@ -14,7 +14,7 @@ import blosc2
 import msgpack
 import numpy as np
 import pytest
-from helpers import raw_record, rewrite_record
+from helpers import make_store, raw_record, rewrite_record
 
 import carraystore
 from carraystore.base.errors import (
@@ -250,13 +250,9 @@ def test_dtype_records_refuse_objects() -> None:
 
 @pytest.fixture()
 def store_path(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> Path:
-    images = photo_patches(40, (16, 16))
-    path = tmp_path / "s.b2nd"
-    with carraystore.create(
-        path, images.shape[1:], codec="small", chunk_images=16, class_names=["a", "b"], attrs={"who": "tests"}
-    ) as w:
-        w.append(images, labels=np.arange(40) % 2, keys=[f"a/{i}.jpg" for i in range(40)])
-    return path
+    images, keys = photo_patches(40, (16, 16)), [f"a/{i}.jpg" for i in range(40)]
+    kw: dict[str, Any] = {"codec": "small", "chunk_images": 16, "class_names": ["a", "b"], "attrs": {"who": "tests"}}
+    return make_store(tmp_path / "s.b2nd", images, np.arange(40) % 2, keys, **kw)
 
 
 def test_every_codec_parameter_is_recorded(store_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_store
 
 import carraystore
 from carraystore.base.errors import MigrationError
@@ -176,10 +177,7 @@ def _chunk_region(path: Path) -> tuple[int, bytes]:
 @pytest.fixture()
 def store_path(arrays, tmp_path: Path) -> Path:
     x, y = arrays
-    path = tmp_path / "s.b2nd"
-    with carraystore.create(path, x.shape[1:], chunk_images=8) as w:
-        w.append(x, labels=y)
-    return path
+    return make_store(tmp_path / "s.b2nd", x, y, chunk_images=8)
 
 
 def test_meta_sets_class_names_and_attrs_in_place(store_path: Path, arrays, capsys) -> None:

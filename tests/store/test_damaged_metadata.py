@@ -18,7 +18,7 @@ import blosc2
 import msgpack
 import numpy as np
 import pytest
-from helpers import raw_record, rewrite_record, set_raw_record
+from helpers import make_store, random_images, raw_record, rewrite_record, set_raw_record
 
 import carraystore
 from carraystore.base.errors import (
@@ -41,12 +41,9 @@ GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "carraystore-
 
 @pytest.fixture()
 def store_path(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(5)
-    images = rng.integers(0, 256, (10, 8, 8, 3), dtype=np.uint8)
-    path = tmp_path / "s.b2nd"
-    with carraystore.create(path, (8, 8, 3), chunk_images=4, class_names=["a", "b"], attrs={"who": "tests"}) as w:
-        w.append(images, labels=np.arange(10) % 2, keys=[f"k/{i}.png" for i in range(10)])
-    return path
+    images, keys = random_images(10, 5, shape=(8, 8, 3)), [f"k/{i}.png" for i in range(10)]
+    kw: dict[str, Any] = {"chunk_images": 4, "class_names": ["a", "b"], "attrs": {"who": "tests"}}
+    return make_store(tmp_path / "s.b2nd", images, np.arange(10) % 2, keys, **kw)
 
 
 # -- the metadata checksum ---------------------------------------------------------------------

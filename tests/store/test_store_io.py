@@ -9,6 +9,7 @@ from pathlib import Path
 import blosc2
 import numpy as np
 import pytest
+from helpers import make_store
 
 import carraystore
 from carraystore.base.errors import CorruptStoreError
@@ -24,9 +25,7 @@ def photo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     imgs[40:60] = 0  # all-zero images: blosc2 may store a special (data-less) chunk
     path = tmp_path_factory.mktemp("io") / "s.b2nd"
-    with carraystore.create(path, (48, 48, 3), chunk_images=20, class_names=["coffee", "rocket"]) as w:
-        w.append(imgs, labels=np.repeat([0, 1], 150))
-    return path
+    return make_store(path, imgs, np.repeat([0, 1], 150), chunk_images=20, class_names=["coffee", "rocket"])
 
 
 def test_pread_reads_exactly_what_blosc2_reads(photo_store: Path) -> None:
