@@ -7,6 +7,7 @@ adapter, summary, export, transfer, writer).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -24,11 +25,10 @@ from carraystore.store.export import (
     make_contact_sheet,
     write_file_safely,
 )
-from carraystore.store.options import WriteOptions
+from carraystore.store.options import WriteOptions, json_object_arg
 
 __all__ = [
     "register",
-    "storage_options_arg",
 ]
 
 
@@ -45,90 +45,61 @@ def open_for_cli(path: str | os.PathLike[str], storage_options: dict[str, Any] |
         raise
 
 
-def storage_options_arg(text: str) -> dict[str, Any]:
-    """Parse ``--storage-options`` (a JSON object)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError('must be a JSON object, e.g. \'{"endpoint_url": "http://127.0.0.1:8333"}\'')
-    return value
-
-
 def add_read_arguments(p: argparse.ArgumentParser) -> None:
     """--storage-options for commands that read a store that may be a URL."""
     p.add_argument(
         "--storage-options",
-        type=storage_options_arg,
+        type=json_object_arg,
         metavar="JSON",
         help="options for an s3://, gs:// or http(s):// store, as pandas/zarr take them (the AWS_* environment works too)",
     )
 
 
-def _ingest_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``from_directory`` arguments of ``carraystore ingest`` (all but the cluster)."""
-    return dict(
-        labels="inferred" if args.labels == "inferred" else None,
-        targets=args.targets,
-        image_size=tuple(args.image_size) if args.image_size else None,
-        interpolation=args.interpolation,
-        color_mode=args.color_mode,
-        crop_to_aspect_ratio=args.crop_to_aspect_ratio or None,
-        keep_order=args.keep_order,
-        seed=args.seed,
-        workers=args.workers,
-        on_error=args.on_error,
-        split_dirs=args.split_dirs,
-        follow_links=args.follow_links,
-        dtype=args.dtype,
-        max_skipped=args.max_skipped,
-        allow_split_names=args.allow_split_names,
-        validation_split=args.validation_split,
-        subset=args.subset,
-        # codec, chunk size, class names, attrs, overwrite, lock timeout, storage options, staging folder: one value
-        options=WriteOptions.from_args(args, progress=not args.quiet),
-        append=args.append,
-        skip_existing=args.skip_existing,
-        layout=args.layout,
-        quality=args.quality,
-    )
+#: ``carraystore ingest`` flags passed to ``from_directory`` as they are
+_INGEST_FLAGS = (
+    "targets", "interpolation", "color_mode", "dtype", "layout", "quality", "keep_order", "seed", "split_dirs",
+    "allow_split_names", "validation_split", "subset", "follow_links", "on_error", "max_skipped", "append",
+    "skip_existing", "workers",
+)  # fmt: skip
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
-    options = _ingest_options(args)
-    if args.dask_scheduler:
-        result = _ingest_on_cluster(args, options)
-    else:
-        from carraystore.ingest.run import from_directory
+    from carraystore.ingest.run import from_directory
 
-        result = from_directory(args.src, args.out, **options)
+    options: dict[str, Any] = {name: getattr(args, name) for name in _INGEST_FLAGS}
+    options.update(
+        labels="inferred" if args.labels == "inferred" else None,
+        image_size=tuple(args.image_size) if args.image_size else None,
+        crop_to_aspect_ratio=args.crop_to_aspect_ratio or None,
+        # codec, chunk size, class names, attrs, overwrite, lock timeout, storage options, staging folder: one value
+        options=WriteOptions.from_args(args, progress=not args.quiet),
+    )
+    with _dask_client(args) as client:
+        result = from_directory(args.src, args.out, client=client, **options)
     results = result if isinstance(result, dict) else {"": result}
     for r in results.values():
         print(r.summary())
     return 0
 
 
-def _ingest_on_cluster(args: argparse.Namespace, options: dict[str, Any]) -> Any:
-    """``ingest --dask-scheduler ADDRESS``: the same ingest, decoded on a dask.distributed cluster."""
+def _dask_client(args: argparse.Namespace) -> Any:
+    """``ingest --dask-scheduler ADDRESS``: a client of that cluster (a context manager); else none."""
+    if not args.dask_scheduler:
+        return contextlib.nullcontext()
     try:
         from distributed import Client
     except ImportError as exc:
         raise MissingDependencyError(
             "--dask-scheduler needs dask.distributed: pip install 'carraystore[dask]'"
         ) from exc
-    from carraystore.ingest.run import from_directory
-
     connect: Callable[..., Any] = Client  # distributed.Client.__init__ carries no annotations
     try:
-        client = connect(args.dask_scheduler, timeout=args.dask_timeout)
+        return connect(args.dask_scheduler, timeout=args.dask_timeout)
     except (OSError, TimeoutError) as exc:
         raise InvalidInputError(
             f"cannot reach the dask scheduler at {args.dask_scheduler} ({exc}); start one (`dask scheduler`) "
             "or check the address (e.g. tcp://10.0.0.5:8786)"
         ) from exc
-    with client:
-        return from_directory(args.src, args.out, client=client, **options)
 
 
 def _max_skipped(text: str) -> float | int:
@@ -186,25 +157,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
 # -- meta ------------------------------------------------------------------------------------
 
 
-def _parse_attr(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE``: VALUE as JSON when it parses (3, 0.5, true, [1,2], {"a":1}), else as text."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise InvalidInputError(f"--attr {text!r}: expected KEY=VALUE")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
 def _cmd_meta(args: argparse.Namespace) -> int:
     from carraystore.store.metadata import update_metadata
 
-    path = Path(args.store)
-    names = None
-    if args.class_names is not None:
-        names = [c.strip() for c in args.class_names.split(",")]
-    attrs = dict(_parse_attr(a) for a in args.attr)
+    path, names, attrs = Path(args.store), args.class_names, dict(args.attrs or ())
     if names is not None or attrs or args.remove_attr:
         update_metadata(
             path, class_names=names, attrs=attrs or None, remove_attrs=args.remove_attr, lock_timeout=args.lock_timeout
@@ -481,18 +437,10 @@ def register(sub: Any) -> None:
         ),
     )
     p.add_argument("store", metavar="STORE", help="the .b2nd store")
-    p.add_argument("--class-names", metavar="A,B,C", help="comma-separated class names, in label order (label 0 first)")
-    p.add_argument(
-        "--attr",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="set an attr (repeatable); VALUE is read as JSON when it parses (3, true, [1,2]), else as text",
-    )
     p.add_argument("--remove-attr", action="append", default=[], metavar="KEY", help="delete an attr (repeatable)")
     WriteOptions.add_arguments(
         p,
-        ("lock_timeout",),
+        ("class_names", "attrs", "lock_timeout"),
         helps={
             "lock_timeout": "while another writer holds the store, wait up to SECONDS (default: fail at once); "
             "--wait is the same flag"
@@ -569,13 +517,13 @@ def register(sub: Any) -> None:
     p.add_argument("dst", help="destination store: path, s3://bucket/key.b2nd or gs://...")
     p.add_argument(
         "--storage-options",
-        type=storage_options_arg,
+        type=json_object_arg,
         metavar="JSON",
         help="options for SRC (and DST when both are URLs)",
     )
     p.add_argument(
         "--dst-storage-options",
-        type=storage_options_arg,
+        type=json_object_arg,
         metavar="JSON",
         help="options for DST when they differ from SRC's",
     )

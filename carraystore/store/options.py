@@ -47,7 +47,7 @@ from carraystore.format.codec import PRESETS, Codec
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["WriteOptions", "WriteKwargs", "WRITE_OPTION_FIELDS"]
+__all__ = ["WriteOptions", "WriteKwargs", "WRITE_OPTION_FIELDS", "attr_arg", "json_object_arg"]
 
 
 def _copied_map(value: Any, name: str) -> dict[str, Any] | None:
@@ -213,7 +213,9 @@ class WriteOptions:
             elif name == "class_names":
                 parser.add_argument("--class-names", type=_names, metavar="A,B,C", help=text)
             elif name == "attrs":
-                parser.add_argument("--attr", dest="attrs", action="append", type=_attr, metavar="KEY=VALUE", help=text)
+                parser.add_argument(
+                    "--attr", dest="attrs", action="append", type=attr_arg, metavar="KEY=VALUE", help=text
+                )
             elif name == "overwrite":
                 parser.add_argument("--overwrite", action="store_true", help=text)
             elif name == "lock_timeout":
@@ -227,7 +229,7 @@ class WriteOptions:
                     help=text,
                 )
             elif name == "storage_options":
-                parser.add_argument("--storage-options", type=_json_object, metavar="JSON", help=text)
+                parser.add_argument("--storage-options", type=json_object_arg, metavar="JSON", help=text)
             elif name == "tmp_dir":
                 parser.add_argument("--tmp-dir", metavar="DIR", help=text)
             elif name == "progress":
@@ -320,7 +322,8 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(c.strip() for c in text.split(","))
 
 
-def _attr(text: str) -> tuple[str, Any]:
+def attr_arg(text: str) -> tuple[str, Any]:
+    """``--attr KEY=VALUE``: VALUE as JSON when it parses (3, true, [1,2]), else as text."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -330,7 +333,8 @@ def _attr(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def json_object_arg(text: str) -> dict[str, Any]:
+    """A flag's JSON object (``--storage-options``)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
