@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
 import shutil
@@ -51,6 +52,36 @@ def image_bytes(img: np.ndarray | Image.Image, format: str, **save: Any) -> byte
     buf = io.BytesIO()
     (img if isinstance(img, Image.Image) else Image.fromarray(img)).save(buf, format=format, **save)
     return buf.getvalue()
+
+
+# -- the test's world ------------------------------------------------------------------------------
+
+
+def hide_module(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Make ``import name`` (and of its submodules) fail with ImportError for the rest of the test."""
+    real_import = builtins.__import__
+
+    def fake_import(module: str, *args: Any, **kwargs: Any) -> Any:
+        if module == name or module.startswith(f"{name}."):
+            raise ImportError(f"No module named '{name}'")
+        return real_import(module, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+
+
+def tiny_keras_model(classes: int) -> Any:
+    """A compiled Keras model small enough to fit in a test: rescale, global average pool, one dense layer."""
+    keras = pytest.importorskip("keras")
+    model = keras.Sequential(
+        [
+            keras.Input((None, None, 3)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(classes),
+        ]
+    )
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
 
 
 # -- stores ----------------------------------------------------------------------------------------
