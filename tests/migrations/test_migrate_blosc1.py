@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import builtins
 import shutil
 from pathlib import Path
 
 import blosc2
 import numpy as np
 import pytest
+from helpers import hide_module
 
 from carraystore.base.errors import MigrationError, MissingDependencyError
 from carraystore.migrations import blosc1, migrate
@@ -93,14 +93,7 @@ def test_snappy_chunks_decode_with_cramjam() -> None:
 
 
 def test_snappy_without_cramjam_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    real_import = builtins.__import__
-
-    def no_cramjam(name: str, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if name == "cramjam" or name.startswith("cramjam."):
-            raise ImportError("No module named 'cramjam'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_cramjam)
+    hide_module(monkeypatch, "cramjam")
     src = tmp_path / "snappy.bc"
     shutil.copytree(LOCAL / "py27-bcolz-0.10.0" / "codec_snappy_sh1", src)
     out = tmp_path / "out.b2nd"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import builtins
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import hide_module
 
 import carraystore
 from carraystore.base.errors import MigrationError, MissingDependencyError
@@ -154,13 +154,6 @@ def test_hdf5_variable_length_is_refused(tmp_path: Path) -> None:
 def test_hdf5_without_h5py_says_what_to_install(photo_arrays, tmp_path: Path, monkeypatch) -> None:
     with h5py.File(tmp_path / "d.h5", "w") as f:
         f["x"] = photo_arrays[0][:3]
-    real_import = builtins.__import__
-
-    def no_h5py(name: str, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if name == "h5py" or name.startswith("h5py."):
-            raise ImportError("No module named 'h5py'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_h5py)
+    hide_module(monkeypatch, "h5py")
     with pytest.raises(MissingDependencyError, match=r"carraystore\[migrate\]"):
         migrate(tmp_path / "d.h5", tmp_path / "o.b2nd", progress=False)

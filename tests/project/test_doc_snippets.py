@@ -23,6 +23,7 @@ import re
 import shutil
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ import pytest
 
 keras = pytest.importorskip("keras")
 pytest.importorskip("tensorflow")
+
+from helpers import tiny_keras_model  # noqa: E402
 
 import carraystore  # noqa: E402
 from carraystore.ingest.sample_data import make_photo_folder  # noqa: E402
@@ -64,19 +67,7 @@ def test_the_extractor_finds_blocks_and_skip_marks(tmp_path: Path) -> None:
 
 def prelude(photo_patches: Callable[..., np.ndarray]) -> dict[str, Any]:
     """What the snippets use without defining it."""
-
-    def make_model() -> Any:
-        model = keras.Sequential(
-            [
-                keras.Input((None, None, 3)),
-                keras.layers.Rescaling(1 / 255),
-                keras.layers.GlobalAveragePooling2D(),
-                keras.layers.Dense(4),
-            ]
-        )
-        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
-
+    make_model = partial(tiny_keras_model, 4)
     images = photo_patches(20, size=(64, 64), seed=1)
     more = photo_patches(6, size=(64, 64), seed=2)
     return {

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ingested_photos
+from helpers import ingested_photos, tiny_keras_model
 
 import carraystore
 from testsupport.servers import LOOPBACK, free_port, weed_binary
@@ -142,20 +142,6 @@ def test_the_document_marks_each_recipe() -> None:
     assert [lang for lang, _, _ in blocks("web")][0] == "nginx"
 
 
-def _model() -> object:
-    keras = pytest.importorskip("keras")
-    model = keras.Sequential(
-        [
-            keras.Input((None, None, 3)),
-            keras.layers.Rescaling(1 / 255),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(2),
-        ]
-    )
-    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-
 def _assert_same_store(remote: carraystore.Store, local_path: Path) -> None:
     with carraystore.open(local_path) as local:
         assert len(remote) == len(local) and remote.nchunks == local.nchunks > 1
@@ -212,7 +198,7 @@ def test_the_seaweedfs_node_runs_as_documented(
     )
     pgid = proc.pid
     node_group.append(pgid)
-    model = _model()  # Keras and TensorFlow import meanwhile
+    model = tiny_keras_model(2)  # Keras and TensorFlow import meanwhile
     out, _ = proc.communicate(timeout=120)
     log = data / "weed.log"
     assert proc.returncode == 0, (
