@@ -3,7 +3,7 @@
 A file is bad when its name cannot be a key, it does not decode, or it decodes to another
 size than the first image. With ``on_error='fail'`` the first one stops the ingest; with
 ``'skip'`` they are listed (in the output and the store's metadata) until more than
-``max_skipped`` fail. The local ingest and the cluster ingest (``carraystore.dask``) share
+``max_skipped`` fail. The local ingest and the cluster ingest (``ingest.cluster``) share
 this code, so they stop at the same file with the same message.
 """
 

@@ -2,7 +2,7 @@
 
 The one image lister and extension list (:func:`image_files`, :func:`list_images`,
 ``IMAGE_EXTENSIONS``) and the one decoder (:func:`decode_image`, with the resize, crop and
-16-bit rules), used by the ingest, its cluster path (``carraystore.dask``), ``carraystore
+16-bit rules), used by the ingest, its cluster runner (``ingest.cluster``), ``carraystore
 bench`` and bench/.
 """
 

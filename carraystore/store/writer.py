@@ -280,7 +280,7 @@ class StoreWriter:
         """Record an input that was skipped (kept in the metadata; nothing is dropped silently)."""
         self._skipped.append({"path": path, "reason": reason})
 
-    # -- chunks compressed elsewhere (carraystore.dask) ------------------------------------
+    # -- chunks compressed elsewhere (the cluster ingest, from_dask) ----------------------------
     def append_compressed_chunk(
         self,
         data: bytes,
