@@ -9,7 +9,6 @@ and that plain blosc2 reads.
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,12 @@ import blosc2
 import msgpack
 import numpy as np
 import pytest
+import spec_reader
+import spec_writer
 
 import carraystore
 from carraystore.format import codec as cdc
 from carraystore.format import record as fmt
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import spec_reader  # noqa: E402
-import spec_writer  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 GOLDEN_STORES = sorted(GOLDEN.glob("*/*.b2nd"))

@@ -5,20 +5,17 @@ held by carraystore and by the clean-room reader (tests/spec_reader.py) alike.""
 from __future__ import annotations
 
 import ast
-import sys
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
+import spec_reader
 from helpers import rewrite_record
 
 import carraystore
 from carraystore.base.errors import FormatError, InvalidInputError
 from carraystore.format.record import key_problem, validate_key
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import spec_reader  # noqa: E402
 
 SHAPE = (4, 4, 1)
 DOT_KEYS = [".", "x/", "a//b", "a/./b", "./a", "a/.", "a/b/"]

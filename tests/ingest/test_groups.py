@@ -4,7 +4,6 @@ clips inside a group, and growing a store from folders (issue 18)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -13,14 +12,12 @@ import numpy as np
 import pytest
 from helpers import CLI
 from PIL import Image
+from spec_reader import read_store
 
 import carraystore
 from carraystore.base.errors import ClipError, FormatError, GroupSplitError, InvalidInputError, ShortGroupsWarning
 from carraystore.format.record import StoreMeta
 from carraystore.ingest.plan import group_split_indices, natural_order
-
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from spec_reader import read_store  # noqa: E402
 
 
 def make_videos(root: Path, spec: dict[str, dict[str, int]], size: tuple[int, int] = (8, 8)) -> Path:
