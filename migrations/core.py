@@ -297,6 +297,15 @@ def migrate(
     Returns a MigrationReport.
     """
     t0 = time.perf_counter()
+    what: dict[str, Any] = dict(  # what to read from src, as open_migration_source takes it
+        images=images,
+        labels=labels,
+        dataset=dataset,
+        allow_pickle=allow_pickle,
+        no_labels=no_labels,
+        group=group,
+        onehot_to_class=onehot_to_class,
+    )
     opts = WriteOptions.merged(options, str(out), **write)
     opts.refuse(
         ("attrs",),
@@ -310,19 +319,8 @@ def migrate(
     if is_url(out):
         target = RemoteTarget(str(out), opts.storage_options, overwrite=opts.overwrite, tmp_dir=opts.tmp_dir)
         try:
-            report = migrate(
-                src,
-                target.local_path,
-                images=images,
-                labels=labels,
-                dataset=dataset,
-                allow_pickle=allow_pickle,
-                verify=verify,
-                no_labels=no_labels,
-                group=group,
-                onehot_to_class=onehot_to_class,
-                options=opts.replace(overwrite=False, lock_timeout=0.0, storage_options=None, tmp_dir=None),
-            )
+            staged = opts.replace(overwrite=False, lock_timeout=0.0, storage_options=None, tmp_dir=None)
+            report = migrate(src, target.local_path, verify=verify, options=staged, **what)
             target.upload()
         finally:
             target.cleanup()
@@ -339,20 +337,7 @@ def migrate(
     lock = WriterLock(Path(os.path.realpath(out_p)), purpose="migrate", timeout=opts.lock_timeout)
     lock.acquire()
     try:
-        return _migrate_locked(
-            src,
-            out_p,
-            images,
-            labels,
-            dataset,
-            allow_pickle,
-            verify,
-            opts,
-            no_labels,
-            t0,
-            group,
-            onehot_to_class,
-        )
+        return _migrate_locked(src, out_p, what, verify, opts, t0)
     finally:
         lock.release()
 
@@ -422,35 +407,21 @@ def migrate_splits(
 def _migrate_locked(
     src: str | os.PathLike[str] | None,
     out_p: Path,
-    images: str | os.PathLike[str] | None,
-    labels: str | os.PathLike[str] | None,
-    dataset: str | None,
-    allow_pickle: bool,
+    what: dict[str, Any],
     verify: bool,
     opts: WriteOptions,
-    no_labels: bool,
     t0: float,
-    group: str | None = None,
-    onehot_to_class: bool = False,
 ) -> MigrationReport:
     refuse_folder_target(out_p)
     if out_p.exists() and not opts.overwrite:
         raise StoreExistsError(f"{out_p} already exists; pass --overwrite (overwrite=True) to replace it")
-    for s in (src, images if src is None else None, labels if src is None else None):
+    images, labels = (None, None) if src is not None else (what["images"], what["labels"])
+    for s in (src, images, labels):
         if s is not None and Path(s).exists() and out_p.exists() and out_p.resolve() == Path(s).resolve():
             raise InvalidInputError(f"{out_p}: the output would replace the source; write to a new file")
-    if no_labels and labels is not None:
+    if what["no_labels"] and what["labels"] is not None:
         raise InvalidInputError("give either labels or no_labels (--no-labels), not both")
-    source = open_migration_source(
-        src,
-        images=images,
-        labels=labels,
-        dataset=dataset,
-        allow_pickle=allow_pickle,
-        no_labels=no_labels,
-        group=group,
-        onehot_to_class=onehot_to_class,
-    )
+    source = open_migration_source(src, **what)
     if opts.class_names is not None:
         _set_class_names(source, opts.class_names)
     rollback(Path(os.path.realpath(out_p)))  # an append to out_p that died half-way is undone before anything else
