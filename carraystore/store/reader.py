@@ -152,6 +152,8 @@ class StoreReader:
         self._open_kwargs = dict(open_kwargs or {})
         #: every chunk read is checked against its CRC32 (always so for remote stores)
         self.check_reads = not isinstance(source, LocalFileSource)
+        #: the source, when it fetches ahead over a link (hints, waits, discards)
+        self._link: ReadAheadSource | None = source if isinstance(source, ReadAheadSource) else None
         self._lock = threading.Lock()
 
     # -- description -------------------------------------------------------------------
@@ -311,8 +313,7 @@ class StoreReader:
         if self.check_reads:
             # bytes that crossed a network and fail their CRC are fetched again (a source
             # that can forget a range: remote, cached) before the chunk counts as damaged
-            src = self._source
-            link = src if isinstance(src, ReadAheadSource) else None
+            link = self._link
             for attempt in range(CRC_REFETCHES + 1):
                 try:
                     self.check_chunk_bytes(i, data)
@@ -376,18 +377,16 @@ class StoreReader:
     def chunks_hinted(self, chunks: Sequence[int] | np.ndarray) -> bool:
         """Whether the source fetched ahead, or is fetching, every one of these chunks (hinted
         with :meth:`prefetch_chunks` and not read yet); False for a local file."""
-        src = self._source
-        return isinstance(src, ReadAheadSource) and src.hinted(self._ranges_of(chunks))
+        return self._link is not None and self._link.hinted(self._ranges_of(chunks))
 
     def wait_chunks_fetched(self, chunks: Sequence[int] | np.ndarray, timeout: float | None = None) -> bool:
         """Wait until the bytes of these chunks, hinted with :meth:`prefetch_chunks`, have
         arrived (or their fetch failed); True once none is on its way, False on ``timeout``.
         Chunks never hinted, already read, or of a local file count as arrived."""
-        src = self._source
-        if not isinstance(src, ReadAheadSource):
+        if self._link is None:
             return True
         ranges = self._ranges_of(chunks)
-        return src.wait_prefetched(ranges, timeout) if ranges else True
+        return self._link.wait_prefetched(ranges, timeout) if ranges else True
 
     def decompress_chunk(
         self,
