@@ -54,6 +54,13 @@ def image_bytes(img: np.ndarray | Image.Image, format: str, **save: Any) -> byte
     return buf.getvalue()
 
 
+def pillow_pixels(src: bytes | Path, mode: str = "RGB") -> np.ndarray:
+    """Pillow's pixels of an image file (its path or bytes) converted to ``mode``, with a channel axis."""
+    with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as img:
+        arr = np.asarray(img.convert(mode))
+    return arr[..., None] if arr.ndim == 2 else arr
+
+
 # -- the test's world ------------------------------------------------------------------------------
 
 
