@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import filecmp
-import io
 import subprocess
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import CLI, image_bytes
-from PIL import Image
+from helpers import CLI, image_bytes, pillow_pixels
 
 import carraystore as cs
 from carraystore.base.errors import CorruptStoreError, EncodedImageError, FormatError, InvalidInputError, LoaderError
@@ -32,10 +30,6 @@ def _photo(i: int, h: int = H, w: int = W) -> np.ndarray:
 
 _jpeg = partial(image_bytes, format="JPEG", quality=90)
 _png = partial(image_bytes, format="PNG")
-
-
-def _pillow(data: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
 @pytest.fixture
@@ -74,7 +68,7 @@ def test_source_files_decode_to_exactly_pillow_and_decode_image(stores, folder: 
         assert np.array_equal(everything[i], decode_image(folder / key, opts)), key
         if key != "dogs/big.jpg":
             assert e.entry(i) == data  # kept byte for byte
-            assert np.array_equal(everything[i], _pillow(data))
+            assert np.array_equal(everything[i], pillow_pixels(data))
         else:
             assert e.entry(i)[:8] == b"\x89PNG\r\n\x1a\n"  # resized: encoded once, losslessly
     assert np.array_equal(everything, p[:])  # the pixel layout's very pixels
@@ -126,7 +120,7 @@ def test_append_and_raw_fallback(tmp_path: Path) -> None:
         w.append(noise[None], labels=[1])  # pixels: encoded with the store's pinned PNG, or kept raw
     s = cs.open(path)
     assert len(s) == 12 and list(s.labels) == [0] * 5 + [1] * 7
-    want = np.stack([_pillow(_jpeg(a)) for a in imgs] + [noise])
+    want = np.stack([pillow_pixels(_jpeg(a)) for a in imgs] + [noise])
     assert np.array_equal(s[:], want)
     assert len(s.entry(11)) == H * W * 3 and s.meta.encoding.formats == ("jpeg", "raw")
     assert s.verify() == []

@@ -8,7 +8,6 @@ a failed self-check, an odd JPEG or a broken file all end up in Pillow's hands.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import image_bytes
+from helpers import image_bytes, pillow_pixels
 from PIL import Image
 
 import carraystore as cs
@@ -36,9 +35,7 @@ _jpeg = partial(image_bytes, format="JPEG")
 
 def _pillow(data: bytes, color_mode: str) -> np.ndarray:
     """What keras.utils.load_img(color_mode=...) gives for the file: Pillow, converted."""
-    with Image.open(io.BytesIO(data)) as img:
-        arr = np.asarray(img.convert(MODES[color_mode]))
-    return arr.reshape(*arr.shape[:2], CHANNELS[color_mode])
+    return pillow_pixels(data, MODES[color_mode])
 
 
 def _photo_jpegs(size: tuple[int, int]) -> list[bytes]:

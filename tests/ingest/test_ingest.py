@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import pillow_pixels
 from PIL import Image
 
 import carraystore
@@ -26,12 +27,6 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_photo_folder(tmp_path_factory.mktemp("photos"), n=84, size=(64, 64), classes=CLASSES, seed=3)
 
 
-def _pil(path: Path, mode: str = "RGB") -> np.ndarray:
-    with Image.open(path) as img:
-        arr = np.asarray(img.convert(mode))
-    return arr[..., None] if arr.ndim == 2 else arr
-
-
 def test_labels_keys_and_pixels_match_the_files(photos: Path, tmp_path: Path) -> None:
     out = tmp_path / "s.b2nd"
     res = from_directory(photos, out, workers=1)
@@ -42,7 +37,7 @@ def test_labels_keys_and_pixels_match_the_files(photos: Path, tmp_path: Path) ->
     assert sorted(store.keys) == files  # every file exactly once
     for i, key in enumerate(store.keys):
         assert store.labels[i] == CLASSES.index(key.split("/")[0])
-        np.testing.assert_array_equal(store[i], _pil(photos / key))
+        np.testing.assert_array_equal(store[i], pillow_pixels(photos / key))
     assert store.image_shape == (64, 64, 3) and store.color_mode == "rgb"
     # keys are relative; no absolute path of the source anywhere in the file
     assert str(photos).encode() not in out.read_bytes()
