@@ -167,11 +167,10 @@ def from_directory(
                 total=meta.nimages,
             )
         try:
-            job = StoreJob(plan, opts, wopts, appender=writer, **run)
+            return runner(StoreJob(plan, opts, wopts, appender=writer, **run))
         except BaseException:
-            writer.abort()
+            writer.abort()  # a runner that failed before writing leaves the lock to no one
             raise
-        return runner(job)
     dtype = dtype or "uint8"
     opts = DecodeOptions(color_mode or "rgb", size, interpolation or "bilinear", bool(crop_to_aspect_ratio), dtype)
     if layout == "encoded" and dtype != "uint8":
