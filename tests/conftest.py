@@ -1,6 +1,7 @@
-"""Shared test fixtures: small real-photo folders and arrays, and the optional ../shared folder.
+"""Shared test fixtures: small real-photo folders and arrays, the optional ../shared folder, servers.
 
-Keep this file to fixtures that several test files use; helpers used by one file live in it.
+Keep this file to fixtures that several test files use; plain functions that several files use
+live in ``helpers.py``; what one file uses lives in that file.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import pillow_pixels
+from loader_threads import no_loader_threads_left  # noqa: F401  (a fixture: no test leaves loader threads running)
 from PIL import Image
+from remote_servers import http_server, seaweedfs  # noqa: F401  (fixtures: real servers on loopback for the remote tests)
 
 from carraystore.ingest.sample_data import PHOTOS, load_photo, make_photo_folder
 
@@ -54,10 +58,7 @@ def photo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def photo_arrays(photo_folder: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """The decoded pixels (N, 64, 64, 3) uint8, labels and relative keys of ``photo_folder``, in path order."""
     files = sorted(photo_folder.rglob("*.jpg"))
-    images = []
-    for f in files:
-        with Image.open(f) as img:
-            images.append(np.asarray(img.convert("RGB")))
+    images = [pillow_pixels(f) for f in files]
     keys = [f.relative_to(photo_folder).as_posix() for f in files]
     labels = np.array([PHOTO_CLASSES.index(k.split("/")[0]) for k in keys], dtype=np.int64)
     return np.stack(images), labels, keys
@@ -82,6 +83,7 @@ def _scaled_photos(short_side: int) -> tuple[np.ndarray, ...]:
 
 
 def _photo_patches(n: int, size: tuple[int, int] = (16, 16), seed: int = 0) -> np.ndarray:
+    """``n`` random RGB patches of ``size`` from the scaled sample photos (random positions and flips)."""
     h, w = size
     photos = _scaled_photos(max(64, 4 * max(h, w)))
     rng = np.random.default_rng(seed)
@@ -112,9 +114,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     collection order: a long test handed out near the end keeps its worker busy after the
     others have finished, while at the start it runs beside the short ones."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
-# Real servers on loopback for the remote tests (SeaweedFS's S3 gateway, a plain HTTP Range server).
-# No test leaves loader threads running (the loader and pipeline tests use it).
-from loader_threads import no_loader_threads_left  # noqa: E402,F401
-from remote_servers import http_server, seaweedfs  # noqa: E402,F401
