@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers import make_store  # noqa: E402
 from torch.utils.data import DataLoader, RandomSampler  # noqa: E402
 
 import carraystore  # noqa: E402
@@ -25,9 +26,7 @@ OPTS = {"window": 2, "num_threads": 2}
 
 def _write(path: Path, images: np.ndarray) -> Path:
     # label = sample index, so every yielded sample names itself
-    with carraystore.create(path, images.shape[1:], chunk_images=8, overwrite=True) as w:
-        w.append(images, np.arange(len(images)))
-    return path
+    return make_store(path, images, np.arange(len(images)), chunk_images=8, overwrite=True)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_store
 
 import carraystore
 from carraystore.base.errors import LoaderError
@@ -28,11 +29,9 @@ pytestmark = pytest.mark.skipif(
 def direct_store(tmp_path_factory: pytest.TempPathFactory, photo_patches: Callable[..., np.ndarray]) -> Path:
     images = photo_patches(300, size=(48, 48), seed=5)
     images[60:90] = 0  # whole all-zero chunks: blosc2 stores them as special chunks without data
-    path = tmp_path_factory.mktemp("direct") / "d.b2nd"
+    path, keys = tmp_path_factory.mktemp("direct") / "d.b2nd", [f"clip{i // 25:02d}/f{i:03d}.png" for i in range(300)]
     codec = carraystore.Codec("lz4", 1, filters=(), block_images=1)
-    with carraystore.create(path, (48, 48, 3), codec=codec, chunk_images=10) as w:
-        w.append(images, labels=np.arange(300) % 7, keys=[f"clip{i // 25:02d}/f{i:03d}.png" for i in range(300)])
-    return path
+    return make_store(path, images, np.arange(300) % 7, keys, codec=codec, chunk_images=10)
 
 
 def _epoch(store: carraystore.Store, direct: bool, **kwargs: object) -> list[tuple[np.ndarray, np.ndarray]]:

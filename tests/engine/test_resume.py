@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_store
 
 import carraystore
 from carraystore.base.errors import InvalidInputError
@@ -24,10 +25,7 @@ OPTS = {"window": 2, "num_threads": 2}
 def store(tmp_path_factory: pytest.TempPathFactory, photo_patches: Callable[..., np.ndarray]) -> Path:
     """203 real photo patches (16x16), label = index: shards of 2 and 3 ranks need padding."""
     images = photo_patches(203, (16, 16), seed=11)
-    path = tmp_path_factory.mktemp("resume") / "s.b2nd"
-    with carraystore.create(path, images.shape[1:], chunk_images=8) as w:
-        w.append(images, np.arange(len(images)))
-    return path
+    return make_store(tmp_path_factory.mktemp("resume") / "s.b2nd", images, np.arange(len(images)), chunk_images=8)
 
 
 def _pixels(path: Path) -> np.ndarray:

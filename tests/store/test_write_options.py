@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import random_images
+from helpers import make_store, random_images
 
 import carraystore
 from carraystore.base.errors import InvalidInputError, StoreExistsError
@@ -28,9 +28,7 @@ _images = partial(random_images, shape=SHAPE, high=255)
 
 
 def _store(path: Path, n: int = 10, **kw: object) -> Path:
-    with carraystore.create(path, SHAPE, chunk_images=4, **kw) as w:  # type: ignore[arg-type]
-        w.append(_images(n), labels=np.arange(n) % 2)
-    return path
+    return make_store(path, _images(n), np.arange(n) % 2, chunk_images=4, **kw)
 
 
 def _npz(tmp_path: Path, n: int = 6) -> Path:
