@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_store
 from PIL import Image
 
 import carraystore as cs
@@ -63,9 +64,7 @@ def client(cluster: tuple[object, object]) -> object:
 
 
 def _store_of(path: Path, images: np.ndarray, labels: np.ndarray | None = None, **kw: object) -> cs.Store:
-    with cs.create(path, images.shape[1:], dtype=images.dtype, **kw) as w:  # type: ignore[arg-type]
-        w.append(images, labels=labels)
-    return cs.open(path)
+    return cs.open(make_store(path, images, labels, dtype=images.dtype, **kw))
 
 
 # -- to_dask ------------------------------------------------------------------------------------
