@@ -208,32 +208,9 @@ class WriteOptions:
                 group.add_argument(
                     "--codec-config", metavar="JSON", help='an explicit codec, e.g. \'{"codec": "zstd", "clevel": 3}\''
                 )
-            elif name == "chunk_images":
-                parser.add_argument("--chunk-images", type=_positive_int, metavar="N", help=text)
-            elif name == "class_names":
-                parser.add_argument("--class-names", type=_names, metavar="A,B,C", help=text)
-            elif name == "attrs":
-                parser.add_argument(
-                    "--attr", dest="attrs", action="append", type=attr_arg, metavar="KEY=VALUE", help=text
-                )
-            elif name == "overwrite":
-                parser.add_argument("--overwrite", action="store_true", help=text)
-            elif name == "lock_timeout":
-                parser.add_argument(
-                    "--lock-timeout",
-                    "--wait",
-                    dest="lock_timeout",
-                    type=_seconds,
-                    default=0.0,
-                    metavar="SECONDS",
-                    help=text,
-                )
-            elif name == "storage_options":
-                parser.add_argument("--storage-options", type=json_object_arg, metavar="JSON", help=text)
-            elif name == "tmp_dir":
-                parser.add_argument("--tmp-dir", metavar="DIR", help=text)
-            elif name == "progress":
-                parser.add_argument("-q", "--quiet", action="store_true", help=text)
+            else:
+                flags, kwargs = _FLAGS[name]
+                parser.add_argument(*flags, help=text, **kwargs)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **overrides: Any) -> WriteOptions:
@@ -342,3 +319,19 @@ def json_object_arg(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError('must be a JSON object, e.g. \'{"endpoint_url": "http://127.0.0.1:8333"}\'')
     return value
+
+
+#: Each field's flags and their argparse settings (``codec`` is two exclusive flags: ``add_arguments``).
+_FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "chunk_images": (("--chunk-images",), dict(type=_positive_int, metavar="N")),
+    "class_names": (("--class-names",), dict(type=_names, metavar="A,B,C")),
+    "attrs": (("--attr",), dict(dest="attrs", action="append", type=attr_arg, metavar="KEY=VALUE")),
+    "overwrite": (("--overwrite",), dict(action="store_true")),
+    "lock_timeout": (
+        ("--lock-timeout", "--wait"),
+        dict(dest="lock_timeout", type=_seconds, default=0.0, metavar="SECONDS"),
+    ),
+    "storage_options": (("--storage-options",), dict(type=json_object_arg, metavar="JSON")),
+    "tmp_dir": (("--tmp-dir",), dict(metavar="DIR")),
+    "progress": (("-q", "--quiet"), dict(action="store_true")),
+}
