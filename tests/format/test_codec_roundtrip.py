@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.format.codec import PRESETS, Codec, is_preset
 from carraystore.base.errors import CodecRoundTripError, InvalidInputError
+from carraystore.format.codec import PRESETS, Codec, is_preset
 from carraystore.store.chunks import compress_chunk
 
 #: (codec, number of items, item shape): blosc2 4.14 mis-decodes the last, partial chunk of

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.cli import main as cli
 from carraystore.base.errors import CarrayStoreError, CorruptStoreError, WriteError
+from carraystore.cli import main as cli
 from carraystore.store.checks import header_problems
 
 SHAPE = (4, 4, 3)

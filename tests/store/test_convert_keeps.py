@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.cli.main import main
-from carraystore.store.convert import convert_store
 from carraystore.base.errors import StoreLockedError
 from carraystore.base.lock import WriterLock
+from carraystore.cli.main import main
+from carraystore.store.convert import convert_store
 
 
 def _grouped(path: Path) -> Path:

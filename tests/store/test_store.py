@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.format.codec import PRESETS, Codec, crc32, parse_chunk_header
 from carraystore.base.errors import (
     ChecksumError,
     CorruptStoreError,
@@ -26,6 +25,7 @@ from carraystore.base.errors import (
     NotAStoreError,
     StoreExistsError,
 )
+from carraystore.format.codec import PRESETS, Codec, crc32, parse_chunk_header
 
 CHUNK = 16  # images per chunk in the round-trip matrix
 SIZE = (8, 8)  # pixels: small, so that the 10,000-image case stays fast

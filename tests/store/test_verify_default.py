@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.format import blocks
 from carraystore.base.errors import ChecksumError, LoaderChecksumError
+from carraystore.format import blocks
 
 BAD_CHUNK = 2
 
