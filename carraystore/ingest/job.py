@@ -127,15 +127,15 @@ class StoreJob:
                     f"these decode to {shape}"
                 )
             return self.appender
-        layout = {"layout": "encoded", "encoding": self.encoding} if self.encoding is not None else {}
         return create(
             self.plan.output,
             shape,
             dtype=self.opts.dtype,
             nthreads=1,
             provenance=self.plan.provenance,
+            layout="encoded" if self.encoding is not None else None,
+            encoding=self.encoding,
             options=self.write.replace(class_names=self.plan.class_names, progress=False),
-            **layout,  # type: ignore[arg-type]
         )
 
     def progress_bar(self, initial: int = 0) -> Any:
