@@ -5,7 +5,6 @@ One LocalCluster of two worker processes (one thread each) serves the whole modu
 
 from __future__ import annotations
 
-import http.server
 import logging
 import os
 import pickle
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from helpers import make_store
 from PIL import Image
+from remote_servers import RangeHTTPServer
 
 import carraystore as cs
 from carraystore.base.errors import (
@@ -717,64 +717,16 @@ def test_cli_unreachable_scheduler_is_a_clear_error(
 # -- URLs (with the remote sources) ---------------------------------------------------------------
 
 
-class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """Static files with single byte ranges (what a store reader asks of an HTTP server)."""
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802
-        path = Path(self.translate_path(self.path))
-        if not path.is_file():
-            self.send_error(404)
-            return
-        data = path.read_bytes()
-        rng = self.headers.get("Range")
-        if rng and rng.startswith("bytes="):
-            a, _, b = rng[6:].partition("-")
-            start = int(a) if a else len(data) - int(b)
-            stop = min(len(data), int(b) + 1) if a and b else len(data)
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
-            body = data[start:stop]
-        else:
-            self.send_response(200)
-            body = data
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        path = Path(self.translate_path(self.path))
-        if not path.is_file():
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(path.stat().st_size))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-
-
 def test_to_dask_of_a_url_on_worker_processes(
-    tmp_path: Path, client: object, photo_patches: Callable[..., np.ndarray]
+    http_server: RangeHTTPServer, client: object, photo_patches: Callable[..., np.ndarray]
 ) -> None:
     pytest.importorskip("carraystore.sources.remote", reason="URLs need the remote sources (storage-node issue)")
     images = photo_patches(120, (16, 16), seed=8)
-    _store_of(tmp_path / "web.b2nd", images, chunk_images=16)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _RangeHandler(*a, directory=str(tmp_path)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/web.b2nd"
-        x = cdask.to_dask(url)
-        assert x.chunks[0] == (16,) * 7 + (8,)
-        assert int(client.compute(x.sum(dtype="i8")).result()) == int(images.sum(dtype=np.int64))
-        np.testing.assert_array_equal(client.compute(x[[100, 3]]).result(), images[[100, 3]])
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    _store_of(http_server.root / "web.b2nd", images, chunk_images=16)
+    x = cdask.to_dask(f"{http_server.url}/web.b2nd")
+    assert x.chunks[0] == (16,) * 7 + (8,)
+    assert int(client.compute(x.sum(dtype="i8")).result()) == int(images.sum(dtype=np.int64))
+    np.testing.assert_array_equal(client.compute(x[[100, 3]]).result(), images[[100, 3]])
 
 
 def test_to_dask_of_an_s3_url_on_worker_processes(
