@@ -391,7 +391,18 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="how long to try reaching the --dask-scheduler before giving up (default 30)",
     )
-    _add_layout_arguments(p)
+    p.add_argument(
+        "--layout",
+        choices=["pixels", "encoded"],
+        default="pixels",
+        help="pixels (default): decoded pixels; encoded: each image as its JPEG/PNG/WebP bytes (FORMAT.md 10)",
+    )
+    p.add_argument(
+        "--quality",
+        type=int,
+        default=None,
+        help="--layout encoded: encode every image as JPEG at this quality (default: keep files, else PNG)",
+    )
     # the write options: the flags of carraystore.WriteOptions, as migrate, copy and meta have them
     WriteOptions.add_arguments(
         p,
@@ -551,21 +562,6 @@ def register(sub: Any) -> None:
         p, ("codec", "chunk_images", "overwrite", "lock_timeout"), helps={"overwrite": "replace DST if it exists"}
     )
     p.set_defaults(func=_cmd_convert)
-
-
-def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--layout",
-        choices=["pixels", "encoded"],
-        default="pixels",
-        help="pixels (default): decoded pixels; encoded: each image as its JPEG/PNG/WebP bytes (FORMAT.md 10)",
-    )
-    p.add_argument(
-        "--quality",
-        type=int,
-        default=None,
-        help="--layout encoded: encode every image as JPEG at this quality (default: keep files, else PNG)",
-    )
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
