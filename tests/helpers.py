@@ -65,7 +65,7 @@ def pillow_pixels(src: bytes | Path, mode: str = "RGB") -> np.ndarray:
 
 
 def hide_module(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """Make ``import name`` (and of its submodules) fail with ImportError for the rest of the test."""
+    """Make importing ``name`` or its submodules fail with ImportError for the rest of the test."""
     real_import = builtins.__import__
 
     def fake_import(module: str, *args: Any, **kwargs: Any) -> Any:
@@ -146,10 +146,8 @@ def set_raw_record(path: Path, raw: bytes) -> None:
 
 
 def rewrite_record(path: Path, mutate: Callable[[dict[str, Any]], Any], out: Path | None = None) -> Path:
-    """Change the record (of a copy at ``out`` if given) with ``mutate`` and seal it again; return the store changed.
-
-    Sealed again, so that the checks behind the checksum are what is tested.
-    """
+    """Change the record (of a copy at ``out`` if given) with ``mutate``, sealed again so that the checks behind
+    the checksum are what is tested; return the store changed."""
     if out is not None:
         shutil.copy(path, out)
         path = out
