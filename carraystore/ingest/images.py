@@ -65,13 +65,31 @@ DEPTH_RULE = {
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """How each file becomes an array (picklable: sent to worker processes)."""
+    """How each file becomes an array, checked once here (picklable: sent to cluster workers)."""
 
     color_mode: str = "rgb"
+    #: (height, width) to resize to, or None: the file's own size
     image_size: tuple[int, int] | None = None
     interpolation: str = "bilinear"
     crop_to_aspect_ratio: bool = False
     dtype: str = "uint8"
+
+    def __post_init__(self) -> None:
+        if self.color_mode not in MODES:
+            raise InvalidInputError(f"color_mode must be one of {sorted(MODES)}, got {self.color_mode!r}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise InvalidInputError(
+                f"interpolation {self.interpolation!r} is not available; choose one of {sorted(INTERPOLATIONS)} "
+                "(Keras' gaussian, lanczos5 and mitchellcubic have no Pillow equivalent)"
+            )
+        if self.image_size is not None:
+            size = tuple(int(x) for x in self.image_size)
+            if len(size) != 2 or min(size) < 1:
+                raise InvalidInputError(f"image_size must be (height, width), got {self.image_size!r}")
+            object.__setattr__(self, "image_size", size)
+        if self.dtype not in INGEST_DTYPES:
+            raise InvalidInputError(f"dtype must be one of {INGEST_DTYPES}, got {self.dtype!r}")
+        object.__setattr__(self, "crop_to_aspect_ratio", bool(self.crop_to_aspect_ratio))
 
 
 # -- listing ---------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from carraystore.ingest.append import check_append_args, plan_append
 from carraystore.ingest.badfiles import DEFAULT_MAX_SKIPPED, shape_error
 from carraystore.ingest.cluster import run_on_cluster
 from carraystore.ingest.decodepool import decoded
-from carraystore.ingest.images import DEPTH_RULE, INGEST_DTYPES, INTERPOLATIONS, MODES, DecodeOptions
+from carraystore.ingest.images import DEPTH_RULE, MODES, DecodeOptions
 from carraystore.ingest.job import IngestResult, Runner, StoreJob
 from carraystore.ingest.plan import Groups, float_labels, plan_folder
 from carraystore.store.options import WriteKwargs, WriteOptions
@@ -116,9 +116,12 @@ def from_directory(
     some other way.
     """
     wopts = WriteOptions.merged(options, str(output), **write)
-    size = _check_options(color_mode or "rgb", image_size, interpolation or "bilinear", on_error)
-    if dtype is not None and dtype not in INGEST_DTYPES:
-        raise InvalidInputError(f"dtype must be one of {INGEST_DTYPES}, got {dtype!r}")
+    # the decode options given, checked; an append takes those left out (None) from the store
+    opts = DecodeOptions(
+        color_mode or "rgb", image_size, interpolation or "bilinear", bool(crop_to_aspect_ratio), dtype or "uint8"
+    )
+    if on_error not in ("fail", "skip"):
+        raise InvalidInputError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
     if skip_existing and not append:
         raise InvalidInputError("skip_existing applies to append=True (CLI: --skip-existing with --append)")
     if layout not in ("pixels", "encoded"):
@@ -139,7 +142,7 @@ def from_directory(
             raise InvalidInputError(
                 f"{output}: append=True keeps the store's own layout and encoding; leave layout and quality out"
             )
-        given = dict(image_size=size, color_mode=color_mode, interpolation=interpolation, dtype=dtype)
+        given = dict(image_size=opts.image_size, color_mode=color_mode, interpolation=interpolation, dtype=dtype)
         plan, writer, opts = plan_append(
             directory,
             output,
@@ -171,9 +174,8 @@ def from_directory(
         except BaseException:
             writer.abort()  # a runner that failed before writing leaves the lock to no one
             raise
-    dtype = dtype or "uint8"
-    opts = DecodeOptions(color_mode or "rgb", size, interpolation or "bilinear", bool(crop_to_aspect_ratio), dtype)
-    if layout == "encoded" and dtype != "uint8":
+    size = opts.image_size
+    if layout == "encoded" and opts.dtype != "uint8":
         raise InvalidInputError("layout='encoded' holds uint8 images; leave dtype at 'uint8'")
     if quality is not None and layout != "encoded":
         raise InvalidInputError("quality= applies to layout='encoded' only")
@@ -200,31 +202,13 @@ def from_directory(
             "resize_library": f"Pillow {PIL.__version__}" if size else None,
             "crop_to_aspect_ratio": opts.crop_to_aspect_ratio,
             "color_mode": opts.color_mode,
-            "dtype": dtype,
-            "bit_depth": DEPTH_RULE[dtype],
+            "dtype": opts.dtype,
+            "bit_depth": DEPTH_RULE[opts.dtype],
         },
     )
     enc = encoding if layout == "encoded" else None
     results = {name: runner(StoreJob(plan, opts, wopts, encoding=enc, **run)) for name, plan in plans.items()}
     return results if split_dirs or subset == "both" else next(iter(results.values()))
-
-
-def _check_options(color_mode: str, image_size: Any, interpolation: str, on_error: str) -> tuple[int, int] | None:
-    if color_mode not in MODES:
-        raise InvalidInputError(f"color_mode must be one of {sorted(MODES)}, got {color_mode!r}")
-    if interpolation not in INTERPOLATIONS:
-        raise InvalidInputError(
-            f"interpolation {interpolation!r} is not available; choose one of {sorted(INTERPOLATIONS)} "
-            "(Keras' gaussian, lanczos5 and mitchellcubic have no Pillow equivalent)"
-        )
-    if on_error not in ("fail", "skip"):
-        raise InvalidInputError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
-    if image_size is None:
-        return None
-    size = tuple(int(x) for x in image_size)
-    if len(size) != 2 or min(size) < 1:
-        raise InvalidInputError(f"image_size must be (height, width), got {image_size!r}")
-    return size
 
 
 def run_locally(job: StoreJob) -> IngestResult:
