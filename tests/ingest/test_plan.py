@@ -11,6 +11,7 @@ import pytest
 import carraystore
 from carraystore.base.errors import IngestError, InvalidInputError
 from carraystore.ingest.append import plan_append
+from carraystore.ingest.images import DecodeOptions
 from carraystore.ingest.plan import plan_folder
 from carraystore.store.options import WriteOptions
 
@@ -123,3 +124,18 @@ def test_an_append_plan_comes_from_the_store(tmp_path: Path) -> None:
             **run,  # type: ignore[arg-type]
         )
     assert carraystore.open(store).class_names == ("cat",)  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"color_mode": "cmyk"}, "color_mode"),
+        ({"interpolation": "gaussian"}, "no Pillow equivalent"),
+        ({"image_size": (0, 3)}, "image_size must be"),
+        ({"dtype": "float32"}, "dtype must be"),
+    ],
+)
+def test_decode_options_check_themselves(given: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        DecodeOptions(**given)  # type: ignore[arg-type]
+    assert DecodeOptions(image_size=[8, 9]).image_size == (8, 9)  # type: ignore[arg-type]
