@@ -262,39 +262,25 @@ def migrate(
     onehot_to_class: bool = False,
     **write: Unpack[WriteKwargs],
 ) -> MigrationReport:
-    """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path).
+    """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path or URL); returns a MigrationReport.
 
-    ``src`` is a bcolz carray or ctable rootdir, an ``.npz`` cache, an HDF5 file or a store
-    of an older format version; or None with ``images`` (and ``labels``) naming two bcolz
-    carrays. For a ctable, ``images`` / ``labels`` name columns (inferred when
-    unambiguous); for an HDF5 file ``dataset`` (and ``labels``) name datasets; for an
-    ``.npz`` of arrays ``images`` / ``labels`` name members. ``allow_pickle`` lets
-    object-dtype bcolz arrays be unpickled (this runs code from the file: only for files
-    you trust). ``verify`` re-reads the store and compares it bit for bit with the source
-    before the store is renamed into place. ``codec`` (a Codec or a preset name) picks the
-    store's codec (default: the ``balanced`` preset). ``progress`` draws a progress bar on
-    stderr (default: none). ``class_names`` names the label values (label 0
-    first); without it, an HDF5 dataset or npz member named ``class_names``, ``classes``
-    or ``label_names`` gives them. In an HDF5 file or an npz of arrays the labels are inferred
-    when exactly one array fits (integers, one per row); ``no_labels=True`` migrates without labels.
-    ``lock_timeout``: seconds to wait while another writer holds ``out`` (None: for ever;
-    then StoreLockedError names the holder).
-    ``out`` may be a URL (``s3://bucket/x.b2nd``, with ``storage_options``): the store is
-    built and verified in a staging folder under ``tmp_dir`` (default ``TMPDIR``), then
-    uploaded. ``options`` (:class:`~carraystore.store.options.WriteOptions`) holds ``codec``,
-    ``chunk_images``, ``class_names``, ``overwrite``, ``progress``, ``lock_timeout``,
-    ``storage_options`` and ``tmp_dir`` in one value (its ``attrs`` are refused: a migration
-    keeps the source's); a keyword that contradicts it is an InvalidInputError.
-    Every other array with one row per item (HDF5 dataset, npz member, ctable column) comes
-    along as a field (``store.columns``); what does not (not one row per item, a type a store
-    cannot hold, too large per item) is named in ``report.notes`` with the reason. Non-integer
-    label candidates (one-hot rows, float targets) become fields, with a note;
-    ``onehot_to_class=True`` makes one-hot rows the class labels instead (every row must have
-    exactly one 1: else OneHotLabelsError). ``group`` migrates one group (a split such as
-    ``train``) of an HDF5 file; :func:`migrate_splits` migrates all of them. ``src`` may be a
-    ``.npy`` (``labels``: a second ``.npy``); pickled data (object arrays, pickle files) needs
-    ``allow_pickle=True`` (else PickleNotAllowedError), because unpickling runs code from the file.
-    Returns a MigrationReport.
+    ``src``: a bcolz carray or ctable rootdir, an ``.npz``, an HDF5 file, a ``.npy`` (``labels``:
+    a second ``.npy``) or a store of an older format version; or None with ``images`` (and
+    ``labels``) naming two bcolz carrays. ``images`` / ``labels`` name ctable columns or npz
+    members, ``dataset`` (and ``labels``) HDF5 datasets; labels are inferred when exactly one
+    array fits (integers, one per row), ``no_labels=True`` leaves them out, and
+    ``onehot_to_class=True`` takes one-hot rows as class labels (else OneHotLabelsError).
+    Every other array with one row per item comes along as a field (``store.columns``); what
+    cannot is named in ``report.notes``. ``group`` migrates one split of an HDF5 file
+    (:func:`migrate_splits`: all of them). Pickled data needs ``allow_pickle=True`` (else
+    PickleNotAllowedError): unpickling runs code from the file, so only for files you trust.
+
+    ``verify`` re-reads the store and compares it bit for bit with the source before it is
+    renamed into place (a URL: built and verified in a staging folder, then uploaded). The
+    write options (``codec``, default ``balanced``; ``chunk_images``; ``class_names``, else
+    the source's ``class_names``/``classes``/``label_names``; ``overwrite``, ``progress``,
+    ``lock_timeout``, ``storage_options``, ``tmp_dir``) come as keywords or in ``options``;
+    ``attrs`` are refused: a migration keeps the source's.
     """
     t0 = time.perf_counter()
     what: dict[str, Any] = dict(  # what to read from src, as open_migration_source takes it
