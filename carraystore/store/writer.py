@@ -1,4 +1,4 @@
-"""Writing a store: create, append, metadata updates (layer 4).
+"""Writing a store: ``create``, ``append`` and the StoreWriter they return.
 
 carraystore compresses every chunk itself with the pinned codec (``blosc2.compress2``)
 and puts it in place with ``update_chunk``, so the chunk headers carry exactly the
@@ -10,10 +10,10 @@ way in a local staging folder and then uploaded atomically (:mod:`carraystore.so
 
 Appending to a store that holds images writes in place (:mod:`carraystore.store.inplace`): new
 chunks after the old ones, then a new offsets index, trailer and header, guarded by a
-rollback journal (:mod:`carraystore.sources.journal`); :func:`update_metadata` is the same write
-with no chunk added. Every writer holds the store's writer lock (:mod:`carraystore.base.lock`)
-from ``create``/``append`` to ``close``/``abort``, ``update_metadata`` for its whole run.
-docs/appends.md describes both.
+rollback journal (:mod:`carraystore.sources.journal`); ``store.metadata.update_metadata`` is
+the same write with no chunk added. Every writer holds the store's writer lock
+(:mod:`carraystore.base.lock`) from ``create``/``append`` to ``close``/``abort``
+(docs/appends.md). The per-item values live in ``store.items``, chunk compression in ``store.chunks``.
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ class StoreWriter:
         columns: dict[str, np.ndarray] | None = None,
         groups: Sequence[Any] | np.ndarray | None = None,
     ) -> None:
-        """Append one chunk compressed elsewhere by :func:`compress_chunk` (``nitems`` items).
+        """Append one chunk compressed elsewhere by ``store.chunks.compress_chunk`` (``nitems`` items).
 
         The writer must stand at a chunk boundary. A full chunk goes into the file as it is; a
         shorter one is decompressed into the pending buffer (so that it can still be appended
