@@ -27,10 +27,7 @@ import numpy as np
 
 from carraystore.api.daskview import Labels, fields, labels, targets, to_dask
 from carraystore.api.store import Store, open_store
-from carraystore.base.errors import (
-    InvalidInputError,
-    MissingDependencyError,
-)
+from carraystore.base.errors import InvalidInputError, MissingDependencyError
 from carraystore.format.record import StoreMeta
 from carraystore.ingest.cluster import in_order
 from carraystore.ingest.job import IngestResult
