@@ -149,7 +149,7 @@ def test_convert_both_ways_is_verified_and_atomic(stores, tmp_path: Path) -> Non
     assert ee.chunk_images == 5 and all(ee.entry(i) == e.entry(i) for i in range(len(e)))
     q = convert_store(p.path, tmp_path / "q.b2nd", "encoded", quality=80)
     assert not q.lossless and cs.open(tmp_path / "q.b2nd").entry(0)[:3] == b"\xff\xd8\xff"
-    with pytest.raises(cs.errors.StoreExistsError):
+    with pytest.raises(cs.StoreExistsError):
         convert_store(p.path, tmp_path / "q.b2nd", "encoded")
     assert not [f for f in tmp_path.iterdir() if f.name.startswith(".")]  # no temporary left behind
 

@@ -412,10 +412,12 @@ def test_copy_from_plain_http(http_server, seaweedfs, bucket: str, tmp_path: Pat
         np.testing.assert_array_equal(store[:], x)
 
 
-# -- bench loaders URL and the link proxy ----------------------------------------------------
+# -- store epochs from a URL (python -m bench.loaders URL) and the link proxy -------------------
 
 
 def test_bench_loaders_on_a_store_url(seaweedfs, bucket: str, tmp_path: Path, capsys) -> None:
+    from bench.loaders.command import main as loaders_main
+
     src = tmp_path / "src.b2nd"
     _store_with_holes(src)
     url = f"s3://{bucket}/bench/src.b2nd"
@@ -424,10 +426,8 @@ def test_bench_loaders_on_a_store_url(seaweedfs, bucket: str, tmp_path: Path, ca
         nchunks = store.nchunks
     opts = json.dumps(seaweedfs.storage_options)
     assert (
-        cli_main(
+        loaders_main(
             [
-                "bench",
-                "loaders",
                 url,
                 "--storage-options",
                 opts,
@@ -452,6 +452,8 @@ def test_bench_loaders_on_a_store_url(seaweedfs, bucket: str, tmp_path: Path, ca
 
 
 def test_bench_loaders_cache_size_takes_a_size_like_open(seaweedfs, bucket: str, tmp_path: Path, capsys) -> None:
+    from bench.loaders.command import main as loaders_main
+
     src = tmp_path / "src.b2nd"
     _store_with_holes(src)
     url = f"s3://{bucket}/bench/cached.b2nd"
@@ -459,10 +461,8 @@ def test_bench_loaders_cache_size_takes_a_size_like_open(seaweedfs, bucket: str,
     opts = json.dumps(seaweedfs.storage_options)
     cache = tmp_path / "cache"
     assert (
-        cli_main(
+        loaders_main(
             [
-                "bench",
-                "loaders",
                 url,
                 "--storage-options",
                 opts,
@@ -485,7 +485,7 @@ def test_bench_loaders_cache_size_takes_a_size_like_open(seaweedfs, bucket: str,
     assert rows[0]["requests"] > 0 and rows[0]["mb"] > 0
     assert rows[1]["requests"] == 0 and rows[1]["mb"] == 0
     with pytest.raises(SystemExit):
-        cli_main(["bench", "loaders", url, "--cache-dir", str(cache), "--cache-size", "ten"])
+        loaders_main([url, "--cache-dir", str(cache), "--cache-size", "ten"])
     assert "--cache-size" in capsys.readouterr().err
 
 

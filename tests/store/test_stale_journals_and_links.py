@@ -223,7 +223,7 @@ def test_migrate_never_follows_a_link_inside_a_bcolz_folder(tmp_path: Path) -> N
     pytest.importorskip("numcodecs", reason="write_carray uses numcodecs' c-blosc 1.x")
     from carraystore.base.errors import MigrationError
     from carraystore.migrations import migrate
-    from carraystore.migrations.bcolz import write_carray
+    from testsupport.bcolz_writer import write_carray
 
     write_carray(tmp_path / "a.bc", np.zeros((20, 4, 4, 3), np.uint8), chunklen=10)
     write_carray(tmp_path / "other.bc", np.full((20, 4, 4, 3), 7, np.uint8), chunklen=10)
