@@ -22,9 +22,9 @@ import blosc2
 import numpy as np
 from PIL import Image
 
+from carraystore.api.store import Store, open_store
 from carraystore.cli.main import main as cli_main
 from carraystore.ingest.sample_data import make_photo_folder
-from carraystore.api.store import Store, open_store
 
 
 def _image_files(root: Path) -> list[Path]:

@@ -20,9 +20,9 @@ import msgpack
 import numpy as np
 from numpy.lib.format import descr_to_dtype
 
+from carraystore.base.errors import FormatError, FormatVersionError, InvalidInputError, MetadataChecksumError
 from carraystore.format.codec import Codec, crc32
 from carraystore.format.encoded import FORMAT_VERSION_ENCODED, Encoding, check_sizes
-from carraystore.base.errors import FormatError, FormatVersionError, InvalidInputError, MetadataChecksumError
 
 __all__ = [
     "FORMAT_NAME",

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from carraystore.base.atomic import publish, temp_path
+from carraystore.base.errors import CorruptStoreError, InvalidInputError, StoreExistsError
+from carraystore.base.lock import WriterLock
 from carraystore.format.codec import Codec
 from carraystore.format.encoded import Encoding
-from carraystore.base.errors import CorruptStoreError, InvalidInputError, StoreExistsError
 from carraystore.sources.journal import rollback
-from carraystore.base.lock import WriterLock
 from carraystore.store.reader import open_store
 from carraystore.store.writer import create
 

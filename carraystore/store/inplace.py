@@ -20,7 +20,6 @@ import blosc2
 import numpy as np
 
 from carraystore.base.errors import CorruptStoreError, InvalidInputError
-from carraystore.format.record import META_KEY, StoreMeta, metadata_limit
 from carraystore.format.frame import (
     CBYTES_AT,
     FRAME_LEN_AT,
@@ -31,6 +30,7 @@ from carraystore.format.frame import (
     shape0_position,
     special_chunk_header,
 )
+from carraystore.format.record import META_KEY, StoreMeta, metadata_limit
 from carraystore.sources.journal import Journal, begin_write, remove_journal, rollback
 from carraystore.store.reader import open_unguarded
 

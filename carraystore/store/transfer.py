@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from carraystore.base.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
-from carraystore.format.codec import chunk_crc_ok, crc32
 from carraystore.base.errors import ChecksumError, CorruptStoreError, InvalidInputError, StoreExistsError
-from carraystore.sources.journal import rollback
 from carraystore.base.lock import WriterLock
+from carraystore.format.codec import chunk_crc_ok, crc32
+from carraystore.sources.journal import rollback
+from carraystore.sources.upload import check_writable, delete_remote, put_stream, remote_exists
 from carraystore.store.options import WriteOptions
 from carraystore.store.reader import StoreReader, is_url, open_store
-from carraystore.sources.upload import check_writable, delete_remote, put_stream, remote_exists
 
 __all__ = ["copy_store", "stream_verified", "CopyResult", "COPY_READ_BYTES", "COPY_READS_IN_FLIGHT"]
 
