@@ -60,7 +60,7 @@ def codecs_section(data: dict, rel: str) -> str:
     if pinned:
         out += [
             "",
-            "Pinned in `carraystore/codec.py` at the time of this run: "
+            "Pinned in `carraystore/format/codec.py` at the time of this run: "
             + "; ".join(f"`{k}` = {v}" for k, v in pinned.items())
             + f"; `Codec()` = {info.get('default_codec', '?')}.",
         ]

@@ -1,20 +1,13 @@
-"""PyTorch: a store as a ``torch.utils.data`` dataset of whole batches.
+"""PyTorch: a store as a ``torch.utils.data`` dataset of whole batches (docs/torch.md).
 
-    from carraystore.torch import StoreDataset, StoreDataLoader
     ds = StoreDataset("train.b2nd", 32)              # rank/world_size from torch.distributed
-    loader = StoreDataLoader(ds, num_workers=2)      # DataLoader(ds, batch_size=None, ...)
+    loader = StoreDataLoader(ds, num_workers=2)
     for epoch in range(10):
         ds.set_epoch(epoch)
-        for x, y in loader:                          # x uint8 (B, H, W, C), y int64 (B,)
-            ...
+        for x, y in loader: ...                      # x uint8 (B, H, W, C), y int64 (B,)
 
-:class:`StoreDataset` (an ``IterableDataset``) and :class:`StoreMapDataset` (``ds[i]`` is
-batch ``i``) take the :class:`~carraystore.engine.options.LoaderOptions` as every loader does.
-Batch ``b`` is made by DataLoader worker ``b % num_workers``, so the batches are the same
-whatever the number of workers; DDP ranks get the engine's shards. ``state_dict()`` /
-``load_state_dict`` resume mid-epoch at any world size (:mod:`carraystore.engine.resume`).
-Datasets pickle as the store's location and the options (fork, spawn and forkserver all
-work). torch is imported here only; docs/torch.md.
+Batch ``b`` is made by worker ``b % num_workers``: the batches do not depend on the number of
+workers. Datasets pickle as location + options (fork, spawn and forkserver all work).
 """
 
 from __future__ import annotations
@@ -99,9 +92,8 @@ _BUSY = object()
 class _CudaStaging:
     """Pinned host buffers reused across batches, copied to the GPU on a side stream.
 
-    A buffer is written again only once its last copy finished (its CUDA event). The
-    consumer's stream waits for each copy before its next kernels, and the GPU tensor is
-    recorded on that stream, so the caching allocator never reuses it early.
+    A buffer is rewritten only after its copy's CUDA event; the GPU tensor is recorded on the
+    consumer's stream, so the caching allocator never reuses it early.
     """
 
     def __init__(self, device: Any, depth: int = 3) -> None:  # pragma: no cover - needs a GPU
@@ -112,8 +104,7 @@ class _CudaStaging:
         self.slots: list[list[Any]] = []  # [pinned tensor, event or None]
 
     def host(self, shape: tuple[int, ...], dtype: Any) -> Any:  # pragma: no cover - needs a GPU
-        # a slot is [tensor, state]: _BUSY (handed out, not sent yet: batches are assembled
-        # several at once), a CUDA event (its copy to the GPU), or None (free)
+        # slot state: _BUSY (handed out, not sent), a CUDA event (copy in flight), or None (free)
         for slot in self.slots:
             t, ev = slot
             if tuple(t.shape) == shape and t.dtype == dtype and ev is not _BUSY and (ev is None or ev.query()):
@@ -245,21 +236,15 @@ class _StoreBatches:
 
     # -- resuming -------------------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None) -> dict[str, Any]:
-        """Where training is: the epoch and the samples consumed of it, by run (JSON-friendly;
-        :mod:`carraystore.engine.resume`; any carraystore loader resumes from it as ``resume=``).
+        """Where training is, JSON-friendly; any carraystore loader resumes from it as ``resume=``.
 
-        ``batches``: batches of the current epoch this rank consumed (default: those the
-        dataset counted, which :class:`StoreDataLoader` or a loop over the dataset itself
-        keeps). Ranks move in lockstep under DDP, so any rank's state is every rank's.
+        ``batches``: batches of this epoch this rank consumed (default: those counted by
+        :class:`StoreDataLoader` or a loop over the dataset). Under DDP any rank's state is every rank's.
         """
         return self.spec.state_dict(self.epoch, self._seen if batches is None else batches)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume where ``state`` (from :meth:`state_dict`) was: its epoch, without the samples consumed.
-
-        The world size may differ from the one that saved it: the rest of the epoch is cut
-        into this world size's shards. The epochs after it are whole.
-        """
+        """Resume where ``state`` (from :meth:`state_dict`) was; the world size may differ from the saver's."""
         self._resume_at(ResumePoint.from_state(state))
         self._seen = 0
 
@@ -344,29 +329,20 @@ def _on_device(v: Any, device: Any) -> Any:
 class StoreDataset(_StoreBatches, IterableDataset[Any]):
     """A store as an ``IterableDataset`` of whole batches: ``DataLoader(ds, batch_size=None)``.
 
-    Arguments: every :class:`carraystore.engine.options.LoaderOptions` field (``shuffle``,
-    ``seed``, ``epoch``, ``start_batch``, ``window``, ``drop_remainder``, ``transform``,
-    ``label_mode``, ``sequence_length``, ``verify``, ``prefetch``, ``num_threads``, ...),
-    as keywords or one ``options`` value, and:
+    Takes every :class:`~carraystore.engine.options.LoaderOptions` field, as keywords or one
+    ``options`` value; ``rank``/``world_size`` default to an initialised ``torch.distributed``. Also:
 
-    - ``rank``, ``world_size`` (loader options): when neither is given, and the options
-      say one shard, those of an initialised ``torch.distributed`` process group.
-    - ``device``: ``"cuda"`` (or ``"cuda:1"``) copies each batch to the GPU from pinned
-      buffers reused across batches, on a side stream, from the main process
-      (``num_workers=0``); None (default) yields CPU tensors.
+    - ``device``: ``"cuda"`` (or ``"cuda:1"``) copies each batch to the GPU via reused pinned
+      buffers on a side stream; main process only (``num_workers=0``). None: CPU tensors.
     - ``pin_memory``: CPU batches in pinned memory (ignored where CUDA is unavailable).
-    - ``decode_device``: ``"cuda"`` (or ``"cuda:1"``; ``"cpu"`` for torchvision's CPU
-      decoder) hands the JPEG entries of an encoded store to ``torchvision.io.decode_jpeg``
-      (nvJPEG on the GPU) batch by batch, in the same order, shards and resume as the CPU
-      path, from the main process (``num_workers=0``); x is ``(B, H, W, C)`` uint8 on that
-      device, y too. Its pixels are nvJPEG's, not Pillow's (docs/torch.md). Not with clips, ``image_size`` or
-      a numpy ``transform``. Needs torchvision.
+    - ``decode_device``: ``"cuda"`` (``"cpu"`` for torchvision's CPU decoder) decodes the JPEG
+      entries of an encoded store with ``torchvision.io.decode_jpeg``, same order, shards and
+      resume, ``num_workers=0``; pixels are nvJPEG's, not Pillow's (docs/torch.md). Not with
+      clips, ``image_size`` or a numpy ``transform``. Needs torchvision.
 
-    Yields ``(x, y)`` tensors: x of the store's dtype and shape, ``(B, H, W, C)`` uint8
-    for images (unless a ``transform`` says otherwise), y int64 labels (as ``label_mode``
-    says); x alone for unlabelled stores or ``label_mode=None``. Numpy batches become
-    tensors without a copy (``torch.from_numpy``); in DataLoader workers they are decoded
-    straight into shared memory.
+    Yields ``(x, y)`` tensors (x alone without labels): x ``(B, H, W, C)`` uint8 for images
+    unless a ``transform`` says otherwise, y int64. No copy (``torch.from_numpy``); workers
+    decode straight into shared memory.
     """
 
     def __init__(
@@ -508,13 +484,10 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
 class StoreMapDataset(_StoreBatches, Dataset[Any]):
     """A store as a map-style dataset: ``ds[i]`` is batch ``i`` of this rank's epoch.
 
-    Batches, not samples: a sample alone would decompress its whole chunk, while batch
-    ``i`` is a pure function of (options, epoch, i), served from decoded windows cached
-    per process (``cache_windows``, default 3), so any sampler over batch indices works
-    (``DataLoader(ds, batch_size=None, sampler=...)``) and batches asked for in order decode
-    each chunk once. The arguments are :class:`StoreDataset`'s (``device`` excepted).
-    Resume with ``start_batch`` or :meth:`load_state_dict`; :meth:`state_dict` needs the
-    number of batches consumed (a sampler's order is its own).
+    Batches, not samples (a lone sample would decompress its whole chunk). Batch ``i`` depends
+    only on (options, epoch, i) and comes from ``cache_windows`` decoded windows cached per
+    process, so any sampler over batch indices works. Arguments: :class:`StoreDataset`'s
+    but ``device``. :meth:`state_dict` needs the number of batches consumed.
     """
 
     def __init__(
@@ -554,11 +527,9 @@ class StoreMapDataset(_StoreBatches, Dataset[Any]):
 
 
 class StoreDataLoader(DataLoader[Any]):
-    """``DataLoader(dataset, batch_size=None, ...)`` for a :class:`StoreDataset` that counts the batches it hands out.
+    """``DataLoader(dataset, batch_size=None, ...)`` that counts the batches handed out, for ``state_dict()``.
 
-    With workers the dataset in this process never sees a batch; this loader counts them,
-    so ``dataset.state_dict()`` (or this loader's ``state_dict()``) knows where training
-    is. Workers are not persistent: each epoch's workers get the dataset's epoch then.
+    Workers are not persistent: each epoch's workers get the dataset's epoch then.
     """
 
     def __init__(self, dataset: StoreDataset, num_workers: int = 0, **kwargs: Any) -> None:

@@ -1,16 +1,10 @@
 """The decoding engine: one epoch's chunks read, checked and decompressed by threads (layer 6).
 
-Everything that turns a store into batches goes through here: the streaming iterator
-(:mod:`carraystore.engine.loader`), the random-access adapters and the PyTorch workers.
 :class:`EpochDecoder` serves batch ``i`` of one epoch of a
-:class:`~carraystore.engine.spec.LoaderSpec`. Decoded chunks live in a pool of chunk-sized
-slots allocated once (and kept for the next epoch of the same Store). A window's slots are
-reserved together, its chunks are read and decompressed by the decoder threads (GIL
-released, one blosc2 thread each), and the slots go back to the pool once every batch of
-the window was served. Windows ahead are decoded while the current one is served, as far
-as free slots allow; their byte ranges are announced to the byte source first, as far as
-the link policy (:mod:`carraystore.engine.link`) says. Threads, locks and a window's life:
-docs/engine.md.
+:class:`~carraystore.engine.spec.LoaderSpec` for the loader, the random-access adapters and
+the PyTorch workers. Decoded chunks live in a pool of slots allocated once and kept for the
+Store's next epoch; windows ahead are decoded while slots allow, their byte ranges announced
+first as :mod:`carraystore.engine.link` says. Threads, locks and a window's life: docs/engine.md.
 """
 
 from __future__ import annotations
@@ -60,11 +54,10 @@ def gather(
 ) -> np.ndarray:
     """The items at ``samples`` (any shape) out of decoded chunks.
 
-    Chunk ``chunks[j]`` (sorted) sits in ``arena[slots[j]]``, an array of shape
-    (slots, chunk_size, *item_shape). The result has shape ``samples.shape + item_shape``;
-    it is written into ``out`` (C-contiguous, that shape) when given, else a new array.
-    ``scale`` > 1: the chunks hold images decoded at (H/scale, W/scale), each in the first
-    bytes of its full-size slot (:func:`carraystore.format.encoded.reduced_view`); those are gathered.
+    Chunk ``chunks[j]`` (sorted) sits in ``arena[slots[j]]`` (shape (slots, chunk_size,
+    *item_shape)). Result shape ``samples.shape + item_shape``, written into ``out``
+    (C-contiguous) when given. ``scale`` > 1: images decoded at (H/scale, W/scale) in the first
+    bytes of each slot (:func:`carraystore.format.encoded.reduced_view`).
     """
     s = samples.reshape(-1)
     c = s // chunk_size
@@ -78,8 +71,7 @@ def gather(
             out = np.empty((*samples.shape, *small), dtype=arena.dtype)
         rows = arena.reshape(len(arena) * chunk_size, -1)
         m = int(np.prod(small))
-        # a strided view of the images' first bytes: take() would copy the whole arena to
-        # make it contiguous, so index it (a temporary of the batch's size)
+        # take() would copy the whole strided arena: index it instead
         out.reshape(len(s), m)[...] = rows[flat, :m]
         return out
     if out is None:
@@ -92,11 +84,9 @@ def gather(
 class BatchBuffers:
     """Batch arrays reused once the consumer has let go of them.
 
-    Writing every batch into fresh memory costs a page fault per 4 KiB, which for large
-    images is slower than the copy itself. A buffer is handed out again only when nothing
-    outside this pool refers to it (its reference count, which views, queues and
-    buffer-protocol exports all raise, is back to the pool's own), so a consumer that
-    keeps batches always gets new arrays and never sees one overwritten.
+    Fresh memory costs a page fault per 4 KiB. A buffer is reused only when its reference
+    count is back to the pool's own (views, queues and buffer exports raise it), so a
+    consumer that keeps batches never sees one overwritten.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -119,9 +109,7 @@ class BatchBuffers:
 # the slot pool, kept across epochs
 # ---------------------------------------------------------------------------------------
 
-# Decoded-chunk slots outlive an epoch: the next epoch on the same Store object takes them
-# back instead of allocating (and page-faulting) the whole pool again. One idle pool per
-# Store, freed with the Store (weak keys) or by release_buffers().
+# One idle slot pool per Store for its next epoch; freed with the Store or by release_buffers().
 _IDLE_ARENAS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
 _ARENA_LOCK = threading.Lock()
 
@@ -131,8 +119,7 @@ def _take_arena(store: StoreReader, nslots: int) -> np.ndarray:
     with _ARENA_LOCK:
         idle = _IDLE_ARENAS.get(store)
         if idle is not None:
-            # only an arena of exactly this size: a larger one would hold more than the
-            # loader's memory plan counts (memory_budget)
+            # exactly this size: a larger one would exceed the memory plan (memory_budget)
             del _IDLE_ARENAS[store]
             if idle.shape[0] == nslots and idle.shape[1:] == shape and idle.dtype == store.dtype:
                 return idle
@@ -175,28 +162,24 @@ def _after_fork_in_child() -> None:
 at_fork_in_child(_after_fork_in_child)
 
 
-#: Items smaller than this are gathered from decoded chunks: per-item calls cost more than
-#: the copy they save.
+#: Smaller items are gathered from decoded chunks (per-item calls cost more than the copy).
 DIRECT_MIN_ITEM_BYTES = 64 * 1024
-#: Direct mode by default only up to this many decoder threads: past them its per-image
-#: calls contend for the GIL and the decoder's lock, while whole chunks keep scaling.
+#: Direct mode by default only up to this many threads (past them per-image calls contend).
 DIRECT_MAX_THREADS = 4
 
 
 def direct_possible(store: StoreReader) -> bool:
     """Whether batches can be decompressed image by image, straight into their slots.
 
-    That needs blocks of one item (the ``fast`` preset on images over 64 KiB, or
-    ``Codec(block_images=1)``), no bytedelta filter, and c-blosc2's getitem (see
-    :mod:`carraystore.format.blocks`).
-    Each item is then decompressed once, into the batch: no decoded chunk in memory.
+    Needs blocks of one item (``fast`` preset on images over 64 KiB, or
+    ``Codec(block_images=1)``), no bytedelta filter and c-blosc2's getitem
+    (:mod:`carraystore.format.blocks`).
     """
     codec = store.codec
     return (
         store.meta.layout != "encoded"  # entries are decoded chunk by chunk (FORMAT.md 10)
         and codec.block_images == 1
-        # libblosc2's getitem fails on bytedelta chunks (error -18, the filter pipeline): the
-        # default preset on images over 64 KiB, e.g. 224x224 RGB, decodes whole chunks instead
+        # libblosc2's getitem fails on bytedelta chunks
         and "bytedelta" not in codec.filters
         and codec.typesize is not None
         and store.meta.image_nbytes % codec.typesize == 0
@@ -234,24 +217,18 @@ class LoaderClosed(Exception):
     """Raised inside the engine when a decoder was closed while a batch waited for it."""
 
 
-#: how long a batch waits for a partly served earlier window to be finished before evicting it
-#: (when a thread took on one of that window's batches: counted from the last batch served or
-#: window decoded, so the wait goes on while the loader makes progress)
+#: seconds a batch waits for a partly served earlier window before evicting it (for a claimed
+#: batch, counted from the loader's last progress)
 EVICT_PATIENCE_S = 2.0
 
 
 class EpochDecoder:
     """Batches of one epoch of a :class:`LoaderSpec`, by index, from any thread.
 
-    ``nslots`` chunk slots are allocated once; a window needs as many slots as it has
-    chunks (``plan.max_window_chunks`` at most), so ``nslots`` beyond that is how far
-    ahead the decoder threads may work. ``batch(i)`` waits for the windows batch ``i``
-    draws from, gathers it, and starts decoding the windows after it.
-
-    ``plan`` replaces the epoch's plan (a resumed epoch re-sharded by an adapter);
-    ``serves=(k, n)`` says this decoder is asked only for the batches ``b`` with
-    ``b % n == k`` (one of ``n`` worker processes): a window is done, and its slots free
-    for read-ahead, once those of its batches were served.
+    A window needs one slot per chunk, so ``nslots`` beyond ``plan.max_window_chunks`` is
+    how far ahead the threads may decode. ``plan`` replaces the epoch's plan (a resumed,
+    re-sharded epoch); ``serves=(k, n)``: only batches ``b % n == k`` are asked for (one of
+    ``n`` workers), and a window's slots free once those were served.
     """
 
     def __init__(
@@ -345,8 +322,7 @@ class EpochDecoder:
                     self.cond.notify_all()
 
     def _lead_fetched(self, j: int) -> None:
-        """The lead window's chunk ``j`` is in (or failed): after its last, announce and
-        fetch the windows after it."""
+        """The lead window's chunk ``j`` is in (or failed); after its last, announce the rest."""
         with self.cond:
             if self.link.lead_fetched(j):
                 for v in sorted({self.link.lead_w, *self.windows}):
@@ -363,12 +339,8 @@ class EpochDecoder:
         return self.plan.batches_of(w, self.spec.batch_size, self.serves)
 
     def _evictable(self, keep_unserved: bool) -> int | None:
-        """A resident window whose slots may be taken (lock held).
-
-        First a window whose batches were all served; then (for a batch that needs slots)
-        a window decoded ahead that no batch touched yet, the furthest first; then the
-        least recently used one, which will be decoded again when asked for.
-        """
+        """A resident window whose slots may be taken (lock held): a served one, else (unless
+        ``keep_unserved``) the furthest untouched read-ahead one, else the least recently used."""
         idle = [(w, e) for w, e in self.windows.items() if e.pins == 0 and e.done.is_set()]
         for w, e in idle:
             if not e.unserved:
@@ -386,11 +358,8 @@ class EpochDecoder:
         self.cond.notify_all()
 
     def _start(self, w: int, wait: bool) -> _Window | None:
-        """Reserve slots for window ``w`` and queue its chunks (lock held).
-
-        ``wait``: evict idle windows and wait for slots (a batch needs it); otherwise start
-        only if slots are free now, evicting only windows that were fully served.
-        """
+        """Reserve slots for window ``w`` and queue its chunks (lock held); ``wait``: evict and
+        wait for slots, else start only if slots are free now (evicting only served windows)."""
         chunks = self.plan.window_chunks[w]
         need = len(chunks)
         deadline: float | None = None
@@ -404,10 +373,7 @@ class EpochDecoder:
             claimed = any(b in self.claimed for b in unserved)  # a thread will ask for one of them
             busy = claimed or any(e.pins for e in self.windows.values())  # other threads serve batches
             if victim is not None and victim < w and unserved and busy:
-                # The victim's batches come before w's: give the threads serving them time to
-                # finish (its slots then free up) rather than decode it twice. For a batch a
-                # thread took on, the patience runs from the loader's last progress: on a
-                # starved machine it comes, only later.
+                # its batches come first: give their threads time rather than decode it twice
                 now = time.monotonic()
                 deadline = now + EVICT_PATIENCE_S if deadline is None else deadline
                 if claimed:
@@ -434,17 +400,14 @@ class EpochDecoder:
         return win
 
     def _announce(self, w: int) -> None:
-        """Tell the byte source which chunks come next: up to a window beyond ``w``; for a
-        remote source two windows and at least its ``max_inflight`` chunks beyond it, so that
-        many ranged GETs are in flight (the source bounds the bytes it fetches ahead)."""
+        """Tell the byte source the chunks after ``w``: one window, or for a remote source two
+        windows and at least ``max_inflight`` chunks."""
         want = self.link.want
         if not self.link.lead_in.is_set():  # the lead window alone until its bytes are in
             if w != self.link.lead_w or self._announced >= w:
                 return
             want, last = 0, w
         else:
-            # a remote source gets two windows ahead: the next one is often fetched before it is
-            # decoded, and the link must not idle meanwhile
             last = min(self.plan.nwindows - 1, w + (2 if want else 1))
         # only the windows this decoder reads: another worker's are fetched by that worker
         mine = self._batches_of
@@ -490,8 +453,7 @@ class EpochDecoder:
         return win
 
     def claim(self, i: int) -> None:
-        """Say that a thread took on batch ``i`` and will ask for it: until it has, the
-        windows it draws from are not evicted for later batches (see :meth:`_start`)."""
+        """A thread will ask for batch ``i``: its windows are not evicted for later batches."""
         with self.cond:
             self.claimed[i] = self.claimed.get(i, 0) + 1
 
@@ -509,9 +471,7 @@ class EpochDecoder:
             win.pins -= 1
             win.unserved.discard(batch)
             if not win.unserved and win.pins == 0 and self.windows.get(w) is win:
-                # served: its slots are the first taken when needed, and until then a batch
-                # asked for again (Keras asks for batches 0 and 1 before an epoch) is served
-                # without decoding it again
+                # kept until its slots are needed: a batch asked for again is not re-decoded
                 self.finished.add(w)
                 self.cond.notify_all()
 
@@ -530,8 +490,7 @@ class EpochDecoder:
 
     # -- batches --------------------------------------------------------------------------------
     def batch(self, i: int, out: np.ndarray | None = None) -> tuple[Any, ...]:
-        """Batch ``i`` of the epoch as ``(x, y)`` (``(x, y, w)`` with ``sample_weight``) after the
-        transform (x written into ``out``)."""
+        """Batch ``i`` as ``(x, y)`` (``(x, y, w)`` with ``sample_weight``), x written into ``out``."""
         try:
             return self._batch(i, out)
         finally:

@@ -1,10 +1,7 @@
-"""The format specification in code (see FORMAT.md): version, constants, the metadata record (layer 1).
+"""The format specification in code (FORMAT.md): names, limits and the metadata record (layer 1).
 
-The format's names and limits, the metadata record (:class:`StoreMeta`, sealed with its
-checksum: :func:`seal_record`), keys (:class:`StringTable`), attrs and dtype records.
-The codec a record pins, chunk headers and the CRC rule are :mod:`carraystore.format.codec`.
-Nothing here touches a file: this module turns metadata into bytes and back, and
-validates it; :mod:`carraystore.store.reader` reads stores and :mod:`carraystore.store.writer` writes them.
+:class:`StoreMeta` (sealed by :func:`seal_record`), keys (:class:`StringTable`), attrs and dtype records.
+Codec, chunk headers and the CRC rule are in :mod:`carraystore.format.codec`. Touches no file.
 """
 
 from __future__ import annotations
@@ -49,16 +46,13 @@ META_KEY = "carraystore"
 DTYPES = ("uint8", "uint16", "float32")
 #: Colour modes by channel count.
 COLOR_MODES = {1: "grayscale", 3: "rgb", 4: "rgba"}
-#: "NHWC": images (H, W, C) with C in 1/3/4 and a pixel dtype; "array": any item shape and
-#: any fixed-size numpy dtype (migrated legacy arrays, labels, embeddings, ...).
+#: "NHWC": images (H, W, C), C in 1/3/4, a pixel dtype; "array": any item shape, any fixed-size dtype.
 LAYOUTS = ("NHWC", "array", "encoded")
 #: The newest format version this carraystore reads: 2, stores of the "encoded" layout (FORMAT.md 10).
 MAX_FORMAT_VERSION = FORMAT_VERSION_ENCODED
-#: Key of the fixed meta layer that says the metadata record carries its checksum (FORMAT.md 4.3).
-#: Also the name of the record's last entry, which holds that checksum.
+#: Fixed-meta key saying the record carries its checksum, and the record's last entry (FORMAT.md 4.3).
 META_CRC_KEY = "meta_crc32"
-#: The decompressed metadata record is at most this many bytes plus METADATA_BYTES_PER_ITEM per
-#: item (FORMAT.md, "Limits"): a reader refuses larger records before decompressing them.
+#: Decompressed record limit: this plus METADATA_BYTES_PER_ITEM per item (FORMAT.md "Limits").
 METADATA_BASE_BYTES = 64 * 1024 * 1024
 METADATA_BYTES_PER_ITEM = 16 * 1024
 #: Maps and lists in the metadata nest at most this deep (attrs, provenance).
@@ -132,11 +126,10 @@ def metadata_limit(nimages: int) -> int:
 
 
 def validate_key(key: str) -> str:
-    """Check that ``key`` is a relative, portable path or id; return it (with '/' separators).
+    """Check that ``key`` is a relative, portable path or id; return it with '/' separators.
 
-    Folders are separated by '/'. On POSIX a backslash is an ordinary character of a name,
-    kept as it is; on Windows, where it separates folders, it becomes '/'. Either way a key
-    must not be absolute or climb with '..' when a backslash is read as a separator.
+    A backslash is a name character on POSIX and a separator on Windows (where it becomes '/');
+    either way a key may not be absolute nor climb with '..'.
     """
     k, problem = _key_problem(key)
     if problem is None:
@@ -334,16 +327,14 @@ class StringTable(Sequence[str]):
 
 # -- metadata --------------------------------------------------------------------------
 
-#: The last bytes of a sealed record before its 4-byte CRC: the key ``meta_crc32`` (fixstr)
-#: and the msgpack uint32 marker (FORMAT.md 4.3).
+#: The sealed record's last bytes before its 4-byte CRC (FORMAT.md 4.3).
 _SEAL = b"\xaa" + META_CRC_KEY.encode() + b"\xce"
 
 
 def seal_record(rec: Mapping[str, Any]) -> bytes:
-    """Pack a metadata record as msgpack with its checksum as the last entry (FORMAT.md 4.3).
+    """Pack a metadata record as msgpack, its checksum the last entry (FORMAT.md 4.3).
 
-    The last map entry is ``"meta_crc32"``: a msgpack uint32 (``0xce`` + 4 bytes big-endian)
-    holding the zlib CRC-32 of every byte of the packed record before those 4 bytes.
+    ``"meta_crc32"``: a msgpack uint32 (``0xce`` + 4 bytes big-endian), the CRC-32 of every byte before it.
     """
     body = {k: v for k, v in rec.items() if k != META_CRC_KEY}
     body[META_CRC_KEY] = 0xFFFFFFFF  # always packed as 0xce + 4 bytes
@@ -360,8 +351,7 @@ def check_record_seal(raw: bytes, where: str) -> bool:
         return False
     tail = raw[-4 - len(_SEAL) : -4]
     if tail != _SEAL:
-        # the seal with a byte or two changed (its key's name, the uint32 marker): damaged,
-        # which would otherwise read as an unsealed record with an unknown key
+        # a seal with a byte or two changed is damage, not an unsealed record with an unknown key
         if sum(a != b for a, b in zip(tail, _SEAL, strict=True)) <= 2:
             raise MetadataChecksumError(
                 f"{where}: the metadata record's checksum entry is damaged (its key reads {tail[1:-1]!r}); "
@@ -396,11 +386,10 @@ def _check_plain(rec: Any, where: str) -> None:
 
 
 def json_attrs(attrs: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
-    """``attrs`` as a store keeps them: JSON values (tuples become lists, keys strings, as they read back).
+    """``attrs`` as a store keeps them: JSON values (tuples become lists, keys strings).
 
-    Raises InvalidInputError naming the attr for what JSON or msgpack cannot hold (objects,
-    integers outside -2**63 .. 2**64-1). NaN and infinities stay floats, as Python's json
-    writes them. Used by every writer.
+    InvalidInputError names the attr JSON or msgpack cannot hold (objects, ints outside
+    -2**63 .. 2**64-1). NaN and infinities stay floats.
     """
     attrs = dict(attrs or {})
     _check_plain(attrs, where)  # nesting first: json.dumps recurses
@@ -527,9 +516,8 @@ class StoreMeta:
     def unpack_record(raw: bytes, where: str = "store", require_crc: bool = False) -> Any:
         """The plain msgpack record in ``raw`` (extension types refused), not yet validated.
 
-        When ``raw`` ends with the metadata checksum (FORMAT.md 4.3) it must match, and the
-        entry is removed from the record; ``require_crc`` makes its absence an error too.
-        ``from_bytes`` in two steps, so that a caller can drop ``raw`` before ``from_record``.
+        A checksum entry (FORMAT.md 4.3) must match and is removed; ``require_crc`` makes its
+        absence an error. Lets a caller drop ``raw`` before ``from_record``.
         """
         sealed = check_record_seal(raw, where)
         if require_crc and not sealed:
@@ -760,9 +748,5 @@ def _columns_from_record(rec: Any, n: int, where: str) -> dict[str, np.ndarray]:
 
 
 def as_records(a: np.ndarray) -> np.ndarray:
-    """``a`` viewed as raw records, so that assignment copies every byte.
-
-    numpy copies structured dtypes field by field and drops the padding bytes between
-    fields; a store keeps the source's bytes exactly.
-    """
+    """``a`` viewed as raw records, so that assignment copies every byte (padding included)."""
     return a.view(np.dtype((np.void, a.dtype.itemsize))) if a.dtype.fields is not None else a
