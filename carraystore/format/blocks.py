@@ -1,12 +1,9 @@
 """Decompress one item range of a compressed chunk straight into a destination (layer 2).
 
-c-blosc2's ``blosc2_getitem_ctx`` decompresses only the blocks that hold the items
-asked for. When a store's blocks are one image each, the decoding engine uses it to
-decompress every image of a batch straight into its slot of the batch: one copy per
-image, and no decoded chunk ever lands in main memory. python-blosc2 does not expose
-the function, so it is called through ``ctypes`` (which releases the GIL) from the
-``libblosc2`` shared library that python-blosc2's wheels ship. Where that library is
-missing, :func:`available` is False and the engine decodes whole chunks instead.
+c-blosc2's ``blosc2_getitem_ctx`` decompresses only the blocks holding the items asked for: with
+one image per block the engine decodes each image straight into its batch slot. python-blosc2 does
+not expose it, so it is called via ``ctypes`` (GIL released) from the wheel's ``libblosc2``; where
+that is missing, :func:`available` is False and the engine decodes whole chunks.
 """
 
 from __future__ import annotations

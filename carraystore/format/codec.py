@@ -1,15 +1,9 @@
 """The codec in code (FORMAT.md 5): pinned blosc2 parameters, chunk headers, the CRC rule (layer 1).
 
-:class:`Codec` and its :data:`PRESETS` are the whole codec decision (``resolve`` pins
-every parameter against an item layout, ``cparams`` turns it into blosc2's arguments).
-The codec, filter and split-mode id tables are blosc2's own codes. A chunk's header is
-read by :func:`parse_chunk_header`; :func:`check_chunk_layout` walks an untrusted chunk
-before libblosc2 sees it, and :func:`check_codec_against_header` compares a header with
-the recorded codec. :func:`chunk_crc` / :func:`chunk_crc_ok` are the CRC rule of FORMAT.md
-5.2 (with :func:`zero_chunk`, the canonical all-zero chunk), and
-:func:`default_chunk_images` the default chunk size. Nothing here touches a file; the
-metadata record that holds a codec is :mod:`carraystore.format.record`, which imports this
-module (never the reverse).
+:class:`Codec` and :data:`PRESETS` are the whole codec decision; the id tables are blosc2's own
+codes. :func:`check_chunk_layout` walks an untrusted chunk before libblosc2 sees it;
+:func:`chunk_crc` / :func:`chunk_crc_ok` are the CRC rule of FORMAT.md 5.2. Touches no file;
+:mod:`carraystore.format.record` imports this module, never the reverse.
 """
 
 from __future__ import annotations
@@ -81,18 +75,12 @@ def _lookup(table: Mapping[str, int], name: Any, what: str) -> str:
 
 @dataclass(frozen=True)
 class Codec:
-    """Pinned blosc2 compression parameters of a store.
+    """Pinned blosc2 compression parameters of a store, all recorded in the file.
 
-    Every parameter is explicit and recorded in the file, so a later blosc2 whose
-    defaults differ still writes appended chunks exactly like the first ones.
-
-    ``typesize=None`` means "one pixel" (channels x itemsize; the itemsize for non-image
-    arrays) and ``block_images=None`` means "about 128 KiB per block"; both are resolved
-    when a store is created, and the file records the resolved values. ``filters_meta``
-    entries of 0 for ``bytedelta`` are resolved to the typesize.
-
-    The defaults, zstd level 1 with shuffle + bytedelta on the pixel view, are the
-    ``balanced`` preset (see docs/codecs.md); pass ``filters=()`` for no filter.
+    ``typesize=None`` means one pixel (channels x itemsize; the itemsize for non-image arrays),
+    ``block_images=None`` about 128 KiB per block, and a ``bytedelta`` meta of 0 the typesize:
+    :meth:`resolve` pins them when a store is created. The defaults are the ``balanced`` preset
+    (docs/codecs.md); ``filters=()`` means no filter.
     """
 
     codec: str = "zstd"
@@ -183,22 +171,17 @@ class Codec:
         block_images = self.block_images or max(1, BLOCK_TARGET_BYTES // item_nbytes)
         pairs = list(zip(self.filters, self.filters_meta, strict=True))
         if typesize == 1:
-            # With 1-byte items blosc2 silently drops BYTEDELTA from the chunks it writes, and
-            # SHUFFLE is the identity: record what the chunk headers will really hold (so that
-            # e.g. the "small" preset on grayscale uint8 images stays a readable store).
+            # blosc2 drops BYTEDELTA with 1-byte items and SHUFFLE is the identity: record what the headers hold
             pairs = [(f, m) for f, m in pairs if f not in ("bytedelta", "shuffle")]
         filters = tuple(f for f, _ in pairs)
         if typesize > 127:
-            # bytedelta's automatic meta is the typesize, which blosc2 keeps in a signed byte:
-            # over 127 bytes a record cannot be byte-deltaed, so the automatic bytedelta goes
-            # (the file records the codec as resolved, without it)
+            # blosc2 keeps bytedelta's meta (the typesize) in a signed byte: drop the automatic one over 127
             pairs = [(f, m) for f, m in pairs if not (f == "bytedelta" and m == 0)]
             filters = tuple(f for f, _ in pairs)
         meta = tuple((typesize if (f == "bytedelta" and m == 0) else m) for f, m in pairs)
         wide = [(f, m) for f, m in zip(filters, meta, strict=True) if not -128 <= m <= 127]
         if wide:
-            # blosc2 keeps a filter's meta in a signed byte: bytedelta over records of more
-            # than 127 bytes cannot be written (blosc2 raises a bare OverflowError)
+            # a meta outside a signed byte cannot be written (blosc2 raises a bare OverflowError)
             raise InvalidInputError(
                 f"Codec: filter {wide[0][0]} with meta {wide[0][1]} (records of {typesize} bytes) does not fit blosc2's "
                 "signed-byte filter meta (-128..127); give a typesize of at most 127 or another filter chain"
@@ -232,11 +215,8 @@ class Codec:
         return f"{self.codec}-{self.clevel} {filt}{ts}{blocks}"
 
 
-#: Named presets, chosen from the codec suite's measurements (docs/codecs.md, bench/results/):
-#: ``fast``: decompression near memory speed (data in the page cache or on fast NVMe);
-#: ``balanced`` (= ``Codec()``, the default): about half the bytes of raw pixels, still fast to
-#: decompress; ``small``: the fewest bytes that still compress at a practical speed (slow
-#: disks and networks). Blocks are automatic (~128 KiB) in all three.
+#: Named presets (docs/codecs.md): ``fast`` (decompression near memory speed), ``balanced`` (= ``Codec()``,
+#: the default) and ``small`` (fewest bytes at a practical speed). Blocks are automatic (~128 KiB).
 PRESETS: dict[str, Codec] = {
     "fast": Codec("lz4", 1, filters=()),
     "balanced": Codec("zstd", 1, filters=("shuffle", "bytedelta")),
@@ -245,8 +225,7 @@ PRESETS: dict[str, Codec] = {
 
 
 def is_preset(codec: Codec, dtype: np.dtype, item_shape: Sequence[int], layout: str = "NHWC") -> bool:
-    """Whether ``codec`` (resolved) is one of :data:`PRESETS` as :meth:`Codec.resolve` pins it
-    for these items, with any block size (a writer fits the blocks to its chunks)."""
+    """Whether the resolved ``codec`` is one of :data:`PRESETS` as resolved for these items (any block size)."""
     return any(
         dataclasses.replace(p.resolve(dtype, item_shape, layout), block_images=codec.block_images) == codec
         for p in PRESETS.values()
@@ -269,8 +248,7 @@ class ChunkHeader:
     filters: tuple[str, ...]
     filters_meta: tuple[int, ...]
     memcpyed: bool
-    #: a special-value chunk (a run of zeros, NaNs, a repeated value, uninitialised): blosc2
-    #: frames store these without data and synthesise a header with default parameters
+    #: a special-value chunk (zeros, NaNs, a repeated value, uninitialised): no data, a default header
     special: bool = False
 
 
@@ -314,12 +292,10 @@ def parse_chunk_header(chunk: bytes | memoryview) -> ChunkHeader:
 
 
 def check_chunk_layout(chunk: bytes | memoryview, what: str, max_nbytes: int) -> ChunkHeader:
-    """Check that a Blosc2 chunk's sizes and block-offset table lie inside it, before any decompressor sees it.
+    """Check that a Blosc2 chunk's sizes and block offsets lie inside it, before any decompressor sees it.
 
-    libblosc2 trusts these fields: a chunk whose block offsets or stream sizes point
-    outside it can crash the process. This walks the structure (FORMAT.md, appendix B)
-    without decompressing: header sizes, the block-offset table, and every stream's size
-    field. Raises CorruptStoreError naming ``what``; returns the parsed header.
+    libblosc2 trusts these fields (bad ones can crash the process); this walks them without
+    decompressing (FORMAT.md, appendix B). Raises CorruptStoreError naming ``what``; returns the header.
     """
     n = len(chunk)
     if n < 32:
@@ -372,8 +348,7 @@ def check_chunk_layout(chunk: bytes | memoryview, what: str, max_nbytes: int) ->
     for j, start in enumerate(starts.tolist()):
         size = bsize if j < nblocks - 1 or header.nbytes % bsize == 0 else header.nbytes % bsize
         split = not header.dont_split and size == bsize  # a shorter last block is one stream
-        # c-blosc2 writes one stream per byte of the type whenever the split flag is set,
-        # whatever the typesize (split mode "always" splits typesizes over 16 too)
+        # c-blosc2 writes one stream per type byte whenever the split flag is set, whatever the typesize
         nstreams = typesize if split else 1
         pos = start
         for _ in range(nstreams):
@@ -417,11 +392,7 @@ def check_codec_against_header(codec: Codec, blocksize: int, header: ChunkHeader
 
 
 def crc32(data: bytes | memoryview) -> int:
-    """CRC32 of a compressed chunk, as recorded in the metadata (zlib's CRC32).
-
-    Computed with ISA-L (``isal``) when installed, about 8x zlib's speed on the same
-    polynomial, so that checking every chunk a loader reads costs little.
-    """
+    """CRC32 of a compressed chunk, as recorded in the metadata (zlib's CRC32, computed with ISA-L)."""
     return _crc32(data) & 0xFFFFFFFF
 
 
@@ -444,10 +415,8 @@ def default_chunk_images(image_nbytes: int, block_images: int = 1, layout: str =
 def zero_chunk(codec: Codec, blocksize: int, nbytes: int, dont_split: bool | None = None) -> bytes:
     """The canonical 32-byte Blosc2 chunk of ``nbytes`` zero bytes for a resolved codec (FORMAT.md 5.2).
 
-    This is the chunk ``blosc2_compress`` produces for an all-zero chunk (a header whose
-    byte 31 says "all zeros" and no data) and the chunk whose CRC-32 the metadata records
-    for a chunk the frame stores as special zeros. ``dont_split`` defaults to the split
-    mode's (``never``: set, otherwise clear).
+    What ``blosc2_compress`` makes of all zeros, and whose CRC-32 the record holds for a chunk the
+    frame stores as special zeros. ``dont_split`` defaults to the split mode's (set for ``never``).
     """
     if codec.typesize is None:
         raise InvalidInputError("zero_chunk needs a resolved codec (call resolve() first)")
@@ -475,11 +444,7 @@ def zero_chunk(codec: Codec, blocksize: int, nbytes: int, dont_split: bool | Non
 
 
 def chunk_crc(data: bytes | memoryview, codec: Codec, blocksize: int) -> int:
-    """The CRC-32 a writer records for the compressed chunk ``data`` it produced (FORMAT.md 5.2).
-
-    The CRC of ``data`` itself; for an all-zero special chunk, that of the canonical
-    :func:`zero_chunk` (the frame keeps no bytes of it, so a reader rebuilds it).
-    """
+    """The CRC-32 a writer records for a compressed chunk (FORMAT.md 5.2); a :func:`zero_chunk` for special zeros."""
     if len(data) == 32:
         header = parse_chunk_header(data)
         if header.special and (bytes(data[31:32])[0] >> 4) & 0x07 == 1:
@@ -490,10 +455,8 @@ def chunk_crc(data: bytes | memoryview, codec: Codec, blocksize: int) -> int:
 def chunk_crc_ok(data: bytes | memoryview, want: int, codec: Codec, blocksize: int, chunk_nbytes: int) -> bool:
     """Whether chunk bytes as read match their recorded CRC-32 (FORMAT.md 5.2).
 
-    A chunk the frame stores as special zeros has no bytes: the reader gets a 32-byte
-    stand-in, and the record must hold the CRC of the canonical :func:`zero_chunk` of a
-    full chunk. Any other special value (NaNs, uninitialised) is never written by a store
-    and fails the check.
+    A special-zeros chunk reads as a 32-byte stand-in and must match a full chunk's
+    :func:`zero_chunk`; other special values are never written by a store and fail.
     """
     if crc32(data) == want:
         return True

@@ -1,32 +1,14 @@
 """The encoded layout (FORMAT.md 10): images kept as their encoded bytes, decoded when read (layer 1).
 
-A store of layout ``"encoded"`` has the geometry of a uint8 image store (its b2nd array is
-``(N, H, W, C)`` uint8, chunks of ``chunk_images`` rows), but the decompressed bytes of
-chunk ``i`` are not pixels: they are the **entries** of its images, one after the other
-from byte 0, then zero bytes. Entry ``j`` is the image's encoded file (JPEG, PNG or WebP)
-or, when no encoding is shorter than the pixels, the raw pixels (an entry of exactly
-``H*W*C`` bytes). Each entry's length is in the metadata record (``entry_sizes``), so an
-entry is never longer than its image's pixels and a chunk's entries always fit the chunk.
+The b2nd array is ``(N, H, W, C)`` uint8, but a chunk's decompressed bytes are its images'
+**entries** back to back from byte 0, then zeros. An entry is the encoded file (JPEG, PNG, WebP)
+or, when no encoding is shorter, the raw pixels (exactly ``H*W*C`` bytes); ``entry_sizes`` in the
+record holds each length, so entries always fit their chunk. Touches no file.
 
-This module owns the entry formats (:func:`sniff`), the pinned re-encoder
-(:class:`Encoding`, :func:`encode_pixels`), the decoder (:func:`decode_entry`: refuses
-an entry whose header does not match the store's image size *before* decoding it, so a
-decompression bomb is never expanded) and :func:`decode_chunk_inplace` (a chunk's entries
-decoded into the same buffer, last image first). Nothing here touches a file.
-
-JPEG entries are decoded by simplejpeg (libjpeg-turbo, the GIL released, straight into the
-output buffer: faster than Pillow, bench/results/jpeg_decode.md) wherever it gives Pillow's very pixels: once
-per process :func:`jpeg_decoder` decodes a set of small JPEGs (baseline and progressive;
-4:4:4, 4:2:2, 4:2:0 and grayscale; odd sizes; to L, RGB and RGBA) with both and uses
-simplejpeg only when every pixel agrees. Entries it was not checked on (CMYK, 4:4:0, 12-bit,
-anything it reports a warning for) and any failure go to Pillow, which defines the pixels
-(FORMAT.md 10.2). ``CARRAYSTORE_JPEG_DECODER=pillow`` turns it off.
-
-Decoding at a smaller size (the loader's ``image_size``, the stored size divided by
-``scale`` = 2, 4 or 8): a JPEG entry is decoded by libjpeg's scaled IDCT, the pixels of
-Pillow's ``Image.draft(mode, (W // scale, H // scale))`` (simplejpeg decodes them where the
-same check found it identical); every other entry (PNG, WebP, raw) is decoded at full size
-and reduced by :func:`box_reduce`, the box average of Pillow's ``Image.reduce(scale)``.
+JPEGs are decoded by simplejpeg only where :func:`jpeg_decoder` found it gives Pillow's pixels,
+otherwise by Pillow, which defines the pixels (FORMAT.md 10.2); ``CARRAYSTORE_JPEG_DECODER=pillow``
+turns simplejpeg off. At a smaller size (``scale`` 2, 4 or 8) a JPEG uses libjpeg's scaled IDCT
+(Pillow's ``draft``); other entries are decoded at full size and reduced by :func:`box_reduce`.
 """
 
 from __future__ import annotations
@@ -103,10 +85,9 @@ def sniff(entry: bytes | memoryview, image_nbytes: int) -> str:
 class Encoding:
     """How a store of the encoded layout holds its images (the record's ``encoding`` map).
 
-    ``formats``: the entry formats the store's entries use (a reader refuses any other);
-    ``reencode``/``quality``: the pinned format pixels are encoded to by the writer (at
-    ingest when resizing, ``append`` of pixels, ``convert``): ``png`` (lossless, the
-    default) or ``jpeg``/``webp`` at ``quality`` (1-100; webp without a quality is lossless).
+    ``formats``: the entry formats in use (a reader refuses others); ``reencode``/``quality``: the
+    pinned format the writer encodes pixels to: ``png`` (lossless, default) or ``jpeg``/``webp``
+    at ``quality`` 1-100 (webp without a quality is lossless).
     """
 
     formats: tuple[str, ...] = ()
@@ -215,10 +196,7 @@ def entry_for_pixels(pixels: np.ndarray, encoding: Encoding) -> bytes:
 def source_entry(data: bytes, expected: np.ndarray, color_mode: str) -> bytes | None:
     """``data`` (a source file's bytes) as an entry when it decodes to exactly ``expected``, else None.
 
-    A file is kept as it is when it is a JPEG, PNG or WebP of the store's size that decodes,
-    colour-converted as :func:`carraystore.ingest.images.decode_image` does, to the very pixels the
-    pixel layout would hold; anything else (another size, 16-bit, a format not listed) is
-    encoded again from the pixels.
+    Decoding colour-converts as :func:`carraystore.ingest.images.decode_image` does.
     """
     fmt = sniff(data, expected.nbytes)
     if fmt not in _PIL_NAMES or len(data) >= expected.nbytes:
@@ -244,13 +222,10 @@ def decode_entry(
 ) -> str:
     """Decode one entry into ``out`` ((H, W, C) uint8, or (H/scale, W/scale, C)); return its format.
 
-    The entry's format must be among ``formats``; its header must state the store's
-    width and height (``out``'s times ``scale``), which is checked before any pixel is
-    decoded. Any failure is an :class:`~carraystore.base.errors.EncodedImageError` whose text
-    starts with ``what()``. ``entry`` must not share memory with ``out``. JPEG entries are
-    decoded by simplejpeg where :func:`jpeg_decoder` found it identical to Pillow, by Pillow
-    otherwise. ``scale`` (1, 2, 4 or 8): a JPEG is decoded at the reduced size by libjpeg's
-    scaled IDCT (Pillow's ``draft``), any other entry at full size, then reduced by :func:`box_reduce`.
+    The format must be among ``formats``, and the header must state the store's size (checked
+    before any pixel is decoded: no decompression bomb). Failures raise
+    :class:`~carraystore.base.errors.EncodedImageError` starting with ``what()``. ``entry`` must not
+    share memory with ``out``. ``scale`` is 1, 2, 4 or 8.
     """
     h, w, c = out.shape
     full = (h * scale, w * scale, c)
@@ -283,9 +258,7 @@ def decode_entry(
 def _decode_pillow(
     entry: bytes | memoryview, out: np.ndarray, fmt: str, what: Callable[[], str], scale: int = 1
 ) -> None:
-    """Decode an entry of ``fmt`` into ``out`` with Pillow: the pixels FORMAT.md 10.2 defines
-    (``scale`` > 1: a JPEG through ``draft``, libjpeg's scaled IDCT; any other format reduced
-    from its full-size pixels by :func:`box_reduce`)."""
+    """Decode an entry with Pillow: the pixels FORMAT.md 10.2 defines."""
     h, w, c = out.shape
     h, w = h * scale, w * scale
     from PIL import Image
@@ -301,8 +274,7 @@ def _decode_pillow(
                     )
                 reduce_after = scale
                 if scale > 1 and fmt == "jpeg":
-                    # the JPEG's own mode: only the size changes (draft("L") would decode the Y plane,
-                    # not the full decode's convert("L")); a draft of another size is not used
+                    # the JPEG's own mode: draft("L") would decode the Y plane, not convert("L")
                     img.draft(img.mode, (w // scale, h // scale))
                     if img.size == (w // scale, h // scale):
                         reduce_after = 1
@@ -337,18 +309,15 @@ SCALES = (1, 2, 4, 8)
 
 
 def reduced_sizes(height: int, width: int) -> list[tuple[int, int]]:
-    """The (height, width) an image of ``height`` x ``width`` may be decoded at: divided by
-    1, 2, 4 or 8 where both divide exactly."""
+    """The (height, width) an image may be decoded at: divided by a SCALES entry that divides both."""
     return [(height // k, width // k) for k in SCALES if height % k == 0 and width % k == 0]
 
 
 def box_reduce(images: np.ndarray, scale: int, out: np.ndarray | None = None) -> np.ndarray:
-    """``images`` (..., H, W, C) uint8 reduced by ``scale`` (H and W multiples of it): each
-    output pixel the mean of a ``scale`` x ``scale`` box, rounded half up, per channel.
+    """``images`` (..., H, W, C) uint8 reduced by ``scale``: each pixel the box mean, rounded half up.
 
-    Exactly Pillow's ``Image.reduce(scale)`` for L and RGB images (its ``(sum + n/2) / n``
-    with n = scale² a power of two). An RGBA image is averaged channel by channel (Pillow
-    premultiplies the colour by alpha first, so its RGBA result differs).
+    Exactly Pillow's ``Image.reduce(scale)`` for L and RGB; RGBA is averaged per channel (Pillow
+    premultiplies alpha, so differs).
     """
     *lead, h, w, c = images.shape
     if h % scale or w % scale:
@@ -360,9 +329,7 @@ def box_reduce(images: np.ndarray, scale: int, out: np.ndarray | None = None) ->
         out[...] = images
         return out
     n = scale * scale
-    # sums of up to 64 uint8 fit uint16; rows first (adding whole contiguous rows), then the
-    # columns one channel at a time (long strided loops; all channels at once would make
-    # numpy's inner loop the 3 channels, about twice slower)
+    # uint16 sums; columns one channel at a time (long strided loops are faster)
     x = images.reshape(-1, hr, scale, w * c)
     rows = x[:, :, 0].astype(np.uint16)
     for r in range(1, scale):
@@ -385,12 +352,9 @@ _REDUCE_GROUP_BYTES = 4 << 20
 
 
 def reduce_images_inplace(buf: np.ndarray, scale: int, count: int | None = None) -> None:
-    """Reduce the first ``count`` images of ``buf`` ((k, H, W, C) uint8, C-contiguous) by
-    ``scale``, each into the first (H/scale)*(W/scale)*C bytes of its own slot.
+    """Reduce the first ``count`` images of ``buf`` ((k, H, W, C) uint8, C-contiguous) by ``scale``.
 
-    Image ``j``'s reduced pixels are written only over image ``j``'s own bytes, after all
-    of them were read, so no image is overwritten before it is reduced; the temporaries
-    hold a few MiB at a time.
+    Each lands in the first bytes of its own slot, written only after it was read.
     """
     k, h, w, c = buf.shape
     count = k if count is None else count
@@ -405,8 +369,7 @@ def reduce_images_inplace(buf: np.ndarray, scale: int, count: int | None = None)
 
 
 def reduced_view(buf: np.ndarray, scale: int) -> np.ndarray:
-    """The reduced images of ``buf`` ((k, H, W, C), each in the first bytes of its slot, see
-    :func:`reduce_images_inplace`) as a strided (k, H/scale, W/scale, C) view."""
+    """The reduced images of ``buf`` (see :func:`reduce_images_inplace`) as a (k, H/s, W/s, C) view."""
     k, h, w, c = buf.shape
     nb = h * w * c
     hr, wr = h // scale, w // scale
@@ -415,8 +378,7 @@ def reduced_view(buf: np.ndarray, scale: int) -> np.ndarray:
 
 # -- the fast JPEG path ---------------------------------------------------------------------------
 
-#: What simplejpeg decodes here: JPEGs of these colour spaces and chroma subsamplings (as
-#: ``simplejpeg.decode_jpeg_header`` names them), all of them covered by the check.
+#: JPEG colour spaces and subsamplings simplejpeg decodes here (all covered by the check).
 _FAST_COLORSPACES = ("YCbCr", "Gray")
 _FAST_SUBSAMPLINGS = ("444", "422", "420", "Gray")
 _FAST_TARGETS = {1: "GRAY", 3: "RGB", 4: "RGBA"}
@@ -515,8 +477,7 @@ def jpeg_decoder() -> JpegDecoder:
 
 
 def _decode_simplejpeg(simplejpeg: Any, entry: bytes | memoryview, out: np.ndarray, scale: int = 1) -> bool:
-    """Decode a JPEG entry into ``out`` (the store's size divided by ``scale``) with simplejpeg;
-    False (``out`` undefined) where Pillow must."""
+    """Decode a JPEG entry into ``out`` with simplejpeg; False (``out`` undefined) where Pillow must."""
     h, w, c = out.shape
     try:
         eh, ew, colorspace, subsampling = simplejpeg.decode_jpeg_header(entry)
@@ -528,9 +489,7 @@ def _decode_simplejpeg(simplejpeg: Any, entry: bytes | memoryview, out: np.ndarr
             return False  # another size (Pillow names the error), CMYK, 4:4:0...: Pillow
         kw: dict[str, Any] = {}
         if scale > 1:
-            # simplejpeg picks the smallest libjpeg scale n/8 whose size is at least the one asked
-            # for: 1/scale exactly when a side has 8 pixels or more (below, a smaller n/8 may round
-            # to the same size), and then only if that is the size it reports
+            # simplejpeg picks the smallest n/8 at least the size asked for: exact only from 8 pixels on
             kw = {"min_height": h, "min_width": w}
             if max(eh, ew) < 8 or simplejpeg.decode_jpeg_header(entry, **kw)[:2] != (h, w):
                 return False
@@ -571,13 +530,9 @@ def decode_chunk_inplace(
 ) -> None:
     """Decode the ``len(sizes)`` entries that ``buf`` ((k, H, W, C) uint8) holds into ``buf`` itself.
 
-    Entry ``j`` starts at ``sum(sizes[:j])`` <= ``j * H*W*C`` (no entry is longer than its
-    pixels), so images are decoded last first: image ``j``'s pixels never overwrite the
-    bytes of an entry before it. ``what(j)`` names image ``j`` in errors.
-
-    ``scale`` > 1: image ``j`` is decoded at (H/scale, W/scale) into the first bytes of its
-    own slot (``j * H*W*C`` on), which lie inside that slot as the full image would, so the
-    same argument holds; :func:`reduced_view` is the (k, H/scale, W/scale, C) view of them.
+    Entry ``j`` starts at or before ``j * H*W*C``, so decoding last first never overwrites an
+    unread entry; at ``scale`` > 1 images land in the first bytes of their slots
+    (:func:`reduced_view`). ``what(j)`` names image ``j`` in errors.
     """
     k, h, w, c = buf.shape
     nb = h * w * c
@@ -609,8 +564,7 @@ def color_channels(color_mode: str) -> int:
 
 
 def default_codec() -> Any:
-    """The codec of an encoded store unless one is given: lz4 level 1, no filter (the entries are
-    compressed already; lz4 stores them as they are and shrinks the zero bytes after them)."""
+    """The default codec of an encoded store: lz4 level 1, no filter (entries are compressed already)."""
     from carraystore.format.codec import Codec
 
     return Codec("lz4", 1, filters=())

@@ -1,13 +1,9 @@
 """The Blosc2 contiguous-frame layout of a store file, parsed from a byte source (layer 2).
 
-A frame (c-blosc2 README_CFRAME_FORMAT.rst; FORMAT.md says which facts a store relies on)
-is: a header (a msgpack array holding sizes, codec flags and the fixed metalayers), the
-data chunks, one compressed chunk of int64 chunk offsets (the offsets index), and a
-trailer (a msgpack array holding the variable-length metadata). :func:`read_frame` reads
-the header with one request and everything after the data chunks with a second one, so
-opening costs two reads however many images the store holds, and never touches a chunk.
-
-Nothing here knows what a store's metadata means: that is :mod:`carraystore.format.record`.
+A frame (c-blosc2 README_CFRAME_FORMAT.rst; FORMAT.md names what a store relies on): a header
+(msgpack: sizes, codec flags, fixed metalayers), the data chunks, a compressed chunk of int64
+chunk offsets, and a trailer (msgpack: the variable-length metadata). :func:`read_frame` opens
+with two reads and never touches a chunk. What the metadata means is :mod:`carraystore.format.record`.
 """
 
 from __future__ import annotations
@@ -34,22 +30,18 @@ __all__ = [
     "header_problems",
 ]
 
-#: Bytes read from the start of a file to get the frame header in one request (a store's
-#: header is about 260 bytes; a longer one costs a second read).
+#: Bytes read from the start of a file to get the frame header in one request (a store's is ~260).
 HEAD_READ_BYTES = 4096
 _MAGIC = b"b2frame\x00"
-#: A frame header longer than this is refused (a store's is about 260 bytes; structured
-#: dtypes with many fields make it longer, never near this).
+#: A frame header longer than this is refused.
 MAX_HEADER_BYTES = 16 * 1024 * 1024
-#: A frame may list at most max(MAX_CHUNKS, file size // 8) chunks: the offsets index of
-#: that many entries decompresses to at most max(64 MiB, the file's size) bytes.
+#: A frame may list at most max(MAX_CHUNKS, file size // 8) chunks (bounds the offsets index).
 MAX_CHUNKS = 2**23
-#: The tail (offsets index and trailer) is read in one request when it is at most this
-#: much longer than the offsets index can be; a longer one is checked (its trailer's
-#: length read from the file's last bytes) before it is read.
+#: The tail (offsets index and trailer) is read at once when at most this much longer than the
+#: index can be; a longer one is checked first (trailer length from the file's last bytes).
 _TAIL_READ_SLACK = 1024 * 1024
-#: Offsets-index entries with bit 63 set are chunks the frame stores as a special value
-#: without data; bits 56-61 say which value (1: zeros, 2: NaNs, 4: uninitialised).
+#: Offsets-index entries with bit 63 set are special chunks without data; bits 56-61 say which
+#: value (1: zeros, 2: NaNs, 4: uninitialised).
 _SPECIAL_BIT = 1 << 63
 
 
@@ -64,26 +56,20 @@ class ByteSource(Protocol):
         """Total size in bytes."""
 
     def read(self, offset: int, length: int) -> bytes | memoryview:
-        """Exactly ``length`` bytes at ``offset`` (thread-safe); raise when they cannot be had.
-
-        ``bytes`` or a read-only ``memoryview`` (a remote source hands out views of the
-        buffers its responses arrived in, without a copy)."""
+        """Exactly ``length`` bytes at ``offset`` as bytes or a read-only memoryview (thread-safe); raise if short."""
 
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> Sequence[bytes | memoryview]:
         """The bytes of every (offset, length) range, in the order given, fetched concurrently."""
 
     def prefetch(self, ranges: Sequence[tuple[int, int]], again: bool = False) -> None:
-        """A hint: these ranges will be read soon, in this order (may do nothing). ``again``:
-        read once more than already hinted (a source that keeps fetched bytes for one read
-        keeps them for another)."""
+        """A hint that these ranges will be read soon, in order (may do nothing); ``again``: read once more."""
 
     def close(self) -> None:
         """Release handles and connections."""
 
 
 class LinkCounters(Protocol):
-    """What a source that reads over a link counts: GETs sent, bytes received, retries,
-    ranges served by coalesced GETs."""
+    """What a source that reads over a link counts: GETs, bytes received, retries, coalesced ranges."""
 
     requests: int
     bytes: int
@@ -93,9 +79,7 @@ class LinkCounters(Protocol):
 
 @runtime_checkable
 class ReadAheadSource(ByteSource, Protocol):
-    """A byte source that fetches hinted ranges ahead over a link (a remote object, a chunk
-    cache in front of one): what the reader and the engine's link policy ask of it beyond
-    :class:`ByteSource`. A local file is not one."""
+    """A :class:`ByteSource` that fetches hinted ranges ahead over a link (not a local file)."""
 
     @property
     def identity(self) -> str:
@@ -131,7 +115,7 @@ class ReadAheadSource(ByteSource, Protocol):
         """Wait until none of these ranges is still on its way; False after ``timeout`` seconds."""
 
     def discard(self, offset: int, length: int) -> None:
-        """Forget any bytes of this range held for a read: they failed a check, the next read fetches them again."""
+        """Forget held bytes of this range (they failed a check): the next read fetches them again."""
 
 
 @dataclass(frozen=True)
@@ -187,9 +171,8 @@ class Frame:
     def vlmeta(self, name: str, max_nbytes: int | None = None) -> bytes | None:
         """The decompressed variable-length metadata ``name``, or None when absent.
 
-        The chunk's sizes and block offsets are checked before libblosc2 sees it (a damaged
-        one could crash the process); ``max_nbytes`` refuses one that would decompress to
-        more (MetadataTooLargeError), before any memory is taken for it.
+        The chunk is walked before libblosc2 sees it; ``max_nbytes`` refuses a larger one
+        (MetadataTooLargeError) before any memory is taken.
         """
         content = self.vlmeta_raw.get(name)
         if content is None:
@@ -276,9 +259,7 @@ def read_frame(source: ByteSource) -> Frame:
         raise _damaged(
             loc, f"the frame header's sizes make {nchunks} chunks, more than a file of {size} bytes can index"
         )
-    # everything after the data chunks: the offsets index, then the trailer. Its length
-    # comes from the header's cbytes, which is bounded first: a damaged one (0, say) would
-    # make this one read the whole file.
+    # the tail (offsets index, trailer) is sized from cbytes, bounded first: a damaged one must not read the file
     tail_start = header_len + cbytes
     index_max = _index_max_bytes(nchunks)
     if size - tail_start > index_max + _TAIL_READ_SLACK:
@@ -393,13 +374,11 @@ _PIPELINE_FILTERS = (0, 1, 2, 3, 35)
 
 
 def header_problems(frame: Frame) -> list[str]:
-    """Every byte of the frame header against the layout of FORMAT.md appendix A.1/A.2.
+    """Every byte of the frame header against FORMAT.md appendix A.1/A.2; the problems found, [] if none.
 
-    ``read_frame`` reads only what a reader needs; this checks the rest too (markers,
-    flags, thread counts, the filter pipeline, the metalayer index and offsets, the b2nd
-    metalayer's layout), which plain blosc2 and the in-place writers rely on. What the
-    fields must hold for a given store's metadata is the reader's part
-    (:func:`carraystore.store.checks.header_problems`). Returns the problems found, [] if none.
+    Beyond ``read_frame``'s needs: markers, flags, thread counts, filter pipeline, metalayer
+    index, b2nd layout (plain blosc2 and in-place writers rely on them). Per-store values are
+    :func:`carraystore.store.checks.header_problems`.
     """
     h = frame.header
     if len(h) != frame.header_len or len(h) < 94:
@@ -492,10 +471,7 @@ def _b2nd_layout_problems(c: bytes) -> list[str]:
 
 
 def special_chunk_header(special: int, nbytes: int, blocksize: int, typesize: int) -> bytes:
-    """The 32-byte chunk that stands for a special chunk (what ``SChunk.get_chunk`` returns).
-
-    Decompressing it gives the special value; its header has the special flag and no data.
-    """
+    """The 32-byte chunk that stands for a special chunk (what ``SChunk.get_chunk`` returns)."""
     head = bytearray(32)
     head[0] = 5  # Blosc2 chunk format version
     head[1] = 1
@@ -509,16 +485,14 @@ def special_chunk_header(special: int, nbytes: int, blocksize: int, typesize: in
 
 
 # -- writing in place (appends) ------------------------------------------------------------
-#: Byte positions of the big-endian 64-bit header fields an append rewrites (each follows
-#: its msgpack type byte): the frame length, the uncompressed and the compressed sizes.
+#: Positions of the big-endian 64-bit header fields an append rewrites: frame length, nbytes, cbytes.
 FRAME_LEN_AT = 16
 NBYTES_AT = 30
 CBYTES_AT = 39
 
 
 def shape0_position(head: bytes, nitems: int, location: str) -> int:
-    """Where the first dimension of the ``b2nd`` metalayer's shape (big-endian int64) lies in
-    the header ``head``; checked to hold ``nitems``."""
+    """Where the b2nd shape's first dimension (big-endian int64) lies in ``head``; checked to hold ``nitems``."""
     try:
         header = _unpack_first(head)
         index = {k.decode() if isinstance(k, bytes) else str(k): int(v) for k, v in header[13][1].items()}
