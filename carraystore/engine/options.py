@@ -1,8 +1,6 @@
-"""Loader options: the one frozen argument set of every loader, checked once (layer 6).
+"""Loader options: the one frozen, checked argument set of every loader (layer 6).
 
-:class:`LoaderOptions` (and :class:`LoaderKwargs`, the same typed for ``**options``), the
-defaults that depend on the machine (threads, memory budget), and ``targets``/``image_size``
-resolved against a store's fields and image size.
+Also the machine-dependent defaults and ``targets``/``image_size`` resolved against a store.
 """
 
 from __future__ import annotations
@@ -51,15 +49,13 @@ _CLIP_STARTS = ("random", "fixed")
 
 
 def default_threads() -> int:
-    """Decoder threads used when ``num_threads`` is not given: the cores this process may
-    use (its affinity mask and cgroup CPU quota, :func:`carraystore.base.resources.available_cpus`),
-    at least 2 so that reading overlaps decoding."""
+    """Default ``num_threads``: the cores this process may use
+    (:func:`carraystore.base.resources.available_cpus`), at least 2 so reading overlaps decoding."""
     return max(2, available_cpus())
 
 
 def default_memory_budget() -> int:
-    """``memory_budget`` when not given: a quarter of the memory this process may use (the
-    machine's RAM, or the cgroup's limit when lower)."""
+    """Default ``memory_budget``: a quarter of the memory this process may use (RAM or cgroup limit)."""
     return memory_limit() // 4
 
 
@@ -81,9 +77,8 @@ def _int_arg(name: str, value: Any, minimum: int) -> int:
 
 
 class LoaderKwargs(TypedDict, total=False):
-    """The keyword arguments of every loader (``batches``, ``Store.batches``, ``StoreDataset``,
-    ``to_dataset``, ``carraystore.torch.StoreDataset``): the fields of :class:`LoaderOptions`,
-    documented there once. For type checkers (``**options: Unpack[LoaderKwargs]``)."""
+    """Every loader's keyword arguments, typed for ``**options: Unpack[LoaderKwargs]``;
+    documented in :class:`LoaderOptions`."""
 
     shuffle: Shuffle
     seed: int
@@ -116,67 +111,50 @@ class LoaderOptions:
     """How to walk a store: the one argument set of ``batches``, ``StoreDataset`` and ``to_dataset``.
 
     - ``shuffle``: ``"block"`` (chunks in a random order, samples shuffled inside windows
-      of ``window`` chunks), ``"global"`` (a full permutation: the whole shard is decoded
-      at once; small stores), or False (store order).
-    - ``window``: chunks whose samples are shuffled together (default 16); the first
-      windows of each shard ramp up from one batch's chunks (x4), so the first batch
-      waits for those, not for a whole window.
+      of ``window`` chunks), ``"global"`` (a full permutation, whole shard decoded at once;
+      small stores), or False (store order).
+    - ``window``: chunks shuffled together (default 16); the first windows ramp up from one
+      batch's chunks, so the first batch does not wait for a whole window.
     - ``seed``, ``epoch``: the order depends on them only; use a new ``epoch`` every epoch.
-    - ``start_batch``: resume inside an epoch; yields exactly the batches from that index.
-    - ``resume``: a state a ``state_dict()`` returned (any adapter's, or
-      ``BatchIterator.state_dict()``): start in its epoch with what it had not consumed,
-      cut into this ``world_size``'s equal shards (the world size may differ from the one
-      that saved it; :mod:`carraystore.engine.resume`). The epoch is the state's (``epoch`` may be
-      left out), the epochs after it are whole; not with ``start_batch``.
-    - ``rank``, ``world_size``: this rank's shard; shards are disjoint, of equal length and
-      cover every sample (``drop_remainder=False`` pads a shard by wrapping around,
-      ``True`` drops the few samples over and also the last short batch).
+    - ``start_batch``: yield exactly the batches from that index of the epoch.
+    - ``resume``: a ``state_dict()`` of any adapter or ``BatchIterator``: its epoch's
+      unconsumed rest, re-sharded for this ``world_size`` (which may differ;
+      :mod:`carraystore.engine.resume`); ``epoch`` may be left out; not with ``start_batch``.
+    - ``rank``, ``world_size``: disjoint equal shards covering every sample
+      (``drop_remainder=False`` pads by wrapping around; ``True`` drops the remainder and
+      the last short batch).
     - ``transform(x, y) -> (x, y)``: a per-batch numpy function, run in a loader thread.
-    - ``label_mode``: ``"int"`` (int64 labels), ``"categorical"`` (float32 one-hot),
-      ``"binary"`` (float32 0/1, stores of two classes) or None (x only), as in
-      ``keras.utils.image_dataset_from_directory``. Unlabelled stores give ``y = None``.
-    - ``targets``: what y is. ``"label"`` (default): the class label, shaped by
-      ``label_mode``; a field name (``store.columns``, docs/targets.md): that field as
-      stored (dtype and per-sample shape kept); a tuple of names: y is a tuple; a dict
-      ``{output: name}``: y is a dict (multi-output Keras models). ``"label"`` means the
-      class labels whenever the store has them (a field called "label" only otherwise).
-    - ``sample_weight``: a field of one number per sample; batches are then ``(x, y, w)``
-      with ``w`` float32 of shape (B,), as Keras expects. The transform sees (x, y) only.
-    - ``sequence_length=L``: x is (B, L, *item) clips of consecutive samples that never
-      cross a group (the key's parent folder, or ``groups``, one value per sample);
-      clips step by ``sequence_stride`` (default L); the class label is the clip's first
-      frame's, a field (target or sample weight) its **last** frame's.
-      ``clip_starts="random"`` (default) shifts each group's clips by a random offset
-      every epoch (a pure function of seed and epoch; the number of clips never
-      changes); ``"fixed"`` starts them at the group's first frame every epoch.
-    - ``verify``: check every chunk's CRC32 before decoding it (default True; always on
-      for remote stores). ``verify=False`` skips the check on local stores.
+    - ``label_mode``: ``"int"`` (int64), ``"categorical"`` (float32 one-hot), ``"binary"``
+      (float32 0/1, two classes) or None (x only), as in Keras'
+      ``image_dataset_from_directory``. Unlabelled stores give ``y = None``.
+    - ``targets``: what y is (docs/targets.md). ``"label"`` (default): the class labels when
+      the store has them, shaped by ``label_mode``, else a field "label"; a field name: that
+      field as stored; a tuple of names: a tuple; a dict ``{output: name}``: a dict.
+    - ``sample_weight``: a field of one number per sample; batches are ``(x, y, w)``, ``w``
+      float32 (B,). The transform sees (x, y) only.
+    - ``sequence_length=L``: x is (B, L, *item) clips that never cross a group (the key's
+      parent folder, or ``groups``, one value per sample), stepping by ``sequence_stride``
+      (default L); the class label is the clip's first frame's, a field its **last**
+      frame's. ``clip_starts="random"`` (default) shifts each group's clips by a random
+      offset per epoch (clip count unchanged); ``"fixed"`` starts at the group's first frame.
+    - ``verify``: check each chunk's CRC32 before decoding (default True; always on remote).
     - ``prefetch``: decoded chunks held beyond the current window (default ``window``).
-    - ``num_threads``: decoder threads (default: the cores this process may use, its
-      affinity mask and cgroup quota, at least 2), each decompressing whole chunks with
-      one blosc2 thread. Batches are assembled several at once by their own threads
-      (one per four decoder threads, at most 4; one when a ``transform`` is given, so a
-      stateful transform sees batches in order).
+    - ``num_threads``: decoder threads (default :func:`default_threads`). Batches are
+      assembled by their own threads (one per four decoder threads, at most 4; one with a
+      ``transform``, so a stateful transform sees batches in order).
     - ``queue_size``: finished batches waiting for the consumer.
-    - ``memory_budget``: the most the loader may hold, in bytes or as ``"2GB"``/``"512MiB"``
-      (default: a quarter of the memory the process may use, the cgroup's limit when
-      lower): decoded chunk slots (windows and prefetch), batch buffers and a remote
-      source's read-ahead. Prefetch and the number of batches assembled at once shrink to
-      fit; when one window and ``queue_size`` batches cannot fit, the loader refuses to
-      start and says what to lower. Iterators report what they hold (``.memory``).
-    - ``retry_timeout``: remote stores: seconds a failing server is tried again before the
-      epoch fails (default: the store's storage option ``retry_timeout``, 120 s); the
-      loader waits meanwhile and resumes at the same batch, losing and repeating nothing.
-    - ``image_size=(height, width)``: the size of the images the loader yields (default
-      None: the stored size, at no cost). It must be the stored size divided by 1, 2, 4 or
-      8 (both sides by the same factor, exactly); any other size is refused with the ones
-      this store allows (resize in a ``transform`` instead). Encoded stores decode JPEG
-      entries at that size with libjpeg's scaled IDCT (Pillow's ``Image.draft`` pixels, less
-      work than a full decode); PNG, WebP and raw entries and pixel stores (uint8 images
-      only) are reduced after decoding by a box average, Pillow's ``Image.reduce`` (RGBA:
-      each channel on its own). Clips keep their frames; batches, shards, resume and every
-      adapter see the smaller images; the decoded-chunk slots stay full size, batch
-      buffers are the smaller size.
+    - ``memory_budget``: bytes or ``"2GB"``/``"512MiB"`` (default a quarter of the process'
+      memory) for chunk slots, batch buffers and a remote source's read-ahead. Prefetch and
+      assembly shrink to fit; if one window and ``queue_size`` batches cannot, the loader
+      refuses to start and says what to lower. Iterators report ``.memory``.
+    - ``retry_timeout``: remote stores: seconds a failing server is retried before the epoch
+      fails (default: the store's ``retry_timeout`` storage option, 120 s); the loader then
+      resumes at the same batch, losing and repeating nothing.
+    - ``image_size=(height, width)``: the yielded size (default: stored). Must be the stored
+      size divided by 1, 2, 4 or 8 exactly (else refused, naming the allowed sizes; resize
+      in a ``transform``). JPEG entries decode at that size (libjpeg scaled IDCT); other
+      entries and pixel stores (uint8 only) are box-averaged (``Image.reduce``). Chunk
+      slots stay full size; batch buffers are the smaller size.
     """
 
     shuffle: Shuffle = "block"
@@ -295,10 +273,7 @@ class LoaderOptions:
         return cls(**kwargs)
 
     def replace(self, **changes: Any) -> LoaderOptions:
-        """A copy with some options changed (checked again).
-
-        Options made with ``resume`` took its epoch: a new ``resume`` (without ``epoch``)
-        brings its own, and ``resume=None`` keeps the epoch."""
+        """A copy with some options changed (checked again); a new ``resume`` brings its own epoch."""
         if "resume" in changes and "epoch" not in changes and self.resume is not None and changes["resume"] is not None:
             changes["epoch"] = 0  # not given: the new state's
         return dataclasses.replace(self, **changes)
@@ -317,8 +292,8 @@ def _check_image_size(v: Any) -> tuple[int, int]:
 
 
 def image_scale(store: StoreReader, image_size: Sequence[int] | None) -> int:
-    """The factor ``image_size`` (checked: see ``LoaderOptions``) divides the store's images by:
-    1, 2, 4 or 8; InvalidInputError naming the sizes this store allows otherwise."""
+    """The factor (1, 2, 4 or 8) ``image_size`` divides the images by; InvalidInputError
+    naming the allowed sizes otherwise."""
     if image_size is None:
         return 1
     image_size = _check_image_size(image_size)
@@ -382,8 +357,7 @@ def map_targets(struct: Any, fn: Callable[[str], Any]) -> Any:
 
 
 def _resolve_targets(store: StoreReader, options: LoaderOptions) -> Any:
-    """The targets as the batches carry them: each name a field, or ``_CLASS`` for the class
-    label; None when batches have no y (an unlabelled store, or label_mode=None)."""
+    """The targets, each name a field or ``_CLASS`` (class label); None when batches have no y."""
     t = options.targets
     fields = store.columns
 

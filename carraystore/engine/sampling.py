@@ -1,26 +1,18 @@
 """The order in which an epoch visits a store: pure index arithmetic (numpy only, no I/O).
 
-Block shuffle, the default, for an epoch ``e``:
+Block shuffle (the default), for epoch ``e``:
 
-1. the store's chunks are put in a random order (the same on every rank: it depends on
-   ``seed`` and ``e`` only);
-2. their items, chunk after chunk, form one sequence, cut into ``world_size`` contiguous
-   shards of equal length: short by wrapping around to the start of the sequence
-   (``drop_remainder=False``) or by dropping the tail (``drop_remainder=True``);
-3. each rank's shard is cut into windows of ``window`` chunk pieces (a piece is a run of
-   the shard's items that lie in one chunk), the first windows ramping up from the
-   pieces of one batch (:func:`ramp_windows`), and the items inside each window are put
-   in a random order.
+1. the chunks are put in a random order depending on ``seed`` and ``e`` only;
+2. their items form one sequence, cut into ``world_size`` equal contiguous shards (padded
+   by wrapping around, or the tail dropped with ``drop_remainder=True``);
+3. each shard is cut into windows of ``window`` chunk pieces (runs of items in one chunk),
+   the first ramping up from one batch's pieces (:func:`ramp_windows`); items are
+   permuted inside each window.
 
-So a loader reads whole chunks in a random order, holds one window of decoded chunks,
-and still hands out well-mixed batches; its first batch waits for one batch's chunks, not
-a window's. ``shuffle="global"`` is a full permutation
-(cut into shards the same way; one window holds the whole shard) and ``shuffle=False``
-keeps the store's order. Every function here depends on its arguments only, so every
-worker, process and run computes the same order.
-
-An *item* is a sample index, or, for sequences, the index of a clip's first sample
-(see :func:`clip_starts`); ``span`` is the number of consecutive samples an item covers.
+``shuffle="global"`` is a full permutation (one window per shard); ``shuffle=False`` keeps
+the store's order. Every function is pure, so every worker, process and run agrees.
+An *item* is a sample index, or a clip's first sample (:func:`clip_starts`); ``span`` is
+the number of consecutive samples an item covers.
 """
 
 from __future__ import annotations
@@ -50,11 +42,7 @@ __all__ = [
     "clip_offsets",
 ]
 
-#: How fast the first windows of a shard grow (:func:`ramp_windows`): 1, 4, 16, ... times the
-#: first. Measured (class-sorted stores, window 16): growing by 2 mixed 4,096 samples in
-#: chunks of 64 to 6.15 classes per batch of 32, by 4 to 6.55 (no ramp 6.94), and a local
-#: loader's second batch came 19 and 28 ms after the epoch started (the first 13 and 16 ms;
-#: 96 ms without a ramp).
+#: How fast the first windows of a shard grow (:func:`ramp_windows`): 1, 4, 16, ... times the first.
 RAMP_GROWTH = 4
 
 #: ``"block"`` (default), ``"global"``, or ``False`` (store order).
@@ -99,11 +87,8 @@ def num_batches(length: int, batch_size: int, drop_remainder: bool = False) -> i
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One rank's epoch: its items in order, cut into windows.
-
-    ``items[window_starts[w]:window_starts[w + 1]]`` is window ``w``; ``window_chunks[w]``
-    lists (sorted, unique) the chunks that window needs decoded.
-    """
+    """One rank's epoch: window ``w`` is ``items[window_starts[w]:window_starts[w + 1]]``,
+    needing the chunks ``window_chunks[w]`` (sorted, unique)."""
 
     items: np.ndarray
     window_starts: np.ndarray
@@ -140,8 +125,7 @@ class EpochPlan:
         return it[:, None] + np.arange(self.span, dtype=np.int64)
 
     def batches_of(self, w: int, batch_size: int, serves: tuple[int, int] = (0, 1)) -> range:
-        """The batches drawing from window ``w`` that a reader serving batches ``b % n == k``
-        (``serves=(k, n)``) asks for."""
+        """The batches ``b % n == k`` (``serves=(k, n)``) that draw from window ``w``."""
         lo, hi = int(self.window_starts[w]), int(self.window_starts[w + 1])
         if hi <= lo:
             return range(0)
@@ -160,17 +144,15 @@ def _rng(*words: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(w) for w in words]))
 
 
-# stream tags, so that the streams for different purposes never coincide
+# stream tags: distinct random streams per purpose
 _TAG_CHUNKS, _TAG_WINDOW, _TAG_GLOBAL, _TAG_CLIPS = 0x43484E4B, 0x57494E44, 0x474C4F42, 0x434C4950
 
 
 @dataclass(frozen=True)
 class EpochOrder:
-    """What one rank's order of an epoch depends on besides the store: one value, checked
-    once and passed whole (:func:`plan_epoch`, :func:`epoch_sequence`).
+    """What one rank's epoch order depends on besides the store (checked on construction).
 
-    ``span`` is how many consecutive samples an item covers (clips); the first windows
-    ramp up (:func:`ramp_windows`) from the pieces that hold the first ``batch_size`` items.
+    ``span``: consecutive samples per item (clips); ``batch_size`` sizes the first window.
     """
 
     shuffle: Shuffle = "block"
@@ -209,14 +191,11 @@ def plan_epoch(
     sequence: np.ndarray | None = None,
     **fields: Any,
 ) -> EpochPlan:
-    """The epoch's order for one rank (see the module docstring): ``order``, or an
-    :class:`EpochOrder` of the keyword ``fields``.
+    """The epoch's order for one rank: ``order``, or an :class:`EpochOrder` of ``fields``.
 
-    ``items`` (sorted sample indices, default every sample) lets sequences shuffle clip
-    starts instead of samples. ``ramp=False`` makes every window ``window`` pieces, the
-    first ones too (the order of the versions before the ramp). ``sequence``: what
-    :func:`epoch_sequence` returns for the same arguments, when the plans of many ranks
-    are made at once (it is the same for every rank).
+    ``items``: sorted sample indices (default all; clip starts for sequences).
+    ``ramp=False``: every window ``window`` pieces. ``sequence``: :func:`epoch_sequence` of
+    the same arguments, to plan many ranks at once.
     """
     o = EpochOrder(**fields) if order is None else order.replace(**fields) if fields else order
     shuffle, seed, epoch, window, rank, span = o.shuffle, o.seed, o.epoch, o.window, o.rank, o.span
@@ -250,8 +229,7 @@ def plan_epoch(
     lo, hi = rank * length, (rank + 1) * length
     part = np.ascontiguousarray(seq[lo:hi] if hi <= m else seq[np.arange(lo, hi, dtype=np.int64) % m])
 
-    # 3. windows of `window` chunk pieces (the first ones ramping up from one batch's
-    #    pieces); items permuted inside each window
+    # 3. windows of `window` chunk pieces, items permuted inside each
     pchunk = part // chunk_size
     if shuffle == "global":
         window_id = np.zeros(length, dtype=np.int64)
@@ -273,11 +251,8 @@ def plan_epoch(
 
 
 def epoch_sequence(n_samples: int, chunk_size: int, order: EpochOrder, items: np.ndarray | None = None) -> np.ndarray:
-    """The epoch's item sequence every rank agrees on, before it is cut into shards and
-    windows: chunks in a random order (``"block"``), a full permutation (``"global"``), or
-    the store's order (only ``order``'s shuffle, seed and epoch matter).
-    ``plan_epoch(..., sequence=)`` takes it to make many ranks' plans at the cost of one
-    sequence (the rest of an epoch at another world size needs them all)."""
+    """The item sequence every rank agrees on, before shards and windows (only ``order``'s
+    shuffle, seed and epoch matter); pass it to ``plan_epoch(..., sequence=)``."""
     chunk_size = _nonneg("chunk_size", chunk_size)
     if chunk_size < 1:
         raise InvalidInputError("chunk_size must be >= 1")
@@ -305,15 +280,11 @@ def _sequence(items: np.ndarray, chunk_size: int, shuffle: Shuffle, seed: int, e
 
 
 def ramp_windows(piece: np.ndarray, window: int, first: int = 1) -> np.ndarray:
-    """The window of each chunk piece (``piece``: 0, 0, 1, 2, 2, ... along a shard): the
-    first windows hold ``first``, ``4 * first``, ``16 * first``, ... pieces (those below
-    ``window``; :data:`RAMP_GROWTH`), every later one ``window``.
+    """The window of each chunk piece (``piece``: 0, 0, 1, 2, 2, ... along a shard).
 
-    So a loader's first batch needs the chunks of one batch decoded, not a whole window
-    (over a link, the first chunk arrives long before the window's last), and
-    the next windows are decoded while the ones before are served. Only the first few
-    pieces of a shard (5 for ``first=1`` and the default window of 16) are mixed in
-    smaller windows.
+    The first windows hold ``first``, ``4 * first``, ... pieces (below ``window``;
+    :data:`RAMP_GROWTH`), later ones ``window``: the first batch waits for one batch's
+    chunks, not a whole window's.
     """
     first = max(1, min(int(first), window))
     sizes = []
@@ -347,8 +318,7 @@ def _chunks_needed(first: np.ndarray, chunk_size: int, span: int) -> np.ndarray:
 def _shards(
     items: np.ndarray, windows: np.ndarray, world_size: int, drop_remainder: bool
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``items`` (and their window labels) cut into ``world_size`` equal contiguous shards:
-    short by wrapping around (padding) or by dropping the tail, as in :func:`plan_epoch`."""
+    """``items`` and their window labels cut into shards as in :func:`plan_epoch`."""
     length = shard_length(len(items), world_size, drop_remainder)
     total = length * world_size
     if total != len(items) and len(items):
@@ -363,15 +333,12 @@ def remainder_plan(
     world_size: int = 1,
     drop_remainder: bool = False,
 ) -> EpochPlan:
-    """One rank's plan for the rest of an epoch that was interrupted, at any world size.
+    """One rank's plan for the rest of an interrupted epoch, at any world size.
 
-    ``first(rank, world_size)`` is the epoch's own plan of a rank. ``consumed`` lists the
-    runs of the epoch so far: ``(world_size, samples each rank consumed)``, oldest first
-    (ranks move in lockstep, as under DDP). What the ranks of a run had not consumed,
-    rank after rank, is cut into ``world_size`` equal shards again (padded by wrapping
-    around, or cut short with ``drop_remainder``, as an epoch's shards are); the last
-    such cut gives this rank's plan. Items keep their order and their windows (a window
-    never grows), so nothing consumed comes back and nothing left over is lost.
+    ``first(rank, world_size)``: the epoch's plan of a rank. ``consumed``: the runs so far as
+    ``(world_size, samples each rank consumed)``, oldest first (ranks in lockstep, as under
+    DDP). The unconsumed rest is re-sharded like an epoch; items keep their order and
+    windows, so nothing consumed comes back and nothing left is lost.
     """
     if not consumed:
         return first(rank, world_size)
@@ -408,8 +375,7 @@ def remainder_plan(
 
 
 def epoch_order(n_samples: int, chunk_size: int, **order: Any) -> np.ndarray:
-    """The sample indices one rank visits in one epoch, in order (int64): what a loader of
-    batches of ``batch_size`` serves (``order``: the fields of :class:`EpochOrder`)."""
+    """The sample indices (int64) one rank visits in one epoch (``order``: :class:`EpochOrder` fields)."""
     return plan_epoch(n_samples, chunk_size, EpochOrder(**order)).items
 
 
@@ -417,10 +383,7 @@ def epoch_order(n_samples: int, chunk_size: int, **order: Any) -> np.ndarray:
 
 
 def group_runs(groups: Sequence[Any] | np.ndarray) -> np.ndarray:
-    """Boundaries [0, ..., n] of the runs of equal consecutive values in ``groups``.
-
-    A group that comes back after another one starts a new run: clips never join runs.
-    """
+    """Boundaries [0, ..., n] of the runs of equal consecutive values (a group that recurs starts a new run)."""
     n = len(groups)
     if n == 0:
         return np.zeros(1, dtype=np.int64)
@@ -436,10 +399,9 @@ def clip_starts(
 ) -> np.ndarray:
     """First sample of every clip of ``length`` consecutive samples inside one run.
 
-    ``boundaries`` as from :func:`group_runs`; clips step by ``stride`` (default ``length``:
-    clips do not overlap) and a run's tail shorter than ``length`` makes no clip.
-    ``offsets`` (one per run, as from :func:`clip_offsets`) shifts each run's clips
-    forward; an offset never above the run's slack keeps the number of clips the same.
+    ``boundaries`` from :func:`group_runs`; ``stride`` defaults to ``length``; a tail shorter
+    than ``length`` makes no clip. ``offsets`` (one per run, at most its slack; see
+    :func:`clip_offsets`) shift each run's clips.
     """
     length = _nonneg("sequence_length", length)
     stride = length if stride is None else _nonneg("sequence_stride", stride)
@@ -468,11 +430,8 @@ def clip_offsets(
 ) -> np.ndarray:
     """A random start offset per run for one epoch: a pure function of (seed, epoch, runs).
 
-    Run ``g`` of ``n_g`` frames holds ``c_g = (n_g - length) // stride + 1`` clips at fixed
-    starts, which leave ``slack_g = n_g - length - (c_g - 1) * stride`` frames unused at its
-    end (less than ``stride``). Its offset is uniform in ``[0, slack_g]``, so the clips of
-    an epoch still number ``c_g`` per run, stay inside the run, and every rank and worker
-    computes the same starts.
+    A run's offset is uniform in ``[0, slack]`` (``slack``: frames its clips leave unused at
+    its end), so every run keeps its clip count and every rank computes the same starts.
     """
     length = _nonneg("sequence_length", length)
     stride = length if stride is None else _nonneg("sequence_stride", stride)

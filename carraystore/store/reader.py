@@ -1,10 +1,8 @@
 """Reading a store: open, describe, read and decompress whole chunks, index, verify (layer 4).
 
-A :class:`StoreReader` reads through a byte source (:mod:`carraystore.sources.local`): a local file,
-an object store or a chunk cache. Opening parses the frame (:mod:`carraystore.format.frame`,
-two reads) and the metadata (:mod:`carraystore.format.record`) and checks the pinned codec
-against the file; it never reads the images. Blocks span whole images, so a
-decompressed chunk is the chunk's images in row order.
+A :class:`StoreReader` reads through a byte source (:mod:`carraystore.sources.local`). Opening
+parses the frame and metadata and checks the pinned codec, never reading the images. Blocks
+span whole images, so a decompressed chunk is its images in row order.
 """
 
 from __future__ import annotations
@@ -130,9 +128,8 @@ _S = TypeVar("_S", bound="StoreReader")
 
 
 class StoreReader:
-    """A read-only carraystore store: metadata, random access (``store[i]``, ``take``), chunks,
-    ``verify``. ``carraystore.open(path_or_url)`` gives a :class:`carraystore.Store`, this plus
-    the loaders as methods (``batches``, ``to_dask``)."""
+    """A read-only store: metadata, random access (``store[i]``, ``take``), chunks, ``verify``.
+    ``carraystore.open`` gives a :class:`carraystore.Store`: this plus the loaders as methods."""
 
     def __init__(
         self,
@@ -288,20 +285,14 @@ class StoreReader:
         return i
 
     def read_chunk_bytes(self, i: int) -> bytes:
-        """The compressed bytes of chunk ``i`` (one read; thread-safe, GIL released).
-
-        A chunk the frame stores as a special value (all zeros, say) has no bytes in the
-        file: the 32-byte chunk that stands for it is returned.
-        """
+        """The compressed bytes of chunk ``i`` (one read; thread-safe, GIL released); a special
+        chunk (all zeros, say) gives the 32-byte chunk standing for it."""
         return bytes(self.chunk_buffer(i, copy=True))
 
     def chunk_buffer(self, i: int, copy: bool = False, items: bool = False) -> bytes | memoryview:
-        """Chunk ``i``'s compressed bytes: a read-only view of the mapped file for a local
-        store (no copy; ``copy=True`` reads them instead), the fetched bytes otherwise.
-
-        A special chunk's stand-in has the frame's typesize, as blosc2 makes it; ``items=True``
-        gives it the codec's typesize instead, so that item ranges can be taken out of it.
-        """
+        """Chunk ``i``'s compressed bytes: a read-only view of a local mapped file (``copy=True``
+        reads them instead), else the fetched bytes. ``items=True``: a special chunk's stand-in
+        gets the codec's typesize (not the frame's), so item ranges can be taken from it."""
         i = self._check_chunk_index(i)
         f = self._frame
         special = int(f.chunk_special[i])
@@ -311,8 +302,7 @@ class StoreReader:
         offset, length = int(f.chunk_offsets[i]), int(f.chunk_lengths[i])
         data = self._fetch_chunk(i, offset, length, copy)
         if self.check_reads:
-            # bytes that crossed a network and fail their CRC are fetched again (a source
-            # that can forget a range: remote, cached) before the chunk counts as damaged
+            # a source that can forget a range (remote, cached) fetches again before "damaged"
             link = self._link
             for attempt in range(CRC_REFETCHES + 1):
                 try:
@@ -359,8 +349,7 @@ class StoreReader:
         )
 
     def prefetch_chunks(self, chunks: Sequence[int] | np.ndarray, again: bool = False) -> None:
-        """Hint the source that these chunks will be read soon, in this order; ``again``: once
-        more than already hinted (a remote source keeps their bytes for another read)."""
+        """Hint that these chunks will be read soon, in this order; ``again``: once more than hinted."""
         ranges = self._ranges_of(chunks)
         if ranges:
             self._source.prefetch(ranges, again=again)
@@ -375,14 +364,12 @@ class StoreReader:
         ]
 
     def chunks_hinted(self, chunks: Sequence[int] | np.ndarray) -> bool:
-        """Whether the source fetched ahead, or is fetching, every one of these chunks (hinted
-        with :meth:`prefetch_chunks` and not read yet); False for a local file."""
+        """Whether every one of these hinted, unread chunks is fetched or on its way (False locally)."""
         return self._link is not None and self._link.hinted(self._ranges_of(chunks))
 
     def wait_chunks_fetched(self, chunks: Sequence[int] | np.ndarray, timeout: float | None = None) -> bool:
-        """Wait until the bytes of these chunks, hinted with :meth:`prefetch_chunks`, have
-        arrived (or their fetch failed); True once none is on its way, False on ``timeout``.
-        Chunks never hinted, already read, or of a local file count as arrived."""
+        """Wait until these hinted chunks arrived or failed: True once none is on its way, False
+        on ``timeout``. Unhinted, read or local chunks count as arrived."""
         if self._link is None:
             return True
         ranges = self._ranges_of(chunks)
@@ -398,13 +385,10 @@ class StoreReader:
     ) -> np.ndarray:
         """Decompress chunk ``i``'s bytes into ``out`` (a full chunk buffer); return its images.
 
-        ``nthreads`` is blosc2's own thread count for this chunk (default: blosc2's global
-        setting); callers that decompress several chunks in parallel threads pass 1.
-
-        ``scale`` (2, 4 or 8; uint8 image stores): the images at their size divided by
-        ``scale``, each in the first bytes of its slot of ``out``, returned as a strided
-        view. An encoded store decodes its JPEG entries at that size (libjpeg's scaled
-        IDCT), every other image is reduced by :func:`carraystore.format.encoded.box_reduce`.
+        ``nthreads``: blosc2 threads (default its global setting; pass 1 from parallel threads).
+        ``scale`` (2, 4 or 8; uint8 images): images reduced by ``scale`` in the first bytes of
+        each slot of ``out``, returned as a strided view (JPEG entries decoded at that size,
+        others by :func:`carraystore.format.encoded.box_reduce`).
         """
         start, stop = self.chunk_range(i)
         shape = (self.meta.chunk_images, *self.image_shape)
@@ -481,12 +465,8 @@ class StoreReader:
             )
 
     def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = True, scale: int = 1) -> np.ndarray:
-        """The images of chunk ``i`` as an array (a view of ``out`` when given).
-
-        ``verify`` (default True) checks the chunk's CRC32 first: a damaged chunk raises
-        ChecksumError naming it instead of handing out wrong pixels. ``scale``: the images
-        at their size divided by 2, 4 or 8 (:meth:`decompress_chunk`).
-        """
+        """The images of chunk ``i`` (a view of ``out`` when given). ``verify``: check its CRC32
+        first (ChecksumError naming it); ``scale``: see :meth:`decompress_chunk`."""
         i = self._check_chunk_index(i)
         data = self.chunk_buffer(i)
         if verify and not self.check_reads:
@@ -554,10 +534,8 @@ class StoreReader:
 
     # -- integrity ----------------------------------------------------------------------
     def verify(self, progress: bool = False) -> list[ChunkProblem]:
-        """Re-read every chunk: CRC32, header against the pinned codec, full decompression.
-
-        Returns the problems found (an empty list means the store is sound).
-        """
+        """Re-read every chunk (CRC32, header against the pinned codec, full decompression);
+        the problems found, empty when the store is sound."""
         problems: list[ChunkProblem] = []
         if self._frame.nchunks != self.nchunks:
             problems.append(
@@ -590,8 +568,7 @@ class StoreReader:
                     problems.append(ChunkProblem(i, str(exc)))
         finally:
             self.check_reads = check_reads
-        # the whole frame header, and plain blosc2 (the README promises `blosc2.open` reads a
-        # store); blosc2 only sees the file once every check above passed
+        # the frame header, then plain blosc2 (the README promises `blosc2.open` reads a store)
         problems += [ChunkProblem(None, p) for p in header_problems(self._frame, self.meta)]
         if not problems and type(self._source) is LocalFileSource:  # not a JournalSource: the file itself
             bad = plain_blosc2_problem(self.path, self._frame, self.meta, quiet_if_changed=True)
@@ -652,14 +629,11 @@ def open_store(
     cache_size: int | str | None = None,
     cls: type[StoreReader] | None = None,
 ) -> StoreReader:
-    """Open a store for reading, from a path or a URL; checks the format and the pinned codec.
+    """Open a store from a path or URL, checking the format and the pinned codec.
 
-    ``cls`` is the class of the object returned: a :class:`StoreReader` by default;
-    ``carraystore.open`` passes :class:`carraystore.Store` (the loaders as methods).
-
-    ``storage_options`` (URLs only) are the fsspec-style options pandas, zarr and dask take;
-    ``cache_dir``/``cache_size`` keep fetched chunks of a remote store on local disk
-    (``cache_size`` in bytes or as ``"200GB"``; see carraystore.sources.cache and docs/remote.md).
+    ``cls``: the class returned (``carraystore.open`` passes :class:`carraystore.Store`).
+    ``storage_options`` (URLs only): fsspec-style options; ``cache_dir``/``cache_size``
+    (bytes or ``"200GB"``) keep fetched chunks on local disk (docs/remote.md).
     """
     open_kwargs = {k: v for k, v in (("cache_dir", cache_dir), ("cache_size", cache_size)) if v is not None}
     source = open_source(location, storage_options, **open_kwargs)  # type: ignore[arg-type]
@@ -672,12 +646,9 @@ def open_store(
 def _open_local(
     source: LocalFileSource, storage_options: Any, open_kwargs: dict[str, Any], cls: type[StoreReader]
 ) -> StoreReader:
-    """Open a local store without ever seeing an append half-way (docs/appends.md).
-
-    A hot journal: roll it back when its writer is gone and we may write, else read the
-    store as it was before that append (JournalSource). No journal: read, and retry when
-    the file or its journal changed meanwhile (an append began or ended while we read).
-    """
+    """Open a local store without ever seeing an append half-way (docs/appends.md): a hot
+    journal is rolled back if its writer is gone and we may write, else read around
+    (JournalSource); without one, retry if the file changed while we read."""
     path = source.path
     source.close()  # opened again below, after the file's state is taken: its size must not be older
     real = Path(os.path.realpath(path))  # the journal sits beside the real file

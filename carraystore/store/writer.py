@@ -1,19 +1,12 @@
 """Writing a store: ``create``, ``append`` and the StoreWriter they return.
 
-carraystore compresses every chunk itself with the pinned codec (``blosc2.compress2``)
-and puts it in place with ``update_chunk``, so the chunk headers carry exactly the
-recorded parameters, whatever blosc2's defaults are. Until ``close()`` a store lives in
-a temporary file beside its path (``.NAME.b2nd.partial-PID-RANDOM``); ``close()``
-fsyncs it and renames it into place, so a store is never seen half-written
-(:mod:`carraystore.base.atomic`). A store bound for a URL (``s3://...``) is written the same
-way in a local staging folder and then uploaded atomically (:mod:`carraystore.sources.upload`).
-
-Appending to a store that holds images writes in place (:mod:`carraystore.store.inplace`): new
-chunks after the old ones, then a new offsets index, trailer and header, guarded by a
-rollback journal (:mod:`carraystore.sources.journal`); ``store.metadata.update_metadata`` is
-the same write with no chunk added. Every writer holds the store's writer lock
-(:mod:`carraystore.base.lock`) from ``create``/``append`` to ``close``/``abort``
-(docs/appends.md). The per-item values live in ``store.items``, chunk compression in ``store.chunks``.
+Every chunk is compressed with the pinned codec and placed with ``update_chunk``, so chunk
+headers carry exactly the recorded parameters whatever blosc2's defaults. Until ``close()`` a
+store lives in a temporary file beside its path, then is fsynced and renamed into place
+(:mod:`carraystore.base.atomic`); a URL's store is staged locally and uploaded atomically
+(:mod:`carraystore.sources.upload`). Appending to a non-empty store writes in place under a
+rollback journal (:mod:`carraystore.store.inplace`). Every writer holds the store's writer
+lock (:mod:`carraystore.base.lock`) until ``close``/``abort`` (docs/appends.md).
 """
 
 from __future__ import annotations
@@ -76,9 +69,8 @@ __all__ = [
 class StoreWriter:
     """Writes a store; returned by ``carraystore.create``. Use as a context manager.
 
-    Until ``close()`` the data lives in a temporary file beside ``path``; ``close()``
-    renames it into place atomically (and, for a URL, uploads it). On an exception inside
-    ``with``, or ``abort()``, the temporary file is removed and ``path`` is untouched.
+    ``close()`` publishes atomically (uploading for a URL); an exception inside ``with``,
+    or ``abort()``, leaves ``path`` untouched.
     """
 
     def __init__(
@@ -110,9 +102,8 @@ class StoreWriter:
         k = meta.chunk_images
         self._buf = np.zeros((k, *meta.image_shape), dtype=meta.np_dtype)
         self._cparams = meta.codec.cparams(meta.blocksize, nthreads)
-        #: a custom codec's chunks are decompressed into this buffer once and compared with the
-        #: data (blosc2 mis-decodes some filter chains); None for the presets: their chains are
-        #: covered by the test suite and keep their full write speed
+        #: a custom codec's chunks are round-tripped here (blosc2 mis-decodes some filter
+        #: chains); None for the tested presets
         self._round_trip: np.ndarray | None = (
             None if is_preset(meta.codec, meta.np_dtype, meta.image_shape, meta.layout) else np.empty_like(self._buf)
         )
@@ -155,11 +146,9 @@ class StoreWriter:
     ) -> None:
         """Append images of shape (n, H, W, C) (or one (H, W, C) image) with optional labels and keys.
 
-        ``columns`` adds per-item metadata arrays (name -> array of n rows); a store that has
-        columns needs the same names on every append. ``groups`` names each item's group
-        (a video, session, patient: any values, recorded as their text); a name seen before
-        joins that group, a new one is added at the end of ``Store.group_names``. A store
-        with groups needs them on every append.
+        ``columns``: per-item metadata arrays (name -> n rows); ``groups``: each item's group
+        (any values, recorded as text; new names go at the end of ``Store.group_names``).
+        A store with columns or groups needs the same on every append.
         """
         self._check_open()
         meta = self._meta
@@ -196,12 +185,8 @@ class StoreWriter:
                 self._flush_chunk()
 
     def extend_class_names(self, names: Sequence[str]) -> tuple[str, ...]:
-        """Add class names at the end of the store's list (existing names keep their index).
-
-        Returns the whole list. Names already there are skipped; the change is written at
-        ``close()``, in the same journaled append as the items (``from_directory(..., append=True)``
-        uses it for classes that a new folder brings).
-        """
+        """Add class names at the end of the list (names already there skipped); return the
+        whole list. Written at ``close()`` in the same journaled append as the items."""
         self._check_open()
         old = self._meta.class_names
         if old is None and self._items.has_labels and self.nimages:
@@ -237,10 +222,8 @@ class StoreWriter:
     ) -> None:
         """Append images of a store of layout "encoded" as entries (FORMAT.md 10.1), kept byte for byte.
 
-        An entry is a JPEG, PNG or WebP file of the store's image size, or the image's raw
-        pixels (exactly ``H*W*C`` bytes). Entries are not decoded here: ``verify`` (or
-        ``convert``, which compares) decodes them. ``from_directory(..., layout="encoded")``
-        keeps a source file only when it decodes to the pixels the pixel layout would hold.
+        An entry is a JPEG, PNG or WebP file of the store's image size, or raw pixels
+        (exactly ``H*W*C`` bytes); not decoded here (``verify`` does).
         """
         self._check_open()
         meta = self._meta
@@ -293,10 +276,8 @@ class StoreWriter:
     ) -> None:
         """Append one chunk compressed elsewhere by ``store.chunks.compress_chunk`` (``nitems`` items).
 
-        The writer must stand at a chunk boundary. A full chunk goes into the file as it is; a
-        shorter one is decompressed into the pending buffer (so that it can still be appended
-        to, and is written at ``close()``, as ``append`` would). ``crc`` is checked against
-        ``data``, and the chunk's header against the store's codec.
+        The writer must stand at a chunk boundary; a short chunk stays pending, as after
+        ``append``. ``crc`` and the chunk header are checked against ``data`` and the codec.
         """
         self._check_open()
         meta = self._meta
@@ -393,8 +374,7 @@ class StoreWriter:
 
     @property
     def _written_file(self) -> Path:
-        """The local file chunks and metadata go to: the temporary file, or the store itself when
-        it is extended in place (for a URL, the staging copy, never the URL)."""
+        """The local file written: the temporary file, or the store itself in place (never a URL)."""
         return self._tmp if self._inplace is None else self._dest
 
     def _release(self) -> None:
@@ -469,18 +449,14 @@ class StoreWriter:
             self._fill = 0
 
     def _store_chunk(self, ic: int, data: bytes, total: int) -> None:
-        """Put the compressed chunk ``ic`` into the file, the array then holding ``total`` items.
-
-        The one place chunks reach the file: in place after the old data for an append,
-        through blosc2 into the temporary file otherwise.
-        """
+        """Put compressed chunk ``ic`` into the file (the one place chunks reach it), the array
+        then holding ``total`` items."""
         if self._inplace is not None:
             self._inplace.put_chunk(ic, data)
             self._stored = total
         else:
             if self._stored == 0:
-                # blosc2 < 4.1 cannot grow an array from length 0 (3.x miscounts its chunks,
-                # 4.0 crashes), so the first chunk re-creates the still empty file at length total.
+                # blosc2 < 4.1 cannot grow an array from length 0: re-create it at length total
                 self._array = None
                 self._array = new_array(self._tmp, self._meta, total)
                 self._stored = total
@@ -505,21 +481,17 @@ def create(
 ) -> StoreWriter:
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
-    ``mode="w"`` creates a new store (``overwrite=True`` to replace an existing file at
-    close); ``mode="a"`` appends to an existing store, keeping its pinned codec
-    (``dtype=None`` there: the images' dtype is not checked against the store's here).
-    ``image_shape`` is the shape of one item: (H, W, C) for images (C = 1, 3 or 4; an
-    (H, W) shape gets C = 1), or any shape with ``layout="array"`` (``()`` for scalars).
-    ``layout=None`` picks "NHWC" for (H, W, C) pixel data and "array" otherwise;
-    ``layout="encoded"`` keeps uint8 images as encoded files (FORMAT.md 10), pixels given
-    to ``append`` being encoded with ``encoding`` (default: PNG, lossless).
+    ``mode="w"``: a new store (``overwrite=True`` replaces an existing file at close);
+    ``mode="a"``: append, keeping the pinned codec (``dtype=None``: not checked).
+    ``image_shape``: one item's shape, (H, W, C) for images (C = 1, 3 or 4; (H, W) gets
+    C = 1), or any shape with ``layout="array"`` (``()`` for scalars). ``layout=None``:
+    "NHWC" for pixel data, else "array"; ``layout="encoded"`` keeps uint8 images as encoded
+    files (FORMAT.md 10), pixels given to ``append`` encoded with ``encoding`` (default PNG).
 
-    The write options (``codec``, ``chunk_images``, ``class_names``, ``attrs``,
-    ``overwrite``, ``lock_timeout``, ``storage_options``, ``tmp_dir``) come as keywords or
-    in ``options`` (:class:`~carraystore.store.options.WriteOptions`), not both differently.
-    ``path`` may be a URL (``s3://bucket/train.b2nd``, ``gs://...``): the store is written
-    in a staging folder under ``tmp_dir`` and uploaded at ``close()``; it appears at the
-    URL only when complete. Appending to a URL downloads the store, appends, uploads it again.
+    Write options come as keywords or in ``options``
+    (:class:`~carraystore.store.options.WriteOptions`), not both differently. A URL
+    (``s3://``, ``gs://``) is staged under ``tmp_dir`` and appears only when complete at
+    ``close()``; appending to one downloads, appends and uploads again.
     """
     opts = WriteOptions.merged(options, str(path), **write)
     if is_url(path):
@@ -547,8 +519,7 @@ def create(
         raise InvalidInputError(f"mode must be 'w' or 'a', got {mode!r}")
     if not p.parent.is_dir():
         raise InvalidInputError(f"{p}: folder {p.parent} does not exist")
-    # One writer at a time: held until the writer's close() or abort(). The lock and the
-    # journal sit beside the real file, so two paths (links) to one store share them.
+    # One writer at a time; lock and journal sit beside the real file (links share them).
     real = Path(os.path.realpath(p))
     lock = WriterLock(real, purpose="append" if mode == "a" else "create", timeout=opts.lock_timeout)
     lock.acquire()
@@ -743,12 +714,10 @@ def append(
 ) -> StoreWriter:
     """Open an existing store (a path or URL) to append images; same as ``create(path, mode="a")``.
 
-    Appending costs what it adds (the store is extended in place; docs/appends.md).
-    ``lock_timeout``: seconds to wait while another writer holds the store (None: for
-    ever); after that :class:`~carraystore.base.errors.StoreLockedError` names the holder.
-    Of the write options, ``lock_timeout``, ``storage_options`` and ``tmp_dir`` are used,
-    ``codec`` must match the store's pinned one; ``chunk_images``, ``class_names`` and
-    ``attrs`` are refused (the store keeps its own); ``overwrite`` and ``progress`` do not apply.
+    Extends in place, costing what it adds (docs/appends.md). ``lock_timeout``: seconds to
+    wait for another writer (None: for ever), then
+    :class:`~carraystore.base.errors.StoreLockedError` names the holder. ``codec`` must match
+    the pinned one; ``chunk_images``, ``class_names`` and ``attrs`` are refused.
     """
     where = str(path)
     opts = WriteOptions.merged(options, where, **write)
