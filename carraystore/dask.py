@@ -1,18 +1,10 @@
-"""Stores as dask arrays and dask arrays as stores (an adapter; see docs/dask.md).
+"""Stores as dask arrays and dask arrays as stores (docs/dask.md; ``pip install 'carraystore[dask]'``).
 
-- :func:`to_dask`, :func:`labels`, :func:`fields`, :func:`targets`: the read-only view,
-  defined in :mod:`carraystore.api.daskview` and re-exported here.
-- :func:`from_dask`: writes a dask array into a store. Every chunk is compressed where it
-  is computed (on the workers); only compressed bytes and their CRC32 travel to the one
-  writer, which places them in order through a bounded window, so its memory stays a few
-  chunks whatever the array's size.
-- :func:`from_directory`: a folder of images ingested on a ``dask.distributed`` cluster
-  (workers decode and compress whole chunks; the same store as a local ingest;
-  :mod:`carraystore.ingest.cluster`).
-- :func:`in_order`: a bounded, ordered window over ``dask.distributed`` futures, used by
-  ``from_dask`` and the cluster ingest.
-
-Needs the ``dask`` extra: ``pip install 'carraystore[dask]'``.
+- :func:`to_dask`, :func:`labels`, :func:`fields`, :func:`targets`: the read-only view
+  (:mod:`carraystore.api.daskview`).
+- :func:`from_dask`: a dask array written into a store, each chunk compressed on the workers.
+- :func:`from_directory`: a folder of images ingested on a ``dask.distributed`` cluster.
+- :func:`in_order`: a bounded, ordered window over ``dask.distributed`` futures.
 """
 
 from __future__ import annotations
@@ -75,8 +67,7 @@ def from_directory(
 ) -> IngestResult | dict[str, IngestResult]:
     """``carraystore.from_directory`` with the decoding on the ``dask.distributed`` cluster of ``client``.
 
-    Every other argument is the local ingest's (``workers`` is unused); the store is byte for
-    byte the one a local ingest writes (docs/dask.md).
+    Other arguments as the local ingest's (``workers`` unused); the store is byte for byte the same.
     """
     if client is None:
         raise InvalidInputError(
@@ -115,22 +106,16 @@ def from_dask(
     The write options (codec, chunk_images, class_names, attrs, overwrite, lock_timeout,
     storage_options, tmp_dir) come as keywords or in ``options`` (a WriteOptions).
 
-    Any shape and dtype a store takes: images (N, H, W, C) uint8, or other items (model
-    outputs, features: ``layout="array"``). The array is rechunked along axis 0 to the
-    store's chunk size (``chunk_images``, default about 4 MiB per chunk) and whole along the
-    other axes. Each chunk is compressed where it is computed; the writer (this process)
-    receives only compressed chunks and their CRCs, in order, one at a time; at most
-    ``window`` chunks are under way (default: 8 per cluster thread, at least 32). With a
-    ``dask.distributed`` client that is the cluster; otherwise dask's current scheduler
-    computes batches of ``window // 2`` chunks in this process. ``labels`` (numpy or dask,
-    one integer per item) and ``keys`` (strings; a list, numpy or dask array) are optional; ``class_names``
-    defaults to the names ``labels`` carries (``labels(path)`` of a store);
-    ``fields`` (name -> numpy or dask array of N rows: regression targets, boxes, weights)
-    become the store's per-sample fields (``store.columns``, docs/targets.md). Atomic: the store appears
-    only when complete. ``lock_timeout``: seconds to wait while another writer holds ``path``
-    (None: for ever), then :class:`~carraystore.base.errors.StoreLockedError`. A URL
-    (``s3://bucket/out.b2nd``, with ``storage_options``) is written in a staging file under
-    ``tmp_dir`` (default ``TMPDIR``) and uploaded when complete, as ``carraystore.create`` does.
+    Images (N, H, W, C) uint8 or other items (``layout="array"``). The array is rechunked
+    along axis 0 to ``chunk_images`` (default about 4 MiB per chunk). Chunks are compressed
+    where computed (the cluster, or dask's scheduler in this process); the writer receives
+    compressed chunks and CRCs in order, at most ``window`` under way (default: 8 per cluster
+    thread, at least 32). Optional ``labels`` (one integer per item; ``class_names`` defaults
+    to the names they carry), ``keys`` (strings) and ``fields`` (name -> array of N rows,
+    docs/targets.md), numpy or dask. Atomic: the store appears only when complete.
+    ``lock_timeout``: seconds to wait for another writer (None: for ever), then
+    :class:`~carraystore.base.errors.StoreLockedError`. A URL is staged under ``tmp_dir`` and
+    uploaded when complete.
     """
     opts = WriteOptions.merged(options, str(path_or_url), **write)
     carried = getattr(labels, "class_names", None)  # Labels of a store carry their names
@@ -200,10 +185,8 @@ def from_dask(
 def _compute_in_order(tasks: list[Any], window: int | None) -> Generator[Any, None, None]:
     """Compute delayed tasks, yielding results in order.
 
-    Tasks go to the scheduler in batches (one graph each, so that chunks sharing an input
-    block, as after a rechunk, compute it once), at most two batches at a time. With a
-    distributed client the results wait on the workers and this process fetches one at a
-    time; with another scheduler a batch's results (compressed chunks) are held here.
+    Batches of tasks, one graph each (chunks sharing an input block compute it once), at most
+    two at a time. Without a distributed client a batch's results are held here.
     """
     client = default_client()
     nthreads = sum(client.nthreads().values()) if client is not None else (os.cpu_count() or 1)

@@ -1,26 +1,15 @@
 """Grain (JAX): a store as a random-access data source.
 
-    import grain.python as grain
-    from carraystore.grain import StoreDataSource
-
     source = StoreDataSource("train.b2nd")
     sampler = grain.IndexSampler(len(source), grain.NoSharding(), shuffle=True, num_epochs=1, seed=0)
     loader = grain.DataLoader(data_source=source, sampler=sampler, operations=[grain.Batch(32)])
-    for batch in loader:            # {"image": (32, H, W, C) uint8, "label": (32,) int64}
-        ...
 
-:class:`StoreDataSource` follows Grain's ``RandomAccessDataSource`` protocol
-(``__len__``, ``__getitem__`` by record index, a ``__repr__`` for checkpoints), so Grain's
-samplers, sharding, workers and checkpointing all apply. A record is one sample, so a
-chunk is decompressed to serve it: decoded chunks are kept in a small per-process cache
-(``cache_chunks``). Grain's global shuffle visits chunks at random, which decodes about
-one chunk per record once the store is larger than the cache; for throughput over large
-stores, shuffle by chunk (``carraystore.torch.StoreDataset``, ``Store.batches``) or make the cache
-hold the store. The loader options that apply to one record (``image_size``, ``targets``,
-``label_mode``, ``sample_weight``, ``verify``, ``retry_timeout``) are taken as every
-loader takes them; the others (order, shards, clips, threads, ...) are Grain's to decide
-and are refused by name. The source pickles as the store's location and the options
-(each worker opens the store). Grain is not imported here: the protocol is structural.
+:class:`StoreDataSource` follows Grain's ``RandomAccessDataSource`` protocol, so Grain's
+samplers, sharding, workers and checkpointing apply. A record is one sample, served from a
+per-process cache of decoded chunks; a global shuffle over a store larger than the cache
+decodes about one chunk per record (for throughput, shuffle by chunk with
+``carraystore.torch.StoreDataset`` or ``Store.batches``). Pickles as location + options.
+Grain is not imported: the protocol is structural.
 """
 
 from __future__ import annotations
@@ -86,12 +75,10 @@ class StoreDataSource:
     - ``store_or_path``: a Store, a path or a URL (``storage_options`` for URLs).
     - ``cache_chunks``: decoded chunks kept per process (default 8).
     - ``with_key``: add ``"key"`` (the sample's source name) where the store has keys.
-    - the loader options of :data:`RECORD_OPTIONS` (:class:`carraystore.engine.options.LoaderOptions`),
-      as keywords or one ``options`` value: ``image_size`` (images decoded smaller, as the
-      loaders do; the cache holds the smaller images), ``verify`` (CRC32 of each chunk, default
-      True), ``targets``/``label_mode`` (``"label"`` is y as the loaders give it: an array, a
-      tuple or a dict; none when there is no y), ``sample_weight`` (``"sample_weight"``, a
-      float32), ``retry_timeout``. Any other loader option is refused by name.
+    - the loader options of :data:`RECORD_OPTIONS`, as keywords or one ``options``:
+      ``image_size``, ``verify`` (default True), ``targets``/``label_mode`` (``"label"`` is y
+      as the loaders give it), ``sample_weight`` (``"sample_weight"``, float32),
+      ``retry_timeout``. Any other loader option is refused by name.
     """
 
     def __init__(

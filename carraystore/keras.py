@@ -1,19 +1,12 @@
 """Keras 3: a store as a ``keras.utils.PyDataset``.
 
-    from carraystore.keras import StoreDataset
     model.fit(StoreDataset("train.b2nd", 32), epochs=10, shuffle=False,
               validation_data=StoreDataset("val.b2nd", 32, shuffle=False))
 
-Batch ``i`` of an epoch is a pure function of (arguments, epoch, i), so Keras may ask for
-batches from several threads or processes in any order; decoded windows are kept per
-process (:class:`carraystore.engine.random_access.WindowCache`), so batches asked in order
-decode every chunk once per epoch. ``on_epoch_end`` after ``on_epoch_begin`` (what Keras
-does around each epoch) moves to the next epoch; outside Keras, use ``set_epoch``.
-``model.fit(shuffle=True)`` asks for batches in a random order (StoreDataset warns): it
-already shuffles, pass ``shuffle=False``. :class:`TrainingPosition` records where a ``fit``
-is, for ``StoreDataset(..., resume=state)`` (docs/loading.md, Resuming).
-
-Only ``keras`` is imported here, never ``tensorflow``, so another Keras backend works.
+Batch ``i`` depends only on (arguments, epoch, i), so Keras may ask for batches from any thread
+or process in any order; in order, each chunk decodes once per epoch. The dataset shuffles
+itself: pass ``fit(shuffle=False)`` (it warns otherwise). :class:`TrainingPosition` records
+where a ``fit`` is (docs/loading.md, Resuming). Only ``keras`` is imported, never ``tensorflow``.
 """
 
 from __future__ import annotations
@@ -62,21 +55,14 @@ at_fork_in_child(_after_fork_in_child)
 class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships no type information
     """A store as a Keras ``PyDataset`` of (x, y) batches (x alone for unlabelled stores).
 
-    Arguments: every :class:`carraystore.engine.options.LoaderOptions` field (documented there, once;
-    typed as ``LoaderKwargs``), as keywords or one ``options`` value, plus ``cache_windows``
-    (decoded windows kept per process) and Keras's ``workers``, ``use_multiprocessing``,
-    ``max_queue_size``.
+    Takes every :class:`~carraystore.engine.options.LoaderOptions` field, as keywords or one
+    ``options`` value, plus ``cache_windows`` (decoded windows kept per process) and Keras's
+    ``workers``, ``use_multiprocessing``, ``max_queue_size`` (the default ``queue_size``).
+    ``start_batch=b`` makes the first epoch ``num_batches - b`` long. The cache holds
+    ``max(cache_windows * window chunks, window chunks + prefetch)`` chunks.
 
-    - ``start_batch=b`` resumes the first epoch served (``epoch``) at batch ``b``: that
-      epoch is ``num_batches - b`` long, the epochs after it whole.
-    - ``prefetch``: decoded chunks kept beyond the current window; the cache holds
-      ``max(cache_windows * window chunks, window chunks + prefetch)`` chunks.
-    - ``queue_size`` (batches waiting for the consumer) is Keras's ``max_queue_size``
-      here, when that is not given.
-
-    With ``use_multiprocessing=True`` every worker process decodes the windows it needs
-    itself (up to ``workers`` times the decoding work); threads share one cache, and
-    decompression runs without the GIL, so threads are the better choice.
+    Prefer threads: they share one cache and decompression releases the GIL, while each
+    process of ``use_multiprocessing=True`` decodes the windows it needs itself.
     """
 
     def __init__(
@@ -146,7 +132,7 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
 
     @property
     def memory(self) -> MemoryPlan | None:
-        """The decoder's slots and buffers (:class:`carraystore.engine.pipeline.MemoryPlan`), once it started."""
+        """The decoder's slots and buffers, once it started."""
         return self._windows.memory
 
     @property
@@ -159,10 +145,7 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
         return self.spec.epoch_batches(self.epoch) - self.first_batch
 
     def state_dict(self, batch: int) -> dict[str, Any]:
-        """The resume state (:mod:`carraystore.engine.resume`) when ``batch`` is the next batch of the
-        current epoch, counted as ``TrainingPosition.position`` counts (from the epoch's start,
-        or from the resumed point of an epoch started with ``resume=``). Any carraystore loader
-        resumes from it as ``resume=``, at any world size."""
+        """The resume state when ``batch`` (counted as ``TrainingPosition.position`` counts) is next."""
         return self.spec.state_dict(self.epoch, batch)
 
     # -- batches ---------------------------------------------------------------------------------
@@ -173,10 +156,7 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
 
     # -- epochs ----------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Serve ``epoch`` from now on (a new order). The epoch the dataset resumes
-        (``start_batch``, ``resume``) is served from where it stopped, every time it is
-        set, as the PyTorch adapter does: a loop calling ``set_epoch`` each epoch never
-        serves the consumed part again."""
+        """Serve ``epoch`` from now on; the resumed epoch is always served from where it stopped."""
         if int(epoch) < 0:
             raise InvalidInputError(f"epoch must be >= 0, got {epoch}")
         with self._lock:
@@ -191,11 +171,9 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
     def on_epoch_end(self) -> None:
         """Keras calls this after each epoch: free the cache and move to the next epoch.
 
-        Only an epoch opened by ``on_epoch_begin`` moves on (and frees its cache): Keras
-        also calls ``on_epoch_end`` once when ``fit``/``evaluate``/``predict`` start, and
-        that must neither skip an epoch nor throw away windows its workers decoded. (The jax backend's first ``fit`` opens one epoch to build the model on a
-        batch; that uses up one epoch number.) Outside Keras, call ``set_epoch`` (or
-        ``on_epoch_begin``/``on_epoch_end``).
+        Only an epoch opened by ``on_epoch_begin`` moves on: Keras also calls this once when
+        ``fit``/``evaluate``/``predict`` start (the jax backend's first ``fit`` uses up one epoch
+        number building the model). Outside Keras, call ``set_epoch``.
         """
         with self._lock:
             if not self._used:
@@ -237,25 +215,19 @@ class StoreDataset(keras.utils.PyDataset):  # type: ignore[misc]  # keras ships 
 class TrainingPosition(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
     """Records where a ``model.fit`` over a :class:`StoreDataset` is: (epoch, next batch) and the resume state.
 
-    After every training batch ``position`` is the dataset's epoch and the index of the
-    next batch of that epoch (counting from the epoch's start, or from the resumed point of
-    an epoch started with ``resume=``); after the last batch of an epoch it is (epoch + 1, 0)
-    (a fit stopped inside an epoch, ``model.stop_training``, leaves it inside).
-    ``state`` is the same place as a resume state (:mod:`carraystore.engine.resume`), which any
-    carraystore loader takes as ``resume=`` at any world size. With ``path``, both are
-    written there as JSON (``{"epoch": e, "batch": b, "state": {...}}``, atomically) every
-    ``every`` batches and at each epoch's end, so they survive a crash. To resume::
+    ``position`` is (epoch, next batch), batches counted from the epoch's start or from the
+    resumed point; after an epoch's last batch it is (epoch + 1, 0). ``state`` is the same place
+    as a resume state, for ``resume=`` of any loader at any world size. With ``path`` both are
+    written there atomically as JSON every ``every`` batches and at each epoch's end::
 
-        state = TrainingPosition.load_state("pos.json")     # or callback.state; None: from the start
-        ds = StoreDataset("train.b2nd", 32, resume=state)   # any number of workers / ranks
+        state = TrainingPosition.load_state("pos.json")     # None: from the start
+        ds = StoreDataset("train.b2nd", 32, resume=state)
         model.fit(ds, initial_epoch=ds.epoch, epochs=10, shuffle=False,
                   callbacks=[TrainingPosition(ds, "pos.json")])
 
-    (``TrainingPosition.load(path)`` gives (epoch, batch) for ``epoch=, start_batch=``, which
-    resume at the same world size only.) The dataset's ``epoch`` follows Keras's epoch index
-    when it starts at the same number (``fit(initial_epoch=ds.epoch)``; both start at 0 by
-    default). A fit that would go on past a resumed epoch (Keras would run the next epochs at
-    the resumed epoch's length, losing batches) stops with an error saying what to do.
+    ``load(path)`` gives (epoch, batch) for ``epoch=, start_batch=`` (same world size only).
+    Use ``fit(initial_epoch=ds.epoch)``. A fit going on past a resumed epoch (Keras would keep
+    its shorter length, losing batches) raises, saying what to do.
     """
 
     def __init__(self, dataset: StoreDataset, path: str | os.PathLike[str] | None = None, every: int = 1) -> None:

@@ -1,14 +1,10 @@
 """tf.data: a store as a ``tf.data.Dataset`` of batches.
 
-    from carraystore.tf import to_dataset
     ds = to_dataset("train.b2nd", 32, transform=lambda x, y: (x.astype("float32") / 255, y))
     model.fit(ds, epochs=10)
 
-Each full pass over the dataset is one epoch of :func:`carraystore.engine.loader.batches`: the
-first pass uses ``epoch``, the next ``epoch + 1``, and so on (``model.fit`` and
-``ds.repeat()`` both start a new pass), so every pass has a new order. For
-``tf.distribute``, use :func:`distribute` (or ``strategy.distribute_datasets_from_function``
-with ``to_dataset(..., input_context=ctx)``).
+Each pass over the dataset (``fit`` epoch or ``repeat()``) is the next epoch, in a new order.
+For ``tf.distribute`` use :func:`distribute` (or ``to_dataset(..., input_context=ctx)``).
 """
 
 from __future__ import annotations
@@ -61,11 +57,7 @@ def _structure_spec(value: Any, b: int | None, what: str) -> Any:
 
 
 def element_spec_for(spec: LoaderSpec) -> Any:
-    """The ``tf.TensorSpec`` of x (or the tuple of specs of (x, y) or (x, y, w)) of ``spec``'s batches.
-
-    y's specs follow ``targets``: a spec, a tuple of specs, or a dict of them, with the
-    dtypes and shapes the other loaders give (a field keeps its dtype and per-sample shape).
-    """
+    """The ``tf.TensorSpec`` of x, or the specs of (x, y) / (x, y, w); y's follow ``targets``."""
     b = spec.batch_size if spec.drop_remainder else None
     w = spec.w_signature(b)
     ws = () if w is None else (tf.TensorSpec(shape=w[0], dtype=tf.as_dtype(w[1])),)
@@ -98,11 +90,10 @@ def element_spec_for(spec: LoaderSpec) -> Any:
 
 
 class _Passes:
-    """Hands out the epoch of each pass over the dataset (a resumed dataset has one epoch).
+    """Hands out the epoch of each pass (a resumed dataset has one epoch).
 
-    Passes count up from the first epoch, unless a :class:`TrainingPosition` pins the epoch
-    of the passes to come (Keras under a ``tf.distribute`` strategy takes one batch of a
-    pass to build the model before each ``fit``: pinned, that pass does not use up an epoch).
+    Passes count up unless a :class:`TrainingPosition` pins the epoch, so the pass Keras under
+    a strategy uses to build the model does not use up an epoch.
     """
 
     def __init__(self, epoch: int, start_batch: int, resumed: bool, location: str) -> None:
@@ -167,15 +158,12 @@ def to_dataset(
 ) -> Any:
     """A ``tf.data.Dataset`` of (x, y) batches (x alone for unlabelled stores; (x, y, w) with ``sample_weight``).
 
-    ``kwargs``: the :class:`carraystore.engine.options.LoaderOptions` fields, or one ``options``
-    value. Each pass over the dataset is the next epoch; with ``start_batch`` or ``resume`` the
-    dataset is the rest of that epoch only (a second pass is an error saying what to do). The
-    batch dimension is ``None`` (``batch_size`` with ``drop_remainder=True``);
-    ``output_signature`` overrides the element spec worked out from the store and the
-    transform (run once on zeros). ``input_context`` (from
-    ``strategy.distribute_datasets_from_function``) makes the dataset one input pipeline's
-    share: ``batch_size`` per replica, a shard per replica, ``drop_remainder=True`` by default
-    (docs/loading.md, tf.distribute).
+    ``kwargs``: :class:`~carraystore.engine.options.LoaderOptions` fields, or one ``options``.
+    With ``start_batch`` or ``resume`` the dataset is the rest of that epoch only (a second pass
+    raises). Batch dimension ``None`` (``batch_size`` with ``drop_remainder=True``).
+    ``output_signature`` overrides the spec inferred by running the transform once on zeros.
+    ``input_context`` makes it one pipeline's share: ``batch_size`` and a shard per replica,
+    ``drop_remainder=True`` by default (docs/loading.md, tf.distribute).
     """
     replicas = 1
     if input_context is not None:
@@ -238,11 +226,9 @@ def to_dataset(
 def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwargs: Unpack[LoaderKwargs]) -> Any:
     """A store as a ``tf.distribute.DistributedDataset`` for ``strategy``, ready for ``model.fit``.
 
-    :func:`to_dataset` per input pipeline, one pipeline per replica where the strategy allows
-    it (``PER_REPLICA``): each replica reads its own shard in batches of ``global_batch_size /
-    num_replicas`` (``drop_remainder=True`` unless given) and the cardinality is the steps of
-    an epoch. Other strategies get one pipeline per worker, which Keras counts wrong (it
-    warns; docs/loading.md says what to do there).
+    With ``PER_REPLICA`` input each replica reads its own shard in batches of
+    ``global_batch_size / num_replicas`` (``drop_remainder=True`` unless given). Other
+    strategies get one pipeline per worker, which Keras counts wrong (it warns; docs/loading.md).
     """
 
     feed = _Feed(None, [])  # filled as the strategy makes its pipelines
@@ -260,9 +246,8 @@ def distribute(strategy: Any, store_or_path: Any, global_batch_size: int, **kwar
             experimental_fetch_to_device=False,
             experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
         )
-        # MirroredStrategy keeps the per-replica input workers of this call as its default for
-        # every later call (TF 2.21, mirrored_strategy._input_workers_with_options): restore them,
-        # so that the strategy's other datasets keep the input mode they would have had
+        # MirroredStrategy keeps this call's per-replica input workers as its default
+        # (mirrored_strategy._input_workers_with_options): restore them for its other datasets
         ext = strategy.extended
         saved = getattr(ext, "_input_workers_devices", None)
         try:
@@ -288,9 +273,7 @@ def steps_per_epoch(store_or_path: Any, global_batch_size: int, **kwargs: Unpack
 class TrainingPosition(tf.keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
     """Records where a ``model.fit`` over a dataset of :func:`distribute` or :func:`to_dataset` is, as a resume state.
 
-    After every step ``state`` is the resume state (:mod:`carraystore.engine.resume`): the epoch
-    and the samples its replicas consumed, so a run with another number of replicas (or
-    workers, or another global batch size) goes on with nothing lost or repeated::
+    ``state`` (after every step) resumes with any number of replicas or global batch size::
 
         ds = distribute(strategy, path, 64)
         model.fit(ds, epochs=10, callbacks=[TrainingPosition(ds, save_to="pos.json")])
@@ -301,11 +284,8 @@ class TrainingPosition(tf.keras.callbacks.Callback):  # type: ignore[misc]  # ke
                   callbacks=[TrainingPosition(ds, save_to="pos.json")])
         # then whole epochs: distribute(strategy2, path, 64, epoch=state["epoch"] + 1)
 
-    It also pins each Keras epoch to one epoch of the dataset: the n-th epoch of a fit
-    serves the dataset's first epoch + n (Keras under a strategy takes a batch of an extra
-    pass to build the model before each fit, which would otherwise use up an epoch).
-    ``save_to``: the state is written there as JSON (atomically) every ``every`` steps and at
-    each epoch's end.
+    It pins the n-th epoch of a fit to the dataset's first epoch + n. ``save_to``: the state is
+    written there atomically as JSON every ``every`` steps and at each epoch's end.
     """
 
     def __init__(self, dataset: Any, save_to: str | os.PathLike[str] | None = None, every: int = 1) -> None:
@@ -339,10 +319,7 @@ class TrainingPosition(tf.keras.callbacks.Callback):  # type: ignore[misc]  # ke
         return spec.state_dict(*(self.position or (spec.options.epoch, self._first_batch(spec.options.epoch))))
 
     def _first_batch(self, epoch: int) -> int:
-        """The batch of ``epoch`` its pass starts at: ``start_batch`` for the dataset's first epoch, else 0.
-
-        Positions count batches from the epoch's start, as ``state_dict`` does (a pass of a
-        ``start_batch`` dataset serves batches ``start_batch``, ``start_batch + 1``, ...)."""
+        """The batch of ``epoch`` its pass starts at: ``start_batch`` for the dataset's first epoch, else 0."""
         o = self._spec().options
         return o.start_batch if epoch == o.epoch else 0
 

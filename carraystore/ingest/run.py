@@ -1,15 +1,8 @@
-"""Ingest: turn a folder of image files into a store (the main job).
+"""Ingest: turn a folder of image files into a store, as ``keras.utils.image_dataset_from_directory`` reads it.
 
-Follows the conventions of ``keras.utils.image_dataset_from_directory``: labels inferred
-from class sub-folders (sorted names), ``class_names``, ``image_size``, ``color_mode``,
-``interpolation``, ``crop_to_aspect_ratio``, ``follow_links``. Files are written in a seeded
-random order (so every chunk mixes classes) unless ``shuffle=False``. Keys are each image's
-path relative to the folder.
-
-:func:`from_directory` checks its arguments, plans the stores (``carraystore.ingest.plan``,
-or ``carraystore.ingest.append`` for an append) and runs each :class:`StoreJob` through a
-runner: :func:`run_locally` (decoding threads, ``carraystore.ingest.decodepool``) or, with
-``client``, a ``dask.distributed`` cluster (``carraystore.ingest.cluster``).
+:func:`from_directory` checks its arguments, plans the stores (``ingest.plan``, or
+``ingest.append``) and runs each :class:`StoreJob` through a runner: :func:`run_locally`
+(decoding threads) or a ``dask.distributed`` cluster (``ingest.cluster``).
 """
 
 from __future__ import annotations
@@ -74,46 +67,40 @@ def from_directory(
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path or URL); returns an IngestResult.
 
-    ``labels``: ``"inferred"`` (class sub-folders, sorted, or the ``class_names`` given, in
-    label order), None, or one value per file in sorted path order: integers are class
-    labels; floats or vectors become the field ``"target"`` (docs/targets.md). ``targets``:
-    a CSV or JSON-lines manifest of per-file fields keyed by the relative path (column
-    ``file`` or ``path``; a ``group`` column gives the groups); every file needs a row and
-    every row a file (:class:`~carraystore.base.errors.ManifestError`). ``groups``: items that
-    belong together (videos, sessions), recorded in the store: ``"inferred"`` takes the folder
-    below each class folder; or one value per file, a mapping path -> group, a function of
-    the path, or None. Splits keep groups whole and clips never cross one.
+    Keys are paths relative to the folder.
 
-    ``image_size`` (None: the files' own size, which must agree), ``color_mode`` (``"rgb"``),
-    ``interpolation`` (``"bilinear"``) and ``crop_to_aspect_ratio`` work as in Keras;
-    ``dtype`` is ``"uint8"`` or ``"uint16"`` (16-bit grayscale kept exactly;
-    ``images.decode_image``). ``layout="encoded"`` keeps each file's own JPEG/PNG/WebP bytes
-    where they decode to the same pixels, else encodes the pixels as PNG, or as JPEG at
-    ``quality`` (FORMAT.md 10).
+    ``labels``: ``"inferred"`` (class sub-folders, sorted, or ``class_names`` in label order),
+    None, or one value per file in sorted path order: integers are class labels; floats or
+    vectors become the field ``"target"`` (docs/targets.md). ``targets``: a CSV or JSON-lines
+    manifest of per-file fields keyed by relative path (column ``file`` or ``path``; ``group``
+    gives groups); every file needs a row and every row a file, else
+    :class:`~carraystore.base.errors.ManifestError`. ``groups`` (items that belong together):
+    ``"inferred"`` (the folder below each class folder), one value per file, a mapping
+    path -> group, a function of the path, or None. Splits keep groups whole; clips never cross one.
 
-    Files are written in a seeded random order (``seed``) unless ``shuffle=False`` or
-    ``keep_order=True``: natural path order then (``frame_2`` before ``frame_10``).
-    ``split_dirs=True`` writes one store per sub-folder (``output/<split>.b2nd``, shared class
-    names); a folder whose sub-folders look like splits is refused otherwise, unless
-    ``allow_split_names=True``. ``validation_split`` with ``subset`` (``"training"``,
-    ``"validation"`` or ``"both"``: ``output/training.b2nd`` and ``output/validation.b2nd``)
-    picks the files Keras picks with the same ``seed``, or whole groups
-    (:class:`~carraystore.base.errors.GroupSplitError` when a part would be empty). Several
-    stores come back as a dict name -> IngestResult.
+    ``image_size`` (None: the files' own size, which must agree), ``color_mode``,
+    ``interpolation`` and ``crop_to_aspect_ratio`` work as in Keras; ``dtype`` ``"uint8"`` or
+    ``"uint16"`` (16-bit grayscale kept exactly). ``layout="encoded"`` keeps each file's own
+    bytes where they decode to the same pixels, else encodes PNG, or JPEG at ``quality`` (FORMAT.md 10).
 
-    ``on_error="skip"`` skips files that do not decode (or whose names cannot be keys) and
-    lists them, stopping with nothing written when more than ``max_skipped`` fail (a fraction
-    below 1 or a count). ``append=True`` adds the folder to the store ``output`` in place
-    (locked, crash-safe): the store's decode options, new classes after its own, files
-    already in it refused or left out with ``skip_existing=True``.
+    Files are written in a seeded random order unless ``shuffle=False`` or ``keep_order=True``
+    (natural path order: ``frame_2`` before ``frame_10``). ``split_dirs=True`` writes one store
+    per sub-folder (``output/<split>.b2nd``); split-like sub-folders are refused otherwise
+    unless ``allow_split_names=True``. ``validation_split`` with ``subset`` (``"training"``,
+    ``"validation"`` or ``"both"``) picks the files Keras picks with the same ``seed``, or whole
+    groups (:class:`~carraystore.base.errors.GroupSplitError` when a part would be empty).
+    Several stores come back as a dict name -> IngestResult.
 
-    The write options (``codec``, ``chunk_images``, ``class_names``, ``attrs``, ``overwrite``,
-    ``lock_timeout``, ``storage_options``, ``tmp_dir``, ``progress``) come as keywords or in
-    ``options`` (:class:`~carraystore.store.options.WriteOptions`). ``workers`` decoding threads
-    (default: all cores). ``client`` (a ``dask.distributed.Client``) decodes on its cluster
-    instead, the files at the same path on every worker, and writes the same bytes
-    (docs/dask.md); ``runner`` runs each planned :class:`~carraystore.ingest.job.StoreJob`
-    some other way.
+    ``on_error="skip"`` skips and lists undecodable files (or names that cannot be keys),
+    writing nothing when more than ``max_skipped`` fail (a fraction below 1 or a count).
+    ``append=True`` adds the folder to the store ``output`` in place (locked, crash-safe),
+    with the store's decode options; files already in it are refused, or left out with
+    ``skip_existing=True``.
+
+    Write options come as keywords or ``options`` (:class:`~carraystore.store.options.WriteOptions`).
+    ``workers``: decoding threads (default: all cores). ``client`` (``dask.distributed``)
+    decodes on its cluster, the files at the same path on every worker (docs/dask.md);
+    ``runner`` runs each planned :class:`~carraystore.ingest.job.StoreJob` some other way.
     """
     wopts = WriteOptions.merged(options, str(output), **write)
     # the decode options given, checked; an append takes those left out (None) from the store
@@ -290,8 +277,7 @@ def run_locally(job: StoreJob) -> IngestResult:
 
 
 def _entries(job: StoreJob, rels: list[str], pixels: list[np.ndarray], encoding: Encoding | None) -> list[bytes]:
-    """Layout "encoded": each file's own bytes when they decode to exactly its pixels, else the
-    pixels encoded with the store's pinned format (FORMAT.md 10.3)."""
+    """Layout "encoded": a file's own bytes if they decode to its pixels, else the pinned format (FORMAT.md 10.3)."""
     assert encoding is not None
     out = []
     for rel, arr in zip(rels, pixels, strict=True):

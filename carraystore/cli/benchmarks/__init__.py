@@ -1,11 +1,7 @@
-"""Benchmarks that ship with carraystore so users can measure on their own data.
+"""Benchmarks users run on their own data: ``carraystore bench codecs|shuffle|layout``.
 
-``codecs``: the codec suite (compression ratio and speed of every blosc2 codec / level /
-filter / block size on real images; Pareto plot; preset advice). ``layout``: pixels or
-encoded for your images, cores and link. ``datasets``: an image folder's files and labels,
-decoded to one array. The command line front ends are ``carraystore bench codecs PATH``,
-``bench shuffle STORE`` and ``bench layout SRC``; ``make bench`` runs the repository's
-``bench/`` suite (the loader comparison and the remote benchmarks among it).
+``codecs``: codec ratio/speed and preset advice; ``layout``: pixels or encoded;
+``datasets``: an image folder decoded to one array.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
-"""The codec suite: ratio and speed of blosc2 codecs on real images, and preset advice.
+"""The codec suite: ratio and speed of blosc2 codecs on real images, and preset advice (docs/codecs.md).
 
-Every combination is measured the way a store uses it: the sample is cut into chunks
-of ``default_chunk_images`` images, each chunk is compressed with ``blosc2.compress2``
-using the exact ``Codec.cparams`` a store writes (blocks of ``block_images`` whole
-images), and decompressed with ``blosc2.decompress2`` into a preallocated buffer, as
-``Store.decompress_chunk`` does.
+Each combination is measured as a store uses it: chunks of ``default_chunk_images`` images
+compressed with the store's exact ``Codec.cparams``, decompressed into a preallocated buffer.
+Speeds are MB/s of uncompressed pixels: compression on one thread, decompression on one and
+two; random access is the µs to decompress one random image (its whole block).
 
-Speeds are MB/s of *uncompressed* pixels. Compression uses one thread; decompression
-is measured with one thread (what each of the loader's threads gets) and with two
-(blosc2 splitting one chunk's blocks over two threads). Beside it, the cost of random
-access: microseconds to decompress one image picked at random out of a compressed chunk
-(libblosc2's getitem, as ``carraystore.format.blocks`` and the loader's direct mode do), which
-decompresses the whole block holding the image. Multi-image blocks can compress better
-and decompress whole chunks faster, but make one image cost a whole block.
-
-Presets are judged with a simple model of a read-bound loader: an image costs
-``nbytes / (ratio * R)`` seconds to read at read speed ``R`` plus
-``nbytes / (D * cores)`` to decompress at per-core speed ``D`` (the loader decompresses
-whole chunks in parallel threads). ``fast`` maximises throughput when the bytes come
-from the page cache (``R`` = memory-copy speed, measured as the clevel 0 row);
-``small`` when they come over a slow disk or network (``R`` = 50 MB/s).
+Presets are judged by a read-bound model: an image costs ``nbytes / (ratio * R)`` to read at
+speed ``R`` plus ``nbytes / (D * cores)`` to decompress at per-core speed ``D``. ``fast``
+takes ``R`` = memory-copy speed (the clevel 0 row), ``small`` ``R`` = 50 MB/s.
 """
 
 from __future__ import annotations
@@ -147,9 +135,8 @@ def codec_grid(
 ) -> list[tuple[str, int, str, int | None, int]]:
     """The combinations to measure: (codec, clevel, filter name, typesize or None, block_images).
 
-    clevel 0 stores bytes uncompressed whatever the codec and filter, so it is measured
-    once per block size (as ``zstd``, no filter). With ``with_ts1_shuffle`` one extra row
-    per block size shows the cost of SHUFFLE on single bytes (typesize 1), zstd-1.
+    clevel 0 is measured once per block size (as zstd, no filter). ``with_ts1_shuffle`` adds
+    a zstd-1 row per block size with SHUFFLE at typesize 1.
     """
     grid: list[tuple[str, int, str, int | None, int]] = []
     for b in blocks:
@@ -196,7 +183,7 @@ def measure_codec(
         raise InvalidInputError(f"measure_codec needs (N, H, W, C) images, got shape {images.shape}")
     resolved = codec.resolve(images.dtype, images.shape[1:])
     if codec.typesize is not None and codec.filters and resolved.filters != codec.filters:
-        # resolve() drops filters that cannot help (shuffle on 1-byte items); measure them anyway when asked explicitly
+        # resolve() drops useless filters (shuffle on 1-byte items); measure them anyway when asked
         resolved = dataclasses.replace(resolved, filters=codec.filters, filters_meta=codec.filters_meta)
     if resolved.block_images > len(images):  # type: ignore[operator]
         # a sample smaller than one block (small images, automatic blocks): the largest block that fits
@@ -205,7 +192,7 @@ def measure_codec(
     k = default_chunk_images(image_nbytes, resolved.block_images)  # type: ignore[arg-type]
     nchunks = max(1, len(images) // k)
     if len(images) < k:
-        # a sample smaller than one chunk is one chunk, its last block short if need be (as a store's last chunk)
+        # a sample smaller than one chunk is one chunk, its last block short if need be
         k = len(images)
     chunks = [images[i * k : (i + 1) * k] for i in range(nchunks)]
     blocksize = image_nbytes * resolved.block_images  # type: ignore[operator]
@@ -266,12 +253,10 @@ def _random_image_s(
     repeats: int,
     budget_s: float,
 ) -> tuple[float, str]:
-    """Median seconds to decompress one image picked at random out of one of ``compressed``, and how.
+    """Median seconds to decompress one random image out of ``compressed``, and how.
 
-    ``"block"``: libblosc2's getitem decompresses only the block holding the image (the
-    loader's direct mode, ``carraystore.format.blocks``). Where getitem cannot (libblosc2 not
-    found, or it fails: bytedelta chunks), ``"chunk"``: the whole chunk is decompressed
-    into ``buf``, as ``Store.take`` does.
+    ``"block"``: getitem decompresses the block holding it; ``"chunk"`` where getitem cannot
+    (libblosc2 missing, bytedelta chunks): the whole chunk into ``buf``.
     """
     import blosc2
 
@@ -403,14 +388,10 @@ def choose_presets(
 ) -> dict[str, CodecResult]:
     """Pick ``fast``, ``balanced`` and ``small`` from measured rows.
 
-    fast: best modelled throughput from the page cache; balanced: best at 500 MB/s
-    (SATA SSD / fast network); small: best at 50 MB/s (in practice: the highest ratio
-    that still decompresses fast enough). Rows within ``TIE`` of the best throughput tie;
-    among them fast and small take the highest ratio, balanced the fastest compression
-    (the cost of ingest). Rows of ``dataset`` only when given, else
-    every combination averaged over the datasets. Only rows with clevel > 0, pixel-view
-    typesize, compression >= MIN_COMPRESS_MBS and at least MIN_SAVING of the bytes
-    saved qualify.
+    Best modelled throughput from the page cache, at 500 MB/s and at 50 MB/s. Within ``TIE``
+    of the best, fast and small take the highest ratio, balanced the fastest compression.
+    Rows of ``dataset`` if given, else averaged over datasets. Only rows with clevel > 0,
+    pixel-view typesize, compression >= MIN_COMPRESS_MBS and MIN_SAVING saved qualify.
     """
     pool = [r for r in results if r.dataset == dataset] if dataset is not None else _mean_by_combo(results)
     rows = _eligible(pool)
@@ -433,11 +414,10 @@ def choose_presets(
 def recommend_preset(
     results: Sequence[CodecResult], read_mbs: float | None = None, cores: int | None = None
 ) -> tuple[str, dict[str, dict[str, float]]]:
-    """Which of the presets to use on this data, and the modelled MB/s of each per regime.
+    """Which preset to use on this data, and the modelled MB/s of each per regime.
 
-    ``results`` must hold one row per preset with the preset's name as ``dataset``
-    (see ``measure_presets``). ``read_mbs`` is the user's read speed; None judges the
-    warm page cache (data that fits in RAM).
+    ``results``: one row per preset, named in ``dataset`` (``measure_presets``). ``read_mbs``:
+    the user's read speed; None: the warm page cache.
     """
     cores = cores or min(8, os.cpu_count() or 1)
     by_name = {r.dataset: r for r in results}
@@ -473,8 +453,7 @@ def _us(value: float, via: str = "") -> str:
 def block_table(results: Sequence[CodecResult], families: Iterable[tuple[str, int, str, int]] | None = None) -> str:
     """Per combination, each block size side by side: ratio, whole-chunk MB/s (1 thread), one random image µs.
 
-    ``families`` are (codec, clevel, filters, typesize); default: every combination
-    measured at more than one block size, by falling ratio of its largest block.
+    ``families``: (codec, clevel, filters, typesize); default: those measured at several block sizes.
     """
     groups: dict[tuple[str, int, str, int], dict[int, CodecResult]] = {}
     for r in results:
@@ -539,10 +518,7 @@ def results_table(results: Sequence[CodecResult], front: Iterable[CodecResult] =
 
 
 def plot_results(results: Sequence[CodecResult], path: str | os.PathLike[str], title: str = "") -> Path | None:
-    """Ratio against decompression speed (1 thread), one panel per dataset, Pareto fronts marked.
-
-    Returns the PNG path, or None when matplotlib is not installed.
-    """
+    """Ratio against decompression speed, one panel per dataset; the PNG path, or None without matplotlib."""
     try:
         import matplotlib
 
@@ -670,11 +646,9 @@ def write_results(
 def load_sample(
     path: str | os.PathLike[str], n: int = 128, seed: int = 0, image_size: tuple[int, int] | None = None
 ) -> np.ndarray:
-    """Up to ``n`` images from a folder of images or a ``.b2nd`` store, as (n, H, W, C).
+    """Up to ``n`` images from a folder (seeded random subset, RGB) or a ``.b2nd`` store, as (n, H, W, C).
 
-    A folder gives a seeded random subset decoded with Pillow (RGB); a store gives
-    ``n`` consecutive images starting at a seeded random chunk boundary (keeping the
-    neighbourhood that compression sees in the store).
+    From a store: ``n`` consecutive images from a seeded random chunk boundary (as compression sees them).
     """
     from carraystore.cli.benchmarks.datasets import decode_images, list_image_folder
 

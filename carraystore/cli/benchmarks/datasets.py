@@ -23,9 +23,7 @@ __all__ = [
 class ImageFolder:
     """The image files under a root folder: sorted paths, integer labels, class names.
 
-    The class of a file is its first folder below the root (the layout
-    ``keras.utils.image_dataset_from_directory`` reads); files directly in the root
-    get the class ``"."``.
+    A file's class is its first folder below the root; files in the root get the class ``"."``.
     """
 
     def __init__(self, root: Path, files: list[Path], labels: np.ndarray, class_names: list[str]) -> None:
@@ -70,9 +68,8 @@ def decode_images(
 ) -> np.ndarray:
     """Decode ``files`` to an (n, H, W, C) uint8 array as ``carraystore ingest`` does (Pillow, threads).
 
-    With ``size=None`` every image must have the first image's size; otherwise the error
-    names the first that differs and says to pass a size (CLI: ``--image-size H W``).
-    ``color_mode`` is ``grayscale``, ``rgb`` or ``rgba`` (C = 1, 3, 4).
+    With ``size=None`` every image must have the first image's size (the error names the first
+    that differs). ``color_mode``: ``grayscale``, ``rgb`` or ``rgba`` (C = 1, 3, 4).
     """
     if not files:
         raise InvalidInputError("no images to decode")

@@ -1,32 +1,14 @@
-"""``carraystore bench layout SRC``: pixels or encoded, for your images, cores and link.
-
-A store holds images either as compressed **pixels** (a codec preset, ``balanced`` by
-default) or **encoded** (each image's JPEG/PNG/WebP file, decoded when read; FORMAT.md 10).
-Encoded stores are several times smaller, pixel stores several times cheaper to decode.
-Which one feeds a training loop more images per second depends on the link the chunks
-come over (a network, a disk) and on the cores that decode them:
+"""``carraystore bench layout SRC``: pixels or encoded (FORMAT.md 10), for your images, cores and link.
 
     images/s = min(link bytes/s / bytes per image, cores x decoded images/s per core)
 
-This module measures both terms on a sample of the user's own images. The sample is
-written into one store of each layout, exactly as ``carraystore ingest`` would write it
-(a source file is kept as it is when it decodes to the very pixels the pixel layout
-holds, others are encoded with the store's pinned format), in whole chunks; then
+Both terms are measured on a sample written into one store of each layout, as ``carraystore
+ingest`` writes it, in whole chunks: bytes per image is the compressed chunk bytes per
+image; images/s per core is the images over one thread's CPU time (``time.thread_time``)
+for CRC, decompression and entry decoding, chunks already in memory, median of the repeats.
 
-* **bytes per image** is the compressed chunks' bytes (what crosses the link) over the
-  images they hold;
-* **decoded images/s per core** is the images over the CPU time (``time.thread_time``) one
-  thread spends on every chunk as a loader thread does: the CRC check, decompressing,
-  and, for the encoded layout, decoding the entries (JPEGs by simplejpeg where it gives
-  Pillow's pixels, see :func:`carraystore.format.encoded.jpeg_decoder`). The chunks are read
-  into memory first, so no storage time is counted; the median of the repeats counts.
-
-:func:`break_even` solves where both layouts feed the same images/s.
-
-``decode_size`` (``--decode-size H W``): the images decoded as the loader's
-``image_size=(H, W)`` decodes them (the stored size divided by 2, 4 or 8: JPEG entries by
-libjpeg's scaled IDCT, every other image box-reduced); both rates are reported, and the
-reduced one is the cores' limit in the links table and the break-even.
+``decode_size`` (``--decode-size H W``) also decodes as the loader's ``image_size`` does
+(stored size / 2, 4 or 8); that rate is then the cores' limit in the report and break-even.
 """
 
 from __future__ import annotations
@@ -104,11 +86,8 @@ class LayoutResult:
 def break_even(pixels: LayoutResult, encoded: LayoutResult, cores: int) -> tuple[float | None, str, str]:
     """Where both layouts deliver the same images/s: ``(link bytes/s or None, wins below, wins above)``.
 
-    Each layout delivers ``min(L / bytes, cores x rate)`` at link rate ``L``: rising with
-    the link until its cores are the limit. The layout with fewer bytes per image wins on
-    slow links; when its cores' limit is the lower one, the other overtakes it at the link
-    rate where the other's link limit reaches that capacity (``capacity x other's bytes``).
-    None: one layout delivers at least as many images/s at every link rate (it is named twice).
+    Each delivers ``min(L / bytes, cores x rate)`` at link rate ``L``; the smaller layout wins
+    on slow links. None: one layout is never behind (it is named twice).
     """
     small, large = (encoded, pixels) if encoded.bytes_per_image <= pixels.bytes_per_image else (pixels, encoded)
     if small.bytes_per_image == large.bytes_per_image:
@@ -236,8 +215,7 @@ def _sample(
 
 
 def _decode_rate(path: Path, repeats: int, scale: int = 1) -> tuple[float, float, int]:
-    """(bytes per image, images/s of one core, images) of the store at ``path`` (decoded at its
-    size divided by ``scale``)."""
+    """(bytes per image, images/s of one core, images) of the store at ``path``, decoded at size / ``scale``."""
     from carraystore.store.reader import StoreReader, open_store
 
     store: StoreReader
@@ -272,8 +250,7 @@ def measure_layouts(
     progress: Callable[[str], None] | None = None,
     decode_size: tuple[int, int] | None = None,
 ) -> LayoutReport:
-    """Measure both layouts on ``sample`` images of ``src`` (a folder of images or a store);
-    ``decode_size``: also decoded at that size (the loader's ``image_size``)."""
+    """Measure both layouts on ``sample`` images of ``src`` (a folder of images or a store)."""
     from carraystore.format.codec import PRESETS, default_chunk_images
     from carraystore.format.encoded import jpeg_decoder, sniff
     from carraystore.store.writer import create
@@ -293,7 +270,7 @@ def measure_layouts(
     shape = tuple(int(x) for x in pixels.shape[1:])
     nb = int(np.prod(shape))
     scale = _scale_of(shape, decode_size)
-    # whole chunks only (a partial chunk still costs a whole chunk's decompression): the sample in chunks of k
+    # whole chunks only: a partial chunk still costs a whole chunk's decompression
     k = min(len(pixels), default_chunk_images(nb, 1, "encoded"), default_chunk_images(nb))
     n = len(pixels) // k * k
     pixels, entries = pixels[:n], entries[:n]
