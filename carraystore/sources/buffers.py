@@ -1,10 +1,4 @@
-"""Receive buffers for remote reads, used again and again (layer 3).
-
-A GET's body is copied, as it arrives, into a buffer of a :class:`BufferPool`; the chunk
-handed on is a read-only view of it. Memory that is already mapped takes the body, instead
-of a fresh allocation (MBs) whose pages the kernel faults in and zeroes for every chunk
-(docs/remote.md, "Receive buffers").
-"""
+"""Receive buffers for remote reads, used again and again (layer 3; docs/remote.md, "Receive buffers")."""
 
 from __future__ import annotations
 
@@ -20,15 +14,11 @@ BUFFER_STEP = 1 << 20
 
 
 class BufferPool:
-    """Receive buffers used again and again, so that a chunk's body lands in memory that is
-    already mapped.
+    """Receive buffers used again and again, so that a body lands in already mapped memory.
 
-    Without it every body (MBs) is a fresh allocation that glibc maps afresh, and the kernel
-    faults in and zeroes its pages for every chunk: on a fast link that was the largest part
-    of what a remote reader spends beyond a local one (docs/remote.md, "Receive buffers").
-    A buffer is handed out again only when nothing else refers to it (no view of it, no
-    array over it is left), so bytes someone still holds are never overwritten. Free
-    buffers beyond ``keep_bytes`` in all are let go.
+    A fresh allocation per chunk would have the kernel fault in and zero its pages every time.
+    A buffer is handed out again only when nothing else refers to it (no view or array over it),
+    so bytes someone holds are never overwritten; free buffers beyond ``keep_bytes`` are let go.
     """
 
     def __init__(self, keep_bytes: int) -> None:

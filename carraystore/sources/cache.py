@@ -1,27 +1,16 @@
 """A local chunk cache in front of a remote byte source (layer 3).
 
-``carraystore.open(url, cache_dir=..., cache_size=...)`` wraps the remote source in a
-:class:`CachedSource`. Every range read through it (a chunk, usually) is kept as one file
-under ``cache_dir/<identity hash>/``, where the identity is the object's URL, size and
-ETag (or modification time): a changed object gets a new directory, never stale bytes.
+``carraystore.open(url, cache_dir=..., cache_size=...)`` wraps the source in a :class:`CachedSource`:
+each range read is kept as one file under ``cache_dir/<identity hash>/`` (identity: URL, size, ETag
+or modification time), so a changed object gets a new folder, never stale bytes.
 
-- **Shared by the processes of one machine**: a file is written to a temporary name and
-  renamed into place, so it is complete or absent; readers need no lock.
-- **Crash safe**: each file starts with a small header holding its length and CRC-32,
-  checked on every reuse; a bad or truncated file is deleted and fetched again.
-- **Replaced objects leave nothing behind**: a folder's ``SOURCE`` file names the identity
-  it holds; the first open of a new identity removes the folders of older identities of
-  the same URL (their object is gone: a reader still holding it fails on its next fetch
-  anyway, naming the replacement).
-- **Scan-resistant eviction**: least-recently-used eviction fails on epoch-long scans
-  (every chunk is evicted just before it is needed again). Instead each range has a
-  fixed score, a hash of the object's identity and its offset, and the cache keeps the
-  ranges of *lowest* score that fit ``cache_size``: a range scoring above everything
-  cached is not stored once the cache is full, and a range scoring below evicts the
-  highest-scoring ones; once a range was turned away for lack of room, nothing scoring at
-  or above it is stored. The kept set is the same whatever the epoch order (the lowest
-  scores that fit), so with a cache of half the store every epoch after the first fetches
-  about half the bytes, where LRU would fetch all of them.
+- Shared by a machine's processes without locks: files are renamed into place (complete or absent).
+- Each file carries its length and CRC-32, checked on reuse; a bad one is deleted and refetched.
+- The first open of a new identity removes the folders of older identities of the same URL.
+- Scan-resistant eviction: each range has a fixed score (a hash of identity and offset) and the
+  cache keeps the lowest scores that fit ``cache_size``; once a range is turned away for lack of
+  room, nothing scoring at or above it is stored. The kept set does not depend on epoch order, so
+  a cache of half the store saves half the bytes of each later epoch (LRU would save none).
 """
 
 from __future__ import annotations
@@ -77,10 +66,9 @@ def parse_size(value: int | str | None) -> int | None:
 
 
 class CacheStats:
-    """Counters: ``hits``/``misses`` (ranges), ``fetched_bytes`` (from the inner source),
-    ``stored``/``evicted`` (files), ``bad`` (damaged files found and deleted); and the inner
-    (remote) source's own ``requests``, ``bytes``, ``retries`` and ``coalesced``, so that code
-    reading those works with and without a cache (0 for a source that does not count them)."""
+    """Counters: ``hits``/``misses`` (ranges), ``fetched_bytes``, ``stored``/``evicted`` (files),
+    ``bad`` (damaged files deleted), plus the inner source's ``requests``, ``bytes``, ``retries``
+    and ``coalesced`` (0 when it does not count them)."""
 
     _INNER = ("requests", "bytes", "retries", "coalesced")
 
@@ -109,9 +97,9 @@ class CacheStats:
 
 
 class CachedSource:
-    """``source`` with its ranges kept on local disk under ``cache_dir`` (``cache_size``
-    bytes at most, None for no limit). A :class:`~carraystore.format.frame.ReadAheadSource`:
-    the read-ahead is the inner source's (none over a local file)."""
+    """``source`` with its ranges kept under ``cache_dir`` (at most ``cache_size`` bytes; None: no limit).
+
+    A :class:`~carraystore.format.frame.ReadAheadSource` whose read-ahead is the inner source's."""
 
     def __init__(
         self, source: ByteSource, cache_dir: str | os.PathLike[str], cache_size: int | str | None = None
@@ -144,8 +132,7 @@ class CachedSource:
         self._admit_lock = threading.Lock()
         #: the lowest score turned away for lack of room: the kept ranges are those below it
         self._ceiling: int | None = None
-        # range -> (score, file bytes): this process's view, refreshed from disk when the
-        # folder changed under it (another process stored or evicted) or when it looks full
+        # range -> (score, file bytes), rescanned when the folder changed under it or looks full
         self._entries: dict[tuple[int, int], tuple[int, int]] = {}
         self._dir_mtime = -1
         self._rescan()
@@ -228,7 +215,7 @@ class CachedSource:
             ok = magic == _MAGIC and n == length == len(payload) and zlib.crc32(payload) == crc
         if ok:
             return payload
-        # truncated or damaged (a crash, a full disk, a bad sector): drop it, fetch again
+        # truncated or damaged: drop it, fetch again
         with self._lock:
             self.stats.bad += 1
             self._entries.pop((offset, length), None)
@@ -243,8 +230,7 @@ class CachedSource:
         if cached is not None:
             with self._lock:
                 self.stats.hits += 1
-            # bytes of it the inner source fetched ahead (hinted before it was cached, e.g. for
-            # the next epoch) would wait in memory for a read that now never comes
+            # bytes the inner source fetched ahead would wait for a read that never comes
             if self.link and self.link.max_inflight:
                 self.link.discard(offset, length)
             return cached
@@ -258,8 +244,7 @@ class CachedSource:
         return data
 
     def discard(self, offset: int, length: int) -> None:
-        """Forget this range (its cache file and anything the inner source holds of it): its
-        bytes failed a check, so the next read fetches them afresh."""
+        """Forget this range here and in the inner source (it failed a check): the next read refetches."""
         with self._lock:
             self._entries.pop((offset, length), None)
         try:
@@ -306,8 +291,7 @@ class CachedSource:
         return [r for r in missing if not self.path_of(*r).exists()]
 
     def wait_prefetched(self, ranges: Sequence[tuple[int, int]], timeout: float | None = None) -> bool:
-        """The inner source's :meth:`~carraystore.sources.remote.RemoteSource.wait_prefetched` (True
-        when it has none)."""
+        """The inner source's ``wait_prefetched`` (True when there is none)."""
         return self.link.wait_prefetched(ranges, timeout) if self.link else True
 
     # -- admission and eviction ----------------------------------------------------------------
@@ -342,8 +326,7 @@ class CachedSource:
                         victims.append(rng)
                         free -= size
                     if free + need > budget:
-                        # everything still cached ranks below this range: it is not stored,
-                        # and from now on nothing ranking at or above it is either
+                        # everything cached ranks below: not stored, nor anything ranking at or above it
                         self._ceiling = s if self._ceiling is None else min(self._ceiling, s)
                         return
                 for rng in victims:
@@ -388,9 +371,8 @@ class CachedSource:
 
 
 def _own_folder(folder: Path, location: str) -> None:
-    """Create ``folder`` (mode 0700) or check the one there: a real folder (a symbolic link
-    planted at this predictable name is never followed), owned by this user, writable by
-    nobody else. Raises CacheFolderError otherwise."""
+    """Create ``folder`` (mode 0700) or check it is a real folder (no link followed), ours, not
+    writable by others; CacheFolderError otherwise."""
     with contextlib.suppress(FileExistsError):
         os.mkdir(folder, 0o700)
     why = ""

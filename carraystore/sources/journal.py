@@ -1,38 +1,20 @@
 """The rollback journal of an in-place write (layer 3); docs/appends.md is its spec.
 
-An append, or a metadata update (``carraystore meta``), writes into the store file
-itself: new data chunks (an append) go after the existing ones, over the old offsets
-index and trailer, then the offsets index, the trailer, and the header's sizes. Before
-its first write it saves, in ``.NAME.b2nd.journal``, every byte it will overwrite (the
-header, and everything after the data chunks) and the old file length, fsyncs the
-journal and the folder; after its last write (and an fsync of the store) it removes the
-journal. A journal that is present and complete ("hot") means a write died half-way:
-:func:`rollback` puts the saved bytes back and truncates the file to its old length,
-which is the store as it was before that write, byte for byte.
+Before its first write, an append or metadata update saves every byte it will overwrite (the
+header, everything after the data chunks) and the old file length in ``.NAME.b2nd.journal``,
+fsyncing journal and folder; after its last write it removes it. A complete ("hot") journal
+means a write died: :func:`rollback` restores the old store byte for byte.
 
-Journal file (``CSJRNL03``; docs/appends.md and FORMAT.md appendix C give every byte): the
-old length, the saved regions, and the write's **mark**: a random 16-byte nonce and the offset
-(the old end of the data chunks, ``H+C``) where the write puts its 32-byte marker
-(``CSWRITE1`` + nonce + 8 zero bytes) right after the journal is durable and before any
-other change (:func:`begin_write`); the write's chunks then follow the marker, which stays
-in the data region as unreferenced bytes. A journal is rolled back onto a file only when
-the file holds that marker (the write reached it: the file is the one it changed), or when
-the file is still byte for byte the old store (nothing to undo). Any other file (a newer
-copy restored over the store, an older one, another store) was put there after the write
-died: the journal is never applied to it (:class:`~carraystore.base.errors.StaleJournalError`,
-naming the journal to delete). A journal that is short or fails its CRC was never
-completed, so the store was not touched yet: it is removed, nothing is restored.
+``CSJRNL03`` (FORMAT.md appendix C) also holds the write's **mark**: a 16-byte nonce and the
+offset (old end of the data chunks) of the 32-byte marker :func:`begin_write` puts there before
+any other change. A journal is rolled back only onto a file holding that marker or still the old
+store; any other file was put there after the write died and is refused
+(:class:`~carraystore.base.errors.StaleJournalError`). A short or bad-CRC journal was never
+completed: it is removed, nothing restored. ``CSJRNL02``/``01`` journals apply only while the old
+header (and 02's guard CRC) is still in place.
 
-Older journals (development builds): a ``CSJRNL02`` journal (a CRC guard over the last old
-data bytes) and a ``CSJRNL01`` one (no guard) are applied only when the file's header is
-still the saved old header byte for byte (and, for 02, the guard bytes match): the write
-died before its commit, the only window their writers could be told apart in. Otherwise
-they are refused like a stale 03 journal.
-
-Readers do not take locks: a reader that finds a hot journal while a writer is still at
-work (or cannot write to roll back) reads the old store through :class:`JournalSource`,
-the file with the journal's saved bytes laid over it (the old data chunks are never
-overwritten, so that view is the old store, complete).
+Readers take no lock: one that finds a hot journal it cannot roll back reads the old store
+through :class:`JournalSource` (the file with the saved bytes laid over it).
 """
 
 from __future__ import annotations
@@ -97,9 +79,9 @@ class Journal:
 
     @classmethod
     def for_write(cls, old_len: int, regions: tuple[tuple[int, bytes], ...], mark_at: int | None) -> Journal:
-        """The journal of a write that overwrites ``regions`` of a file ``old_len`` bytes long
-        and puts its marker at ``mark_at`` (a fresh random nonce). ``None``: the write puts
-        no marker (a metadata update of a store with no chunk, whose frame cannot hold one)."""
+        """The journal of a write overwriting ``regions`` of an ``old_len``-byte file, marker at ``mark_at``.
+
+        ``None``: no marker (a metadata update of a store with no chunk, whose frame cannot hold one)."""
         return cls(old_len, regions, mark_at=mark_at or 0, nonce=secrets.token_bytes(NONCE_BYTES))
 
     @property
@@ -202,10 +184,9 @@ def write_journal(path: Path, journal: Journal) -> None:
 
 
 def begin_write(path: Path, fd: int, journal: Journal) -> int | None:
-    """Before a write's first change to the store ``path`` (open as ``fd``): write its journal
-    durably, then put the write's marker at ``journal.mark_at`` and fsync it, so that from
-    here on the file says which write changed it. Returns where the write's data continues
-    (right after the marker), or None for a journal without a marker."""
+    """Before a write's first change to ``path`` (open as ``fd``): journal durably, then marker durably.
+
+    Returns where the write's data continues (after the marker), or None for a journal without one."""
     write_journal(path, journal)
     if not journal.mark_at:
         return None
@@ -267,11 +248,9 @@ def _belongs(path: Path, journal: Journal) -> bool:
 def load_journal(path: Path) -> Journal | None:
     """The hot journal of ``path`` (present and complete), or None.
 
-    Raises StaleJournalError (a CorruptStoreError) when the journal was not made for the
-    file now at ``path`` (it lacks the write's marker and is not the old store either): the
-    file was replaced (a newer or older copy restored over it, another store renamed onto
-    it) after the write died, and rolling this journal back would lose that file's newer
-    items or write another file's header and trailer into it. It is never applied.
+    Raises StaleJournalError (a CorruptStoreError) when it was not made for the file now at
+    ``path`` (no marker, not the old store): the file was replaced after the write died, and
+    rolling back would damage it. It is never applied.
     """
     try:
         raw = journal_path(path).read_bytes()
@@ -298,10 +277,7 @@ def remove_journal(path: Path) -> None:
 
 
 def rollback(path: Path) -> bool:
-    """Undo a half-done write (append or metadata update) from its journal. Call with the writer lock held.
-
-    Returns True when something was restored; an incomplete journal is only removed.
-    """
+    """Undo a half-done write from its journal (writer lock held); True if something was restored."""
     journal = load_journal(path)
     if journal is None:
         remove_journal(path)
@@ -332,9 +308,8 @@ def rollback(path: Path) -> bool:
 def rollback_if_abandoned(path: Path) -> bool:
     """For readers: roll back a journal whose writer is gone, when this process may.
 
-    A hot journal is rolled back, an incomplete one removed. Returns False when there is
-    no journal or it cannot be done now (a writer holds the lock, or the store or its
-    folder is read-only): then read through JournalSource (hot) or the file (incomplete).
+    False when there is none or it cannot be done now (a writer holds the lock, or read-only
+    store or folder): then read through JournalSource (hot) or the file (incomplete).
     """
     if not journal_path(path).exists() or not os.access(path, os.W_OK):
         return False
@@ -349,10 +324,8 @@ def rollback_if_abandoned(path: Path) -> bool:
 
 
 class JournalSource(LocalFileSource):
-    """The store as it was before the write that ``journal`` guards: the file's bytes with
-    the journal's saved regions laid over them, cut at the old length. The file may be
-    shorter than that (a metadata update that shrank the trailer): the bytes past its end
-    all come from the journal."""
+    """The store before the write that ``journal`` guards: the file with the saved regions laid
+    over it, cut at the old length (bytes past a shorter file's end come from the journal)."""
 
     def __init__(self, path: str | os.PathLike[str], journal: Journal) -> None:
         super().__init__(path)

@@ -1,9 +1,7 @@
 """A store in a local file: ``os.pread``, a read-only memory map, ``posix_fadvise`` read-ahead (layer 3).
 
-:class:`LocalFileSource` is a :class:`~carraystore.format.frame.ByteSource` (the protocol
-is defined beside its first user, the frame parser): it knows its size, reads one range or
-many, and takes a hint to read ranges ahead. It is not a
-:class:`~carraystore.format.frame.ReadAheadSource`: no link to share, nothing held for a read.
+:class:`LocalFileSource` is a :class:`~carraystore.format.frame.ByteSource`, not a
+:class:`~carraystore.format.frame.ReadAheadSource` (no link to share, nothing held for a read).
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ __all__ = ["LocalFileSource"]
 
 
 class LocalFileSource:
-    """A local file read with ``os.pread`` (no lock, the GIL released during I/O), or seen
-    through a read-only memory map with :meth:`view` (no copy at all)."""
+    """A local file read with ``os.pread`` (no lock, GIL released), or via :meth:`view` of a read-only memory map."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)

@@ -1,36 +1,18 @@
 """Stores on object storage and HTTP servers, read by ranged GETs (layer 3).
 
-:class:`RemoteSource` is the :class:`~carraystore.format.frame.ByteSource` of a URL: ``s3://``
-(AWS or any S3-compatible server: SeaweedFS, MinIO, Ceph), ``gs://``, ``http(s)://`` (any
-server that honours ``Range``) and ``file://``. The transport is `obstore
-<https://developmentseed.org/obstore/>`_ (Rust ``object_store`` + ``reqwest``): a request
-waits in Rust with the GIL released, and many are in flight from a few threads
-(docs/remote.md has the measurements behind that choice).
+:class:`RemoteSource` is the :class:`~carraystore.format.frame.ByteSource` of an ``s3://`` (AWS or
+any S3-compatible server), ``gs://``, ``http(s)://`` (any server honouring ``Range``) or ``file://``
+URL, through obstore (requests wait in Rust with the GIL released; docs/remote.md).
 
-- Opening costs one request: the first ranged GET brings the frame header and, from its
-  ``Content-Range``, the object's size, ETag and modification time (the identity a chunk
-  cache keys on). Reads inside those first bytes are served from memory.
-- Every request has a timeout. Transient failures (timeouts, refused or dropped
-  connections, bodies cut short, 5xx, 429, 503 SlowDown) are tried again for up to
-  ``retry_timeout`` seconds (default 120: a storage node that restarts is waited for),
-  with capped exponential backoff and full jitter (:mod:`carraystore.sources.retry`); each retry
-  is logged at DEBUG on the ``carraystore.sources.remote`` logger and counted in
-  :attr:`RemoteSource.stats`, and a server failing for longer is reported at WARNING once
-  per 10 s. A permanent failure raises :class:`RemoteReadError` naming the URL and the
-  byte range. The storage options are read by :mod:`carraystore.sources.remoteconfig`.
-- :meth:`RemoteSource.prefetch` is a bounded read-ahead: the ranges it is told about are
-  fetched in the background, ``max_inflight`` requests at a time, runs of ranges adjacent in
-  the file and in the order given coalesced into one GET, and handed to :meth:`read` when
-  asked for (each range once). Unclaimed bytes are bounded by ``readahead_bytes``.
-- Bodies land in reused receive buffers (:class:`carraystore.sources.buffers.BufferPool`): a chunk's bytes are a
-  read-only view of one, and a buffer is written again only when no view of it is left. A
-  fresh allocation per chunk (MBs) would have the kernel fault in and zero its pages for
-  every chunk, which on a fast link cost more than anything else beyond a local read.
-- Fork and pickle: a RemoteSource pickles as its URL and options and re-opens on the other
-  side. obstore's Rust runtime does not survive ``fork()`` (tokio): in a process forked
-  after it ran, unsigned requests (HTTP, anonymous S3 and GCS) go through Python's own
-  HTTP client instead, and signed ones raise a clear error instead of hanging (start
-  workers with ``spawn``/``forkserver``, or use threads).
+- Opening is one GET: the frame header plus the object's size, ETag and modification time.
+- Transient failures are retried for ``retry_timeout`` s (:mod:`carraystore.sources.retry`);
+  a permanent one raises :class:`RemoteReadError` naming the URL and byte range. Options are
+  read by :mod:`carraystore.sources.remoteconfig`.
+- :meth:`RemoteSource.prefetch` is a bounded read-ahead; bodies land in reused receive buffers
+  (:class:`~carraystore.sources.buffers.BufferPool`) and reads return read-only views of them.
+- A RemoteSource pickles as its URL and options. obstore's runtime does not survive ``fork()``:
+  in a child forked after it ran, unsigned requests use Python's HTTP client and signed ones
+  raise (use ``spawn``/``forkserver`` workers, or threads).
 """
 
 from __future__ import annotations
@@ -75,16 +57,14 @@ _Got = TypeVar("_Got", memoryview, tuple[bytes, dict[str, Any]])
 
 #: Hinted ranges remembered beyond the read-ahead bound.
 _MAX_PENDING = 1 << 16
-#: Longest time (seconds) the opening request is tried again: a wrong endpoint or a server
-#: that is down fails within half a minute rather than the whole ``retry_timeout``.
+#: Longest time (s) the opening request is retried: a wrong endpoint fails within half a minute.
 OPEN_RETRY_TIMEOUT = 30.0
 #: Smallest piece of a body handed from obstore to Python while it is copied into place.
 _STREAM_PIECE = 64 << 10
 
 #: obstore made a request in this process (its Rust runtime runs here)
 _RUNTIME_STARTED = False
-#: this process was forked after obstore's runtime started (in it or an ancestor): obstore
-#: would hang here, so requests go through the plain HTTP client or fail clearly
+#: forked after obstore's runtime started (here or in an ancestor): obstore would hang
 _RUNTIME_INHERITED = False
 
 
@@ -98,9 +78,8 @@ at_fork_in_child(_after_fork_in_child)
 
 @dataclass
 class RemoteStats:
-    """Counters of one source: ``requests`` (GETs sent, retries included), ``bytes``
-    (received), ``retries`` (requests sent again after a transient failure), ``coalesced``
-    (ranges served by a GET made for several)."""
+    """Counters of one source: GETs sent (retries included), bytes received, retries, and
+    ``coalesced`` (ranges served by a GET made for several)."""
 
     requests: int = 0
     bytes: int = 0
@@ -125,14 +104,12 @@ class _Run:
 
 
 class RemoteSource:
-    """A store file at a URL, read by ranged GETs (the ``ByteSource`` protocol).
+    """A store file at a URL, read by ranged GETs (the ``ByteSource`` protocol); thread-safe.
 
-    Knobs (keyword arguments, or the same names in ``storage_options``): ``max_inflight``
-    (requests at once, default 16), ``timeout`` (seconds per request, 30),
-    ``retry_timeout`` (seconds a failing request is tried again, from its first failure,
-    120), ``retries`` (at most this many retries as well; default None, no count),
-    ``coalesce_bytes`` (largest GET of adjacent ranges, 4 MiB), ``readahead_bytes``
-    (fetched ahead and not yet read, 256 MiB).
+    Knobs (keywords, or the same names in ``storage_options``): ``max_inflight`` (default 16),
+    ``timeout`` (s per request, 30), ``retry_timeout`` (s of retrying from the first failure, 120),
+    ``retries`` (a count limit too; default None), ``coalesce_bytes`` (largest GET of adjacent ranges,
+    4 MiB), ``readahead_bytes`` (fetched ahead and not yet read, 256 MiB).
     """
 
     def __init__(
@@ -186,8 +163,7 @@ class RemoteSource:
         self.stats = RemoteStats()
         self._fresh()
         self._closed = False
-        # the first request: the frame header, and the object's size and identity (tried
-        # for at most OPEN_RETRY_TIMEOUT s: a wrong endpoint fails within half a minute)
+        # the first request (header, size, identity), retried at most OPEN_RETRY_TIMEOUT s
         opening = Retrier(
             url,
             RetryPolicy(min(self._policy.retry_timeout, OPEN_RETRY_TIMEOUT), self.retries, self.timeout),
@@ -254,8 +230,7 @@ class RemoteSource:
         self._buffers = BufferPool(self.readahead_bytes)
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[tuple[int, int], tuple[_Run, int]] = {}
-        #: ranges fetched ahead that will be read more than once (``prefetch(again=True)``):
-        #: how many reads beyond the next one keep them
+        #: ranges fetched ahead to be read again (``prefetch(again=True)``): extra reads that keep them
         self._again: dict[tuple[int, int], int] = {}
         #: ranges hinted by prefetch and not started yet (the read-ahead bound was reached)
         self._pending: OrderedDict[tuple[int, int], None] = OrderedDict()
@@ -277,8 +252,7 @@ class RemoteSource:
         return True
 
     def _plain_request(self, start: int, length: int) -> http.client.HTTPResponse:
-        """Send one ranged GET with Python's HTTP client (forked children); the response,
-        its status checked and its body not read yet."""
+        """One ranged GET with Python's HTTP client (forked children): the response, status checked, body unread."""
         assert self._plain_url is not None  # the callers checked _plain_only()
         parts = urlsplit(self._plain_url)
         conn = getattr(self._conns, "conn", None)
@@ -368,8 +342,7 @@ class RemoteSource:
             if self._plain_only():
                 self._plain_fill(offset, out)
             else:
-                # If-Match: an object replaced since opening fails the request instead of
-                # handing out bytes of another file
+                # If-Match: an object replaced since opening fails instead of giving another file's bytes
                 options: dict[str, Any] = {"range": (offset, offset + length)}
                 if self.etag:
                     options["if_match"] = self.etag
@@ -399,8 +372,7 @@ class RemoteSource:
 
     # -- ByteSource -------------------------------------------------------------------------------
     def read(self, offset: int, length: int) -> bytes | memoryview:
-        """Exactly ``length`` bytes at ``offset`` (from the read-ahead when it holds them), as
-        ``bytes`` or a read-only view of the response's buffer (no copy)."""
+        """Exactly ``length`` bytes at ``offset``: ``bytes`` or a read-only view of a receive buffer."""
         self._check_process()
         offset, length = int(offset), int(length)
         if offset < 0 or length < 0 or offset + length > self._size:
@@ -437,8 +409,7 @@ class RemoteSource:
                 try:
                     data = run.future.result()
                 except BaseException:
-                    # the GET ahead failed: a read kept for later (hinted again) sends a fresh
-                    # GET rather than meet this failure again
+                    # the GET ahead failed: a read kept for later sends a fresh GET
                     with self._lock:
                         now = self._ahead.get(key)
                         if kept and now is not None and now[0] is run:
@@ -455,8 +426,7 @@ class RemoteSource:
         return self._get(offset, length)
 
     def discard(self, offset: int, length: int) -> None:
-        """Forget any bytes of this range fetched ahead: they failed a check, so the next
-        read sends a fresh GET."""
+        """Forget bytes of this range fetched ahead (they failed a check): the next read sends a fresh GET."""
         r = (int(offset), int(length))
         with self._lock:
             self._pending.pop(r, None)
@@ -482,12 +452,11 @@ class RemoteSource:
         return [self.read(o, n) for o, n in ranges]
 
     def prefetch(self, ranges: Sequence[tuple[int, int]], again: bool = False) -> None:
-        """Fetch these ranges in the background, in this order: ``max_inflight`` GETs at a time,
-        adjacent ranges coalesced, at most ``readahead_bytes`` fetched and not yet read (the
-        rest wait as hints and start as reads free room). Each range fetched ahead is kept
-        for one read; ``again``: a range already hinted (fetched ahead, on its way or waiting)
-        for a read to come is kept for one more (the next epoch's first chunks, which this
-        epoch reads too, cross the link once); others are hinted as without it."""
+        """Fetch these ranges in the background, in order, adjacent ones coalesced.
+
+        At most ``max_inflight`` GETs and ``readahead_bytes`` unread; the rest wait as hints. Each
+        range is kept for one read; ``again`` keeps an already hinted range for one more.
+        """
         self._check_process()
         with self._lock:
             if self._closed:
@@ -511,8 +480,7 @@ class RemoteSource:
             return all((int(o), int(n)) in self._ahead or (int(o), int(n)) in self._pending for o, n in ranges)
 
     def wait_prefetched(self, ranges: Sequence[tuple[int, int]], timeout: float | None = None) -> bool:
-        """Wait until none of these ranges is still to be fetched ahead: each was fetched (or
-        failed), read, or never hinted. True then; False after ``timeout`` seconds."""
+        """Wait until none of these ranges is still to be fetched ahead; False after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         wanted = [(int(o), int(n)) for o, n in ranges]
         while True:

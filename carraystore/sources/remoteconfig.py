@@ -1,12 +1,8 @@
 """Remote configuration: storage options -> an obstore store, and the source's knobs (layer 3).
 
-- :data:`SOURCE_OPTIONS` are the ``storage_options`` keys that tune :class:`carraystore.sources.remote.RemoteSource`
-  itself (not passed to the object store); :func:`split_options` separates them.
-- :func:`make_object_store` turns a URL and fsspec-style options (``endpoint_url``, ``key``,
-  ``secret``, ``token``, ``anon``, ``region``, ``client_kwargs``, any obstore config key) into an
-  obstore store and the object's key; with no credentials anywhere, S3 requests are unsigned.
-- :func:`plain_http_url` is the URL an unsigned GET reaches with Python's own HTTP client (forked
-  processes, where obstore's runtime cannot run), or None when requests must be signed.
+:data:`SOURCE_OPTIONS` tune :class:`~carraystore.sources.remote.RemoteSource` itself
+(:func:`split_options`); the rest go to :func:`make_object_store`. :func:`plain_http_url` is the
+URL for Python's HTTP client in forked processes.
 """
 
 from __future__ import annotations
@@ -33,17 +29,14 @@ __all__ = [
     "client_options",
 ]
 
-#: Requests in flight at once (read-ahead and ``read_many``). Enough to hide a link's
-#: latency when ``max_inflight * chunk bytes >= bandwidth * round trip``: 16 chunks of
-#: 1 MiB cover 400 Mbit/s at 300 ms.
+#: Requests in flight at once: hides a link's latency while ``max_inflight * chunk bytes >=
+#: bandwidth * round trip``.
 DEFAULT_MAX_INFLIGHT = 16
 #: Seconds one request may take (connect, headers and body) before it counts as failed.
 DEFAULT_TIMEOUT = 30.0
-#: Retries of a transient failure before the read fails: None, no count; the time budget
-#: (``retry_timeout``) decides.
+#: Retries of a transient failure before the read fails (None: only ``retry_timeout`` decides).
 DEFAULT_RETRIES: int | None = None
-#: Seconds a failing request keeps being tried again (from its first failure) before the
-#: read fails: long enough for a storage node to restart (15-20 s) several times over.
+#: Seconds a failing request is retried from its first failure (a restarting storage node, several times).
 DEFAULT_RETRY_TIMEOUT = 120.0
 #: Largest GET made of adjacent ranges.
 DEFAULT_COALESCE_BYTES = 4 << 20
@@ -124,13 +117,10 @@ def _import_obstore() -> Any:
 def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
     """An obstore store for ``url`` and the object's key in it.
 
-    ``storage_options`` are fsspec-style (as pandas, zarr and dask take them):
-    ``endpoint_url`` (or ``client_kwargs={"endpoint_url": ...}``), ``key``, ``secret``,
-    ``token``, ``anon``, ``region`` (or ``client_kwargs={"region_name": ...}``); any
-    other key is passed to obstore as a config value (``S3Config``, ``GCSConfig``,
-    ``ClientConfig`` names). The standard environment (``AWS_ENDPOINT_URL``,
-    ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ...) is read by obstore.
-    Without credentials anywhere, S3 requests are anonymous (unsigned).
+    ``storage_options`` are fsspec-style: ``endpoint_url`` (or in ``client_kwargs``), ``key``,
+    ``secret``, ``token``, ``anon``, ``region`` (or ``client_kwargs={"region_name": ...}``); other
+    keys go to obstore's ``S3Config``/``GCSConfig``/``ClientConfig``. obstore reads the standard
+    ``AWS_*`` environment. Without credentials anywhere, S3 requests are unsigned.
     """
     knobs, opts = split_options(storage_options)
     parts = urlsplit(url)
@@ -225,11 +215,9 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
 
 
 def plain_http_url(url: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
-    """The object's URL for an unsigned plain-HTTP GET, or None when requests must be signed.
+    """The object's URL for an unsigned plain-HTTP GET (forked processes), or None when requests must be signed.
 
-    Used in processes forked after obstore's runtime started (obstore cannot run there):
-    ``http(s)://`` URLs, anonymous S3 (path-style, on the configured endpoint) and
-    anonymous GCS can still be read with Python's own HTTP client.
+    ``http(s)://``, anonymous S3 (path-style, on the configured endpoint) and anonymous GCS.
     """
     _, opts = split_options(storage_options)
     parts = urlsplit(url)

@@ -1,18 +1,10 @@
 """Retries of remote requests: which failures are transient, backoff, a budget in time (layer 3).
 
-- :func:`is_transient`: whether a failed request may succeed when tried again (timeouts,
-  refused or dropped connections, bodies cut short, 5xx, 408, 429, S3's ``503 SlowDown``);
-  404, 403, a replaced object (ETag changed) and a server that ignores ``Range`` are not.
-- :class:`RetryPolicy`: how long to keep trying a failing request. ``retry_timeout`` seconds
-  from its first failure (default 120 s: a storage node that restarts, 15-20 s, is waited
-  for), optionally at most ``retries`` retries; pauses of exponential backoff with full
-  jitter, 0.1 s doubling to at most 5 s.
-- :class:`Retrier`: runs one request under a policy. Each retry is logged at DEBUG on the
-  ``carraystore.sources.remote`` logger; while a server keeps failing, a WARNING says so once per
-  ``log_every`` seconds (10) for the source, naming the URL, the byte range, for how long
-  and what failed. Giving up raises :class:`~carraystore.base.errors.RemoteReadError` saying what
-  happened: the connection was refused, the request timed out, the server answered 503, or
-  a permanent failure (the object is gone, access denied), with the URL and byte range.
+Transient (:func:`is_transient`): timeouts, refused or dropped connections, bodies cut short,
+5xx, 408, 429, S3's ``503 SlowDown``; not 404, 403, a replaced object or a server ignoring
+``Range``. :class:`Retrier` logs each retry at DEBUG on ``carraystore.sources.remote``, a WARNING
+per ``log_every`` s while a server keeps failing, and on giving up raises
+:class:`~carraystore.base.errors.RemoteReadError` saying what failed, with the URL and byte range.
 """
 
 from __future__ import annotations
@@ -63,9 +55,7 @@ class HTTPStatusError(Exception):
     """A plain-HTTP GET answered with an error status."""
 
 
-# ---------------------------------------------------------------------------------------
-# which failures are worth retrying
-# ---------------------------------------------------------------------------------------
+# -- which failures are worth retrying --------------------------------------------------
 
 _STATUS = re.compile(r"status(?: code)?:? *(\d{3})", re.IGNORECASE)
 _TRANSIENT_TEXT = (
@@ -154,8 +144,7 @@ def what_failed(exc: BaseException, timeout: float | None = None) -> str:
 
 
 def short(exc: BaseException, limit: int = 300) -> str:
-    """An error's text on one line: obstore's debug dump of the Rust error left out, at most
-    ``limit`` characters."""
+    """An error's text on one line, obstore's Rust debug dump left out, at most ``limit`` characters."""
     text = str(exc)
     head, sep, _ = text.partition(_DEBUG_DUMP)
     if sep and head.strip():
@@ -165,25 +154,20 @@ def short(exc: BaseException, limit: int = 300) -> str:
 
 
 def backoff(attempt: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_MAX, rand: Any = random.uniform) -> float:
-    """The pause before retry ``attempt`` (1, 2, ...): full jitter over ``base * 2**(attempt-1)``,
-    capped at ``cap`` seconds."""
+    """The pause before retry ``attempt`` (1, 2, ...): full jitter over ``base * 2**(attempt-1)`` capped at ``cap``."""
     return float(rand(0.0, min(cap, base * 2 ** min(attempt - 1, 60))))
 
 
-# ---------------------------------------------------------------------------------------
-# the policy and the loop
-# ---------------------------------------------------------------------------------------
+# -- the policy and the loop ------------------------------------------------------------
 
 
 @dataclass
 class RetryPolicy:
     """How a failing request is tried again.
 
-    ``retry_timeout``: seconds from the request's first failure during which it is tried
-    again; ``retries``: at most this many retries as well (None: no count, the time decides);
-    ``timeout``: the seconds one attempt may take (for messages); ``log_every``: seconds
-    between the warnings while a server keeps failing. ``clock``, ``sleep`` and ``rand``
-    stand in for time and chance in tests.
+    ``retry_timeout``: seconds from the first failure (default 120: a restarting storage node is
+    waited for); ``retries``: a count limit too (None: none); ``timeout``: seconds per attempt (for
+    messages); ``log_every``: seconds between warnings. ``clock``, ``sleep``, ``rand``: for tests.
     """
 
     retry_timeout: float = 120.0
@@ -200,8 +184,7 @@ class RetryPolicy:
 class Retrier:
     """Runs the requests of one source (``url``) under a :class:`RetryPolicy`; thread-safe.
 
-    ``on_attempt()`` is called before every attempt and ``on_retry()`` before every retry
-    (the source's counters); ``closed()`` True ends the retries at once.
+    ``on_attempt()``/``on_retry()`` are called before every attempt/retry; ``closed()`` True ends retrying.
     """
 
     def __init__(
@@ -222,8 +205,7 @@ class Retrier:
         self._next_warning = float("-inf")
 
     def call(self, once: Callable[[], T], offset: int, length: int) -> T:
-        """``once()``, tried again while it fails transiently and the budget lasts; a
-        :class:`RemoteReadError` when it fails for good."""
+        """``once()``, retried while it fails transiently within budget; RemoteReadError when it fails for good."""
         p = self.policy
         first_failure: float | None = None
         attempt = 0

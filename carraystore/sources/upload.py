@@ -1,16 +1,10 @@
 """Writing stores to object storage (layer 4, beside the writer).
 
-A store bound for a URL (``s3://bucket/train.b2nd``, ``gs://...``) is written to a local
-temporary file first, in a private folder under ``tmp_dir`` (default: ``TMPDIR``), then
-uploaded in one put: a multipart upload for a large file. S3's CompleteMultipartUpload
-(and a single PUT) is atomic, so the object appears at the URL only when it is complete;
-a writer killed mid-upload leaves nothing at the URL (the unfinished parts are invisible;
-a bucket lifecycle rule for incomplete multipart uploads reclaims them). The local
-folder is removed when the upload ends, and a later writer removes folders that killed
-processes left behind.
-
-:class:`RemoteTarget` is that round trip; the writer calls it at publish time.
-:func:`put_stream` uploads an iterator of byte blocks the same way (``carraystore copy``).
+A store bound for ``s3://``/``gs://`` is written to a private staging folder under ``tmp_dir``
+(default ``TMPDIR``), then uploaded in one atomic put (multipart when large): the object appears
+only complete, and a killed writer leaves nothing at the URL (a bucket lifecycle rule reclaims
+unfinished parts). Staging folders of dead processes are removed by later writers.
+:class:`RemoteTarget` is that round trip; :func:`put_stream` uploads byte blocks the same way.
 """
 
 from __future__ import annotations
@@ -31,14 +25,12 @@ from carraystore.base.errors import CarrayStoreError, InvalidInputError, StoreEx
 
 __all__ = ["RemoteTarget", "check_writable", "put_stream", "remote_exists", "delete_remote", "PART_BYTES"]
 
-#: Part size of multipart uploads (S3 allows 5 MiB to 5 GiB, at most 10,000 parts: 16 MiB
-#: parts reach 160 GB; larger files get larger parts).
+#: Part size of multipart uploads (S3: 5 MiB-5 GiB, at most 10,000 parts; larger files get larger parts).
 PART_BYTES = 16 * 1024 * 1024
 #: Parts uploaded at once (a file), and parts of a stream held in memory and sent at once.
 UPLOAD_CONCURRENCY = 8
 STREAM_CONCURRENCY = 4
-#: Attempts of a whole upload (or existence check) that fails transiently (a file can be
-#: sent again; a streamed copy cannot, and fails at once).
+#: Attempts of a whole upload or existence check failing transiently (a streamed copy is not retried).
 UPLOAD_ATTEMPTS = 3
 _WRITABLE = ("s3", "s3a", "gs", "gcs")
 _STAGE = re.compile(r"^carraystore-upload-(?P<pid>\d+)-[0-9a-f]+$")
@@ -110,10 +102,9 @@ def put_stream(
     *,
     size_hint: int = 0,
 ) -> None:
-    """Upload the concatenated ``blocks`` to ``url`` as one object (multipart, atomic).
+    """Upload the concatenated ``blocks`` to ``url`` as one object (multipart, atomic, bounded memory).
 
-    Memory stays bounded (a few parts in flight). If the iterator raises, the upload is
-    abandoned and nothing appears at ``url``; the iterator's exception propagates.
+    If the iterator raises, nothing appears at ``url`` and its exception propagates.
     """
     import obstore
 
@@ -159,10 +150,9 @@ def _remove_stale_stages(parent: Path) -> None:
 
 
 class RemoteTarget:
-    """A store on its way to ``url``: a local staging file, then an atomic upload.
+    """A store on its way to ``url``: a local staging file (``local_path``), then an atomic upload.
 
-    ``local_path`` is where the writer builds the store; :meth:`upload` puts it at the URL
-    and :meth:`cleanup` removes the staging folder (call it whatever happened).
+    Call :meth:`cleanup` whatever happened.
     """
 
     def __init__(
