@@ -1,24 +1,17 @@
 """The link policy: how one epoch's decoder shares a read-ahead source's link (layer 6).
 
-A decoder over a :class:`~carraystore.format.frame.ReadAheadSource` (a remote store, or a
-chunk cache in front of one) holds one :class:`LinkPolicy`. It decides three things:
+A decoder over a :class:`~carraystore.format.frame.ReadAheadSource` (remote, or a cache
+in front of one) holds one :class:`LinkPolicy`, which decides:
 
-- **The lead window.** The first window the decoder starts is fetched alone: later windows
-  are neither announced nor fetched until its bytes are in, so the first batch waits for
-  one round trip and that window's bytes, not for a share of the link among every chunk
-  in flight.
-- **How far ahead to announce.** Once the lead is in, the decoder announces two windows
-  ahead, and at least the source's ``max_inflight`` chunks (:attr:`LinkPolicy.want`).
-- **The next epoch's hint.** A thread plans the next epoch; the chunks of its first window
-  that this epoch fetches are kept by the source for a second read
-  (``prefetch(again=True)``), and the rest of that window is hinted once this epoch's
-  bytes are all in: the next epoch starts with its first window in or on its way. Only
-  the policy last started on a source hints (:data:`_NEWEST`): an older epoch's late
-  hint would fetch bytes for a read the epoch after it already made.
+- **the lead window**: the first window is fetched alone, so the first batch does not share
+  the link with every chunk in flight;
+- **how far ahead to announce** once the lead is in (:attr:`LinkPolicy.want`);
+- **the next epoch's hint**: the next epoch's first window is kept or hinted, so it starts
+  with those bytes in or on their way. Only the policy last started on a source hints
+  (:data:`_NEWEST`).
 
-Over a local file (or a cache over one) the policy does nothing: :attr:`LinkPolicy.lead_in`
-is set from the start. Its state is guarded by the decoder's lock (``cond``); the order
-locks are taken in is docs/engine.md's.
+Over a local file it does nothing (:attr:`LinkPolicy.lead_in` set from the start). State is
+guarded by the decoder's ``cond``; lock order: docs/engine.md.
 """
 
 from __future__ import annotations
@@ -41,8 +34,7 @@ __all__ = ["LinkPolicy", "NEXT_EPOCH_THREAD", "HINT_DEADLINE_S"]
 
 #: the name of the thread that plans the next epoch and hints its first window
 NEXT_EPOCH_THREAD = "carraystore-next-epoch"
-#: how long that thread waits for this epoch's bytes before giving up (a stalled epoch is
-#: the retries' business, not the hint's)
+#: seconds that thread waits for this epoch's bytes before giving up
 HINT_DEADLINE_S = 600.0
 
 #: the policy last started on each source: only it hints the next epoch
@@ -61,9 +53,8 @@ at_fork_in_child(_after_fork_in_child)
 class LinkPolicy:
     """The lead window, the announce distance and the next epoch's hint of one decoder.
 
-    ``serves`` is the decoder's ``(k, n)``: a worker of several fetches and hints only the
-    windows of its own batches. Every method but :meth:`start_hint` is called with
-    ``cond`` held.
+    ``serves``: the decoder's ``(k, n)``; only its own batches' windows are fetched and
+    hinted. Every method but :meth:`start_hint` is called with ``cond`` held.
     """
 
     def __init__(
@@ -107,21 +98,16 @@ class LinkPolicy:
         self.lead, self.lead_w, self._lead_need = win, w, len(chunks)
         hinted = bool(len(chunks)) and self.store.chunks_hinted(chunks)
         if not len(chunks) or (hinted and self.store.wait_chunks_fetched(chunks, timeout=0)):
-            # nothing to fetch, or its bytes are in (the previous epoch hinted them as its
-            # own arrived): the rest may follow at once
+            # nothing to fetch, or already in (hinted by the previous epoch)
             self.lead_in.set()
         elif hinted:
-            # on their way: one chunk of the next window (that this decoder reads) beside
-            # them keeps the link busy meanwhile (its round trip overlaps theirs) and takes
-            # only a share of the link from them (all of the rest at once would delay the
-            # first batch)
+            # on their way: one chunk of the next window keeps the link busy meanwhile
             nxt = next((v for v in range(w + 1, self.plan.nwindows) if self.mine(v)), None)
             if nxt is not None:
                 self.store.prefetch_chunks(self.plan.window_chunks[nxt][:1])
 
     def lead_fetched(self, j: int) -> bool:
-        """The lead's chunk ``j`` is in (or failed; said once or twice). True when that was
-        its last: the decoder then announces the windows after it."""
+        """The lead's chunk ``j`` is in or failed (may be said twice); True when it was the last."""
         if j in self._arrived:
             return False
         self._arrived.add(j)
@@ -132,8 +118,7 @@ class LinkPolicy:
 
     # -- announcing --------------------------------------------------------------------------
     def announced(self, chunks: Sequence[int]) -> None:
-        """The decoder told the source these chunks come next: those of the next epoch's
-        first window are kept for its read too (their bytes cross once)."""
+        """These chunks were announced; those of the next epoch's first window are kept for it too."""
         if self.source is None:
             return
         self._announced.update(int(c) for c in chunks)
@@ -142,16 +127,15 @@ class LinkPolicy:
             self._keep_for_next(keep)
 
     def all_announced(self, chunks: Sequence[int]) -> None:
-        """The decoder announced the epoch's last window (``chunks``: those of its last
-        announcement): the rest of the next epoch's first window follows them."""
+        """The epoch's last window was announced (``chunks``: the last announcement)."""
         if self.source is not None and self.lead_in.is_set() and not self._all_announced.is_set():
             self._epoch_chunks = [int(c) for c in chunks]
             self._all_announced.set()
 
     # -- the next epoch ------------------------------------------------------------------
     def start_hint(self, unread: Callable[[], set[int]]) -> None:
-        """Start the thread that hints the next epoch's first window (with a link only).
-        ``unread()`` (called with ``cond`` held): the chunks of windows this epoch has yet to read."""
+        """Start the next-epoch hint thread (with a link only); ``unread()`` (``cond`` held):
+        chunks this epoch has yet to read."""
         if self.source is None:
             return
         with _NEWEST_LOCK, contextlib.suppress(TypeError):  # (a source that takes no weak reference)
@@ -159,27 +143,22 @@ class LinkPolicy:
         threading.Thread(target=self._hint_next_epoch, args=(unread,), name=NEXT_EPOCH_THREAD, daemon=True).start()
 
     def _hint_next_epoch(self, unread: Callable[[], set[int]]) -> None:
-        """Plan the next epoch (in this thread: planning a large store takes a while) and
-        mark the chunks of its first window that this epoch fetches from then on as kept for
-        it; once this epoch's chunks are all announced and fetched, hint the rest of that
-        window. A hint only: the next epoch's order may differ (another loader's options)."""
+        """Plan the next epoch, keep its first window's chunks this epoch fetches, and hint the
+        rest once this epoch's chunks are all fetched. A hint only: the next order may differ."""
         try:
             plan = self.spec.plan(self.epoch + 1)
-            # the first window this decoder reads (a worker of several reads those of its batches)
             w = next((v for v in range(plan.nwindows) if len(plan.window_chunks[v]) and self.mine(v, plan)), None)
             if w is None:
                 return
             lead = [int(c) for c in plan.window_chunks[w]]
             with self.cond:
                 self._next_lead = frozenset(lead)
-                # announced before the plan was made: kept if not read yet (the others are
-                # hinted with the rest, below)
+                # announced before the plan was made: kept if not read yet
                 keep = [c for c in lead if c in self._announced and c not in self.kept]
                 keep = [c for c in keep if self.store.chunks_hinted([c])]
                 if keep:
                     self._keep_for_next(keep)
-            # until this epoch's chunks are all asked for and in; an epoch stopped before that
-            # (closed) hints nothing, one that ended (closed too) as they came in still does
+            # wait for this epoch's chunks; an epoch closed before that hints nothing
             deadline = time.monotonic() + HINT_DEADLINE_S
             while not self._all_announced.wait(0.5):
                 if self.closed or time.monotonic() > deadline:
@@ -188,19 +167,15 @@ class LinkPolicy:
                 if self.closed or time.monotonic() > deadline:
                     return
             with self.cond:
-                # and those kept that the source let go (unread for long: stale, or failed a
-                # check) once this epoch read them (a chunk it has yet to read is fetched by
-                # that read, and the next epoch's by its own)
+                # plus kept ones the source let go after this epoch read them
                 left = unread()
                 rest = [c for c in lead if c not in self.kept or (c not in left and not self.store.chunks_hinted([c]))]
-                # again: this epoch may not have read them yet (an epoch reads every chunk)
                 self.next_epoch_hinted = self._keep_for_next(rest)
         except Exception:  # e.g. a resumed epoch's options plan no other epoch: no hint
             pass
 
     def _keep_for_next(self, chunks: list[int]) -> bool:
-        """Hint the next epoch's ``chunks`` (kept for its read too), unless a later policy
-        started on this source meanwhile: that epoch hints for itself. Whether they were hinted."""
+        """Hint the next epoch's ``chunks`` unless a later policy started on this source; whether hinted."""
         with _NEWEST_LOCK:  # held while hinting: a decoder starting now hints after this
             try:
                 newest = _NEWEST.get(self.source, self)
@@ -213,7 +188,6 @@ class LinkPolicy:
             return True
 
     def close(self) -> None:
-        """The decoder closed: nothing waits for the lead any more, and no hint follows
-        unless this epoch's bytes are already all announced."""
+        """The decoder closed: release lead waiters; no hint unless all was announced already."""
         self.closed = True
         self.lead_in.set()

@@ -1,24 +1,16 @@
 """How well an epoch's order is shuffled, measured against a global shuffle (layer 6).
 
-Block shuffle trades shuffle quality for memory: it reads whole chunks in a random order
-and mixes samples only inside a window of chunks. This module makes that trade visible,
-per epoch, with measures that are pure functions of the epoch's order (index arithmetic
-only, no I/O):
+Block shuffle trades shuffle quality for memory; these measures (pure functions of an
+order, no I/O) make the trade visible:
 
-- **diversity**: the mean number of distinct values per full batch (classes, groups,
-  and the store chunks the samples come from) in this order, beside the exact expectation
-  for the same batches under a uniform random permutation (a global shuffle). A score is
-  their ratio: about 1.0 for a global shuffle; low when batches hold one class, or the
-  samples of a few neighbouring chunks. The window governs the chunks measure: a batch
-  drawn from a window of ``w`` chunks holds samples of at most ``w`` chunks.
-- **displacement**: how far samples travel, ``|position in the epoch - position in store
-  order| / length``, mean and median. A global shuffle gives about 1/3 (mean) and
-  ``1 - 1/sqrt(2)`` = 0.29 (median); the store's order gives 0. Block shuffle moves whole
-  chunks anywhere, so its displacement is that of a global shuffle whatever the window.
+- **diversity**: mean distinct values per full batch (classes, groups, source chunks)
+  over the exact expectation under a global shuffle: about 1.0 for one, lower for a poorer
+  mix. A window of ``w`` chunks gives batches of at most ``w`` chunks.
+- **displacement**: ``|position in epoch - position in store| / length``; a global
+  shuffle gives about 1/3 (mean) and 0.29 (median), store order 0.
 
-``shuffle_report(store, batch_size, window=...)`` measures one epoch of a store;
-``report_for_order`` the same for any order; ``BatchIterator.shuffle_report()`` the epoch a
-loader is serving; ``carraystore bench shuffle STORE`` prints it for several windows.
+``shuffle_report`` measures a store's epoch, ``report_for_order`` any order,
+``BatchIterator.shuffle_report()`` a loader's; ``carraystore bench shuffle STORE`` prints them.
 """
 
 from __future__ import annotations
@@ -147,10 +139,8 @@ def distinct_per_batch(values: np.ndarray, order: np.ndarray, batch_size: int) -
 
 
 def pairs_kept_together(previous: np.ndarray, current: np.ndarray, batch_size: int) -> float:
-    """Share of the pairs of samples in one batch of ``current`` that shared a batch in ``previous``.
-
-    A full shuffle gives about ``(batch_size - 1) / (n - 1)``; the closer to that the better.
-    """
+    """Share of same-batch pairs in ``current`` that shared a batch in ``previous``
+    (a full shuffle: about ``(batch_size - 1) / (n - 1)``)."""
     prev, cur = np.asarray(previous, dtype=np.int64), np.asarray(current, dtype=np.int64)
     n = int(max(prev.max(initial=-1), cur.max(initial=-1))) + 1
     bprev = np.full(n, -1, dtype=np.int64)
@@ -168,11 +158,8 @@ def pairs_kept_together(previous: np.ndarray, current: np.ndarray, batch_size: i
 
 
 def expected_distinct_per_batch(values: np.ndarray, batch_size: int) -> float:
-    """Exact mean distinct values in ``batch_size`` items drawn without replacement from ``values``.
-
-    This is what every batch of a uniform random permutation of ``values`` holds on
-    average: ``sum over values k of 1 - C(n - n_k, B) / C(n, B)``.
-    """
+    """Exact mean distinct values in ``batch_size`` items drawn without replacement from
+    ``values``: ``sum over k of 1 - C(n - n_k, B) / C(n, B)``."""
     if batch_size < 1:
         raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
     codes = _codes(values)
@@ -219,11 +206,10 @@ def report_for_order(
     seed: int = 0,
     epoch: int = 0,
 ) -> ShuffleReport:
-    """Measure an epoch's ``order`` (sample indices) against a global shuffle of the same samples.
+    """Measure an epoch's ``order`` (sample indices) against a global shuffle.
 
-    ``labels`` and ``groups`` hold one value per sample of the store (indexed by the
-    sample indices of ``order``); ``chunk_size`` adds the source chunks per batch. The
-    other arguments only describe the order in the report.
+    ``labels``, ``groups``: one value per store sample; ``chunk_size`` adds the chunks
+    measure; the other arguments only label the report.
     """
     order = np.asarray(order, dtype=np.int64).reshape(-1)
     if batch_size < 1:
@@ -295,12 +281,8 @@ def shuffle_report(
     world_size: int = 1,
     drop_remainder: bool = False,
 ) -> ShuffleReport:
-    """Measure one epoch of a loader over ``store`` (a Store or a path) against a global shuffle.
-
-    The order is the one ``store.batches(batch_size, shuffle=, window=, seed=, epoch=,
-    rank=, world_size=, drop_remainder=)`` serves; the store's labels give the classes
-    measure, its groups (where it has them) the groups measure. Reads metadata only.
-    """
+    """Measure the epoch ``store.batches`` would serve with these arguments (``store``: a Store
+    or path) against a global shuffle; reads metadata only."""
     s, opened = _open(store)
     try:
         n, k = len(s), int(s.chunk_images)
@@ -330,11 +312,8 @@ def compare_windows(
     seed: int = 0,
     epoch: int = 0,
 ) -> list[ShuffleReport]:
-    """Reports for the store's order, block shuffle at each of ``windows``, and a global shuffle.
-
-    ``windows`` defaults to 1, 4, 16 and 64 chunks (those below the store's chunk count,
-    and the whole store once).
-    """
+    """Reports for store order, block shuffle at each of ``windows`` (default 1, 4, 16, 64
+    chunks, capped at the store), and a global shuffle."""
     s, opened = _open(store)
     try:
         nchunks = max(1, -(-len(s) // int(s.chunk_images)))
@@ -361,11 +340,8 @@ def _mib(nbytes: int) -> str:
 def shuffle_table(
     reports: Sequence[ShuffleReport], chunk_nbytes: int, nchunks: int, default_window: int = DEFAULT_WINDOW
 ) -> str:
-    """A markdown table of ``reports`` (as from :func:`compare_windows`), with each order's decoded memory.
-
-    Block shuffle holds ``window + prefetch`` decoded chunks (``prefetch`` defaults to the
-    window); a global shuffle holds the whole shard.
-    """
+    """A markdown table of ``reports`` (:func:`compare_windows`) with each order's decoded memory
+    (block: ``window + prefetch`` chunks; global: the whole shard)."""
     names = [d.name for d in reports[0].diversity] if reports else []
     head = ["order", "decoded MiB held"] + [f"{n} per batch (score)" for n in names]
     head.append("displacement mean / median (score)")

@@ -1,8 +1,6 @@
 """The loader spec: options resolved against one store (layer 6).
 
-:class:`LoaderSpec` holds what every adapter needs to make batches of a store (clips,
-classes, sizes, each epoch's plan, y and sample weights, the transform, reading and
-decompressing one chunk); :func:`make_spec` builds it.
+:class:`LoaderSpec` holds what every adapter needs to make batches; :func:`make_spec` builds it.
 """
 
 from __future__ import annotations
@@ -252,9 +250,8 @@ class LoaderSpec:
         }
 
     def state_dict(self, epoch: int, batches: int) -> dict[str, Any]:
-        """The resume state after this rank consumed ``batches`` batches of ``epoch`` (of the rest
-        of it, for the epoch ``resume`` names): :mod:`carraystore.engine.resume`. Ranks move in
-        lockstep, so one rank's state is every rank's."""
+        """The resume state after ``batches`` batches of ``epoch`` (:mod:`carraystore.engine.resume`);
+        ranks move in lockstep, so one rank's state is every rank's."""
         length = len(self.plan(epoch)) if self.resumes_epoch(epoch) else self.shard_length
         nb = num_batches(length, self.batch_size, self.drop_remainder)
         b = _int_arg("batches", batches, 0)
@@ -292,9 +289,8 @@ class LoaderSpec:
     def finish(
         self, x: np.ndarray, y: Any, batch: int, epoch: int, plan: EpochPlan, w: np.ndarray | None = None
     ) -> tuple[Any, ...]:
-        """Apply the transform to (x, y); with sample weights the result is (x, y, w).
-
-        A failure becomes a LoaderError naming the batch and its chunks."""
+        """Apply the transform to (x, y); (x, y, w) with sample weights. Failures become a
+        LoaderError naming the batch and its chunks."""
         if self.transform is None:
             return (x, y) if w is None else (x, y, w)
         try:
@@ -315,8 +311,7 @@ class LoaderSpec:
             raise err from exc
 
     def fetch_chunk(self, chunk: int) -> np.ndarray:
-        """Chunk ``chunk``'s compressed bytes, checked, as a uint8 array (a view of the mapped
-        file for a local store); errors become LoaderError naming the chunk."""
+        """Chunk ``chunk``'s checked compressed bytes as a uint8 array; errors become LoaderError."""
         store = self.store
         try:
             with FORK_GATE:
@@ -328,8 +323,8 @@ class LoaderSpec:
             raise _chunk_error(store, chunk, exc) from exc
 
     def decode_chunk(self, chunk: int, out: np.ndarray, fetched: Callable[[], None] | None = None) -> None:
-        """Read, check and decompress one chunk into ``out``; errors become LoaderError naming it.
-        ``fetched()`` is called once its bytes are in (before they are decompressed)."""
+        """Read, check and decompress one chunk into ``out`` (errors become LoaderError);
+        ``fetched()`` is called once its bytes are in."""
         store = self.store
         try:
             with FORK_GATE:
@@ -338,8 +333,7 @@ class LoaderSpec:
                     fetched()
                 if self.verify and not store.check_reads:
                     store.check_chunk_bytes(chunk, data)
-                # one blosc2 thread per decoder thread: the decoders already run in parallel,
-                # and blosc2's own threads on top would oversubscribe the cores
+                # one blosc2 thread per decoder thread: more would oversubscribe the cores
                 store.decompress_chunk(chunk, data, out, nthreads=1, scale=self.scale)
         except Exception as exc:
             raise _chunk_error(store, chunk, exc) from exc

@@ -1,10 +1,8 @@
 """WriteOptions: the one frozen value of the options every store writer takes.
 
 ``create``, ``append``, ``migrate``, ``copy``, ``from_directory`` and ``from_dask`` take
-``options=WriteOptions(...)`` or the same fields as keywords (typed once, as
-:class:`WriteKwargs`); :meth:`WriteOptions.merged` joins the two, refusing a keyword that
-contradicts ``options``. :meth:`WriteOptions.add_arguments` and :meth:`WriteOptions.from_args`
-are the same fields as command-line flags.
+``options=WriteOptions(...)`` or the same fields as keywords (:class:`WriteKwargs`), joined by
+:meth:`WriteOptions.merged`; :meth:`WriteOptions.add_arguments` gives them as CLI flags.
 
 =================  ======================================================================
 field              meaning
@@ -23,9 +21,8 @@ tmp_dir            where a store bound for a URL is staged (default ``$TMPDIR``)
 progress           a progress bar on stderr (the CLI's unless ``--quiet``)
 =================  ======================================================================
 
-A field an entry point cannot honour is refused where it would change what is written
-(``copy`` refuses a codec, chunk size, class names or attrs: a copy is byte for byte), and
-ignored where it is only about how the write runs (``create`` draws no progress bar).
+A field an entry point cannot honour is refused if it would change what is written (``copy``
+is byte for byte), ignored if it only concerns how the write runs.
 """
 
 from __future__ import annotations
@@ -76,10 +73,9 @@ class WriteKwargs(TypedDict, total=False):
 class WriteOptions:
     """How a store is written: codec, chunk size, names, and where and how it is written.
 
-    Every field has the default the entry points always had; see the module docstring for
-    which entry point uses which field. Invalid values raise
-    :class:`~carraystore.base.errors.InvalidInputError` saying what to give instead.
-    ``attrs`` and ``storage_options`` are kept as copies of the mappings given.
+    Fields: see the module docstring. Invalid values raise
+    :class:`~carraystore.base.errors.InvalidInputError`; ``attrs`` and ``storage_options``
+    are copied.
     """
 
     codec: Codec | str | None = None
@@ -144,11 +140,10 @@ class WriteOptions:
     # -- joining with the keywords ------------------------------------------------------------
     @classmethod
     def merged(cls, options: WriteOptions | None, where: str, **given: Unpack[WriteKwargs]) -> WriteOptions:
-        """The options an entry point runs with: ``options``, or one built from its keywords ``given``.
+        """``options``, or one built from the keywords ``given`` (a default counts as not given).
 
-        A keyword at its default value counts as not given. A keyword given together with
-        ``options`` must agree with it; otherwise InvalidInputError names both. Errors from
-        the checks are prefixed with ``where`` (the output path, or the entry point).
+        A keyword given with ``options`` must agree with it, else InvalidInputError names
+        both; errors are prefixed with ``where``.
         """
         unknown = sorted(set(given) - set(WRITE_OPTION_FIELDS))
         if unknown:
@@ -189,14 +184,8 @@ class WriteOptions:
     def add_arguments(
         parser: argparse.ArgumentParser, fields: Sequence[str] | None = None, helps: Mapping[str, str] | None = None
     ) -> None:
-        """Add the flags of ``fields`` (default: all) to ``parser``; ``helps`` overrides a field's help text.
-
-        codec: ``--preset NAME`` / ``--codec-config JSON``; chunk_images: ``--chunk-images N``;
-        class_names: ``--class-names A,B,C``; attrs: ``--attr KEY=VALUE`` (repeatable);
-        overwrite: ``--overwrite``; lock_timeout: ``--lock-timeout SECONDS`` (also ``--wait``);
-        storage_options: ``--storage-options JSON``; tmp_dir: ``--tmp-dir DIR``;
-        progress: ``-q/--quiet`` (no progress bar).
-        """
+        """Add the flags of ``fields`` (default: all) to ``parser`` (see ``_FLAGS``; codec is
+        ``--preset``/``--codec-config``); ``helps`` overrides a field's help text."""
         helps = dict(helps or {})
         for name in fields if fields is not None else WRITE_OPTION_FIELDS:
             if name not in _CLI_HELP:
@@ -214,11 +203,8 @@ class WriteOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **overrides: Any) -> WriteOptions:
-        """The WriteOptions of parsed flags (those :meth:`add_arguments` added; others keep their defaults).
-
-        ``progress`` is on unless ``--quiet``, and only when stderr is a terminal. ``overrides``
-        set fields directly (e.g. a command's own flag for one of them).
-        """
+        """The WriteOptions of parsed :meth:`add_arguments` flags; ``progress`` only on a terminal
+        and without ``--quiet``; ``overrides`` set fields directly."""
         values: dict[str, Any] = {}
         if getattr(args, "codec_config", None):
             try:
