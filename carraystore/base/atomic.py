@@ -1,13 +1,9 @@
 """Atomic files: a file appears under its name only when complete (layer 0).
 
-Every writer of a whole file (a new store, a migration, a copy, a Keras training
-position, an export) writes a hidden temporary file beside its target
-(:func:`temp_path`), fsyncs it and renames it into place (:func:`publish`), so nobody ever
-sees it half-written; a writer killed mid-write leaves a temporary file that the next
-writer holding the target's lock removes (:func:`remove_stale_temps`). A failed write
-becomes a named error (:func:`named_write_errors`: :class:`~carraystore.base.errors.NoSpaceError`,
-:class:`~carraystore.base.errors.WriteError`). Only the standard library and
-:mod:`carraystore.base.errors` are imported here.
+Writers write a hidden temporary file beside the target (:func:`temp_path`), fsync it and rename
+it into place (:func:`publish`); temporaries of killed writers are removed by the next writer
+holding the target's lock (:func:`remove_stale_temps`). :func:`named_write_errors` turns failed
+writes into :class:`~carraystore.base.errors.NoSpaceError` or :class:`~carraystore.base.errors.WriteError`.
 """
 
 from __future__ import annotations
@@ -51,11 +47,10 @@ def temp_path(path: Path, kind: str = "partial") -> Path:
 
 
 def remove_stale_temps(path: Path) -> None:
-    """Remove temporary files that writers killed mid-write left next to ``path``.
+    """Remove temporary files that killed writers left next to ``path``.
 
-    Call it holding ``path``'s writer lock (:class:`~carraystore.base.lock.WriterLock`): every
-    writer of ``path`` holds that lock while its temporary file lives, so while we hold
-    it every such file is dead, whatever host or process made it.
+    Call it holding ``path``'s :class:`~carraystore.base.lock.WriterLock`: every live writer holds
+    it, so all such files are then dead, whatever host or process made them.
     """
     with contextlib.suppress(OSError):
         for p in path.parent.iterdir():
@@ -97,15 +92,15 @@ def write_text_atomically(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-#: A write that fails while its folder has less free space than this (plus what it wrote) failed for lack of space.
+#: A write failing while the folder has less free space than this (plus ``need``) failed for lack of space.
 _SPACE_MARGIN = 1 << 20
 
 
 def write_error(exc: BaseException, target: Path, what: str, need: int = 0) -> WriteError:
     """The named error for a failed write of ``what`` into ``target``.
 
-    blosc2 reports a failed write as a bare ``RuntimeError`` (no errno), so "no space left"
-    is also recognised from the folder's free space: less than ``need`` bytes plus 1 MiB.
+    blosc2 reports failures as a bare ``RuntimeError`` (no errno), so "no space left" is also
+    recognised from the folder's free space: less than ``need`` bytes plus 1 MiB.
     """
     folder = target.parent
     free: int | None = None

@@ -67,10 +67,7 @@ class CorruptStoreError(CarrayStoreError):
 
 
 class EncodedImageError(CorruptStoreError):
-    """An image of an encoded store (FORMAT.md 10) does not decode, or is not what the store records.
-
-    The message names the store, the item and the chunk.
-    """
+    """An image of an encoded store (FORMAT.md 10) fails to decode or to match its record (message names the item)."""
 
 
 class ChecksumError(CorruptStoreError):
@@ -86,13 +83,11 @@ class MetadataTooLargeError(CorruptStoreError):
 
 
 class StoreChangedError(CarrayStoreError):
-    """The store changed (was appended to or replaced) after something was built on it, e.g. a
-    dask graph by ``to_dask``; nothing is damaged: build it again on the store as it is now."""
+    """The store was appended to or replaced after something (e.g. a ``to_dask`` graph) was built on it; build again."""
 
 
 class StaleJournalError(CorruptStoreError):
-    """A rollback journal beside a store was not made for the file now there (it was replaced
-    after the write died); it is never applied. Delete the journal if the file is the one wanted."""
+    """A rollback journal was not made for the file now beside it; never applied (delete it if the file is wanted)."""
 
 
 class StoreExistsError(CarrayStoreError, FileExistsError):
@@ -104,13 +99,11 @@ class InvalidInputError(CarrayStoreError, ValueError):
 
 
 class CodecRoundTripError(InvalidInputError):
-    """A custom codec's filter chain made a chunk that does not decompress to the data given
-    (blosc2 mis-decodes some chains); the writer stores nothing: choose another filter chain."""
+    """A custom filter chain made a chunk that does not round-trip (blosc2 mis-decodes some); nothing stored."""
 
 
 class CacheFolderError(InvalidInputError, OSError):
-    """A chunk-cache folder that is not this user's own: a symbolic link, not a folder, another
-    user's, or writable by others (something planted at its predictable name)."""
+    """A chunk-cache folder not this user's own: a link, not a folder, another user's, or writable by others."""
 
 
 class ImageDecodeError(CarrayStoreError):
@@ -159,11 +152,9 @@ class StoreLockedError(CarrayStoreError):
 
 
 class RemoteReadError(CarrayStoreError, OSError):
-    """Bytes of a remote store (object storage, HTTP) could not be read, after retries.
+    """Bytes of a remote store could not be read, after retries.
 
-    The message names the URL and the byte range (and the chunk where known); ``url``,
-    ``offset``, ``length`` and ``attempts`` say the same as attributes.
-    """
+    The message and the attributes ``url``, ``offset``, ``length``, ``attempts`` name what failed."""
 
     def __init__(
         self,

@@ -1,14 +1,8 @@
-"""Fork safety, in one place.
+"""Fork safety, in one place: a forked child must not inherit a chunk read, a decompression or a lock half-way.
 
-Keras's ``use_multiprocessing`` and multiprocessing pools fork the process. A child must
-not inherit a chunk read or a decompression half-way, nor the parent's threads' locks:
-
-- :data:`FORK_GATE` is held (shared) by every chunk read and decompression; ``fork()``
-  waits until none is in progress and none can start meanwhile.
-- :func:`in_forked_child` tells the decompressor to use one blosc2 thread: blosc2's own
-  threads hang in a child forked while the parent was decompressing.
-- :func:`at_fork_in_child` registers what a module must reset in a child (its locks, its
-  registry of the parent's live threads).
+- :data:`FORK_GATE` is held (shared) by every chunk read and decompression; ``fork()`` waits until none runs.
+- :func:`in_forked_child`: decompress with one blosc2 thread (its threads hang in such a child).
+- :func:`at_fork_in_child` registers what a module must reset in a child (locks, thread registries).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """One writer at a time: the writer lock of a store (layer 0).
 
-Every writer of a store (create, ingest, append, migrate) holds an OS file lock
-(``fcntl.flock``, exclusive) on ``.NAME.b2nd.lock`` beside the store for as long as it
-writes. The lock file holds who holds it (host, pid, command, since, what) so that a
-second writer's :class:`~carraystore.base.errors.StoreLockedError` can name the holder. The
-kernel drops the lock when the holder dies, however it dies, so a lock is never stale;
-the holder removes the file when it lets go. docs/appends.md says where flock works
-(local filesystems; NFSv4 and recent Linux NFS clients emulate it with byte-range locks;
-some network filesystems do not lock at all).
+Writers hold an exclusive ``fcntl.flock`` on ``.NAME.b2nd.lock`` while they write; the file
+names the holder (host, pid, command, since, what) for :class:`~carraystore.base.errors.StoreLockedError`.
+The kernel drops the lock when the holder dies, so it is never stale. docs/appends.md says on
+which filesystems flock works.
 """
 
 from __future__ import annotations
@@ -77,8 +73,8 @@ def _describe(info: dict[str, Any] | None) -> str:
 class WriterLock:
     """The exclusive writer lock of one store; a context manager.
 
-    ``timeout`` is how long to wait for another writer to finish: 0 (the default) fails at
-    once, None waits for ever. Raises :class:`StoreLockedError` naming the holder.
+    ``timeout``: seconds to wait for another writer (0, the default, fails at once; None waits
+    for ever). Raises :class:`StoreLockedError` naming the holder.
     """
 
     def __init__(self, path: str | os.PathLike[str], purpose: str = "a writer", timeout: float | None = 0.0) -> None:
@@ -130,8 +126,7 @@ class WriterLock:
                     ) from None
                 time.sleep(_POLL_S)
                 continue
-            # The previous holder may have removed the file between our open and our flock:
-            # the lock only counts on the file that is still at the lock path.
+            # the previous holder may have removed the file before our flock: it must still be at the lock path
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(lp))
             except OSError:

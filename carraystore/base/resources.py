@@ -1,9 +1,7 @@
-"""What this process may use: its cores and its memory, as the kernel limits them (layer 0).
+"""What this process may use: its cores and memory as the kernel limits them (layer 0).
 
-A container or a batch scheduler rarely gives a process the whole machine: the CPU
-affinity mask (``taskset``, Slurm, Kubernetes' static CPU manager) and the cgroup's CPU
-quota (``docker --cpus``) bound the cores, and the cgroup's memory limit bounds memory
-long before the machine's RAM does. The loader's defaults come from here.
+CPU affinity (``taskset``, Slurm, Kubernetes) and cgroup quotas (``docker --cpus``, memory
+limits) bound a process long before the machine does; the loader's defaults come from here.
 """
 
 from __future__ import annotations
@@ -97,8 +95,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_bytes(value: int | str, name: str = "size") -> int:
-    """Bytes from an int or a string such as ``"2GB"``, ``"512MiB"`` or ``"1.5G"`` (decimal
-    units for kB/MB/GB, binary for KiB/MiB/GiB)."""
+    """Bytes from an int or a string such as ``"2GB"`` or ``"512MiB"`` (kB/MB/GB decimal, KiB/MiB/GiB binary)."""
     if isinstance(value, bool):
         raise InvalidInputError(f"{name} must be bytes (an int) or a size such as '2GB', got {value!r}")
     if isinstance(value, int):
