@@ -1,16 +1,7 @@
-"""Migrations: turn other formats (legacy bcolz, npz caches, HDF5, older store versions) into stores.
+"""``carraystore.migrations``: other formats (bcolz, npz, HDF5, npy, older store versions) into stores.
 
-This package is ``carraystore.migrations`` (the ``carraystore.migrate`` of the facade).
-
-``migrate(src, out)`` detects the source, streams it into a store chunk by chunk, re-reads
-the store and compares it bit for bit with the source, and only then renames it into
-place. ``carraystore migrate SRC OUT.b2nd`` is the command line front end.
-
-* ``carraystore.migrations.bcolz``: a pure bcolz carray/ctable reader (bcolz itself is
-  never imported).
-* ``carraystore.migrations.blosc1``: Blosc1 chunk decoding (pre-1.11 split flag, snappy).
-* ``carraystore.migrations.npz`` / ``.hdf5``: ``.npz`` caches and HDF5 datasets.
-* ``carraystore.migrations.versions``: the registry of store format-version upgrades.
+``migrate(src, out)`` (CLI: ``carraystore migrate SRC OUT.b2nd``) streams the source into a
+store, verifies it bit for bit, then renames it into place (:mod:`.core`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""What every migration source is: a description plus a re-readable stream of row blocks.
-
-The source modules (bcolz, npz, HDF5, older store versions) build on this module only;
-:mod:`carraystore.migrations.core` runs the pipeline over them.
-"""
+"""What every migration source is: a description plus a re-readable stream of row blocks."""
 
 from __future__ import annotations
 
@@ -57,9 +53,8 @@ CLASS_NAME_DATASETS = ("class_names", "classes", "label_names", "labelnames", "t
 LABEL_NAMES = frozenset({"labels", "label", "y", "targets", "target", "class", "classes_idx"})
 
 
-#: A per-row array is kept as a field (a per-item column in the store's metadata) when one
-#: row takes at most this many bytes; larger ones (masks, second images) are named in a
-#: note: migrate them as a store of their own.
+#: A per-row array is kept as a field when one row takes at most this many bytes; larger
+#: ones (masks, second images) are named in a note (migrate them as a store of their own).
 FIELD_MAX_ROW_BYTES = 4096
 #: All fields of one store together take at most this many bytes per row (the metadata
 #: record allows METADATA_BYTES_PER_ITEM per item, keys and labels included).
@@ -79,8 +74,7 @@ class PickleNotAllowedError(MigrationError):
 
 
 def onehot_to_class(values: np.ndarray, where: str) -> np.ndarray:
-    """Class indices of one-hot rows ``(N, K)``; OneHotLabelsError naming the first row that has not
-    exactly one 1 (and 0 elsewhere)."""
+    """Class indices of one-hot rows ``(N, K)``; OneHotLabelsError naming the first row that is not one-hot."""
     a = np.asarray(values)
     if a.ndim != 2 or a.shape[1] < 2 or a.dtype.kind not in "biuf":
         raise OneHotLabelsError(
@@ -125,14 +119,11 @@ def plan_arrays(
     where: str,
     notes: list[str],
 ) -> ArrayPlan:
-    """Decide the labels and fields among the arrays ``heads`` (name -> (shape, dtype; None:
-    a type no store holds)) beside ``images`` (``nrows`` rows); ``exclude`` are already used.
+    """Decide the labels and fields among ``heads`` (name -> (shape, dtype or None)) beside ``images``.
 
-    Labels: the ones given; else the one integer array with one value per row (``infer_labels``);
-    else, with ``onehot``, the one-hot array (the one named like labels when several). Every
-    other array with one row per item becomes a field; the rest are listed in ``skipped`` with
-    the reason. Non-integer label candidates (one-hot rows, float targets) become fields with a
-    note saying so.
+    Labels: those given; else the one integer array with a value per row; else, with
+    ``onehot``, the one-hot array. Other per-row arrays become fields (non-integer label
+    candidates with a note); the rest go to ``skipped`` with the reason. ``exclude``: already used.
     """
     others = [n for n in heads if n != images and n not in exclude]
     skipped: dict[str, str] = {}
@@ -231,8 +222,9 @@ def _field_refusal(shape: tuple[int, ...], dt: np.dtype | None) -> str | None:
 
 
 def infer_labels(fits: Sequence[str], images: str, where: str, notes: list[str]) -> str | None:
-    """The labels among ``fits`` (integer arrays, one value per row of ``images``): the only one,
-    or the only one with a label name; none fitting gives None; else MigrationError listing them."""
+    """The only one of ``fits`` (integer arrays, one value per row), or the only one with a label name.
+
+    None when none fits; MigrationError listing them when ambiguous."""
     if not fits:
         return None
     if len(fits) > 1:
@@ -328,9 +320,8 @@ def store_layout(item_shape: Sequence[int], dtype: np.dtype) -> str:
 def labels_from_array(values: np.ndarray, where: str) -> tuple[np.ndarray, tuple[str, ...] | None, str]:
     """Integer class labels from a labels array: (labels, class_names or None, what was done).
 
-    Accepts non-negative integers (any integer dtype, bool, or integral floats), strings
-    (class names: sorted, labels index them) and one-hot rows (N, K). Anything else is a
-    MigrationError that says how to keep the array instead.
+    Accepts non-negative integers (integer, bool or integral float dtype), strings (class names,
+    sorted) and one-hot rows (N, K); else a MigrationError saying how to keep the array instead.
     """
     a = np.asarray(values)
     n = len(a)
@@ -376,8 +367,7 @@ def labels_from_array(values: np.ndarray, where: str) -> tuple[np.ndarray, tuple
 
 
 def class_labels(values: np.ndarray, where: str, onehot: bool) -> tuple[np.ndarray, tuple[str, ...] | None, str]:
-    """(labels, class_names or None, what was done) of a labels array: strict one-hot rows with
-    ``onehot`` (``--onehot-to-class``), else :func:`labels_from_array`."""
+    """:func:`labels_from_array`, or strict one-hot rows with ``onehot`` (``--onehot-to-class``)."""
     if onehot:
         a = onehot_to_class(values, where)
         return a, None, f"one-hot rows ({np.shape(values)[1]} classes) turned into class indices"
@@ -389,9 +379,8 @@ def object_conversion_of(
 ) -> tuple[np.dtype, tuple[int, ...], Callable[[np.ndarray], np.ndarray], str]:
     """Scan an object array (its ``chunks()``) and pick a fixed-size dtype that holds every element exactly.
 
-    All str -> unicode 'U<n>'; all bytes -> 'S<n>'; all bool -> bool; all int -> int64;
-    ints and floats -> float64 (when every int is exact as a float); arrays of one shape and
-    dtype -> stacked. Anything else is a MigrationError listing the element types.
+    str -> 'U<n>'; bytes -> 'S<n>'; bool; int -> int64; ints and floats -> float64 (if exact);
+    arrays of one shape and dtype -> stacked; else a MigrationError listing the element types.
     Returns (dtype, item_shape, convert(block) -> array, description).
     """
     types: Counter[str] = Counter()
@@ -471,8 +460,7 @@ def object_conversion_of(
 
 
 def fixed_from_objects(a: np.ndarray, where: str, notes: list[str]) -> np.ndarray:
-    """An unpickled array (``--allow-pickle`` given) as a fixed-size one: a 1-d object array
-    converted by :func:`object_conversion_of` (a note says how), any other array as it is."""
+    """An unpickled array as a fixed-size one: 1-d object arrays via :func:`object_conversion_of`."""
     if not a.dtype.hasobject:
         return a
     if a.ndim != 1 or a.dtype.fields is not None:

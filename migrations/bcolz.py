@@ -1,19 +1,14 @@
-"""A pure reader for bcolz carray and ctable directories.
+"""A pure reader for bcolz carray and ctable directories (bcolz is never imported).
 
-bcolz is never imported: the format is simple enough to read directly.
-
-* ``meta/storage`` (JSON): ``dtype`` (base dtype as text; structured and sub-array dtypes
-  are Python literals, parsed with ``ast.literal_eval``, never ``eval``), ``chunklen``
-  (rows per chunk), ``cparams``, ``dflt``, ``expectedlen``.
-* ``meta/sizes`` (JSON, written by ``flush()``): ``shape`` (the full shape), ``nbytes``,
-  ``cbytes``. The flushed length is authoritative; anything beyond it on disk is either
-  stale (left by ``trim()``) or rows appended without ``flush()``.
+* ``meta/storage`` (JSON): ``dtype`` (text; structured dtypes are literals parsed with
+  ``ast.literal_eval``, never ``eval``), ``chunklen`` (rows per chunk), ``cparams``, ``dflt``.
+* ``meta/sizes`` (JSON, written by ``flush()``): ``shape``, ``nbytes``, ``cbytes``. The
+  flushed length is authoritative; rows beyond it are stale (``trim()``) or unflushed.
 * ``data/__N.blp``: ``b"blpk"`` + 12 header bytes, then one Blosc1 chunk with rows
   ``[N * chunklen, (N + 1) * chunklen)``; the last partial chunk is stored smaller.
 * ``__attrs__``: JSON user attributes (may be missing, empty or a lone newline).
 * Object-dtype carrays store one pickled element per ``.blp`` file.
-* A ctable is ``__rootdirs__`` (``{"names": [...]}``, the column order) plus one carray
-  rootdir per column.
+* A ctable: ``__rootdirs__`` (``{"names": [...]}``) plus one carray rootdir per column.
 """
 
 from __future__ import annotations
@@ -110,9 +105,9 @@ def describe_cparams(cparams: dict[str, Any]) -> str:
 
 
 def refuse_links_inside(root: Path) -> None:
-    """Refuse a bcolz folder holding a symbolic link (or anything but files and folders): a
-    migration reads only inside the folder named on the command line, and a link planted
-    there (``data/__0.blp -> /etc/passwd``) would make it read, and store, another file."""
+    """Refuse a bcolz folder holding a symlink (or anything but files and folders).
+
+    A planted link (``data/__0.blp -> /etc/passwd``) would make a migration read and store another file."""
     for folder, dirs, files in os.walk(root, followlinks=False):
         for name in [*dirs, *files]:
             p = Path(folder, name)
@@ -129,8 +124,7 @@ def refuse_links_inside(root: Path) -> None:
 class CarrayReader:
     """A bcolz carray on disk, read chunk by chunk. Open with ``CarrayReader.open(rootdir)``.
 
-    ``nrows`` is the flushed length (``meta/sizes``); ``warnings`` lists what was found
-    beyond it. Chunks are decoded one at a time, so memory stays at one chunk.
+    ``nrows`` is the flushed length; ``warnings`` lists what lies beyond it. Memory: one chunk.
     """
 
     rootdir: Path
@@ -229,8 +223,7 @@ class CarrayReader:
 
     @property
     def codec(self) -> str:
-        """The compression as text, e.g. ``lz4-5 shuffle``: the codec and shuffle from the first
-        compressed chunk header (headers are the truth; old bcolz had no ``cname``)."""
+        """The compression as text, e.g. ``lz4-5 shuffle``, from the first chunk header (the truth)."""
         cp = self.cparams
         level = cp.get("clevel", 5)
         first = None
@@ -284,9 +277,8 @@ class CarrayReader:
                 "or never flushed, so which rows are complete is unknown. Refusing to produce a silently empty store"
             )
         self.extra_files = [f"__{i}.blp" for i in extra]
-        # rows beyond the flushed length: full chunk files (or extra rows inside the last
-        # chunk) come from appends that were never flushed; a partial chunk file beyond
-        # the end is the stale leftover that trim() leaves behind.
+        # beyond the flushed length: full chunks (or extra rows in the last) are unflushed
+        # appends; a partial chunk file is trim()'s stale leftover
         unflushed = 0
         stale = []
         if self.nrows % self.rows_per_file and need:

@@ -42,8 +42,7 @@ def _bcolz_provenance(r: CarrayReader) -> dict[str, Any]:
 def object_conversion(
     reader: CarrayReader,
 ) -> tuple[np.dtype, tuple[int, ...], Callable[[np.ndarray], np.ndarray], str]:
-    """Scan an object carray and pick a fixed-size dtype that holds every element exactly
-    (:func:`carraystore.migrations.base.object_conversion_of`)."""
+    """:func:`carraystore.migrations.base.object_conversion_of` of an object carray."""
     return object_conversion_of(
         reader.iter_chunks,
         str(reader.rootdir),
@@ -135,11 +134,8 @@ class TwoArraySource(Source):
 
 
 class CtableSource(Source):
-    """A bcolz ctable. With an images column (given or inferred: the one column whose rows
-    have 2+ dimensions) the store holds that column, labels come from the labels column
-    (given or inferred by name), and every other column is kept as a metadata column.
-    Without one, the store holds the whole table as one structured array, fields in
-    column order (minus the labels column if one was given)."""
+    """A bcolz ctable: the images column (given, or the one with 2+-D rows), labels and other
+    columns as fields; without one, the whole table as a structured array (less the labels)."""
 
     kind = "bcolz ctable"
 

@@ -1,17 +1,12 @@
 """Decode Blosc1 chunks (as written by c-blosc 1.x, e.g. inside bcolz) with blosc2 or cramjam.
 
-c-blosc2 reads Blosc1 chunks, with two exceptions that this module handles:
+c-blosc2 reads Blosc1 chunks except:
 
-* Chunks written by c-blosc older than 1.11 (bcolz <= 1.1.0) have no "don't split" flag
-  (0x10 in the flags byte). Those versions split a block into ``typesize`` streams only
-  when ``typesize <= 16`` and ``blocksize // typesize >= 128``; c-blosc2 guesses otherwise
-  and decodes wrongly or fails. Setting the flag where the old rule says "not split"
-  (which no c-blosc version ever split) makes them decode exactly.
-* Snappy (codec format 2) was dropped from c-blosc2 and from every pip build of blosc.
-  The streams inside a snappy chunk are raw snappy blocks: this module decodes them with
-  ``cramjam.snappy.decompress_raw`` and undoes the shuffle / bitshuffle itself.
-
-Nothing here imports bcolz.
+* c-blosc < 1.11 (bcolz <= 1.1.0) wrote no "don't split" flag (0x10) and split a block into
+  ``typesize`` streams only when ``typesize <= 16`` and ``blocksize // typesize >= 128``;
+  setting the flag where that rule says "not split" makes c-blosc2 decode them exactly.
+* Snappy (codec format 2) is in no c-blosc2 or pip blosc build: its streams are raw snappy
+  blocks, decoded with ``cramjam.snappy.decompress_raw``, the shuffle undone here.
 """
 
 from __future__ import annotations
@@ -71,10 +66,7 @@ class Blosc1Header:
 
 
 def parse_header(chunk: bytes | memoryview, where: str = "chunk", complete: bool = True) -> Blosc1Header:
-    """Parse and sanity-check a Blosc1 chunk header; MigrationError naming ``where`` if bad.
-
-    With ``complete`` (the default) the chunk must hold all the ``cbytes`` its header announces.
-    """
+    """Parse and check a Blosc1 chunk header (``complete``: all its ``cbytes`` present); MigrationError if bad."""
     if len(chunk) < HEADER_SIZE:
         raise MigrationError(
             f"{where}: {len(chunk)} bytes, too short for a Blosc chunk header (16 bytes); the file is truncated or empty"
@@ -112,10 +104,7 @@ def _old_rule_splits(h: Blosc1Header) -> bool:
 
 
 def fix_split_flag(chunk: bytes | memoryview) -> bytes:
-    """Return the chunk with the "don't split" flag set where the pre-1.11 rule says not split.
-
-    Safe for every c-blosc 1.x version: no version split a block that this rule excludes.
-    """
+    """The chunk with the "don't split" flag set where the pre-1.11 rule says not split (safe for every 1.x)."""
     h = parse_header(chunk)
     data = bytes(chunk[: h.cbytes])
     if h.memcpyed or h.flags & _DONT_SPLIT or _old_rule_splits(h):
@@ -134,10 +123,7 @@ def decompress(chunk: bytes | memoryview, where: str = "chunk") -> bytes:
 def decompress_into(
     chunk: bytes | memoryview, out: np.ndarray, where: str = "chunk", header: Blosc1Header | None = None
 ) -> int:
-    """Decompress a Blosc1 chunk into ``out`` (a C-contiguous array of at least ``nbytes`` bytes).
-
-    Returns the number of bytes written. Raises MigrationError naming ``where`` on damage.
-    """
+    """Decompress a Blosc1 chunk into C-contiguous ``out``; the bytes written. MigrationError on damage."""
     h = header or parse_header(chunk, where)
     dst = out.reshape(-1).view(np.uint8) if out.dtype != np.uint8 or out.ndim != 1 else out
     if dst.nbytes < h.nbytes:

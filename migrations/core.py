@@ -1,14 +1,10 @@
 """The migration pipeline: detect the source, stream it into a store, verify, rename into place.
 
-Every source (bcolz carray / ctable / two carrays, ``.npz`` cache, HDF5 dataset, store of an
-older format version) is a :class:`Source`: a description (item shape, dtype, rows, attrs)
-plus ``blocks()``, a generator of row blocks read from disk a few chunks at a time. The
-pipeline writes the blocks into a hidden temporary store beside the output, then reads
-the store back chunk by chunk and compares it with a second pass over the source, bit for
-bit, and only then renames the store into place. On any failure nothing is left at the
-output path, and the source is only ever opened for reading. An output URL
-(``s3://bucket/x.b2nd``) is staged the same way in a local folder and uploaded at the end
-(:mod:`carraystore.sources.upload`): the object appears only when complete and verified.
+Every source is a :class:`Source`: a description (item shape, dtype, rows, attrs) plus
+``blocks()``, row blocks read a few chunks at a time. The blocks go into a hidden temporary
+store beside the output, which is compared bit for bit with a second pass over the source
+before the rename. On failure nothing is left at the output; the source is only read. An
+output URL is staged locally and uploaded only when complete and verified.
 """
 
 from __future__ import annotations
@@ -56,9 +52,7 @@ class MigrationVerifyError(MigrationError):
     """The written store does not read back equal to the source (nothing was kept)."""
 
 
-# ---------------------------------------------------------------------------------------
-# the report
-# ---------------------------------------------------------------------------------------
+# -- the report ----------------------------------------------------------------------
 
 
 @dataclass
@@ -118,9 +112,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-# ---------------------------------------------------------------------------------------
-# detection
-# ---------------------------------------------------------------------------------------
+# -- detection -----------------------------------------------------------------------
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -141,10 +133,7 @@ def open_migration_source(
     group: str | None = None,
     onehot_to_class: bool = False,
 ) -> Source:
-    """Detect what ``src`` is and open it as a migration Source (see ``migrate`` for the arguments).
-
-    Named apart from :func:`carraystore.store.reader.open_source` (a store's bytes).
-    """
+    """Detect what ``src`` is and open it as a migration Source (arguments: ``migrate``'s)."""
     from carraystore.migrations import bcolz as bz
 
     if src is None:
@@ -242,9 +231,7 @@ def _name(value: str | os.PathLike[str] | None) -> str | None:
     return None if value is None else str(value)
 
 
-# ---------------------------------------------------------------------------------------
-# the pipeline
-# ---------------------------------------------------------------------------------------
+# -- the pipeline --------------------------------------------------------------------
 
 
 def migrate(
@@ -265,22 +252,19 @@ def migrate(
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path or URL); returns a MigrationReport.
 
     ``src``: a bcolz carray or ctable rootdir, an ``.npz``, an HDF5 file, a ``.npy`` (``labels``:
-    a second ``.npy``) or a store of an older format version; or None with ``images`` (and
-    ``labels``) naming two bcolz carrays. ``images`` / ``labels`` name ctable columns or npz
-    members, ``dataset`` (and ``labels``) HDF5 datasets; labels are inferred when exactly one
-    array fits (integers, one per row), ``no_labels=True`` leaves them out, and
-    ``onehot_to_class=True`` takes one-hot rows as class labels (else OneHotLabelsError).
-    Every other array with one row per item comes along as a field (``store.columns``); what
-    cannot is named in ``report.notes``. ``group`` migrates one split of an HDF5 file
-    (:func:`migrate_splits`: all of them). Pickled data needs ``allow_pickle=True`` (else
+    a second ``.npy``) or an older store; or None with ``images`` and ``labels`` naming two
+    bcolz carrays. ``images``/``labels`` name ctable columns or npz members, ``dataset`` (and
+    ``labels``) HDF5 datasets. Labels are inferred when exactly one integer array fits;
+    ``no_labels=True`` leaves them out; ``onehot_to_class=True`` takes one-hot rows as class
+    labels (else OneHotLabelsError). Other arrays with one row per item become fields; what
+    cannot is named in ``report.notes``. ``group``: one split of an HDF5 file (all:
+    :func:`migrate_splits`). Pickled data needs ``allow_pickle=True`` (else
     PickleNotAllowedError): unpickling runs code from the file, so only for files you trust.
 
-    ``verify`` re-reads the store and compares it bit for bit with the source before it is
-    renamed into place (a URL: built and verified in a staging folder, then uploaded). The
-    write options (``codec``, default ``balanced``; ``chunk_images``; ``class_names``, else
-    the source's ``class_names``/``classes``/``label_names``; ``overwrite``, ``progress``,
-    ``lock_timeout``, ``storage_options``, ``tmp_dir``) come as keywords or in ``options``;
-    ``attrs`` are refused: a migration keeps the source's.
+    ``verify``: compare the store bit for bit with the source before the rename. Write options
+    (``codec`` default ``balanced``; ``class_names`` default the source's
+    ``class_names``/``classes``/``label_names``) as keywords or ``options``; ``attrs`` are
+    refused: a migration keeps the source's.
     """
     t0 = time.perf_counter()
     what: dict[str, Any] = dict(  # what to read from src, as open_migration_source takes it
@@ -329,9 +313,8 @@ def migrate(
 
 
 def split_outputs(out: str | os.PathLike[str], groups: Sequence[str]) -> dict[str, str]:
-    """Where each group's store goes: ``out`` with ``{group}`` in it is a name pattern
-    (``data_{group}.b2nd``); else ``out`` is a folder (a local path not ending in ``.b2nd``,
-    or a URL ending in ``/``) that gets ``GROUP.b2nd`` (a nested group's ``/`` becomes ``_``)."""
+    """Where each group's store goes: ``out`` with ``{group}`` is a name pattern, else a folder
+    (not ending in ``.b2nd``; a URL ending in ``/``) that gets ``GROUP.b2nd`` (``/`` -> ``_``)."""
     text = str(out)
     names = {g: g.strip("/").replace("/", "_") for g in groups}
     if "{group}" in text:
@@ -358,13 +341,11 @@ def migrate_splits(
     groups: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> dict[str, MigrationReport]:
-    """Migrate every split of an HDF5 file (groups ``train/``, ``val/``, ... that each hold
-    their images, labels and fields) into one store per group; return each group's report.
+    """Migrate every split group (``train/``, ``val/``, ...) of an HDF5 file into one store each; return the reports.
 
-    ``out`` is a folder (created when missing; ``OUT/train.b2nd``, ...) or a name pattern with
-    ``{group}`` (see :func:`split_outputs`); ``groups`` picks some (default: all found). The other
-    keywords are :func:`migrate`'s; the stores are written one after the other, each atomic,
-    and none is started while any output exists (unless ``overwrite``).
+    ``out``: a folder or a ``{group}`` pattern (:func:`split_outputs`); ``groups``: some
+    (default all). Other keywords are :func:`migrate`'s. Each store is atomic; none starts
+    while any output exists (unless ``overwrite``).
     """
     from carraystore.migrations.hdf5 import hdf5_split_groups
 
@@ -410,7 +391,7 @@ def _migrate_locked(
     source = open_migration_source(src, **what)
     if opts.class_names is not None:
         _set_class_names(source, opts.class_names)
-    rollback(Path(os.path.realpath(out_p)))  # an append to out_p that died half-way is undone before anything else
+    rollback(Path(os.path.realpath(out_p)))  # undo a half-done append to out_p first
     remove_stale_temps(out_p)  # dead: we hold the lock every writer of out_p holds
     tmp = temp_path(out_p, "migrating")
     try:

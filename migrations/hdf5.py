@@ -1,8 +1,4 @@
-"""HDF5 sources (h5py, an optional extra): one dataset of rows, optionally a labels dataset.
-
-The dataset is read a block of rows at a time, blocks aligned to the dataset's own HDF5
-chunking when it has one, so memory stays at a few chunks whatever the file size.
-"""
+"""HDF5 sources (h5py, an optional extra): one dataset of rows, read in blocks aligned to its HDF5 chunks."""
 
 from __future__ import annotations
 
@@ -95,9 +91,7 @@ def _is_text(h5py: Any, d: Any) -> bool:
 
 
 def _check_inside(path: Path, name: str, d: Any) -> None:
-    """Refuse a dataset whose bytes live outside the file: external storage (raw bytes of any
-    file the user can read) or a virtual dataset (mapped from other files). A migration reads
-    only the file named on the command line."""
+    """Refuse a dataset whose bytes live outside the file (external storage, virtual datasets)."""
     if d.external:
         files = sorted({str(e[0]) for e in d.external})
         raise MigrationError(
@@ -113,9 +107,9 @@ def _check_inside(path: Path, name: str, d: Any) -> None:
 
 
 def split_groups(h5py: Any, f: Any) -> list[str]:
-    """The groups of an open HDF5 file that each hold their own images (``train/images``,
-    ``val/images``, ...): the parents of its 3+-dimensional datasets (else of its 2-D ones)
-    when there are two or more and no two share a parent; else []."""
+    """The split groups of an open HDF5 file (``train/images``, ``val/images``, ...), else [].
+
+    The parents of its 3+-D datasets (else 2-D), when two or more and no two share a parent."""
     found: list[tuple[str, int]] = []
     f.visititems(
         lambda name, obj: (
@@ -145,11 +139,9 @@ def hdf5_split_groups(path: str | os.PathLike[str]) -> list[str]:
 
 
 class Hdf5Source(Source):
-    """One HDF5 dataset (rows along the first axis), optional labels from another dataset, and
-    every other dataset with one row per item as a field (the rest named in a note).
+    """One HDF5 dataset of rows, optional labels, and every other per-row dataset as a field.
 
-    ``group`` limits it to one group of the file (a split such as ``train``): names are looked
-    up in it first, and fields are named relative to it.
+    ``group`` (a split such as ``train``): names are looked up there first, fields named relative to it.
     """
 
     kind = "HDF5 dataset"
@@ -350,8 +342,7 @@ class Hdf5Source(Source):
         return self._cbytes
 
     def _class_names_dataset(self, candidates: list[str], labels: str) -> tuple[str, ...] | None:
-        """Class names from a dataset named class_names / classes / label_names (beside the labels first;
-        in a split group, only one of the group or of a group above it)."""
+        """Class names from a dataset named class_names / classes / label_names (beside the labels first)."""
         f = self._file
         group = _parent(labels)
         names = _near(candidates, self.group)

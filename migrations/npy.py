@@ -1,9 +1,6 @@
-"""``.npy`` sources (``np.save``): one array of rows, streamed from the file; and pickled
-numpy arrays (``.npy`` of Python objects, ``pickle.dump(array)``), only with ``allow_pickle``
-because unpickling runs code from the file.
+"""``.npy`` sources, streamed; pickled numpy arrays only with ``allow_pickle`` (unpickling runs code).
 
-Labels may come from a second ``.npy`` (``labels=path``): integers, strings, one-hot rows
-(with ``onehot``), one per row.
+Labels may come from a second ``.npy`` (``labels=path``), one per row.
 """
 
 from __future__ import annotations
@@ -78,8 +75,7 @@ def _load_npy(path: Path, allow_pickle: bool, notes: list[str]) -> np.ndarray:
 
 
 class NpySource(_ArraySource):
-    """A ``.npy`` file: the rows of its array, read a block at a time (a Fortran-order or
-    object array: in one piece)."""
+    """A ``.npy`` file's rows, a block at a time (Fortran-order or object arrays in one piece)."""
 
     kind = ".npy array"
 

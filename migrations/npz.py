@@ -1,10 +1,7 @@
-"""``.npz`` sources: caches of ``{path: image}`` (``np.savez`` / ``np.savez_compressed``) and
-archives of whole arrays (``np.savez(f, x=images, y=labels)``).
+"""``.npz`` sources: caches of ``{path: image}`` and archives of whole arrays (``x=images, y=labels``).
 
-Members are read straight from the zip, one image (or a few rows of one array) at a time;
-nothing is unpickled (object arrays are refused). In a path cache the keys become relative
-to their common root, so no absolute path enters the store; when the paths look like
-class folders (``.../<class>/<file>``) the parent folder names become the labels.
+Members are streamed from the zip; nothing is unpickled. Cache keys become relative to their
+common root; paths like ``.../<class>/<file>`` give the labels.
 """
 
 from __future__ import annotations
@@ -37,9 +34,9 @@ _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
 def read_npy_header(f: IO[bytes], where: str, *, allow_objects: bool = False) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """(shape, fortran_order, dtype) of an ``.npy`` stream positioned at its start; the stream
-    is left at the first data byte. Object dtypes (pickled data) are a PickleNotAllowedError
-    unless ``allow_objects``."""
+    """(shape, fortran_order, dtype) of an ``.npy`` stream, left at its first data byte.
+
+    Object dtypes are a PickleNotAllowedError unless ``allow_objects``."""
     fmt = np.lib.format
     try:
         version = fmt.read_magic(f)
@@ -76,8 +73,7 @@ def _read_exact(f: IO[bytes], n: int, where: str) -> bytes:
 def relative_keys(names: list[str]) -> tuple[list[str], str]:
     """Keys relative to their common root folder (and the root, for the report).
 
-    Backslashes become ``/`` and Windows drive letters are dropped before comparing, so
-    ``C:\\data\\cats\\1.jpg`` and ``/home/me/data/cats/1.jpg`` both become ``cats/1.jpg``.
+    Backslashes become ``/`` and drive letters go: ``C:\\data\\cats\\1.jpg`` -> ``cats/1.jpg``.
     """
     norm = []
     for n in names:
@@ -183,8 +179,7 @@ class NpzSource(Source):
 
     # -- named arrays ------------------------------------------------------------------------
     def _init_arrays(self, images: str | None, labels: str | None, no_labels: bool = False) -> None:
-        """Named arrays: the images given or inferred (the only array, or the only one with 3+
-        dimensions), the labels given or inferred as in HDF5 files (``base.infer_labels``)."""
+        """Named arrays: images given or inferred (the only one, or the only 3+-D one), labels as in HDF5."""
         self.kind = ".npz arrays"
         self.mode = "arrays"
         names = list(self._members)

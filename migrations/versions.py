@@ -1,15 +1,12 @@
 """Upgrading stores written in an older carraystore format version.
 
-A registry maps each old version ``v`` to a :class:`FormatMigration` that turns version
-``v``'s metadata record into version ``v + 1``'s *logical* description of the store (item
-shape, dtype, layout, codec, labels, keys, class names, attrs, columns). Upgrades are
-applied in order up to ``FORMAT_VERSION``; the pixels are then streamed, chunk by chunk,
-into a new store written by the current writer (which computes the checksums and pins the
-codec), and verified like any other migration.
+A registry maps each old version ``v`` to a :class:`FormatMigration` turning its metadata
+record into version ``v + 1``'s logical description (shape, dtype, layout, codec, labels,
+keys, class names, attrs, columns). Upgrades run up to ``FORMAT_VERSION``; the pixels are
+then streamed into a store by the current writer and verified like any migration.
 
-Version 1 is the first released format, so the only registered step upgrades the
-*synthetic* version 0 described below. It exists so that the mechanism is exercised by
-the tests (``tests/data/migrate/store_v0.b2nd``); no real store was ever written in it.
+The only step upgrades the synthetic version 0 below, which exercises the mechanism; no
+real store was written in it (version 1 is the first released format).
 
 Synthetic format version 0: a blosc2 NDArray ``.b2nd`` of shape (N, H, W, C), with the
 fixed meta layer ``carraystore = {"format": "carraystore", "format_version": 0}`` and the
@@ -79,10 +76,7 @@ def register_format_migration(
 def upgrade_record(
     rec: dict[str, Any], registry: dict[int, FormatMigration] | None = None, target: int = FORMAT_VERSION
 ) -> tuple[dict[str, Any], list[str]]:
-    """Apply the registered upgrades in order until ``rec`` is at ``target``.
-
-    Returns (record, descriptions of the steps applied). A missing step is a MigrationError.
-    """
+    """Upgrade ``rec`` to ``target``: (record, the steps applied); a missing step is a MigrationError."""
     registry = FORMAT_MIGRATIONS if registry is None else registry
     version = rec.get("format_version")
     if not isinstance(version, int):
