@@ -1,20 +1,16 @@
 """Streaming (x, y) batches out of a store: ``batches(store, batch_size, ...)`` (also ``Store.batches``).
 
-A thin adapter over the decoding engine (:mod:`carraystore.engine.decoder`): assembler threads
-(:class:`carraystore.engine.pipeline.OrderedBatches`) ask the engine for the next batches,
-several at once, each written into a reused buffer; the consumer takes them in order.
-The arguments are :class:`carraystore.engine.decoder.LoaderOptions`.
+A thin adapter over :mod:`carraystore.engine.decoder` and
+:class:`carraystore.engine.pipeline.OrderedBatches`; arguments:
+:class:`carraystore.engine.options.LoaderOptions`.
 
-Memory: the slot pool holds ``max chunks of a window + prefetch`` decoded chunks (by
-default ``2 * window``), plus ``queue_size + assemblers + 2`` batches, all within
-``memory_budget`` (docs/loading.md; ``BatchIterator.memory`` says what). Nothing is
-reallocated per chunk. ``shuffle="global"`` needs the whole shard decoded at once (one
-window). When an epoch ends its pool is kept for the next epoch on the same Store object;
+Memory: ``window chunks + prefetch`` decoded chunks (default ``2 * window``) plus
+``queue_size + assemblers + 2`` batches, within ``memory_budget`` (docs/loading.md;
+``BatchIterator.memory``). The pool is kept for the Store's next epoch;
 ``release_buffers()`` or dropping the Store frees it.
 
-Stopping: ``close()``, leaving a ``with`` block, breaking out of a ``for`` loop (the
-iterator is then garbage-collected), an error in a thread, and interpreter exit all stop
-the threads and join them.
+``close()``, leaving ``with``, dropping the iterator, a thread's error or interpreter exit
+stop and join the threads.
 """
 
 from __future__ import annotations
@@ -59,8 +55,8 @@ THREAD_NAME_PREFIX = "carraystore-loader"
 
 
 class _Stream:
-    """The assembler threads and the decoder. It never references the BatchIterator, so the
-    consumer dropping the iterator garbage-collects it and stops the threads."""
+    """The assembler threads and the decoder; never references the BatchIterator, so dropping
+    that stops the threads."""
 
     def __init__(self, spec: LoaderSpec, epoch: int, start_batch: int) -> None:
         opts = spec.options
@@ -106,9 +102,7 @@ atexit.register(stop_all)
 class BatchIterator:
     """Iterator of (x, y) numpy batches; returned by :func:`batches`.
 
-    ``len()`` is the number of batches still to come; ``position`` is (epoch, next batch),
-    which ``batches(..., epoch=, start_batch=)`` resumes from. Use ``close()`` or a ``with``
-    block to stop the threads early (dropping the iterator does it too).
+    ``len()``: batches still to come. Stop early with ``close()`` or ``with`` (or by dropping it).
     """
 
     def __init__(self, stream: _Stream) -> None:
@@ -134,9 +128,8 @@ class BatchIterator:
 
     @property
     def position(self) -> tuple[int, int]:
-        """(epoch, index of the next batch): pass them as ``epoch=``, ``start_batch=`` to resume
-        at the same world size (in an epoch started with ``resume=``, batches count from the
-        resumed point: use :meth:`state_dict` there)."""
+        """(epoch, next batch) for ``epoch=``, ``start_batch=`` at the same world size (after
+        ``resume=``, batches count from the resumed point: use :meth:`state_dict`)."""
         return self._s.epoch, self._next
 
     def state_dict(self) -> dict[str, Any]:
@@ -218,8 +211,7 @@ def batches(
 ) -> BatchIterator:
     """Iterate one epoch of (x, y) numpy batches from ``store`` (a Store, a path or a URL).
 
-    The arguments are the fields of :class:`carraystore.engine.decoder.LoaderOptions`, documented
-    there once, as keywords or as one ``options`` value.
+    Arguments: :class:`carraystore.engine.options.LoaderOptions`, as keywords or ``options``.
     """
     return iterate(make_spec(store, batch_size, options, **kwargs))
 

@@ -1,16 +1,12 @@
 """Several batches in flight, handed out in order, inside a memory budget (layer 6, beside the engine).
 
-:class:`OrderedBatches` runs ``assemblers`` threads that each take the next batch index,
-ask the :class:`~carraystore.engine.decoder.EpochDecoder` for that batch (waiting for its
-windows, gathering or decompressing it straight into its buffer) and leave it for the
-consumer, who takes batches strictly in index order. No thread sits on the path of every
-batch: with one assembler a batch's copy (a few GB/s on one core) capped the loader;
-with several the copies of consecutive batches run side by side. At most
-``depth + assemblers`` batches are finished or under way ahead of the consumer.
+:class:`OrderedBatches` runs ``assemblers`` threads, each asking the
+:class:`~carraystore.engine.decoder.EpochDecoder` for the next batch straight into its buffer,
+so no single thread copies every batch; the consumer takes batches strictly in index order,
+with at most ``depth + assemblers`` finished or under way ahead of it.
 
-:func:`plan_memory` turns ``LoaderOptions.memory_budget`` into slot and buffer counts:
-what the loader holds is computed from them before anything is allocated, so the budget
-is kept by construction; when even one window cannot fit, the loader refuses to start
+:func:`plan_memory` turns ``LoaderOptions.memory_budget`` into slot and buffer counts before
+anything is allocated; if one window cannot fit, the loader refuses to start
 (:class:`~carraystore.base.errors.InvalidInputError` naming what to lower).
 """
 
@@ -38,8 +34,7 @@ MAX_ASSEMBLERS = 4
 
 
 def assemblers_for(spec: LoaderSpec) -> int:
-    """Threads assembling batches at once: one per four decoder threads (at most
-    :data:`MAX_ASSEMBLERS`); one with a ``transform``, which then sees batches in order."""
+    """One assembler per four decoder threads (at most :data:`MAX_ASSEMBLERS`); one with a ``transform``."""
     opts = spec.options
     if opts.transform is not None:
         return 1
@@ -54,8 +49,7 @@ class MemoryPlan:
     budget: int
     #: chunk slots (the current window, the next windows decoded ahead)
     slots: int
-    #: bytes of one slot (a decoded chunk, full size also with ``image_size``; a compressed one,
-    #: never larger, in direct mode)
+    #: bytes of one slot (a full-size decoded chunk, also with ``image_size``)
     slot_bytes: int
     #: batch buffers the loader keeps (finished, under way, reused)
     batch_buffers: int
@@ -91,8 +85,7 @@ def _source_bytes(spec: LoaderSpec) -> int:
 
 
 def chunks_in_flight(plan: EpochPlan, batch_size: int, batches: int) -> int:
-    """The most chunks the windows of ``batches`` consecutive batches of ``plan`` hold: what
-    that many batches assembled at once may pin together."""
+    """The most chunks ``batches`` consecutive batches of ``plan`` may pin together."""
     n = len(plan.items)
     if n == 0 or plan.nwindows == 0:
         return 1
@@ -114,10 +107,9 @@ def plan_memory(
     assemblers: int = 1,
     what: str = "the loader",
 ) -> MemoryPlan:
-    """Slots and buffers for a decoder of ``want_slots`` slots (at least one window) and
-    ``queue_size + assemblers + spare_buffers`` batch buffers, shrunk to fit
-    ``memory_budget``: first the slots beyond what the batches under way need (prefetch,
-    cached windows), then the assemblers. Refuses when one window and the queue cannot fit."""
+    """Slots (``want_slots``, at least one window) and ``queue_size + assemblers + spare_buffers``
+    batch buffers, shrunk to fit ``memory_budget`` (first spare slots, then assemblers);
+    InvalidInputError when one window and the queue cannot fit."""
     opts = spec.options
     budget = int(opts.memory_budget or 0)
     slot = max(1, spec.store.chunk_images * int(spec.store.meta.image_nbytes))
@@ -139,9 +131,7 @@ def plan_memory(
             + "; raise memory_budget, or lower window= (chunks per window), batch_size or queue_size"
         )
     if assemblers > 1:
-        # batches assembled at once pin the windows they draw from together, and the next
-        # window is decoded meanwhile: with fewer slots, windows would be evicted while
-        # batches of them are still to come, and decoded again
+        # fewer slots would evict windows whose batches are still to come
         floor = min(plan.total_chunks, chunks_in_flight(plan, spec.batch_size, assemblers) + need)
         fit = (budget - make(0, assemblers).held) // slot
         if fit >= floor:
@@ -151,12 +141,10 @@ def plan_memory(
 
 
 class OrderedBatches:
-    """Batches ``indices`` of ``decoder``'s epoch, assembled by ``assemblers`` threads,
-    returned in order by :meth:`next`.
+    """Batches ``indices`` of ``decoder``'s epoch, assembled by threads, returned in order by :meth:`next`.
 
-    ``make_buffer(i)`` gives batch ``i``'s x array (and anything the caller wants back with
-    it); it is called under a lock, so it need not be thread-safe. Errors in a thread end
-    the stream: the consumer gets them, as a :class:`LoaderError`, when it reaches that batch.
+    ``make_buffer(i)`` (called under a lock) gives batch ``i``'s x array and an extra value.
+    A thread's error ends the stream, raised as :class:`LoaderError` at that batch.
     """
 
     def __init__(
@@ -197,8 +185,7 @@ class OrderedBatches:
                 pos = self.taken
                 self.taken += 1
                 i = self.indices[pos]
-                # before the lock is let go: a thread taking a later batch must not evict the
-                # windows of this one while this thread has yet to ask for them
+                # under the lock: a later batch must not evict this one's windows
                 self.decoder.claim(i)
             item: Any
             try:
@@ -228,8 +215,7 @@ class OrderedBatches:
             del item
 
     def next(self) -> tuple[tuple[Any, ...], Any]:
-        """The next batch in order, as ``(decoder.batch(i) result, extra)``; StopIteration at
-        the end. A failed batch stops the stream and is raised."""
+        """The next batch as ``(decoder.batch(i) result, extra)``; StopIteration at the end."""
         with self.cond:
             while self.given not in self.ready:
                 if self.given >= len(self.indices) or self.stopped:
@@ -251,8 +237,7 @@ class OrderedBatches:
         return self.given
 
     def stop(self) -> None:
-        """Stop handing out batches, close the decoder (a thread waiting for a window gets
-        LoaderClosed) and join the threads."""
+        """Stop, close the decoder (waiting threads get LoaderClosed) and join the threads."""
         with self.cond:
             self.stopped = True
             self.ready.clear()

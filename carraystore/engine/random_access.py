@@ -1,10 +1,8 @@
 """What the adapters share to serve batches from any thread or process.
 
-Batch ``i`` of an epoch is a pure function of (options, epoch, i). :class:`ProcessSpec` is a
-:class:`~carraystore.engine.spec.LoaderSpec` by the store's location, made again in each
-new process (fork, spawn, a pickled dataset); :class:`WindowCache` keeps one process's
-:class:`~carraystore.engine.decoder.EpochDecoder` whose slots hold ``cache_windows`` decoded
-windows, so that batches asked for in order decode each chunk once.
+Batch ``i`` is a pure function of (options, epoch, i). :class:`ProcessSpec` is a spec that
+is re-made in each process; :class:`WindowCache` keeps one process's decoder so batches
+asked for in order decode each chunk once.
 """
 
 from __future__ import annotations
@@ -80,11 +78,9 @@ class ProcessSpec:
 
 
 class WindowCache:
-    """One process's decoder of an epoch, kept while batches of that epoch are asked for.
+    """One process's decoder of an epoch, re-made for another epoch, spec or process.
 
-    The decoder is made again for another epoch, another spec (a resumed or reopened store)
-    or in a new process; ``warn`` says once when batches come out of order (windows decoded
-    twice). Pickles as its settings only.
+    ``warn``: say once when batches come out of order. Pickles as its settings only.
     """
 
     def __init__(self, cache_windows: int, thread_prefix: str, what: str, warn: bool = False) -> None:

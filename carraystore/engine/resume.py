@@ -7,18 +7,11 @@ A state is a JSON-friendly dict (``version`` 1)::
      "samples": 768, "batch_size": 32, "num_items": 5000, "chunk_images": 84,
      "shuffle": "block", "seed": 0, "window": 16, ...}
 
-``consumed`` lists the runs of the interrupted epoch, oldest first: the world size of each
-run and the samples all its ranks consumed together (ranks move in lockstep, as under DDP,
-``tf.distribute`` and JAX). The rest of the epoch is :func:`carraystore.engine.sampling.remainder_plan`
-of those runs, cut into the world size that resumes: nothing consumed comes back, nothing
-left over is lost. ``batch_size`` is the per-rank batch size the epoch's order was made
-with (the first windows ramp up from one batch's chunks), so a run may change its batch
-size too (as ``tf.distribute`` does when the replicas change under one global batch). The
-other keys are what the epoch's order depends on; a loader whose store or options differ
-refuses the state (:func:`check_order`).
-
-Pure data and index math: the loaders (``LoaderOptions.resume``) and the adapters'
-``state_dict()`` methods build on it.
+``consumed``: the interrupted epoch's runs, oldest first, with the samples all ranks of each
+consumed together (ranks in lockstep, as under DDP, ``tf.distribute`` and JAX). The rest is
+:func:`carraystore.engine.sampling.remainder_plan` at the resuming world size. ``batch_size``:
+the per-rank batch size the order was made with, so a run may change it. The other keys
+are what the order depends on; a loader that differs refuses the state (:func:`check_order`).
 """
 
 from __future__ import annotations
@@ -38,10 +31,8 @@ STATE_VERSION = 1
 #: Loader options the epoch's order depends on: a state must agree on them with the loader resuming it.
 ORDER_FIELDS = ("shuffle", "seed", "window", "drop_remainder", "sequence_length", "sequence_stride", "clip_starts")
 
-#: Store facts the order depends on (``clip_runs``: a CRC32 of the runs of groups clips are cut
-#: from, None without ``sequence_length``: other groups give other clips, even as many;
-#: ``content``: a CRC32 of the chunks' recorded CRC32s, so that another store of as many
-#: images, or this one rewritten, is not taken for the one the state was saved over).
+#: Store facts the order depends on (``clip_runs``: CRC32 of the group runs, None without
+#: ``sequence_length``; ``content``: CRC32 of the chunks' CRC32s, telling stores apart).
 STORE_FACTS = ("num_items", "chunk_images", "clip_runs", "content")
 
 
@@ -49,11 +40,9 @@ STORE_FACTS = ("num_items", "chunk_images", "clip_runs", "content")
 class ResumePoint:
     """An interrupted epoch: its number, the runs of it so far and the order they were made in.
 
-    ``runs``: ``(world_size, samples each rank consumed)``, oldest first (empty: the epoch
-    starts whole). ``order``: the saved ORDER_FIELDS and STORE_FACTS, as (name, value) pairs.
-    ``batch_size``: the per-rank batch size the epoch's first run was ordered with (its first
-    windows ramp up from one batch's chunks), which a loader of another batch size needs to
-    rebuild that order; 0 when the state does not say (the loader's own is used).
+    ``runs``: ``(world_size, samples each rank consumed)``, oldest first (empty: whole
+    epoch). ``order``: the saved ORDER_FIELDS and STORE_FACTS as (name, value) pairs.
+    ``batch_size``: the per-rank batch size the order was made with; 0: the loader's own.
     """
 
     epoch: int
@@ -112,11 +101,8 @@ class ResumePoint:
         }
 
     def then(self, epoch: int, world_size: int, per_rank: int, batches_left: bool) -> ResumePoint:
-        """The point after a run at ``world_size`` consumed ``per_rank`` samples of ``epoch`` on each rank.
-
-        ``self`` describes how ``epoch`` began (its runs count only when its epoch is
-        ``epoch``); ``batches_left`` False: the epoch is over, the next one starts whole.
-        """
+        """The point after a run at ``world_size`` consumed ``per_rank`` samples of ``epoch`` per
+        rank (``self``'s runs count only for the same epoch); ``batches_left`` False: next epoch."""
         if not batches_left:
             return ResumePoint(epoch + 1, (), self.order, self.batch_size)
         runs = self.runs if self.epoch == epoch else ()
