@@ -14,12 +14,9 @@ BUFFER_STEP = 1 << 20
 
 
 class BufferPool:
-    """Receive buffers used again and again, so that a body lands in already mapped memory.
-
-    A fresh allocation per chunk would have the kernel fault in and zero its pages every time.
-    A buffer is handed out again only when nothing else refers to it (no view or array over it),
-    so bytes someone holds are never overwritten; free buffers beyond ``keep_bytes`` are let go.
-    """
+    """Receive buffers used again and again, so a body lands in already mapped memory (not fresh pages).
+    A buffer is handed out again only when nothing refers to it (no view or array over it), so held
+    bytes are never overwritten; free buffers beyond ``keep_bytes`` are let go."""
 
     def __init__(self, keep_bytes: int) -> None:
         self.keep_bytes = int(keep_bytes)

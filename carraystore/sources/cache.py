@@ -1,16 +1,12 @@
 """A local chunk cache in front of a remote byte source (layer 3).
 
 ``carraystore.open(url, cache_dir=..., cache_size=...)`` wraps the source in a :class:`CachedSource`:
-each range read is kept as one file under ``cache_dir/<identity hash>/`` (identity: URL, size, ETag
-or modification time), so a changed object gets a new folder, never stale bytes.
-
-- Shared by a machine's processes without locks: files are renamed into place (complete or absent).
-- Each file carries its length and CRC-32, checked on reuse; a bad one is deleted and refetched.
-- The first open of a new identity removes the folders of older identities of the same URL.
-- Scan-resistant eviction: each range has a fixed score (a hash of identity and offset) and the
-  cache keeps the lowest scores that fit ``cache_size``; once a range is turned away for lack of
-  room, nothing scoring at or above it is stored. The kept set does not depend on epoch order, so
-  a cache of half the store saves half the bytes of each later epoch (LRU would save none).
+each range read is one file under ``cache_dir/<identity hash>/`` (URL, size, ETag or mtime), so a
+changed object gets a new folder; the first open of a new identity removes older ones of the URL.
+Files are renamed into place (processes share them without locks) and carry a CRC-32 checked on
+reuse. Eviction resists scans: ranges have fixed scores (a keyed hash) and the cache keeps the
+lowest that fit ``cache_size``, independent of epoch order, so half the store cached saves half of
+each later epoch's bytes (LRU would save none).
 """
 
 from __future__ import annotations
@@ -97,9 +93,8 @@ class CacheStats:
 
 
 class CachedSource:
-    """``source`` with its ranges kept under ``cache_dir`` (at most ``cache_size`` bytes; None: no limit).
-
-    A :class:`~carraystore.format.frame.ReadAheadSource` whose read-ahead is the inner source's."""
+    """``source`` with its ranges kept under ``cache_dir`` (at most ``cache_size`` bytes; None: no limit);
+    a :class:`~carraystore.format.frame.ReadAheadSource` whose read-ahead is the inner source's."""
 
     def __init__(
         self, source: ByteSource, cache_dir: str | os.PathLike[str], cache_size: int | str | None = None

@@ -1,20 +1,13 @@
 """The rollback journal of an in-place write (layer 3); docs/appends.md is its spec.
 
-Before its first write, an append or metadata update saves every byte it will overwrite (the
-header, everything after the data chunks) and the old file length in ``.NAME.b2nd.journal``,
-fsyncing journal and folder; after its last write it removes it. A complete ("hot") journal
-means a write died: :func:`rollback` restores the old store byte for byte.
-
-``CSJRNL03`` (FORMAT.md appendix C) also holds the write's **mark**: a 16-byte nonce and the
-offset (old end of the data chunks) of the 32-byte marker :func:`begin_write` puts there before
-any other change. A journal is rolled back only onto a file holding that marker or still the old
-store; any other file was put there after the write died and is refused
-(:class:`~carraystore.base.errors.StaleJournalError`). A short or bad-CRC journal was never
-completed: it is removed, nothing restored. ``CSJRNL02``/``01`` journals apply only while the old
-header (and 02's guard CRC) is still in place.
-
-Readers take no lock: one that finds a hot journal it cannot roll back reads the old store
-through :class:`JournalSource` (the file with the saved bytes laid over it).
+Before its first write, an append or metadata update saves the bytes it will overwrite and the
+old length in ``.NAME.b2nd.journal`` (fsynced); after its last write it removes it. A complete
+("hot") journal means a write died: :func:`rollback` restores the old store byte for byte.
+``CSJRNL03`` (FORMAT.md appendix C) holds the write's mark: a nonce and where :func:`begin_write`
+puts its marker before any other change. A journal is applied only to a file holding that marker
+or still the old store, else refused (:class:`~carraystore.base.errors.StaleJournalError`); an
+incomplete one is just removed; ``CSJRNL02``/``01`` apply only while the old header is in place.
+Readers take no lock: one that cannot roll back reads through :class:`JournalSource`.
 """
 
 from __future__ import annotations
@@ -79,9 +72,8 @@ class Journal:
 
     @classmethod
     def for_write(cls, old_len: int, regions: tuple[tuple[int, bytes], ...], mark_at: int | None) -> Journal:
-        """The journal of a write overwriting ``regions`` of an ``old_len``-byte file, marker at ``mark_at``.
-
-        ``None``: no marker (a metadata update of a store with no chunk, whose frame cannot hold one)."""
+        """The journal of a write overwriting ``regions`` of an ``old_len``-byte file, marker at ``mark_at``
+        (``None``: no marker, for a store with no chunk whose frame cannot hold one)."""
         return cls(old_len, regions, mark_at=mark_at or 0, nonce=secrets.token_bytes(NONCE_BYTES))
 
     @property
@@ -184,9 +176,8 @@ def write_journal(path: Path, journal: Journal) -> None:
 
 
 def begin_write(path: Path, fd: int, journal: Journal) -> int | None:
-    """Before a write's first change to ``path`` (open as ``fd``): journal durably, then marker durably.
-
-    Returns where the write's data continues (after the marker), or None for a journal without one."""
+    """Write the journal durably, then the marker, before a write's first change to ``path`` (open as ``fd``).
+    Returns where the write's data continues (after the marker), or None without a marker."""
     write_journal(path, journal)
     if not journal.mark_at:
         return None
@@ -247,11 +238,8 @@ def _belongs(path: Path, journal: Journal) -> bool:
 
 def load_journal(path: Path) -> Journal | None:
     """The hot journal of ``path`` (present and complete), or None.
-
-    Raises StaleJournalError (a CorruptStoreError) when it was not made for the file now at
-    ``path`` (no marker, not the old store): the file was replaced after the write died, and
-    rolling back would damage it. It is never applied.
-    """
+    StaleJournalError (a CorruptStoreError) when it was not made for the file now there (no marker,
+    not the old store: the file was replaced after the write died); such a journal is never applied."""
     try:
         raw = journal_path(path).read_bytes()
     except (FileNotFoundError, NotADirectoryError):
@@ -306,11 +294,8 @@ def rollback(path: Path) -> bool:
 
 
 def rollback_if_abandoned(path: Path) -> bool:
-    """For readers: roll back a journal whose writer is gone, when this process may.
-
-    False when there is none or it cannot be done now (a writer holds the lock, or read-only
-    store or folder): then read through JournalSource (hot) or the file (incomplete).
-    """
+    """For readers: roll back a journal whose writer is gone, when this process may. False when there is
+    none or it cannot be done now (lock held, read-only): then read via JournalSource (hot) or the file."""
     if not journal_path(path).exists() or not os.access(path, os.W_OK):
         return False
     lock = WriterLock(path, purpose="rollback of an interrupted write")

@@ -1,8 +1,5 @@
 """A store in a local file: ``os.pread``, a read-only memory map, ``posix_fadvise`` read-ahead (layer 3).
-
-:class:`LocalFileSource` is a :class:`~carraystore.format.frame.ByteSource`, not a
-:class:`~carraystore.format.frame.ReadAheadSource` (no link to share, nothing held for a read).
-"""
+A :class:`~carraystore.format.frame.ByteSource`, not a ``ReadAheadSource`` (no link, nothing held)."""
 
 from __future__ import annotations
 

@@ -2,17 +2,11 @@
 
 :class:`RemoteSource` is the :class:`~carraystore.format.frame.ByteSource` of an ``s3://`` (AWS or
 any S3-compatible server), ``gs://``, ``http(s)://`` (any server honouring ``Range``) or ``file://``
-URL, through obstore (requests wait in Rust with the GIL released; docs/remote.md).
-
-- Opening is one GET: the frame header plus the object's size, ETag and modification time.
-- Transient failures are retried for ``retry_timeout`` s (:mod:`carraystore.sources.retry`);
-  a permanent one raises :class:`RemoteReadError` naming the URL and byte range. Options are
-  read by :mod:`carraystore.sources.remoteconfig`.
-- :meth:`RemoteSource.prefetch` is a bounded read-ahead; bodies land in reused receive buffers
-  (:class:`~carraystore.sources.buffers.BufferPool`) and reads return read-only views of them.
-- A RemoteSource pickles as its URL and options. obstore's runtime does not survive ``fork()``:
-  in a child forked after it ran, unsigned requests use Python's HTTP client and signed ones
-  raise (use ``spawn``/``forkserver`` workers, or threads).
+URL, through obstore (requests wait in Rust with the GIL released; docs/remote.md). Opening is one
+GET (header, size, ETag); transient failures are retried (:mod:`carraystore.sources.retry`), a
+permanent one raises :class:`RemoteReadError` naming URL and byte range. It pickles as URL and
+options. obstore's runtime does not survive ``fork()``: in a child forked after it ran, unsigned
+requests use Python's HTTP client and signed ones raise (use ``spawn``/``forkserver``, or threads).
 """
 
 from __future__ import annotations
@@ -105,12 +99,10 @@ class _Run:
 
 class RemoteSource:
     """A store file at a URL, read by ranged GETs (the ``ByteSource`` protocol); thread-safe.
-
     Knobs (keywords, or the same names in ``storage_options``): ``max_inflight`` (default 16),
     ``timeout`` (s per request, 30), ``retry_timeout`` (s of retrying from the first failure, 120),
     ``retries`` (a count limit too; default None), ``coalesce_bytes`` (largest GET of adjacent ranges,
-    4 MiB), ``readahead_bytes`` (fetched ahead and not yet read, 256 MiB).
-    """
+    4 MiB), ``readahead_bytes`` (fetched ahead and not yet read, 256 MiB)."""
 
     def __init__(
         self,
@@ -452,11 +444,9 @@ class RemoteSource:
         return [self.read(o, n) for o, n in ranges]
 
     def prefetch(self, ranges: Sequence[tuple[int, int]], again: bool = False) -> None:
-        """Fetch these ranges in the background, in order, adjacent ones coalesced.
-
-        At most ``max_inflight`` GETs and ``readahead_bytes`` unread; the rest wait as hints. Each
-        range is kept for one read; ``again`` keeps an already hinted range for one more.
-        """
+        """Fetch these ranges in the background, in order, adjacent ones coalesced: at most ``max_inflight``
+        GETs and ``readahead_bytes`` unread, the rest wait as hints. Each is kept for one read; ``again``
+        keeps an already hinted range for one more."""
         self._check_process()
         with self._lock:
             if self._closed:

@@ -29,8 +29,7 @@ __all__ = [
     "client_options",
 ]
 
-#: Requests in flight at once: hides a link's latency while ``max_inflight * chunk bytes >=
-#: bandwidth * round trip``.
+#: Requests in flight: hides latency while ``max_inflight * chunk bytes >= bandwidth * round trip``.
 DEFAULT_MAX_INFLIGHT = 16
 #: Seconds one request may take (connect, headers and body) before it counts as failed.
 DEFAULT_TIMEOUT = 30.0
@@ -116,12 +115,9 @@ def _import_obstore() -> Any:
 
 def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
     """An obstore store for ``url`` and the object's key in it.
-
-    ``storage_options`` are fsspec-style: ``endpoint_url`` (or in ``client_kwargs``), ``key``,
-    ``secret``, ``token``, ``anon``, ``region`` (or ``client_kwargs={"region_name": ...}``); other
-    keys go to obstore's ``S3Config``/``GCSConfig``/``ClientConfig``. obstore reads the standard
-    ``AWS_*`` environment. Without credentials anywhere, S3 requests are unsigned.
-    """
+    ``storage_options`` are fsspec-style (``endpoint_url``, ``key``, ``secret``, ``token``, ``anon``,
+    ``region``, ``client_kwargs``); other keys go to obstore's configs, which also read ``AWS_*``.
+    Without credentials anywhere, S3 requests are unsigned."""
     knobs, opts = split_options(storage_options)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -215,10 +211,8 @@ def make_object_store(url: str, storage_options: Mapping[str, Any] | None = None
 
 
 def plain_http_url(url: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
-    """The object's URL for an unsigned plain-HTTP GET (forked processes), or None when requests must be signed.
-
-    ``http(s)://``, anonymous S3 (path-style, on the configured endpoint) and anonymous GCS.
-    """
+    """The object's URL for an unsigned plain-HTTP GET (forked processes), or None when requests must be signed:
+    ``http(s)://``, anonymous S3 (path-style, on the configured endpoint) and anonymous GCS."""
     _, opts = split_options(storage_options)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()

@@ -163,12 +163,9 @@ def backoff(attempt: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_MAX, 
 
 @dataclass
 class RetryPolicy:
-    """How a failing request is tried again.
-
-    ``retry_timeout``: seconds from the first failure (default 120: a restarting storage node is
-    waited for); ``retries``: a count limit too (None: none); ``timeout``: seconds per attempt (for
-    messages); ``log_every``: seconds between warnings. ``clock``, ``sleep``, ``rand``: for tests.
-    """
+    """How a failing request is tried again: ``retry_timeout`` s from the first failure (default 120: a
+    restarting storage node is waited for), ``retries`` a count limit too (None: none), ``timeout`` s per
+    attempt (for messages), ``log_every`` s between warnings; ``clock``, ``sleep``, ``rand`` for tests."""
 
     retry_timeout: float = 120.0
     retries: int | None = None
@@ -183,9 +180,7 @@ class RetryPolicy:
 
 class Retrier:
     """Runs the requests of one source (``url``) under a :class:`RetryPolicy`; thread-safe.
-
-    ``on_attempt()``/``on_retry()`` are called before every attempt/retry; ``closed()`` True ends retrying.
-    """
+    ``on_attempt()``/``on_retry()`` are called before every attempt/retry; ``closed()`` True ends retrying."""
 
     def __init__(
         self,

@@ -1,10 +1,9 @@
 """Writing stores to object storage (layer 4, beside the writer).
 
-A store bound for ``s3://``/``gs://`` is written to a private staging folder under ``tmp_dir``
-(default ``TMPDIR``), then uploaded in one atomic put (multipart when large): the object appears
-only complete, and a killed writer leaves nothing at the URL (a bucket lifecycle rule reclaims
-unfinished parts). Staging folders of dead processes are removed by later writers.
-:class:`RemoteTarget` is that round trip; :func:`put_stream` uploads byte blocks the same way.
+A store bound for ``s3://``/``gs://`` is staged in a private folder under ``tmp_dir`` (default
+``TMPDIR``; dead writers' folders are removed later), then put atomically (multipart when large):
+a killed writer leaves nothing at the URL (a bucket lifecycle rule reclaims unfinished parts).
+:class:`RemoteTarget` is that round trip.
 """
 
 from __future__ import annotations
@@ -103,9 +102,7 @@ def put_stream(
     size_hint: int = 0,
 ) -> None:
     """Upload the concatenated ``blocks`` to ``url`` as one object (multipart, atomic, bounded memory).
-
-    If the iterator raises, nothing appears at ``url`` and its exception propagates.
-    """
+    If the iterator raises, nothing appears at ``url`` and its exception propagates."""
     import obstore
 
     check_writable(url)
@@ -151,9 +148,7 @@ def _remove_stale_stages(parent: Path) -> None:
 
 class RemoteTarget:
     """A store on its way to ``url``: a local staging file (``local_path``), then an atomic upload.
-
-    Call :meth:`cleanup` whatever happened.
-    """
+    Call :meth:`cleanup` whatever happened."""
 
     def __init__(
         self,
