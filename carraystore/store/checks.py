@@ -1,7 +1,4 @@
-"""A store file checked against its record (layer 4): on open, the frame against the
-metadata (shape, dtype, chunks, codec); the frame header field by field (``verify``, and
-before a writer writes into it); whether plain ``blosc2.open`` reads it.
-"""
+"""A store file checked against its record (layer 4): frame vs metadata, header field by field, plain blosc2."""
 
 from __future__ import annotations
 
@@ -61,9 +58,7 @@ def check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> No
         file_dtype = None
     if file_dtype != meta.np_dtype:
         problems.append(f"dtype {dt_text} in the file, {meta.dtype} recorded")
-    # An empty array's chunk and block shapes are not kept reliably by blosc2 < 4.1 (3.x reads
-    # them as all ones, 4.0 as zeros) and no chunk depends on them, so they are checked only
-    # once the store holds items.
+    # blosc2 < 4.1 does not keep an empty array's chunk and block shapes reliably
     if meta.nimages and chunks != want_chunks:
         problems.append(f"chunks {chunks} in the file, {want_chunks} recorded")
     if meta.nimages and blocks != want_blocks:
@@ -92,8 +87,7 @@ def check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> No
 
 
 def _fixed_metalayers(version: int) -> tuple[bytes, ...]:
-    """The fixed ``carraystore`` metalayer of a store of ``version``, byte for byte (FORMAT.md
-    section 3): with the metadata checksum flag (this version's writers), and without (0.1.0's)."""
+    """The fixed ``carraystore`` metalayers allowed for ``version`` (FORMAT.md 3): with and without the checksum flag."""
     return tuple(
         msgpack.packb({"format": FORMAT_NAME, "format_version": version, **extra})
         for extra in ({META_CRC_KEY: True}, {})
@@ -103,9 +97,8 @@ def _fixed_metalayers(version: int) -> tuple[bytes, ...]:
 def header_problems(frame: Frame, meta: StoreMeta) -> list[str]:
     """Every field of the frame header against what it must hold for ``meta`` (FORMAT.md A.1, A.2, 3, 6).
 
-    Open reads only the fields a reader needs; plain blosc2 and the in-place writers need
-    the rest too (a damaged filter pipeline or metalayer offset reads fine here and breaks
-    them). Returns the problems, each prefixed with "frame header: ", or [] for a sound header.
+    Plain blosc2 and the in-place writers need fields open does not check. Returns the
+    problems, each prefixed with "frame header: ", or [].
     """
     out = frame_header_problems(frame)
     dt = meta.np_dtype
@@ -146,9 +139,8 @@ def plain_blosc2_problem(
 ) -> str | None:
     """Open the local store with plain ``blosc2.open`` and read its first item; why that fails, or None.
 
-    Call it only once :func:`header_problems` found nothing (blosc2 trusts the header).
-    ``quiet_if_changed``: a file that a writer is changing, or that changed since ``frame``
-    was read (another length, a journal beside it), says nothing about ``frame``: None.
+    Call only once :func:`header_problems` found nothing. ``quiet_if_changed``: None for a
+    file being written or changed since ``frame`` was read.
     """
     real = Path(os.path.realpath(path))
     before = file_state(real)
@@ -204,8 +196,7 @@ def read_meta(frame: Frame, location: str) -> StoreMeta:
         )
     shape, chunks, _ = frame.b2nd()
     n = shape[0] if shape else 0
-    # The cap on the record grows with N, which the header states: bound N by the chunks the
-    # frame holds first, so a damaged first dimension (2**40) cannot raise the cap.
+    # bound N by the frame's chunks first: a damaged first dimension must not raise the record cap
     rows = chunks[0] if chunks else 0
     if n < 0 or (n > frame.nchunks * max(rows, 0)):
         raise CorruptStoreError(

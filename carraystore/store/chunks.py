@@ -1,5 +1,4 @@
-"""Store chunks: compressed with the pinned codec in any process, checked to decompress to
-what was compressed, and the blosc2 array of a store being written that they go into."""
+"""Store chunks: compressed with the pinned codec in any process, round-trip checked; the array they go into."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ __all__ = ["compress_chunk", "check_round_trip", "new_array"]
 def compress_chunk(meta: StoreMeta, items: np.ndarray) -> tuple[bytes, int]:
     """Compress up to ``meta.chunk_images`` items as one store chunk: (bytes, its recorded CRC-32).
 
-    The bytes are exactly what :class:`StoreWriter` writes for the same items (zero padding
-    after the last item, the pinned codec); any process can run this and hand the result
-    to :meth:`StoreWriter.append_compressed_chunk`.
+    Exactly what :class:`StoreWriter` writes for these items; for
+    :meth:`StoreWriter.append_compressed_chunk`, from any process.
     """
     k = meta.chunk_images
     items = np.asarray(items)
@@ -44,12 +42,9 @@ def compress_chunk(meta: StoreMeta, items: np.ndarray) -> tuple[bytes, int]:
 def check_round_trip(
     data: bytes, items: np.ndarray, scratch: np.ndarray, codec: Codec, where: str, nthreads: int | None = None
 ) -> None:
-    """Raise CodecRoundTripError unless the compressed chunk ``data`` decompresses (into
-    ``scratch``, an array like ``items``) to exactly the bytes of ``items``.
+    """Raise CodecRoundTripError unless ``data`` decompresses (into ``scratch``) to exactly ``items``.
 
-    blosc2 4.x compresses some custom filter chains (bitshuffle three times over 1-byte
-    items; bitshuffle, bytedelta, delta over RGB bytes) into chunks that decompress to other
-    bytes, while their CRC (taken over the compressed chunk) and verify see nothing wrong.
+    blosc2 4.x mis-decodes some custom filter chains, unseen by the CRC and ``verify``.
     """
     try:
         if nthreads is None:

@@ -1,11 +1,8 @@
 """``carraystore convert``: a store rewritten in the other pixel layout (or another codec), streamed and verified.
 
-Pixels -> encoded encodes every image once, losslessly as PNG unless a ``quality`` asks
-for JPEG; encoded -> pixels decodes every image; encoded -> encoded (a new codec or chunk
-size) keeps every entry byte for byte. The new store is written chunk by chunk under a
-hidden temporary name beside ``dst`` (``.NAME.b2nd.migrating-PID-RANDOM.b2nd``), compared
-with the source chunk by chunk (the same pixels, except a lossy ``quality``, where every
-image must still decode to the source's shape), and only then renamed into place.
+Pixels -> encoded encodes as PNG (JPEG with ``quality``); encoded -> pixels decodes;
+encoded -> encoded keeps entries byte for byte. Written under a temporary name beside ``dst``,
+compared with the source chunk by chunk, then renamed into place.
 """
 
 from __future__ import annotations
@@ -58,9 +55,8 @@ def convert_store(
 ) -> ConvertResult:
     """Write ``src`` (a local image store) as ``dst`` in ``layout`` (``"pixels"`` or ``"encoded"``).
 
-    Labels, keys, columns, class names, attrs and skipped files are carried over; the
-    provenance records the conversion. ``quality`` (encoded only) encodes as JPEG at that
-    quality instead of PNG: lossy, so ``verify`` then checks shapes and decodability only.
+    All per-item values and metadata are carried over (provenance records the conversion).
+    ``quality`` (encoded only): lossy JPEG, so ``verify`` checks shapes and decodability only.
     """
     if layout not in LAYOUT_NAMES:
         raise InvalidInputError(f"layout must be 'pixels' or 'encoded', got {layout!r}")
@@ -69,8 +65,7 @@ def convert_store(
     out = Path(dst)
     if out.suffix != ".b2nd":
         raise InvalidInputError(f"{out}: a store's file name must end in .b2nd")
-    # one writer at a time: an append or metadata update of dst in progress is waited for (or
-    # named), never replaced under it; the lock and the journal sit beside the real file
+    # one writer at a time: a write to dst in progress is waited for, never replaced
     real = Path(os.path.realpath(out))
     with WriterLock(real, purpose="convert", timeout=lock_timeout):
         rollback(real)  # a write to dst that died half-way is undone first, as every writer does

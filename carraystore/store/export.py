@@ -1,5 +1,4 @@
-"""Stores back into image files: ``carraystore export`` (one file per image) and ``preview``
-(a PNG contact sheet), each file written through a fresh temporary file and renamed into place."""
+"""Stores back into image files: ``carraystore export`` (one file per image) and ``preview`` (a contact sheet)."""
 
 from __future__ import annotations
 
@@ -30,9 +29,8 @@ __all__ = [
 def write_file_safely(target: Path, save: Callable[[BinaryIO], None]) -> None:
     """Write ``target`` through ``save(file)`` and a temporary file beside it, then rename it into place.
 
-    The temporary file has a random name and is created exclusively (``O_EXCL``, ``O_NOFOLLOW``):
-    a link or file planted in the folder is never followed or written through. A failed write
-    (disk full, ...) raises a named error and leaves no temporary file.
+    The temporary file is created exclusively (``O_EXCL``, ``O_NOFOLLOW``): planted links are
+    never followed. A failed write raises a named error and leaves no temporary file.
     """
     from carraystore.base.atomic import named_write_errors, temp_path
 
@@ -65,10 +63,7 @@ MAX_PREVIEW_PIXELS = 64_000_000
 
 
 def check_sheet_size(n: int, cols: int, cell: int, nimages: int | None = None, text_h: int = 14) -> None:
-    """Refuse a contact sheet that is empty or would be too large to hold in memory.
-
-    The sheet's pixels are counted when ``nimages`` (the store's length) is known.
-    """
+    """Refuse a contact sheet that is empty or too large (pixels counted when ``nimages`` is known)."""
     for name, value in (("n", n), ("cols", cols), ("cell", cell)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise InvalidInputError(f"preview: {name} must be a positive integer, got {value!r}")
@@ -97,14 +92,9 @@ def make_contact_sheet(
 ) -> Any:
     """A PIL image: ``n`` images of the store (random when ``seed`` is not None) with their labels.
 
-    ``caption``: a field (``store.columns``) whose value is printed after the label
-    (``name=value``; a vector as its first values).
-
-    Every image is scaled to fill its ``cell`` (small images enlarged by whole pixels, so a
-    32 px image stays sharp; large ones shrunk). ``keys=True`` prints each image's key
-    (its file path) under the tile as well.
-
-    Raises InvalidInputError for sizes below 1 or beyond ``MAX_PREVIEW_CELL`` / ``MAX_PREVIEW_PIXELS``.
+    ``caption``: a field printed after the label (``name=value``); ``keys=True`` also prints
+    each key. Images fill their ``cell`` (small ones enlarged by whole pixels). Raises
+    InvalidInputError for sizes below 1 or beyond ``MAX_PREVIEW_CELL`` / ``MAX_PREVIEW_PIXELS``.
     """
     from PIL import Image, ImageDraw
 
@@ -208,13 +198,9 @@ def export_images(
 ) -> int:
     """Write every image as a file under ``outdir`` (keys as relative paths); returns the count.
 
-    ``original`` (default: for stores of layout "encoded") writes each image's stored
-    entry byte for byte: a source file kept at ingest comes back identical, under its key
-    (images stored as raw pixels are written as PNG).
-
-    Refuses any key that would land outside ``outdir`` (absolute, ``..``, or through a link),
-    and an ``outdir`` that exists but is not a folder. Each file is written through a fresh
-    temporary file (see :func:`write_file_safely`).
+    ``original`` (default for layout "encoded"): each stored entry byte for byte (raw
+    pixels as PNG). Refuses keys landing outside ``outdir`` (absolute, ``..``, links) and an
+    ``outdir`` that is not a folder. Files go through :func:`write_file_safely`.
     """
     from PIL import Image
 

@@ -1,12 +1,8 @@
 """Changing a store file in place, under the rollback journal (layer 4, beside the reader).
 
-:class:`_InPlaceWrite` appends chunks after the existing ones and/or rewrites the
-metadata of an existing store file, guarded by the rollback journal
-(:mod:`carraystore.sources.journal`); :func:`_write_meta` stores the sealed metadata record. The
-writer uses both for appends (:func:`carraystore.store.writer.append`) and metadata updates
-(:func:`carraystore.store.metadata.update_metadata`); docs/appends.md describes the steps. It sits
-in layer 4 because its final check reads the changed store back through the reader
-(:func:`carraystore.store.reader.open_unguarded`).
+Used by appends and :func:`carraystore.store.metadata.update_metadata`; steps in
+docs/appends.md. Layer 4 because its final check reads the store back through
+:func:`carraystore.store.reader.open_unguarded`.
 """
 
 from __future__ import annotations
@@ -54,17 +50,13 @@ _STORED_AS_FLAG = (1, 2, 4)
 
 
 class _InPlaceWrite:
-    """Changes an existing store file in place, guarded by a rollback journal: appends
-    chunks (``put_chunk``) and/or rewrites the metadata (``commit``).
+    """Changes a store file in place under a rollback journal (:mod:`carraystore.sources.journal`):
+    appends chunks (``put_chunk``) and/or rewrites the metadata (``commit``).
 
-    Data chunks are only ever written after the existing ones (a rewritten partial last
-    chunk too: its old bytes stay where they are, unreferenced), so a reader that opened
-    the store before keeps reading the old chunks. The journal saves the header and the
-    old offsets index and trailer (everything up to the old length this write overwrites)
-    before the first write; :meth:`commit` writes the new offsets index (when chunks were
-    added), the trailer (through blosc2's vlmeta) and the header's sizes, fsyncs, checks
-    the result and removes the journal. A metadata update (:func:`update_metadata`) is a
-    commit with no chunk added.
+    Data chunks are only written after the existing ones (a rewritten partial last chunk
+    too), so earlier readers keep reading the old chunks. The journal saves the header,
+    offsets index and trailer before the first write; :meth:`commit` removes it once the
+    result reads back whole.
     """
 
     def __init__(self, path: Path, frame: Frame, nitems: int) -> None:

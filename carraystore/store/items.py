@@ -1,8 +1,6 @@
 """The per-item values of a store being written: labels, keys, fields (columns) and groups.
 
-:class:`ItemRecord` holds them for a :class:`~carraystore.store.writer.StoreWriter`: each
-append's values are checked against the store's (a labelled store needs labels on every
-append, the same columns every time, ...) and recorded only when all of them pass.
+:class:`ItemRecord` checks each append's values against the store's and records them all or none.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ __all__ = ["ItemRecord", "CheckedItems", "check_class_names"]
 
 
 def check_class_names(names: Sequence[str] | None, where: str) -> tuple[str, ...] | None:
-    """``names`` as a tuple of strings; refuses a name listed twice (two labels would mean one class)
-    and control characters (a class name becomes a folder name on export)."""
+    """``names`` as a tuple of strings; refuses duplicates and control characters (names become folders on export)."""
     if names is None:
         return None
     out = tuple(str(c) for c in names)
@@ -60,9 +57,8 @@ class ItemRecord:
         self.where = where
         self.labels: list[np.ndarray] = [meta.labels] if meta.labels is not None else []
         self.keys: list[StringTable] = [meta.keys] if meta.keys is not None else []
-        # FORMAT.md 4.4: a store is labelled when its record holds labels (an empty bin for an
-        # empty labelled store) or class names; an empty store with neither is undecided until
-        # its first append
+        # FORMAT.md 4.4: labelled if the record holds labels or class names; an empty store
+        # with neither is undecided until its first append
         self.has_labels: bool | None = (
             True if meta.labels is not None or meta.class_names is not None else (None if meta.nimages == 0 else False)
         )

@@ -30,13 +30,10 @@ def update_metadata(
 ) -> StoreMeta:
     """Set a store's class names and/or attrs in place; the pixels are neither read nor rewritten.
 
-    ``attrs`` are merged into the existing ones (``remove_attrs`` deletes keys). Blosc2 keeps
-    the metadata in the frame's trailer, after the data chunks: an update rewrites the
-    header and the trailer, never a data chunk. It is a writer like an append: it holds the
-    store's writer lock (``lock_timeout``: seconds to wait for another writer, None for
-    ever; then :class:`~carraystore.base.errors.StoreLockedError` names the holder) and writes
-    under the same rollback journal, so a crash mid-update is rolled back by the next
-    writer or reader, and readers meanwhile read the old store (docs/appends.md).
+    ``attrs`` are merged (``remove_attrs`` deletes keys). Like an append it holds the writer
+    lock (``lock_timeout``: seconds, None for ever; then
+    :class:`~carraystore.base.errors.StoreLockedError`) and writes under the rollback journal:
+    a crash is rolled back, readers see the old store meanwhile (docs/appends.md).
     Returns the new metadata.
     """
     if is_url(path):

@@ -1,12 +1,8 @@
 """Copying a store between two locations: local paths, object storage, HTTP (read-only source).
 
-The file is streamed byte for byte (a bounded window of ranged reads in flight, never the
-whole file in memory) and every chunk's CRC32 is checked against the metadata as it
-passes, so a damaged source chunk stops the copy before anything is published. The
-destination appears only when complete: a local copy is written under a temporary name,
-checked and renamed into place; an object-storage copy is one multipart upload, which S3
-makes visible only when it completes. The published copy is then re-opened and compared
-with the source: the metadata record equal and every chunk's CRC32 checked again.
+The file is streamed byte for byte in bounded memory, every chunk's CRC32 checked as it
+passes, so a damaged chunk stops the copy before anything is published. The destination
+appears only when complete (a renamed temporary file, or one multipart upload).
 """
 
 from __future__ import annotations
@@ -162,19 +158,14 @@ def copy_store(
 ) -> CopyResult:
     """Copy the store at ``src`` to ``dst`` (each a path or URL), streamed and verified.
 
-    ``storage_options`` are for ``src``; ``dst_storage_options`` for ``dst`` (default: the
-    same as ``src``'s when both are URLs). Every chunk's CRC32 is checked as it is read; a
-    damaged chunk raises ChecksumError naming the source, the chunk and its byte range,
-    and nothing appears at ``dst``. ``verify`` re-reads the published copy and compares
-    its metadata and every chunk with the source (for a URL this reads the copy once more).
+    ``dst_storage_options`` default to ``storage_options`` when both are URLs. A damaged
+    chunk raises ChecksumError naming it and its byte range; nothing appears at ``dst``.
+    ``verify`` re-reads the published copy and compares it with the source.
 
-    ``options`` (:class:`~carraystore.store.options.WriteOptions`): its ``overwrite``, ``progress``,
-    ``lock_timeout`` and ``storage_options`` (the destination's: ``dst_storage_options``) are
-    used; a codec, chunk size, class names or attrs are refused (a copy is byte for byte);
-    ``tmp_dir`` does not apply. A keyword that contradicts it is an InvalidInputError.
-    A local ``dst`` is written under its writer lock, like every writer of a store
-    (``lock_timeout``: seconds to wait for another writer, None for ever; then
-    :class:`~carraystore.base.errors.StoreLockedError` names the holder).
+    ``options`` (:class:`~carraystore.store.options.WriteOptions`): ``storage_options`` there
+    is the destination's; codec, chunk size, class names and attrs are refused (a copy is
+    byte for byte). A local ``dst`` is written under its writer lock (``lock_timeout``: seconds,
+    None for ever; then :class:`~carraystore.base.errors.StoreLockedError`).
     """
     t0 = time.perf_counter()
     src_s, dst_s = str(src), str(dst)
@@ -247,8 +238,7 @@ def _copy_to_local(
     if not out.parent.is_dir():
         raise InvalidInputError(f"{out}: folder {out.parent} does not exist")
     refuse_folder_target(out)
-    # one writer at a time: an append or metadata update of ``out`` in progress is waited for
-    # (or named), never broken; the lock and the journal sit beside the real file
+    # one writer at a time: a write to ``out`` in progress is waited for, never broken
     real = Path(os.path.realpath(out))
     with WriterLock(real, purpose="copy", timeout=lock_timeout):
         rollback(real)  # a write to out that died half-way is undone first, as every writer does
