@@ -1,8 +1,7 @@
 """Appending a folder to a store: the plan, made under the store's writer lock from the store itself.
 
-The decode options are the store's (one given that differs is refused by name), new classes
-go after the store's own, files already in it are refused or left out (``skip_existing``),
-and a store written in order stays in order. ``carraystore.ingest.run`` then decodes and appends.
+The decode options are the store's (a differing one is refused by name); new classes go after
+the store's own; a store written in order stays in order.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ def plan_append(
 ) -> tuple[StorePlan, StoreWriter, DecodeOptions]:
     """``from_directory(..., append=True)``: the plan, the store's writer (open and locked) and its decode options.
 
-    ``decode`` holds the decode options given (None: the store's). A plan without files means
-    nothing new: the caller closes the writer, leaving the store as it was.
+    ``decode``: the decode options given (None: the store's). A plan without files: nothing new.
     """
     root = Path(directory)
     allowed_skips(max_skipped, 1)

@@ -1,10 +1,7 @@
 """The bad-file policy of an ingest: which files it may drop, and when it stops instead.
 
-A file is bad when its name cannot be a key, it does not decode, or it decodes to another
-size than the first image. With ``on_error='fail'`` the first one stops the ingest; with
-``'skip'`` they are listed (in the output and the store's metadata) until more than
-``max_skipped`` fail. The local ingest and the cluster ingest (``ingest.cluster``) share
-this code, so they stop at the same file with the same message.
+A file is bad when its name cannot be a key, it does not decode, or its size differs from the
+first image's. Shared by the local and cluster ingests: same file, same message.
 """
 
 from __future__ import annotations
@@ -43,11 +40,10 @@ def shape_error(arr: np.ndarray | None, first_shape: tuple[int, ...] | None, fir
 
 
 class BadFiles:
-    """The files an ingest cannot use, handled alike by the local and the cluster ingest.
+    """The files an ingest cannot use.
 
-    With ``on_error='fail'`` the first one stops the ingest; with ``'skip'`` they are listed
-    (``skipped``: printable name, reason) until more than ``max_skipped`` allows, and then
-    the ingest stops, writing nothing.
+    ``on_error='fail'``: the first stops the ingest. ``'skip'``: listed in ``skipped``
+    (printable name, reason) until more than ``max_skipped``; then it stops, writing nothing.
     """
 
     def __init__(
@@ -129,7 +125,7 @@ def describe_limit(max_skipped: float | int) -> str:
 def drop_bad_names(
     root: Path, rels: list[str], labels: np.ndarray | None, on_error: str
 ) -> tuple[list[str], np.ndarray | None, list[tuple[str, str]]]:
-    """Files whose names cannot be keys (not UTF-8, newline, ...): an error, or skipped with ``on_error='skip'``.
+    """Drop files whose names cannot be keys (not UTF-8, newline, ...), or raise unless ``on_error='skip'``.
 
     Returns the other files, their labels, and the skipped ones as (printable name, reason).
     """

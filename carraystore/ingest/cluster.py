@@ -1,8 +1,5 @@
 """The ingest runner of a ``dask.distributed`` cluster: workers decode and compress whole chunks,
-this process places them in order; the store is byte for byte the one a local ingest writes.
-
-Only the client's methods are used (``submit``, ``run``, ``nthreads``, ``cancel``): dask
-itself is imported by the caller that made the client (``carraystore.dask``, the CLI).
+this process places them in order; the same bytes as a local ingest. dask itself is never imported.
 """
 
 from __future__ import annotations
@@ -27,13 +24,10 @@ __all__ = ["in_order", "run_on_cluster"]
 def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> Generator[Any, None, None]:
     """Results of futures in submission order, with at most ``window`` futures alive at a time.
 
-    ``submits`` yields callables that each submit work to ``client`` and return its future
-    (or a list of futures, e.g. ``client.compute`` of several tasks sharing inputs). It is
-    pulled lazily, whenever fewer than ``window`` futures are alive, so that it can plan the
-    next task from the results yielded so far. Results are fetched one at a time, in order:
-    those that finish early wait on the workers, so this process holds one result at a time.
-    Each future is released once its result is taken; a worker lost midway is handled by
-    the scheduler (its tasks run again elsewhere). On an error the remaining work is cancelled.
+    ``submits`` yields callables that submit work to ``client`` and return a future (or a list
+    of them); it is pulled lazily, so it can plan from the results so far. Results are fetched
+    one at a time, in order, each future released once taken. On an error the remaining work
+    is cancelled.
     """
     window = max(1, int(window))
     it = iter(submits)
@@ -63,8 +57,7 @@ def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> 
 def _chunk_task(
     root: str, rels: list[str], opts: DecodeOptions, shape: tuple[int, ...], first_rel: str, meta: Any
 ) -> tuple[bytes, int, int, list[tuple[int, str]]]:
-    """On a cluster worker: decode the files of one planned chunk exactly as a local ingest
-    does (``images.decode_files``, ``badfiles.shape_error``) and compress the good ones as one store chunk.
+    """On a worker: decode one planned chunk's files as a local ingest does and compress the good ones.
 
     Returns (compressed chunk, number of good images, CRC32, [(index in ``rels``, reason)]).
     """
@@ -82,17 +75,12 @@ def _chunk_task(
 
 
 def run_on_cluster(client: Any, job: StoreJob) -> IngestResult:
-    """An ingest runner (``job.Runner``, with ``functools.partial``): ``run.run_locally`` with the
-    decoding on a dask.distributed cluster (same order, same bytes).
+    """An ingest runner (``job.Runner``, via ``functools.partial``): ``run.run_locally`` decoding on a cluster.
 
-    This process plans: the item shape (``image_size``, or the first file that decodes, as
-    locally; the files before it are bad ones, handled here), then the files of each chunk.
-    Workers decode, resize and compress whole chunks (``_chunk_task``); this process places
-    them in order (:func:`in_order`, a bounded window) with the keys and labels it already
-    knows, and treats bad files as the local ingest does (``badfiles.BadFiles``: the same
-    ``on_error``, ``max_skipped`` and messages). A chunk with bad files comes back short: the
-    plan then gives the next task fewer files so that later chunks line up again, and chunks
-    already under way are decompressed and appended here (same bytes).
+    This process fixes the item shape and plans each chunk's files; workers decode and
+    compress whole chunks; this process places them in order with keys and labels, handling
+    bad files as locally. A short chunk (bad files) shifts the next task's files so later
+    chunks line up; chunks already under way are decompressed and appended here.
     """
     import blosc2
 

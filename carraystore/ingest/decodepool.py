@@ -1,11 +1,7 @@
-"""The decoding threads of a local ingest.
+"""The decoding threads of a local ingest, results in file order, a bounded number in flight.
 
-:func:`decoded` hands groups of files to ``workers`` threads and yields the results in
-file order with a bounded number of groups in flight. Pillow decodes and resizes JPEG,
-PNG and the other formats with the GIL released, so threads use every core as processes
-did, without their start-up, without pickling every decoded image back, and without a
-start method: an ingest runs from a plain script (no ``if __name__ == "__main__":``), and
-a killed ingest leaves no decoding process behind because there is none.
+Threads, not processes: Pillow decodes and resizes with the GIL released, and threads need
+no pickling, no start method (no ``if __name__ == "__main__":``) and leave nothing behind.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""Image files: finding them in a folder and decoding each into an array.
-
-The one image lister and extension list (:func:`image_files`, :func:`list_images`,
-``IMAGE_EXTENSIONS``) and the one decoder (:func:`decode_image`, with the resize, crop and
-16-bit rules), used by the ingest, its cluster runner (``ingest.cluster``), ``carraystore
-bench`` and bench/.
-"""
+"""Image files: the one lister (:func:`image_files`, :func:`list_images`) and the one decoder (:func:`decode_image`)."""
 
 from __future__ import annotations
 
@@ -52,7 +46,6 @@ INTERPOLATIONS = {
 #: Colour modes: the Pillow mode and the number of channels of each.
 MODES = {"grayscale": ("L", 1), "rgb": ("RGB", 3), "rgba": ("RGBA", 4)}
 #: Pixel types of an ingested store: 8-bit (the default, as Keras) or 16-bit.
-#: (``format.DTYPES`` is wider: every dtype a store may hold.)
 INGEST_DTYPES = ("uint8", "uint16")
 #: Pillow modes of 16-bit grayscale images (the only 16-bit PNGs Pillow decodes at full depth).
 _DEEP_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
@@ -104,8 +97,7 @@ def shown_name(name: str) -> str:
 def _walk_images(root: Path, follow_links: bool) -> tuple[list[Path], list[Path]]:
     """All image files under ``root`` (sorted; a folder's files before its sub-folders) and the others (ignored).
 
-    With ``follow_links``, a link to a folder that was already listed (a loop, or a second way
-    to the same folder) is not entered again: it lands in the ignored list, named with the reason.
+    With ``follow_links``, a link to an already listed folder (a loop) is ignored, with the reason.
     """
     images: list[Path] = []
     other: list[Path] = []
@@ -271,10 +263,9 @@ def _pixels16(img: Any, opts: DecodeOptions, channels: int) -> np.ndarray:
 def decode_image(path: str | os.PathLike[str], opts: DecodeOptions = DecodeOptions()) -> np.ndarray:
     """Decode one file into an (H, W, C) array of ``opts.dtype``; raise ImageDecodeError naming the file.
 
-    Bit depth is converted explicitly, never clipped: into uint8, a 16-bit grayscale PNG
-    keeps its high byte (as Pillow does for 16-bit colour PNGs); into uint16, 16-bit
-    grayscale keeps every bit, 8-bit images are scaled by 257 and 16-bit colour PNGs are
-    refused (Pillow decodes those to 8 bits only).
+    Bit depth is converted, never clipped: into uint8, 16-bit grayscale keeps its high byte;
+    into uint16, 16-bit grayscale keeps every bit, 8-bit images are scaled by 257 and 16-bit
+    colour PNGs are refused (Pillow decodes those to 8 bits only).
     """
     mode, channels = MODES[opts.color_mode]
     try:
@@ -319,8 +310,7 @@ def decode_image(path: str | os.PathLike[str], opts: DecodeOptions = DecodeOptio
 def decode_files(root: str, rels: list[str], opts: DecodeOptions) -> list[tuple[np.ndarray | None, str | None]]:
     """Decode the files ``rels`` (relative to ``root``): (array, None) or (None, reason) for each.
 
-    Failures come back as reasons (the message without the path), never as exceptions: what
-    a decoding process or a cluster worker sends back for a group of files.
+    Failures come back as reasons (the message without the path), never as exceptions.
     """
     out: list[tuple[np.ndarray | None, str | None]] = []
     for rel in rels:

@@ -1,8 +1,4 @@
-"""An ingest's unit of work: a planned store with everything to decode and write it, and what came of it.
-
-A :class:`StoreJob` is what a runner takes (``carraystore.ingest.run.run_locally``, or the
-cluster's ``carraystore.ingest.cluster.run_on_cluster``); an :class:`IngestResult` is what it returns.
-"""
+"""An ingest's unit of work: a :class:`StoreJob` a runner takes, and the :class:`IngestResult` it returns."""
 
 from __future__ import annotations
 
@@ -85,10 +81,8 @@ class IngestResult:
 class StoreJob:
     """One store of an ingest: its :class:`~carraystore.ingest.plan.StorePlan` and how to decode and write it.
 
-    A runner decodes ``plan.rels`` (relative to ``plan.root``) with ``opts``, hands every file
-    it cannot use to ``bad`` (which stops the ingest when the policy says so), writes the good
-    ones in this order through :meth:`open_writer` with their labels, keys, groups and fields,
-    records ``bad.skipped`` in the store, and returns :meth:`result`.
+    A runner decodes ``plan.rels`` with ``opts``, hands unusable files to ``bad``, writes the
+    good ones in order through :meth:`open_writer`, records ``bad.skipped`` and returns :meth:`result`.
     """
 
     plan: StorePlan
@@ -118,8 +112,7 @@ class StoreJob:
         return self.appender.meta.image_shape if self.appender is not None else None
 
     def open_writer(self, shape: tuple[int, ...]) -> StoreWriter:
-        """The store's writer, with one blosc2 thread, so that a chunk's blocks are in order and the same
-        ingest always gives the same bytes (blosc2's threads place blocks as they finish)."""
+        """The store's writer, with one blosc2 thread so that the same ingest always gives the same bytes."""
         if self.appender is not None:
             if tuple(shape) != self.appender.meta.image_shape:
                 raise IngestError(

@@ -1,16 +1,9 @@
 """Per-file fields for an ingest: a targets manifest (CSV or JSON lines), or values in file order.
 
-A manifest has one row per image file, keyed by the file's path relative to the ingested
-folder (a column ``file`` or ``path``); every other column becomes a field of the store
-(``store.columns``, docs/targets.md):
-
-- whole numbers -> int64; any other number in the column -> float64 (exact: the text's
-  value, no rounding to float32; Keras casts y to the model's float type);
-- a JSON array (``"[0.1, 0.2, 0.5, 0.9]"`` in a CSV cell, a list in JSON lines) -> a vector
-  field, every row of one shape (boxes, keypoints, one-hot, several regression outputs).
-
-Every listed file must have a row and every row a file (:meth:`FieldTable.check_files`);
-an empty cell, a text value or a ragged vector is a :class:`ManifestError` naming the line.
+A manifest row per image file, keyed by its relative path (column ``file`` or ``path``); every
+other column becomes a field (docs/targets.md): whole numbers -> int64, other numbers ->
+float64 (exact), a JSON array -> a vector field of one shape. Every file needs a row and every
+row a file; an empty cell, text or a ragged vector is a :class:`ManifestError` naming the line.
 """
 
 from __future__ import annotations
@@ -247,8 +240,7 @@ def _key_column(header: list[str], source: str) -> str:
 
 
 def read_manifest(path: str | os.PathLike[str]) -> FieldTable:
-    """A manifest file as a :class:`FieldTable`: CSV (a header row) or JSON lines (``.jsonl``,
-    ``.ndjson``, or a file whose first character is ``{``)."""
+    """A manifest file as a :class:`FieldTable`: CSV with a header, or JSON lines (``.jsonl``, ``.ndjson``, ``{...``)."""
     p = Path(path)
     source = str(p)
     try:

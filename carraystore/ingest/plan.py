@@ -1,9 +1,7 @@
 """The plan of an ingest: which stores, which files in which order, their labels, groups and fields.
 
-Everything here is decided from the folder listing, the arguments and a manifest, without
-decoding a pixel: :func:`plan_folder` gives one :class:`StorePlan` per store (one store, one
-per split folder, or the parts of a validation split). ``carraystore.ingest.run`` decodes and
-writes each; ``carraystore.ingest.append`` plans an append from the store it adds to.
+Decided from the listing, the arguments and a manifest, without decoding a pixel:
+:func:`plan_folder` gives one :class:`StorePlan` per store.
 """
 
 from __future__ import annotations
@@ -65,10 +63,9 @@ SPLIT_NAMES = frozenset(
 
 
 def split_like_folders(root: str | os.PathLike[str]) -> list[str]:
-    """The sub-folders of ``root`` that look like dataset splits (train/, validation/, test/, ...).
+    """The sub-folders of ``root`` that look like dataset splits (train/, validation/, ...), else [].
 
-    Returns them when they probably are splits: two or more split names, or one split
-    name that itself holds sub-folders (class folders). Otherwise an empty list.
+    Probably splits: two or more split names, or one that itself holds sub-folders.
     """
     rootp = Path(root)
     subdirs = sorted(d for d in rootp.iterdir() if d.is_dir() and not d.name.startswith("."))
@@ -81,11 +78,10 @@ def split_like_folders(root: str | os.PathLike[str]) -> list[str]:
 def validation_split_indices(
     n: int, validation_split: float, shuffle: bool, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(training, validation) positions in the sorted file list, chosen exactly as Keras does.
+    """(training, validation) positions in the sorted file list, as Keras picks them with the same seed.
 
-    ``keras.utils.image_dataset_from_directory`` shuffles the sorted list with
-    ``np.random.RandomState(seed)`` (when shuffling) and keeps the last
-    ``int(validation_split * n)`` files for validation; the same seed picks the same files here.
+    Keras shuffles with ``np.random.RandomState(seed)`` and keeps the last
+    ``int(validation_split * n)`` files for validation.
     """
     _check_fraction(validation_split)
     n_val = int(validation_split * n)
@@ -107,8 +103,7 @@ _DIGITS = re.compile(r"(\d+)")
 def _natural(name: str) -> tuple[tuple[tuple[str, int], ...], str]:
     """``frame_2`` before ``frame_10``: text order, except that a run of digits compares as its number.
 
-    Every other character is a token of its own; a digit run sorts where its first digit
-    would in text order (after ``.`` and ``_``, before letters), then by value. The name
+    A digit run sorts where its first digit would in text order, then by value; the name
     itself breaks ties (``frame_01`` and ``frame_1``).
     """
     tokens: list[tuple[str, int]] = []
@@ -121,12 +116,9 @@ def _natural(name: str) -> tuple[tuple[tuple[str, int], ...], str]:
 
 
 def natural_order(rels: Sequence[str], class_first: bool = False) -> np.ndarray:
-    """The positions of ``rels`` in natural order, folder by folder as the listing walks them.
+    """The positions of ``rels`` in natural order; a folder's files before its sub-folders.
 
-    In every folder its files come before its sub-folders (as ``list_images`` lists them),
-    and names compare with their digit runs as numbers: ``frame_2`` before ``frame_10``,
-    ``video_9/`` before ``video_10/``. ``class_first`` keeps the first folder level (the class
-    folders, in class-name order) in the order it comes in.
+    ``class_first`` keeps the first folder level (the class folders) in the order it comes in.
     """
     first: dict[str, int] = {}
 
@@ -148,13 +140,10 @@ def natural_order(rels: Sequence[str], class_first: bool = False) -> np.ndarray:
 def infer_groups(rels: Sequence[str], labels: Any, groups: Groups, root: Path) -> list[str] | None:
     """Each file's group name, or None when the files have no groups.
 
-    ``groups="inferred"`` with class folders (``labels="inferred"``): the folder right below
-    the class folder, named with its class (``walk/video_0001/frame_1.jpg`` is in group
-    ``walk/video_0001``); files directly in a class folder form the group of that folder.
-    Without a second folder level anywhere (plain class folders), or without class
-    folders, no groups. A sequence gives one group per file in sorted path order (as
-    labels), a mapping ``relative path -> group`` one for every file, a function
-    ``group(relative path)`` one for each.
+    ``"inferred"`` with class folders: the folder below the class folder, with its class
+    (``walk/video_0001/frame_1.jpg`` -> ``walk/video_0001``; files right in a class folder:
+    that folder); no groups without a second folder level or class folders. Otherwise
+    :data:`Groups`.
     """
     if groups is None:
         return None
@@ -199,11 +188,10 @@ def group_split_indices(
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(training, validation) positions that keep every group whole, and notes on what was reached.
 
-    Groups are drawn in a seeded order, class by class (a group's class is the label most of
-    its files have): a group goes to validation while that brings the class's validation
-    files closer to ``validation_split`` of its files, and a class always keeps one group
-    for training. Without any such group, the smallest group goes. :class:`~carraystore.base.errors.GroupSplitError` when one part would
-    be empty; the notes give the share reached and the classes missing from a part.
+    Per class (its files' majority label), groups in a seeded order go to validation while that
+    brings the class closer to ``validation_split``; each class keeps a training group.
+    :class:`~carraystore.base.errors.GroupSplitError` when a part would be empty; the notes
+    give the share reached and classes missing from a part.
     """
     _check_fraction(validation_split)
     n = len(groups)
@@ -365,9 +353,7 @@ def plan_store(
 ) -> StorePlan:
     """One store's plan: names that cannot be keys dropped (or an error), then the write order.
 
-    ``shuffle``: a seeded permutation; else natural path order (``frame_2`` before
-    ``frame_10``, a note when that differs from text order), ``class_folders`` keeping the
-    class folders in class order.
+    ``shuffle``: a seeded permutation; else natural path order (a note where it differs from text order).
     """
     if not rels:
         raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
@@ -424,11 +410,9 @@ def plan_folder(
     max_skipped: float | int = DEFAULT_MAX_SKIPPED,
     decoding: Mapping[str, Any] | None = None,
 ) -> dict[str, StorePlan]:
-    """The stores of an ingest of ``directory``, keyed: ``""`` for one store, the split folder's
-    name with ``split_dirs``, ``training``/``validation`` with a ``subset``.
+    """The stores of an ingest of ``directory``, keyed ``""``, the split folder names or ``training``/``validation``.
 
-    The arguments are ``from_directory``'s; ``decoding`` is the decode options' part of the
-    provenance. Nothing is decoded; the manifest (``targets``) is read and checked against the files.
+    Arguments: ``from_directory``'s; ``decoding``: the decode options' part of the provenance.
     """
     root = Path(directory)
     inferred = isinstance(labels, str) and labels == "inferred"

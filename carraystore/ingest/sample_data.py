@@ -1,9 +1,7 @@
 """Small labelled image folders made reproducibly from the photographs scikit-image ships.
 
-Used by ``make demo``, the tests and the benchmarks. Each class is one source photo;
-samples are random crops (random scale), resized and randomly flipped, saved as JPEG
-(or PNG) files in class folders, the layout ``keras.utils.image_dataset_from_directory``
-reads. Needs scikit-image (the ``demo``, ``test`` and ``bench`` extras install it).
+Each class is one photo; samples are random crops, resized and randomly flipped, saved as
+JPEG (or PNG) in class folders. Needs scikit-image (the ``demo``/``test``/``bench`` extras).
 """
 
 from __future__ import annotations
@@ -82,8 +80,8 @@ def make_photo_folder(
 ) -> Path:
     """Write ``n`` images in class folders under ``out`` (or under split folders).
 
-    ``splits`` such as ``{"train": 0.8, "val": 0.2}`` writes ``out/train/<class>/...`` and
-    ``out/val/<class>/...``. Returns ``out``. The same arguments give the same files.
+    ``splits`` such as ``{"train": 0.8, "val": 0.2}`` writes ``out/train/<class>/...``, ...
+    Returns ``out``; the same arguments give the same files.
     """
     root = Path(out)
     names = list(classes) if classes is not None else list(PHOTOS[:4])
