@@ -1,14 +1,10 @@
 """The encoded layout (FORMAT.md 10): images kept as their encoded bytes, decoded when read (layer 1).
 
-The b2nd array is ``(N, H, W, C)`` uint8, but a chunk's decompressed bytes are its images'
-**entries** back to back from byte 0, then zeros. An entry is the encoded file (JPEG, PNG, WebP)
-or, when no encoding is shorter, the raw pixels (exactly ``H*W*C`` bytes); ``entry_sizes`` in the
-record holds each length, so entries always fit their chunk. Touches no file.
-
-JPEGs are decoded by simplejpeg only where :func:`jpeg_decoder` found it gives Pillow's pixels,
-otherwise by Pillow, which defines the pixels (FORMAT.md 10.2); ``CARRAYSTORE_JPEG_DECODER=pillow``
-turns simplejpeg off. At a smaller size (``scale`` 2, 4 or 8) a JPEG uses libjpeg's scaled IDCT
-(Pillow's ``draft``); other entries are decoded at full size and reduced by :func:`box_reduce`.
+The b2nd array is ``(N, H, W, C)`` uint8, but a chunk's decompressed bytes are its images' entries
+back to back, then zeros. An entry is the encoded file (JPEG, PNG, WebP) or, when none is shorter,
+the raw pixels (``H*W*C`` bytes); the record's ``entry_sizes`` holds each length. JPEGs are decoded
+by simplejpeg only where :func:`jpeg_decoder` found it gives Pillow's pixels, else by Pillow, which
+defines them (FORMAT.md 10.2; ``CARRAYSTORE_JPEG_DECODER=pillow`` forces it). Touches no file.
 """
 
 from __future__ import annotations
@@ -84,11 +80,9 @@ def sniff(entry: bytes | memoryview, image_nbytes: int) -> str:
 @dataclass(frozen=True)
 class Encoding:
     """How a store of the encoded layout holds its images (the record's ``encoding`` map).
-
     ``formats``: the entry formats in use (a reader refuses others); ``reencode``/``quality``: the
-    pinned format the writer encodes pixels to: ``png`` (lossless, default) or ``jpeg``/``webp``
-    at ``quality`` 1-100 (webp without a quality is lossless).
-    """
+    pinned format the writer encodes pixels to, ``png`` (lossless, default) or ``jpeg``/``webp`` at
+    ``quality`` 1-100 (webp without a quality is lossless)."""
 
     formats: tuple[str, ...] = ()
     reencode: str = "png"
@@ -194,10 +188,8 @@ def entry_for_pixels(pixels: np.ndarray, encoding: Encoding) -> bytes:
 
 
 def source_entry(data: bytes, expected: np.ndarray, color_mode: str) -> bytes | None:
-    """``data`` (a source file's bytes) as an entry when it decodes to exactly ``expected``, else None.
-
-    Decoding colour-converts as :func:`carraystore.ingest.images.decode_image` does.
-    """
+    """``data`` (a source file's bytes) as an entry when it decodes to exactly ``expected``, else None
+    (colour-converted as :func:`carraystore.ingest.images.decode_image` does)."""
     fmt = sniff(data, expected.nbytes)
     if fmt not in _PIL_NAMES or len(data) >= expected.nbytes:
         return None
@@ -221,12 +213,10 @@ def decode_entry(
     scale: int = 1,
 ) -> str:
     """Decode one entry into ``out`` ((H, W, C) uint8, or (H/scale, W/scale, C)); return its format.
-
-    The format must be among ``formats``, and the header must state the store's size (checked
-    before any pixel is decoded: no decompression bomb). Failures raise
-    :class:`~carraystore.base.errors.EncodedImageError` starting with ``what()``. ``entry`` must not
-    share memory with ``out``. ``scale`` is 1, 2, 4 or 8.
-    """
+    The format must be among ``formats`` and the header state the store's size, checked before any
+    pixel is decoded (no decompression bomb). Failures raise :class:`~carraystore.base.errors.EncodedImageError`
+    starting with ``what()``. ``entry`` must not share memory with ``out``; ``scale`` is 1, 2, 4 or 8
+    (a JPEG through libjpeg's scaled IDCT, other entries reduced by :func:`box_reduce`)."""
     h, w, c = out.shape
     full = (h * scale, w * scale, c)
     nbytes = h * w * c * scale * scale
@@ -315,10 +305,7 @@ def reduced_sizes(height: int, width: int) -> list[tuple[int, int]]:
 
 def box_reduce(images: np.ndarray, scale: int, out: np.ndarray | None = None) -> np.ndarray:
     """``images`` (..., H, W, C) uint8 reduced by ``scale``: each pixel the box mean, rounded half up.
-
-    Exactly Pillow's ``Image.reduce(scale)`` for L and RGB; RGBA is averaged per channel (Pillow
-    premultiplies alpha, so differs).
-    """
+    Exactly Pillow's ``Image.reduce(scale)`` for L and RGB; RGBA is averaged per channel (Pillow differs)."""
     *lead, h, w, c = images.shape
     if h % scale or w % scale:
         raise InvalidInputError(f"box_reduce: a {h}x{w} image does not divide by {scale}")
@@ -352,10 +339,8 @@ _REDUCE_GROUP_BYTES = 4 << 20
 
 
 def reduce_images_inplace(buf: np.ndarray, scale: int, count: int | None = None) -> None:
-    """Reduce the first ``count`` images of ``buf`` ((k, H, W, C) uint8, C-contiguous) by ``scale``.
-
-    Each lands in the first bytes of its own slot, written only after it was read.
-    """
+    """Reduce the first ``count`` images of ``buf`` ((k, H, W, C) uint8, C-contiguous) by ``scale``,
+    each into the first bytes of its own slot, written only after it was read."""
     k, h, w, c = buf.shape
     count = k if count is None else count
     nb = h * w * c
@@ -529,11 +514,9 @@ def decode_chunk_inplace(
     scale: int = 1,
 ) -> None:
     """Decode the ``len(sizes)`` entries that ``buf`` ((k, H, W, C) uint8) holds into ``buf`` itself.
-
-    Entry ``j`` starts at or before ``j * H*W*C``, so decoding last first never overwrites an
-    unread entry; at ``scale`` > 1 images land in the first bytes of their slots
-    (:func:`reduced_view`). ``what(j)`` names image ``j`` in errors.
-    """
+    Entry ``j`` starts at or before ``j * H*W*C``, so decoding last first never overwrites an unread
+    entry; at ``scale`` > 1 images land in the first bytes of their slots (:func:`reduced_view`).
+    ``what(j)`` names image ``j`` in errors."""
     k, h, w, c = buf.shape
     nb = h * w * c
     small = (h // scale, w // scale, c)

@@ -1,9 +1,8 @@
 """The Blosc2 contiguous-frame layout of a store file, parsed from a byte source (layer 2).
 
-A frame (c-blosc2 README_CFRAME_FORMAT.rst; FORMAT.md names what a store relies on): a header
-(msgpack: sizes, codec flags, fixed metalayers), the data chunks, a compressed chunk of int64
-chunk offsets, and a trailer (msgpack: the variable-length metadata). :func:`read_frame` opens
-with two reads and never touches a chunk. What the metadata means is :mod:`carraystore.format.record`.
+A frame (c-blosc2 README_CFRAME_FORMAT.rst; FORMAT.md): a msgpack header (sizes, codec flags, fixed
+metalayers), the data chunks, a compressed chunk of int64 chunk offsets, and a msgpack trailer
+(variable-length metadata). :func:`read_frame` opens with two reads and never touches a chunk.
 """
 
 from __future__ import annotations
@@ -37,11 +36,9 @@ _MAGIC = b"b2frame\x00"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 #: A frame may list at most max(MAX_CHUNKS, file size // 8) chunks (bounds the offsets index).
 MAX_CHUNKS = 2**23
-#: The tail (offsets index and trailer) is read at once when at most this much longer than the
-#: index can be; a longer one is checked first (trailer length from the file's last bytes).
+#: The tail (offsets index, trailer) is read at once when at most this much longer than the index can be.
 _TAIL_READ_SLACK = 1024 * 1024
-#: Offsets-index entries with bit 63 set are special chunks without data; bits 56-61 say which
-#: value (1: zeros, 2: NaNs, 4: uninitialised).
+#: Offsets-index entries with bit 63 set are special chunks without data; bits 56-61: 1 zeros, 2 NaNs, 4 uninitialised.
 _SPECIAL_BIT = 1 << 63
 
 
@@ -169,11 +166,8 @@ class Frame:
         return out  # type: ignore[return-value]
 
     def vlmeta(self, name: str, max_nbytes: int | None = None) -> bytes | None:
-        """The decompressed variable-length metadata ``name``, or None when absent.
-
-        The chunk is walked before libblosc2 sees it; ``max_nbytes`` refuses a larger one
-        (MetadataTooLargeError) before any memory is taken.
-        """
+        """The decompressed variable-length metadata ``name``, or None when absent. The chunk is walked
+        before libblosc2 sees it; ``max_nbytes`` refuses a larger one (MetadataTooLargeError) up front."""
         content = self.vlmeta_raw.get(name)
         if content is None:
             return None
@@ -375,11 +369,8 @@ _PIPELINE_FILTERS = (0, 1, 2, 3, 35)
 
 def header_problems(frame: Frame) -> list[str]:
     """Every byte of the frame header against FORMAT.md appendix A.1/A.2; the problems found, [] if none.
-
-    Beyond ``read_frame``'s needs: markers, flags, thread counts, filter pipeline, metalayer
-    index, b2nd layout (plain blosc2 and in-place writers rely on them). Per-store values are
-    :func:`carraystore.store.checks.header_problems`.
-    """
+    Beyond ``read_frame``'s needs (markers, flags, thread counts, pipeline, metalayers, b2nd layout);
+    per-store values are :func:`carraystore.store.checks.header_problems`."""
     h = frame.header
     if len(h) != frame.header_len or len(h) < 94:
         return [f"the header holds {len(h)} bytes, {frame.header_len} expected"]

@@ -1,8 +1,5 @@
 """The format specification in code (FORMAT.md): names, limits and the metadata record (layer 1).
-
-:class:`StoreMeta` (sealed by :func:`seal_record`), keys (:class:`StringTable`), attrs and dtype records.
-Codec, chunk headers and the CRC rule are in :mod:`carraystore.format.codec`. Touches no file.
-"""
+:class:`StoreMeta` (sealed by :func:`seal_record`), keys (:class:`StringTable`), attrs, dtype records."""
 
 from __future__ import annotations
 
@@ -105,8 +102,7 @@ def dtype_from_record(rec: Any) -> np.dtype:
         return out
 
     try:
-        # descr_to_dtype (as .npy files do) restores padding: fields named '' are gaps, so a
-        # structured dtype with offsets/itemsize round-trips exactly.
+        # descr_to_dtype (as .npy does) restores padding ('' fields are gaps): offsets/itemsize round-trip
         dt = np.dtype(rec) if isinstance(rec, str) else descr_to_dtype(fields(rec))
     except FormatError:
         raise
@@ -127,10 +123,8 @@ def metadata_limit(nimages: int) -> int:
 
 def validate_key(key: str) -> str:
     """Check that ``key`` is a relative, portable path or id; return it with '/' separators.
-
     A backslash is a name character on POSIX and a separator on Windows (where it becomes '/');
-    either way a key may not be absolute nor climb with '..'.
-    """
+    either way a key may not be absolute nor climb with '..'."""
     k, problem = _key_problem(key)
     if problem is None:
         return k
@@ -332,10 +326,8 @@ _SEAL = b"\xaa" + META_CRC_KEY.encode() + b"\xce"
 
 
 def seal_record(rec: Mapping[str, Any]) -> bytes:
-    """Pack a metadata record as msgpack, its checksum the last entry (FORMAT.md 4.3).
-
-    ``"meta_crc32"``: a msgpack uint32 (``0xce`` + 4 bytes big-endian), the CRC-32 of every byte before it.
-    """
+    """Pack a metadata record as msgpack, its checksum the last entry (FORMAT.md 4.3): ``"meta_crc32"``,
+    a msgpack uint32 (``0xce`` + 4 bytes big-endian), the CRC-32 of every byte before it."""
     body = {k: v for k, v in rec.items() if k != META_CRC_KEY}
     body[META_CRC_KEY] = 0xFFFFFFFF  # always packed as 0xce + 4 bytes
     raw = bytearray(msgpack.packb(body, use_bin_type=True))
@@ -386,11 +378,8 @@ def _check_plain(rec: Any, where: str) -> None:
 
 
 def json_attrs(attrs: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
-    """``attrs`` as a store keeps them: JSON values (tuples become lists, keys strings).
-
-    InvalidInputError names the attr JSON or msgpack cannot hold (objects, ints outside
-    -2**63 .. 2**64-1). NaN and infinities stay floats.
-    """
+    """``attrs`` as a store keeps them: JSON values (tuples become lists, keys strings). InvalidInputError
+    names an attr JSON or msgpack cannot hold (objects, ints outside -2**63 .. 2**64-1); NaN stays a float."""
     attrs = dict(attrs or {})
     _check_plain(attrs, where)  # nesting first: json.dumps recurses
     plain: dict[str, Any] = {}
@@ -514,11 +503,8 @@ class StoreMeta:
 
     @staticmethod
     def unpack_record(raw: bytes, where: str = "store", require_crc: bool = False) -> Any:
-        """The plain msgpack record in ``raw`` (extension types refused), not yet validated.
-
-        A checksum entry (FORMAT.md 4.3) must match and is removed; ``require_crc`` makes its
-        absence an error. Lets a caller drop ``raw`` before ``from_record``.
-        """
+        """The plain msgpack record in ``raw`` (extension types refused), not yet validated. A checksum
+        entry (FORMAT.md 4.3) must match and is removed; ``require_crc`` makes its absence an error."""
         sealed = check_record_seal(raw, where)
         if require_crc and not sealed:
             raise MetadataChecksumError(
