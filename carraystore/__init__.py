@@ -36,10 +36,7 @@ def copy(
     progress: bool = False,
     options: WriteOptions | None = None,
 ) -> CopyResult:
-    """Copy a store between two locations (paths or URLs), streamed and verified chunk by chunk.
-
-    See ``carraystore.store.transfer.copy_store`` (``options``: a WriteOptions); returns a CopyResult.
-    """
+    """Copy a store between paths or URLs, verified chunk by chunk (``store.transfer.copy_store``); a CopyResult."""
     from carraystore.store.transfer import copy_store
 
     return copy_store(

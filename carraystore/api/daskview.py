@@ -1,13 +1,7 @@
-"""Stores as dask arrays: a lazy, read-only view (see docs/dask.md).
+"""Stores as dask arrays: a lazy, read-only view, re-exported by ``carraystore.dask`` (docs/dask.md).
 
-- :func:`to_dask`: a lazy ``dask.array.Array`` over a store, chunked like the store along
-  axis 0: one task per store chunk reads and decompresses that chunk wherever it runs (a
-  store pickles as its location and options, never as data).
-- :func:`labels`, :func:`fields`, :func:`targets`: the per-sample values as numpy arrays,
-  ``targets`` built as the loaders build y.
-
-``carraystore.dask`` (the adapter) re-exports these names; ``Store.to_dask`` calls
-:func:`to_dask`. Needs the ``dask`` extra: ``pip install 'carraystore[dask]'``.
+:func:`to_dask` is the pixels, one task per store chunk; :func:`labels`, :func:`fields` and
+:func:`targets` the per-sample values as numpy arrays. Needs ``pip install 'carraystore[dask]'``.
 """
 
 from __future__ import annotations
@@ -59,14 +53,10 @@ def _as_store(
 
 
 class _ChunkReader:
-    """What ``da.from_array`` slices: a store chunk's slice reads exactly that chunk.
+    """What ``da.from_array`` slices: a slice reads only the chunks it needs.
 
-    Other slices (dask fuses later indexing into the read) read only the chunks they need.
-    Pickles as the store's location and options (never data) plus a fingerprint of its
-    content (shape and chunk CRCs). Unpickling opens nothing (dask.distributed's scheduler
-    unpickles the graph and need not reach the data); the store is opened at the first read,
-    and a store changed since (replaced, appended to) raises there instead of mixing two
-    versions into one result.
+    Pickles as location, options and a fingerprint (shape, chunk CRCs); opens the store at the
+    first read (the scheduler need not reach the data), raising if it changed since.
     """
 
     def __init__(self, store: StoreReader) -> None:
@@ -133,10 +123,8 @@ def to_dask(
 ) -> da.Array:
     """A lazy dask array of a store's items, one dask chunk per store chunk.
 
-    ``store_or_url`` is an open :class:`~carraystore.Store`, a path or a URL (with
-    ``storage_options`` for URLs). Works with any dask scheduler, including a
-    ``dask.distributed`` cluster of worker processes: each task reopens the store by
-    location and reads and decompresses its chunk there.
+    ``store_or_url``: an open :class:`~carraystore.Store`, a path or a URL (``storage_options``).
+    Any scheduler works: each task reopens the store by location and decompresses its chunk there.
     """
     store = _as_store(store_or_url, storage_options)
     n, k = len(store), store.chunk_images
@@ -149,9 +137,9 @@ def to_dask(
 
 
 class Labels(np.ndarray):
-    """A store's int64 labels that carry its ``class_names`` (None when it has none), so that
-    ``from_dask(x, out, labels=labels(path))`` keeps the names. A plain numpy array otherwise;
-    slices keep the names, results of arithmetic or comparisons are plain arrays."""
+    """int64 labels carrying the store's ``class_names``, so ``from_dask(x, out, labels=labels(path))`` keeps them.
+
+    Slices keep the names; arithmetic and comparison results are plain arrays."""
 
     class_names: tuple[str, ...] | None
 
@@ -169,12 +157,9 @@ class Labels(np.ndarray):
 
 
 def labels(store_or_url: StoreReader | str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Labels:
-    """The store's labels as a **numpy** int64 array (one per item, in memory): a :class:`Labels`,
-    whose ``class_names`` are the store's (``from_dask`` takes them from it).
+    """The store's labels as a **numpy** int64 :class:`Labels` (from the metadata, in memory).
 
-    Labels live in the store's metadata, so they are small and already read; a numpy array
-    also indexes a dask array directly (``x[labels(s) == 3]``). Raises InvalidInputError
-    for an unlabelled store.
+    They index a dask array directly (``x[labels(s) == 3]``). InvalidInputError for an unlabelled store.
     """
     store = _as_store(store_or_url, storage_options)
     if store.labels is None:
@@ -187,8 +172,7 @@ def fields(
 ) -> dict[str, np.ndarray]:
     """The store's per-sample fields (``store.columns``) as **numpy** arrays, name -> (N, *shape).
 
-    Like :func:`labels`, they live in the metadata: small, in memory, and they index a dask
-    array directly (``x[fields(s)["angle"] > 0.1]``).
+    In memory, like :func:`labels`: ``x[fields(s)["angle"] > 0.1]``.
     """
     store = _as_store(store_or_url, storage_options)
     return {name: np.array(col) for name, col in store.columns.items()}
@@ -202,13 +186,10 @@ def targets(
     sample_weight: str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> Any:
-    """Every sample's y as the loaders give it (numpy, first axis N): the same ``targets``,
-    ``label_mode`` and ``sample_weight`` arguments, dtypes and shapes as ``Store.batches``,
-    ``StoreDataset`` and ``to_dataset`` (docs/targets.md).
+    """Every sample's y (numpy, first axis N) as the loaders give it, same arguments (docs/targets.md).
 
-    Returns y (an array, a tuple or a dict of arrays), or ``(y, w)`` with ``sample_weight``;
-    pair it with :func:`to_dask` (``x``) for dask-ml or a custom training loop. Raises
-    InvalidInputError when there is no y (an unlabelled store and ``targets="label"``).
+    Returns y (an array, tuple or dict), or ``(y, w)`` with ``sample_weight``; pair it with
+    :func:`to_dask`. InvalidInputError when there is no y.
     """
     store = _as_store(store_or_url, storage_options)
     spec = make_spec(store, 1, shuffle=False, targets=targets, label_mode=label_mode, sample_weight=sample_weight)

@@ -1,10 +1,6 @@
-"""``carraystore.Store``: an open store with the loaders as methods, and ``open_store``.
+"""``carraystore.Store``: the reader plus the loaders as methods, and ``open_store``.
 
-The reader (:class:`carraystore.store.reader.StoreReader`: metadata, random access, chunks,
-verify) sits low in the layers; the loaders sit above it. ``Store`` is the reader plus
-``batches`` (the streaming loader) and ``to_dask`` (the dask view, imported when
-called), defined here, above both, so no module imports upward and nothing is patched in at
-import time. ``carraystore.open`` returns a ``Store``.
+Defined here, above the reader and the loaders, so no module imports upward.
 """
 
 from __future__ import annotations
@@ -26,11 +22,7 @@ __all__ = ["Store", "open_store"]
 
 
 class Store(StoreReader):
-    """A read-only carraystore store. Get one with ``carraystore.open(path_or_url)``.
-
-    Everything of :class:`~carraystore.store.reader.StoreReader` (metadata, ``store[i]``, ``take``,
-    ``verify``, chunks), plus the loaders: :meth:`batches` and :meth:`to_dask`.
-    """
+    """A read-only store (``carraystore.open(path_or_url)``): a :class:`~carraystore.store.reader.StoreReader` plus loaders."""
 
     def batches(
         self, batch_size: int, options: LoaderOptions | None = None, **kwargs: Unpack[LoaderKwargs]
@@ -53,6 +45,5 @@ def open_store(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | str | None = None,
 ) -> Store:
-    """Open a store for reading, from a path or a URL (``carraystore.open``); see
-    :func:`carraystore.store.reader.open_store` for the arguments."""
+    """Open a store for reading from a path or URL; arguments: :func:`carraystore.store.reader.open_store`'s."""
     return _open_store(location, storage_options, cache_dir=cache_dir, cache_size=cache_size, cls=Store)

@@ -1,8 +1,4 @@
-"""CLI sub-commands for the store itself: ingest, info, meta, verify, preview, export, copy.
-
-Handlers and argument helpers only: the work is done by the library (ingest and the dask
-adapter, summary, export, transfer, writer).
-"""
+"""CLI sub-commands for the store itself: ingest, info, meta, verify, preview, export, copy (handlers only)."""
 
 from __future__ import annotations
 
@@ -126,8 +122,7 @@ def _max_skipped(text: str) -> float | int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    """Describe every store given; one that cannot be opened is an error line (exit 2), the rest go on.
-    With --json: one object for one store, a list of objects for several."""
+    """Describe every store given (one that cannot be opened: an error line, exit 2); --json: an object or a list."""
     status = 0
     documents = []
     for path in args.stores:
@@ -255,7 +250,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_copy(args: argparse.Namespace) -> int:
     from carraystore.store.transfer import copy_store
 
-    # --storage-options is SRC's here: the written store's (WriteOptions.storage_options) is --dst-storage-options
+    # --storage-options is SRC's here; the written store's is --dst-storage-options
     options = WriteOptions.from_args(args, storage_options=args.dst_storage_options)
     result = copy_store(args.src, args.dst, storage_options=args.storage_options, verify=args.verify, options=options)
     print(result.summary())

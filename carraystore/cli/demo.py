@@ -1,10 +1,8 @@
 """``make demo``: the main job end to end on a small dataset of real photographs.
 
-Builds a labelled image folder from scikit-image's photos (random crops, scales and
-flips saved as JPEG in class folders, split into train/ and val/), ingests it into
-``train.b2nd`` and ``val.b2nd``, prints ``info``, then compares the images/s of shuffled
-epochs with per-file Pillow loading of the same folder: one warm-up epoch each, then
-``--rounds`` interleaved rounds of one epoch per loader; medians and their spread.
+Builds a labelled image folder (train/ and val/) from scikit-image's photos, ingests it,
+prints ``info``, then compares the images/s of shuffled epochs with per-file Pillow loading:
+a warm-up epoch each, then ``--rounds`` interleaved rounds; medians and their spread.
 """
 
 from __future__ import annotations
@@ -51,9 +49,8 @@ def _store_epoch(store: Store, epoch: int, batch_size: int = 32) -> int:
 def time_rounds(contenders: dict[str, Callable[[int], int]], rounds: int) -> dict[str, list[tuple[int, float]]]:
     """One warm-up epoch of each contender, then ``rounds`` rounds of one timed epoch each.
 
-    Contenders take turns inside a round (the first one of a round changes every round),
-    so a burst of load from elsewhere hits every contender alike; each epoch gets a new
-    order. Returns (images, seconds) per contender and round.
+    Contenders take turns, the first changing every round, so outside load hits all alike.
+    Returns (images, seconds) per contender and round.
     """
     names = list(contenders)
     for name in names:  # warm-up: page cache, buffer pools, threads

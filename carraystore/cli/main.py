@@ -1,7 +1,6 @@
 """The ``carraystore`` command line. Thin: every command calls the library.
 
-Sub-commands live in small modules that expose ``register(subparsers)``; each one adds
-its parser and sets ``func`` to a handler ``(args) -> int`` (the exit status).
+Each sub-command module's ``register(subparsers)`` sets ``func`` to a handler ``(args) -> exit status``.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
     def unknown_arguments(self, extra: Sequence[str], argv: Sequence[str] = ()) -> None:
-        """Exit with this parser's usage, the unknown arguments and a hint for each: the closest
-        known flag, or, for words after a flag that takes one value, what that flag takes."""
+        """Exit with the usage, the unknown arguments and a hint for each (closest flag, or what a flag takes)."""
         flags = sorted(s for s in self._option_string_actions if s.startswith("--"))
         hints = []
         for arg in extra:
@@ -102,8 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
         return status
     except BrokenPipeError:
-        # the reader went away (``carraystore info STORE | head -1``): stop quietly, and point
-        # stdout at /dev/null so that the interpreter's final flush cannot fail again
+        # the reader went away (``| head -1``): stop quietly; /dev/null so the final flush cannot fail
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)

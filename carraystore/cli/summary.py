@@ -1,9 +1,4 @@
-"""What a store holds, and what a file is when it is not a store (``carraystore info``, ``meta``).
-
-:func:`store_info` is the JSON-able description (``info --json``), :func:`info_rows` its
-text lines; :func:`describe_non_store` names the files people confuse with a store (an
-image, an HDF5 or npz file, a bcolz folder, a folder of images) and what to run instead.
-"""
+"""What a store holds (``carraystore info``, ``meta``), and what a file is when it is not a store."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ SMALL_INT_VALUES = 10
 
 
 def field_summary(col: np.ndarray) -> dict[str, Any]:
-    """dtype, per-sample shape and a summary of one field: value counts for a scalar integer
-    field of few values, else min / mean / max over every number (NaNs counted apart)."""
+    """dtype, per-sample shape and a summary of one field: counts of few integer values, else min/mean/max."""
     out: dict[str, Any] = {"dtype": str(col.dtype), "shape": list(col.shape[1:])}
     if col.dtype.kind not in "biuf" or not col.size:
         return out
@@ -61,8 +55,7 @@ def _field_text(name: str, f: dict[str, Any]) -> str:
 
 
 def class_counts_text(label_counts: dict[str, int], nclasses: int | None = None, head: bool = True) -> str:
-    """``N classes: a (n), b (n), ...``; beyond ``SHOWN_CLASSES`` classes the first ones and a
-    summary of the rest (never thousands of names on one line)."""
+    """``N classes: a (n), b (n), ...``; beyond ``SHOWN_CLASSES`` the first ones and a summary of the rest."""
     n = nclasses or len(label_counts)
     items = list(label_counts.items())
     shown = ", ".join(f"{k} ({v})" for k, v in items[:SHOWN_CLASSES])
