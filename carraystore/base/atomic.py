@@ -1,10 +1,7 @@
 """Atomic files: a file appears under its name only when complete (layer 0).
-
-Writers write a hidden temporary file beside the target (:func:`temp_path`), fsync it and rename
-it into place (:func:`publish`); temporaries of killed writers are removed by the next writer
-holding the target's lock (:func:`remove_stale_temps`). :func:`named_write_errors` turns failed
-writes into :class:`~carraystore.base.errors.NoSpaceError` or :class:`~carraystore.base.errors.WriteError`.
-"""
+Writers write a hidden temporary beside the target (:func:`temp_path`), fsync and rename it into
+place (:func:`publish`); the next writer holding the target's lock removes killed writers' temporaries
+(:func:`remove_stale_temps`). :func:`named_write_errors` names failures (NoSpaceError, WriteError)."""
 
 from __future__ import annotations
 
@@ -47,11 +44,8 @@ def temp_path(path: Path, kind: str = "partial") -> Path:
 
 
 def remove_stale_temps(path: Path) -> None:
-    """Remove temporary files that killed writers left next to ``path``.
-
-    Call it holding ``path``'s :class:`~carraystore.base.lock.WriterLock`: every live writer holds
-    it, so all such files are then dead, whatever host or process made them.
-    """
+    """Remove temporary files that killed writers left next to ``path``. Call it holding ``path``'s
+    :class:`~carraystore.base.lock.WriterLock`: every live writer holds it, so such files are then dead."""
     with contextlib.suppress(OSError):
         for p in path.parent.iterdir():
             m = _TEMP.match(p.name)
@@ -97,11 +91,8 @@ _SPACE_MARGIN = 1 << 20
 
 
 def write_error(exc: BaseException, target: Path, what: str, need: int = 0) -> WriteError:
-    """The named error for a failed write of ``what`` into ``target``.
-
-    blosc2 reports failures as a bare ``RuntimeError`` (no errno), so "no space left" is also
-    recognised from the folder's free space: less than ``need`` bytes plus 1 MiB.
-    """
+    """The named error for a failed write of ``what`` into ``target``. blosc2 fails with a bare
+    ``RuntimeError`` (no errno), so "no space" is also read from free space below ``need`` + 1 MiB."""
     folder = target.parent
     free: int | None = None
     with contextlib.suppress(OSError):

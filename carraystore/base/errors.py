@@ -152,9 +152,8 @@ class StoreLockedError(CarrayStoreError):
 
 
 class RemoteReadError(CarrayStoreError, OSError):
-    """Bytes of a remote store could not be read, after retries.
-
-    The message and the attributes ``url``, ``offset``, ``length``, ``attempts`` name what failed."""
+    """Bytes of a remote store could not be read, after retries; the message and ``url``, ``offset``,
+    ``length``, ``attempts`` name what failed."""
 
     def __init__(
         self,

@@ -1,9 +1,7 @@
 """Fork safety, in one place: a forked child must not inherit a chunk read, a decompression or a lock half-way.
-
 - :data:`FORK_GATE` is held (shared) by every chunk read and decompression; ``fork()`` waits until none runs.
 - :func:`in_forked_child`: decompress with one blosc2 thread (its threads hang in such a child).
-- :func:`at_fork_in_child` registers what a module must reset in a child (locks, thread registries).
-"""
+- :func:`at_fork_in_child` registers what a module must reset in a child (locks, thread registries)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """One writer at a time: the writer lock of a store (layer 0).
-
-Writers hold an exclusive ``fcntl.flock`` on ``.NAME.b2nd.lock`` while they write; the file
-names the holder (host, pid, command, since, what) for :class:`~carraystore.base.errors.StoreLockedError`.
-The kernel drops the lock when the holder dies, so it is never stale. docs/appends.md says on
-which filesystems flock works.
-"""
+Writers hold an exclusive ``fcntl.flock`` on ``.NAME.b2nd.lock``, whose content names the holder for
+:class:`~carraystore.base.errors.StoreLockedError`. The kernel drops the lock when the holder dies, so
+it is never stale. docs/appends.md says on which filesystems flock works."""
 
 from __future__ import annotations
 
@@ -71,11 +68,8 @@ def _describe(info: dict[str, Any] | None) -> str:
 
 
 class WriterLock:
-    """The exclusive writer lock of one store; a context manager.
-
-    ``timeout``: seconds to wait for another writer (0, the default, fails at once; None waits
-    for ever). Raises :class:`StoreLockedError` naming the holder.
-    """
+    """The exclusive writer lock of one store; a context manager. ``timeout``: seconds to wait for
+    another writer (0, the default, fails at once; None waits for ever); StoreLockedError names the holder."""
 
     def __init__(self, path: str | os.PathLike[str], purpose: str = "a writer", timeout: float | None = 0.0) -> None:
         self.path = Path(path)

@@ -1,8 +1,5 @@
-"""What this process may use: its cores and memory as the kernel limits them (layer 0).
-
-CPU affinity (``taskset``, Slurm, Kubernetes) and cgroup quotas (``docker --cpus``, memory
-limits) bound a process long before the machine does; the loader's defaults come from here.
-"""
+"""What this process may use: its cores and memory as affinity and cgroup quotas limit them (layer 0).
+The loader's defaults come from here."""
 
 from __future__ import annotations
 

@@ -230,8 +230,6 @@ def is_preset(codec: Codec, dtype: np.dtype, item_shape: Sequence[int], layout: 
 
 
 # -- chunk headers ---------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class ChunkHeader:
     """The fields of a Blosc2 chunk header that carraystore pins."""
@@ -392,7 +390,6 @@ def crc32(data: bytes | memoryview) -> int:
 
 
 # -- chunk sizes and checks (shared by the reader and the writer) ------------------------
-
 #: Target uncompressed size of one chunk when ``chunk_images`` is not given.
 TARGET_CHUNK_BYTES = 4 * 1024 * 1024
 #: At most this many images per chunk by default.

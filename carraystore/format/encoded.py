@@ -154,8 +154,6 @@ class Encoding:
 
 
 # -- encoding ------------------------------------------------------------------------------------
-
-
 def _pil_image(pixels: np.ndarray) -> Any:
     from PIL import Image
 
@@ -202,8 +200,6 @@ def source_entry(data: bytes, expected: np.ndarray, color_mode: str) -> bytes | 
 
 
 # -- decoding ------------------------------------------------------------------------------------
-
-
 def decode_entry(
     entry: bytes | memoryview,
     out: np.ndarray,
@@ -293,7 +289,6 @@ def _decode_pillow(
 
 
 # -- decoding at a smaller size -------------------------------------------------------------------
-
 #: What the stored size may be divided by when decoding at a smaller size (libjpeg's scaled IDCT).
 SCALES = (1, 2, 4, 8)
 
@@ -362,7 +357,6 @@ def reduced_view(buf: np.ndarray, scale: int) -> np.ndarray:
 
 
 # -- the fast JPEG path ---------------------------------------------------------------------------
-
 #: JPEG colour spaces and subsamplings simplejpeg decodes here (all covered by the check).
 _FAST_COLORSPACES = ("YCbCr", "Gray")
 _FAST_SUBSAMPLINGS = ("444", "422", "420", "Gray")

@@ -119,8 +119,6 @@ def metadata_limit(nimages: int) -> int:
 
 
 # -- keys ------------------------------------------------------------------------------
-
-
 def validate_key(key: str) -> str:
     """Check that ``key`` is a relative, portable path or id; return it with '/' separators.
     A backslash is a name character on POSIX and a separator on Windows (where it becomes '/');
@@ -320,7 +318,6 @@ class StringTable(Sequence[str]):
 
 
 # -- metadata --------------------------------------------------------------------------
-
 #: The sealed record's last bytes before its 4-byte CRC (FORMAT.md 4.3).
 _SEAL = b"\xaa" + META_CRC_KEY.encode() + b"\xce"
 

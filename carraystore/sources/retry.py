@@ -56,7 +56,6 @@ class HTTPStatusError(Exception):
 
 
 # -- which failures are worth retrying --------------------------------------------------
-
 _STATUS = re.compile(r"status(?: code)?:? *(\d{3})", re.IGNORECASE)
 _TRANSIENT_TEXT = (
     "timed out",
@@ -159,8 +158,6 @@ def backoff(attempt: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_MAX, 
 
 
 # -- the policy and the loop ------------------------------------------------------------
-
-
 @dataclass
 class RetryPolicy:
     """How a failing request is tried again: ``retry_timeout`` s from the first failure (default 120: a
