@@ -1,10 +1,8 @@
-"""The decoding engine: one epoch's chunks read, checked and decompressed by threads (layer 6).
+"""The decoding engine: one epoch's chunks read, checked and decompressed by threads (layer 4).
 
-:class:`EpochDecoder` serves batch ``i`` of one epoch of a
-:class:`~carraystore.engine.spec.LoaderSpec` for the loader, the random-access adapters and
-the PyTorch workers. Decoded chunks live in a pool of slots allocated once and kept for the
-Store's next epoch; windows ahead are decoded while slots allow, their byte ranges announced
-first as :mod:`carraystore.engine.link` says. Threads, locks and a window's life: docs/engine.md.
+:class:`EpochDecoder` serves batch ``i`` of an epoch to every loader and adapter. Decoded chunks
+live in slots allocated once; windows ahead are decoded while slots allow, announced first as
+:mod:`carraystore.engine.link` says. Threads, locks and a window's life: docs/engine.md.
 """
 
 from __future__ import annotations
@@ -38,9 +36,7 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------------------
-# gathering items out of decoded chunks
-# ---------------------------------------------------------------------------------------
+# -- gathering items out of decoded chunks -------------------------------------------------
 
 
 def gather(
@@ -105,9 +101,7 @@ class BatchBuffers:
         return buf
 
 
-# ---------------------------------------------------------------------------------------
-# the slot pool, kept across epochs
-# ---------------------------------------------------------------------------------------
+# -- the slot pool, kept across epochs -----------------------------------------------------
 
 # One idle slot pool per Store for its next epoch; freed with the Store or by release_buffers().
 _IDLE_ARENAS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
@@ -143,9 +137,7 @@ def release_buffers(store: StoreReader | None = None) -> None:
             _IDLE_ARENAS.pop(store, None)
 
 
-# ---------------------------------------------------------------------------------------
-# the decoder
-# ---------------------------------------------------------------------------------------
+# -- the decoder ---------------------------------------------------------------------------
 
 _LIVE: weakref.WeakSet[EpochDecoder] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()

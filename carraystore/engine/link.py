@@ -1,15 +1,9 @@
-"""The link policy: how one epoch's decoder shares a read-ahead source's link (layer 6).
+"""The link policy: how one epoch's decoder shares a read-ahead source's link (layer 4).
 
-A decoder over a :class:`~carraystore.format.frame.ReadAheadSource` (remote, or a cache
-in front of one) holds one :class:`LinkPolicy`, which decides:
-
-- **the lead window**: the first window is fetched alone, so the first batch does not share
-  the link with every chunk in flight;
-- **how far ahead to announce** once the lead is in (:attr:`LinkPolicy.want`);
-- **the next epoch's hint**: the next epoch's first window is kept or hinted, so it starts
-  with those bytes in or on their way. Only the policy last started on a source hints
-  (:data:`_NEWEST`).
-
+A decoder over a :class:`~carraystore.format.frame.ReadAheadSource` holds one
+:class:`LinkPolicy`: the first (lead) window is fetched alone, so the first batch does not
+share the link; then chunks are announced ahead (:attr:`LinkPolicy.want`); the next epoch's
+first window is kept or hinted (only by the newest policy on a source, :data:`_NEWEST`).
 Over a local file it does nothing (:attr:`LinkPolicy.lead_in` set from the start). State is
 guarded by the decoder's ``cond``; lock order: docs/engine.md.
 """

@@ -1,16 +1,9 @@
 """Streaming (x, y) batches out of a store: ``batches(store, batch_size, ...)`` (also ``Store.batches``).
 
-A thin adapter over :mod:`carraystore.engine.decoder` and
-:class:`carraystore.engine.pipeline.OrderedBatches`; arguments:
-:class:`carraystore.engine.options.LoaderOptions`.
-
-Memory: ``window chunks + prefetch`` decoded chunks (default ``2 * window``) plus
-``queue_size + assemblers + 2`` batches, within ``memory_budget`` (docs/loading.md;
-``BatchIterator.memory``). The pool is kept for the Store's next epoch;
-``release_buffers()`` or dropping the Store frees it.
-
-``close()``, leaving ``with``, dropping the iterator, a thread's error or interpreter exit
-stop and join the threads.
+Arguments: :class:`carraystore.engine.options.LoaderOptions`. Holds ``window + prefetch``
+decoded chunks and ``queue_size + assemblers + 2`` batches within ``memory_budget``
+(docs/loading.md), the pool kept for the Store's next epoch until ``release_buffers()``.
+``close()``, leaving ``with``, dropping the iterator, an error or interpreter exit stop the threads.
 """
 
 from __future__ import annotations

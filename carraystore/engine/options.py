@@ -1,4 +1,4 @@
-"""Loader options: the one frozen, checked argument set of every loader (layer 6).
+"""Loader options: the one frozen, checked argument set of every loader (layer 4).
 
 Also the machine-dependent defaults and ``targets``/``image_size`` resolved against a store.
 """
@@ -71,9 +71,7 @@ def _int_arg(name: str, value: Any, minimum: int) -> int:
     return v
 
 
-# ---------------------------------------------------------------------------------------
-# arguments
-# ---------------------------------------------------------------------------------------
+# -- arguments -----------------------------------------------------------------------------
 
 
 class LoaderKwargs(TypedDict, total=False):

@@ -1,13 +1,8 @@
-"""Several batches in flight, handed out in order, inside a memory budget (layer 6, beside the engine).
+"""Several batches in flight, handed out in order, inside a memory budget (layer 4).
 
-:class:`OrderedBatches` runs ``assemblers`` threads, each asking the
-:class:`~carraystore.engine.decoder.EpochDecoder` for the next batch straight into its buffer,
-so no single thread copies every batch; the consumer takes batches strictly in index order,
-with at most ``depth + assemblers`` finished or under way ahead of it.
-
-:func:`plan_memory` turns ``LoaderOptions.memory_budget`` into slot and buffer counts before
-anything is allocated; if one window cannot fit, the loader refuses to start
-(:class:`~carraystore.base.errors.InvalidInputError` naming what to lower).
+:class:`OrderedBatches`: several threads assemble batches, so no single thread copies every
+batch; the consumer takes them in index order. :func:`plan_memory` sizes slots and buffers to
+``LoaderOptions.memory_budget`` before anything is allocated.
 """
 
 from __future__ import annotations

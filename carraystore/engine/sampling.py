@@ -1,18 +1,12 @@
 """The order in which an epoch visits a store: pure index arithmetic (numpy only, no I/O).
 
-Block shuffle (the default), for epoch ``e``:
-
-1. the chunks are put in a random order depending on ``seed`` and ``e`` only;
-2. their items form one sequence, cut into ``world_size`` equal contiguous shards (padded
-   by wrapping around, or the tail dropped with ``drop_remainder=True``);
-3. each shard is cut into windows of ``window`` chunk pieces (runs of items in one chunk),
-   the first ramping up from one batch's pieces (:func:`ramp_windows`); items are
-   permuted inside each window.
-
-``shuffle="global"`` is a full permutation (one window per shard); ``shuffle=False`` keeps
-the store's order. Every function is pure, so every worker, process and run agrees.
-An *item* is a sample index, or a clip's first sample (:func:`clip_starts`); ``span`` is
-the number of consecutive samples an item covers.
+Block shuffle (default): 1. the chunks in a random order (by ``seed`` and epoch only);
+2. their items cut into ``world_size`` equal contiguous shards (padded by wrapping around, or
+the tail dropped with ``drop_remainder``); 3. each shard cut into windows of ``window`` chunk
+pieces (runs of items in one chunk; the first ramp up, :func:`ramp_windows`), items permuted
+inside each window. ``shuffle="global"``: a full permutation (one window per shard);
+``False``: store order. Every function is pure, so every worker, process and run agrees.
+An *item* is a sample, or a clip's first sample (:func:`clip_starts`); ``span``: samples per item.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""How well an epoch's order is shuffled, measured against a global shuffle (layer 6).
+"""How well an epoch's order is shuffled, measured against a global shuffle (layer 4).
 
-Block shuffle trades shuffle quality for memory; these measures (pure functions of an
-order, no I/O) make the trade visible:
-
-- **diversity**: mean distinct values per full batch (classes, groups, source chunks)
-  over the exact expectation under a global shuffle: about 1.0 for one, lower for a poorer
-  mix. A window of ``w`` chunks gives batches of at most ``w`` chunks.
-- **displacement**: ``|position in epoch - position in store| / length``; a global
-  shuffle gives about 1/3 (mean) and 0.29 (median), store order 0.
-
-``shuffle_report`` measures a store's epoch, ``report_for_order`` any order,
-``BatchIterator.shuffle_report()`` a loader's; ``carraystore bench shuffle STORE`` prints them.
+Pure functions of an order (no I/O). **Diversity**: mean distinct values per full batch
+(classes, groups, source chunks) over the exact expectation under a global shuffle (about
+1.0 for one; a window of ``w`` chunks gives batches of at most ``w`` chunks).
+**Displacement**: ``|position in epoch - position in store| / length`` (global shuffle: about
+1/3 mean, 0.29 median; store order 0). ``BatchIterator.shuffle_report()`` and
+``carraystore bench shuffle STORE`` use them.
 """
 
 from __future__ import annotations

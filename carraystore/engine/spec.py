@@ -1,4 +1,4 @@
-"""The loader spec: options resolved against one store (layer 6).
+"""The loader spec: options resolved against one store (layer 4).
 
 :class:`LoaderSpec` holds what every adapter needs to make batches; :func:`make_spec` builds it.
 """

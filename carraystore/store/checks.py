@@ -1,4 +1,4 @@
-"""A store file checked against its record (layer 4): frame vs metadata, header field by field, plain blosc2."""
+"""A store file checked against its record (layer 3): frame vs metadata, header field by field, plain blosc2."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Changing a store file in place, under the rollback journal (layer 4, beside the reader).
+"""Changing a store file in place, under the rollback journal (layer 3).
 
-Used by appends and :func:`carraystore.store.metadata.update_metadata`; steps in
-docs/appends.md. Layer 4 because its final check reads the store back through
-:func:`carraystore.store.reader.open_unguarded`.
+Used by appends and :func:`carraystore.store.metadata.update_metadata`; steps: docs/appends.md.
 """
 
 from __future__ import annotations

@@ -4,22 +4,16 @@
 ``options=WriteOptions(...)`` or the same fields as keywords (:class:`WriteKwargs`), joined by
 :meth:`WriteOptions.merged`; :meth:`WriteOptions.add_arguments` gives them as CLI flags.
 
-=================  ======================================================================
-field              meaning
-=================  ======================================================================
-codec              a :class:`~carraystore.format.codec.Codec`, a preset name (``fast``,
-                   ``balanced``, ``small``) or None: ``balanced`` for a new store, the
-                   pinned codec for an append (checked against it)
-chunk_images       items per chunk, None: about 4 MiB per chunk
-class_names        the names of the label values, label 0 first; each name once
-attrs              JSON-able user metadata kept in the store
-overwrite          replace an existing store at the output
-lock_timeout       seconds to wait while another writer holds the output; None: for ever
-                   (CLI ``--lock-timeout``, also spelled ``--wait``)
-storage_options    fsspec-style options for an output URL
-tmp_dir            where a store bound for a URL is staged (default ``$TMPDIR``)
-progress           a progress bar on stderr (the CLI's unless ``--quiet``)
-=================  ======================================================================
+- ``codec``: a :class:`~carraystore.format.codec.Codec`, a preset name (``fast``, ``balanced``,
+  ``small``) or None: ``balanced`` for a new store, the pinned codec for an append (checked)
+- ``chunk_images``: items per chunk; None: about 4 MiB per chunk
+- ``class_names``: the names of the label values, label 0 first; each name once
+- ``attrs``: JSON-able user metadata kept in the store
+- ``overwrite``: replace an existing store at the output
+- ``lock_timeout``: seconds to wait for another writer of the output; None: for ever (``--wait``)
+- ``storage_options``: fsspec-style options for an output URL
+- ``tmp_dir``: where a store bound for a URL is staged (default ``$TMPDIR``)
+- ``progress``: a progress bar on stderr (the CLI's unless ``--quiet``)
 
 A field an entry point cannot honour is refused if it would change what is written (``copy``
 is byte for byte), ignored if it only concerns how the write runs.

@@ -1,4 +1,4 @@
-"""Reading a store: open, describe, read and decompress whole chunks, index, verify (layer 4).
+"""Reading a store: open, describe, read and decompress whole chunks, index, verify (layer 3).
 
 A :class:`StoreReader` reads through a byte source (:mod:`carraystore.sources.local`). Opening
 parses the frame and metadata and checks the pinned codec, never reading the images. Blocks

@@ -1,12 +1,10 @@
 """Writing a store: ``create``, ``append`` and the StoreWriter they return.
 
-Every chunk is compressed with the pinned codec and placed with ``update_chunk``, so chunk
-headers carry exactly the recorded parameters whatever blosc2's defaults. Until ``close()`` a
-store lives in a temporary file beside its path, then is fsynced and renamed into place
-(:mod:`carraystore.base.atomic`); a URL's store is staged locally and uploaded atomically
-(:mod:`carraystore.sources.upload`). Appending to a non-empty store writes in place under a
-rollback journal (:mod:`carraystore.store.inplace`). Every writer holds the store's writer
-lock (:mod:`carraystore.base.lock`) until ``close``/``abort`` (docs/appends.md).
+Chunks are compressed with the pinned codec and placed with ``update_chunk``, so their headers
+carry exactly the recorded parameters. A new store is published atomically at ``close()``
+(:mod:`carraystore.base.atomic`; URLs: :mod:`carraystore.sources.upload`); appends write in
+place under a rollback journal (:mod:`carraystore.store.inplace`). Every writer holds the
+store's writer lock (:mod:`carraystore.base.lock`) until ``close``/``abort`` (docs/appends.md).
 """
 
 from __future__ import annotations
