@@ -59,24 +59,15 @@ def default_client() -> Any | None:
         return None
 
 
-# -- folders of images ingested on a cluster ----------------------------------------------------
-
-
 def from_directory(
     directory: str | os.PathLike[str], output: str | os.PathLike[str], *, client: Any, **options: Any
 ) -> IngestResult | dict[str, IngestResult]:
-    """``carraystore.from_directory`` with the decoding on the ``dask.distributed`` cluster of ``client``.
-
-    Other arguments as the local ingest's (``workers`` unused); the store is byte for byte the same.
-    """
+    """``carraystore.from_directory`` decoding on ``client``'s cluster (``workers`` unused); the same bytes."""
     if client is None:
         raise InvalidInputError(
             "client must be a dask.distributed Client; without one, ingest locally with carraystore.from_directory"
         )
     return ingest_directory(directory, output, client=client, **options)
-
-
-# -- dask arrays as stores -------------------------------------------------------------------
 
 
 def _local(a: Any) -> Any:
@@ -103,19 +94,13 @@ def from_dask(
 ) -> Store:
     """Write a dask array (N, *item_shape) into a new store at ``path_or_url``; return it opened.
 
-    The write options (codec, chunk_images, class_names, attrs, overwrite, lock_timeout,
-    storage_options, tmp_dir) come as keywords or in ``options`` (a WriteOptions).
-
-    Images (N, H, W, C) uint8 or other items (``layout="array"``). The array is rechunked
-    along axis 0 to ``chunk_images`` (default about 4 MiB per chunk). Chunks are compressed
-    where computed (the cluster, or dask's scheduler in this process); the writer receives
-    compressed chunks and CRCs in order, at most ``window`` under way (default: 8 per cluster
-    thread, at least 32). Optional ``labels`` (one integer per item; ``class_names`` defaults
-    to the names they carry), ``keys`` (strings) and ``fields`` (name -> array of N rows,
-    docs/targets.md), numpy or dask. Atomic: the store appears only when complete.
-    ``lock_timeout``: seconds to wait for another writer (None: for ever), then
-    :class:`~carraystore.base.errors.StoreLockedError`. A URL is staged under ``tmp_dir`` and
-    uploaded when complete.
+    Write options as keywords or ``options`` (a WriteOptions). Images (N, H, W, C) uint8 or other
+    items (``layout="array"``), rechunked along axis 0 to ``chunk_images``. Chunks are compressed
+    where computed; the writer receives compressed chunks and CRCs in order, at most ``window``
+    under way (default: 8 per cluster thread, at least 32). Optional ``labels`` (``class_names``
+    defaults to the names they carry), ``keys`` and ``fields`` (docs/targets.md), numpy or dask.
+    Atomic: the store appears only when complete. ``lock_timeout``: seconds to wait for another
+    writer (None: for ever), then :class:`~carraystore.base.errors.StoreLockedError`.
     """
     opts = WriteOptions.merged(options, str(path_or_url), **write)
     carried = getattr(labels, "class_names", None)  # Labels of a store carry their names
@@ -183,11 +168,7 @@ def from_dask(
 
 
 def _compute_in_order(tasks: list[Any], window: int | None) -> Generator[Any, None, None]:
-    """Compute delayed tasks, yielding results in order.
-
-    Batches of tasks, one graph each (chunks sharing an input block compute it once), at most
-    two at a time. Without a distributed client a batch's results are held here.
-    """
+    """Compute delayed tasks in batches (one graph each, at most two at a time), yielding results in order."""
     client = default_client()
     nthreads = sum(client.nthreads().values()) if client is not None else (os.cpu_count() or 1)
     if client is not None and not nthreads:  # the tasks would wait for a worker for ever

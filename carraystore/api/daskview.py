@@ -31,9 +31,6 @@ _from_array: Callable[..., da.Array] = da.from_array
 __all__ = ["to_dask", "labels", "Labels", "fields", "targets"]
 
 
-# -- stores as dask arrays -------------------------------------------------------------------
-
-
 def _as_store(
     store_or_url: StoreReader | str | os.PathLike[str], storage_options: dict[str, Any] | None
 ) -> StoreReader:
@@ -121,11 +118,7 @@ def _fingerprint(store: StoreReader) -> str:
 def to_dask(
     store_or_url: StoreReader | str | os.PathLike[str], storage_options: dict[str, Any] | None = None
 ) -> da.Array:
-    """A lazy dask array of a store's items, one dask chunk per store chunk.
-
-    ``store_or_url``: an open :class:`~carraystore.Store`, a path or a URL (``storage_options``).
-    Any scheduler works: each task reopens the store by location and decompresses its chunk there.
-    """
+    """A lazy dask array of a store (a Store, path or URL), one task per store chunk, any scheduler."""
     store = _as_store(store_or_url, storage_options)
     n, k = len(store), store.chunk_images
     axis0 = tuple(min(k, n - s) for s in range(0, n, k)) or (0,)
@@ -157,10 +150,7 @@ class Labels(np.ndarray):
 
 
 def labels(store_or_url: StoreReader | str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Labels:
-    """The store's labels as a **numpy** int64 :class:`Labels` (from the metadata, in memory).
-
-    They index a dask array directly (``x[labels(s) == 3]``). InvalidInputError for an unlabelled store.
-    """
+    """The labels as a numpy int64 :class:`Labels` (``x[labels(s) == 3]``); InvalidInputError if unlabelled."""
     store = _as_store(store_or_url, storage_options)
     if store.labels is None:
         raise InvalidInputError(f"{store.location}: the store has no labels")
@@ -170,10 +160,7 @@ def labels(store_or_url: StoreReader | str | os.PathLike[str], storage_options: 
 def fields(
     store_or_url: StoreReader | str | os.PathLike[str], storage_options: dict[str, Any] | None = None
 ) -> dict[str, np.ndarray]:
-    """The store's per-sample fields (``store.columns``) as **numpy** arrays, name -> (N, *shape).
-
-    In memory, like :func:`labels`: ``x[fields(s)["angle"] > 0.1]``.
-    """
+    """The per-sample fields as numpy arrays, name -> (N, *shape): ``x[fields(s)["angle"] > 0.1]``."""
     store = _as_store(store_or_url, storage_options)
     return {name: np.array(col) for name, col in store.columns.items()}
 
@@ -200,6 +187,3 @@ def targets(
     items = np.arange(len(store), dtype=np.int64)
     y = spec.y_for(items)
     return y if sample_weight is None else (y, spec.w_for(items))
-
-
-# -- the ordered window ---------------------------------------------------------------------

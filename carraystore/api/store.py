@@ -1,7 +1,4 @@
-"""``carraystore.Store``: the reader plus the loaders as methods, and ``open_store``.
-
-Defined here, above the reader and the loaders, so no module imports upward.
-"""
+"""``carraystore.Store`` (the reader plus the loaders, defined above both) and ``open_store``."""
 
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ __all__ = ["Store", "open_store"]
 
 
 class Store(StoreReader):
-    """A read-only store (``carraystore.open(path_or_url)``): a :class:`~carraystore.store.reader.StoreReader` plus loaders."""
+    """A read-only store (``carraystore.open``): a :class:`~carraystore.store.reader.StoreReader` plus loaders."""
 
     def batches(
         self, batch_size: int, options: LoaderOptions | None = None, **kwargs: Unpack[LoaderKwargs]

@@ -118,9 +118,6 @@ def _max_skipped(text: str) -> float | int:
         ) from None
 
 
-# -- info ------------------------------------------------------------------------------------
-
-
 def _cmd_info(args: argparse.Namespace) -> int:
     """Describe every store given (one that cannot be opened: an error line, exit 2); --json: an object or a list."""
     status = 0
@@ -147,9 +144,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if args.json and documents:
         print(json.dumps(documents[0] if len(args.stores) == 1 else documents, indent=2))
     return status
-
-
-# -- meta ------------------------------------------------------------------------------------
 
 
 def _cmd_meta(args: argparse.Namespace) -> int:
@@ -180,9 +174,6 @@ def _cmd_meta(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- verify ----------------------------------------------------------------------------------
-
-
 def _cmd_verify(args: argparse.Namespace) -> int:
     bad = 0
     for path in args.stores:
@@ -202,9 +193,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         else:
             print(f"OK {path}: {store.nchunks} chunks, {len(store)} items verified (CRC32, headers, decompression)")
     return 1 if bad else 0
-
-
-# -- preview ---------------------------------------------------------------------------------
 
 
 def _cmd_preview(args: argparse.Namespace) -> int:
@@ -231,9 +219,6 @@ def _cmd_preview(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- export ----------------------------------------------------------------------------------
-
-
 def _cmd_export(args: argparse.Namespace) -> int:
     with open_for_cli(args.store, args.storage_options) as store:
         n = export_images(
@@ -244,9 +229,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- copy ------------------------------------------------------------------------------------
-
-
 def _cmd_copy(args: argparse.Namespace) -> int:
     from carraystore.store.transfer import copy_store
 
@@ -255,9 +237,6 @@ def _cmd_copy(args: argparse.Namespace) -> int:
     result = copy_store(args.src, args.dst, storage_options=args.storage_options, verify=args.verify, options=options)
     print(result.summary())
     return 0
-
-
-# -- registration ------------------------------------------------------------------------------
 
 
 def register(sub: Any) -> None:

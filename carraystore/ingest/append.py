@@ -39,10 +39,7 @@ def plan_append(
     on_error: str,
     max_skipped: float | int,
 ) -> tuple[StorePlan, StoreWriter, DecodeOptions]:
-    """``from_directory(..., append=True)``: the plan, the store's writer (open and locked) and its decode options.
-
-    ``decode``: the decode options given (None: the store's). A plan without files: nothing new.
-    """
+    """``append=True``: the plan (no files: nothing new), the store's locked writer, the decode options."""
     root = Path(directory)
     allowed_skips(max_skipped, 1)
     out = str(output) if is_url(output) else Path(output)

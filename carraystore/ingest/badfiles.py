@@ -40,11 +40,7 @@ def shape_error(arr: np.ndarray | None, first_shape: tuple[int, ...] | None, fir
 
 
 class BadFiles:
-    """The files an ingest cannot use.
-
-    ``on_error='fail'``: the first stops the ingest. ``'skip'``: listed in ``skipped``
-    (printable name, reason) until more than ``max_skipped``; then it stops, writing nothing.
-    """
+    """The files an ingest cannot use: ``'fail'`` stops at the first; ``'skip'`` lists them until ``max_skipped``."""
 
     def __init__(
         self,
@@ -125,10 +121,7 @@ def describe_limit(max_skipped: float | int) -> str:
 def drop_bad_names(
     root: Path, rels: list[str], labels: np.ndarray | None, on_error: str
 ) -> tuple[list[str], np.ndarray | None, list[tuple[str, str]]]:
-    """Drop files whose names cannot be keys (not UTF-8, newline, ...), or raise unless ``on_error='skip'``.
-
-    Returns the other files, their labels, and the skipped ones as (printable name, reason).
-    """
+    """(files, labels, skipped) without names that cannot be keys; raises for them unless ``on_error='skip'``."""
     keep: list[int] = []
     skipped: list[tuple[str, str]] = []
     for i, rel in enumerate(rels):

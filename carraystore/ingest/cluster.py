@@ -57,10 +57,7 @@ def in_order(client: Any, submits: Iterable[Callable[[], Any]], window: int) -> 
 def _chunk_task(
     root: str, rels: list[str], opts: DecodeOptions, shape: tuple[int, ...], first_rel: str, meta: Any
 ) -> tuple[bytes, int, int, list[tuple[int, str]]]:
-    """On a worker: decode one planned chunk's files as a local ingest does and compress the good ones.
-
-    Returns (compressed chunk, number of good images, CRC32, [(index in ``rels``, reason)]).
-    """
+    """On a worker, one planned chunk: (compressed good images, their number, CRC32, [(index, reason)])."""
     good: list[np.ndarray] = []
     errors: list[tuple[int, str]] = []
     for j, (arr, err) in enumerate(decode_files(root, rels, opts)):

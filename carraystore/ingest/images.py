@@ -95,10 +95,7 @@ def shown_name(name: str) -> str:
 
 
 def _walk_images(root: Path, follow_links: bool) -> tuple[list[Path], list[Path]]:
-    """All image files under ``root`` (sorted; a folder's files before its sub-folders) and the others (ignored).
-
-    With ``follow_links``, a link to an already listed folder (a loop) is ignored, with the reason.
-    """
+    """All image files under ``root`` (sorted, files before sub-folders) and the ignored others, with reasons."""
     images: list[Path] = []
     other: list[Path] = []
     seen: set[tuple[int, int]] = set()
@@ -308,10 +305,7 @@ def decode_image(path: str | os.PathLike[str], opts: DecodeOptions = DecodeOptio
 
 
 def decode_files(root: str, rels: list[str], opts: DecodeOptions) -> list[tuple[np.ndarray | None, str | None]]:
-    """Decode the files ``rels`` (relative to ``root``): (array, None) or (None, reason) for each.
-
-    Failures come back as reasons (the message without the path), never as exceptions.
-    """
+    """Decode the files ``rels``: (array, None) or (None, reason) for each, never raising."""
     out: list[tuple[np.ndarray | None, str | None]] = []
     for rel in rels:
         try:

@@ -240,7 +240,7 @@ def _key_column(header: list[str], source: str) -> str:
 
 
 def read_manifest(path: str | os.PathLike[str]) -> FieldTable:
-    """A manifest file as a :class:`FieldTable`: CSV with a header, or JSON lines (``.jsonl``, ``.ndjson``, ``{...``)."""
+    """A manifest as a :class:`FieldTable`: CSV with a header, or JSON lines (``.jsonl``, ``.ndjson``, ``{...``)."""
     p = Path(path)
     source = str(p)
     try:

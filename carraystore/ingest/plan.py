@@ -63,10 +63,7 @@ SPLIT_NAMES = frozenset(
 
 
 def split_like_folders(root: str | os.PathLike[str]) -> list[str]:
-    """The sub-folders of ``root`` that look like dataset splits (train/, validation/, ...), else [].
-
-    Probably splits: two or more split names, or one that itself holds sub-folders.
-    """
+    """Sub-folders of ``root`` that are probably splits: two or more split names, or one holding folders."""
     rootp = Path(root)
     subdirs = sorted(d for d in rootp.iterdir() if d.is_dir() and not d.name.startswith("."))
     splits = [d for d in subdirs if d.name.lower() in SPLIT_NAMES]
@@ -116,10 +113,7 @@ def _natural(name: str) -> tuple[tuple[tuple[str, int], ...], str]:
 
 
 def natural_order(rels: Sequence[str], class_first: bool = False) -> np.ndarray:
-    """The positions of ``rels`` in natural order; a folder's files before its sub-folders.
-
-    ``class_first`` keeps the first folder level (the class folders) in the order it comes in.
-    """
+    """Positions of ``rels`` in natural order, files before sub-folders; ``class_first`` keeps level 1's order."""
     first: dict[str, int] = {}
 
     def key(rel: str) -> tuple[Any, ...]:
@@ -351,10 +345,7 @@ def plan_store(
     provenance: dict[str, Any] | None = None,
     notes: Sequence[str] = (),
 ) -> StorePlan:
-    """One store's plan: names that cannot be keys dropped (or an error), then the write order.
-
-    ``shuffle``: a seeded permutation; else natural path order (a note where it differs from text order).
-    """
+    """One store's plan: names that cannot be keys dropped, then a seeded or natural write order."""
     if not rels:
         raise IngestError(f"{root}: no image files found (looked for {', '.join(IMAGE_EXTENSIONS)})")
     allowed = allowed_skips(max_skipped, len(rels))
@@ -410,10 +401,7 @@ def plan_folder(
     max_skipped: float | int = DEFAULT_MAX_SKIPPED,
     decoding: Mapping[str, Any] | None = None,
 ) -> dict[str, StorePlan]:
-    """The stores of an ingest of ``directory``, keyed ``""``, the split folder names or ``training``/``validation``.
-
-    Arguments: ``from_directory``'s; ``decoding``: the decode options' part of the provenance.
-    """
+    """The stores of an ingest (``from_directory``'s arguments), keyed ``""``, split names or the subsets."""
     root = Path(directory)
     inferred = isinstance(labels, str) and labels == "inferred"
     target_values = float_labels(labels)

@@ -78,11 +78,7 @@ def make_photo_folder(
     fmt: str = "jpeg",
     quality: int = 90,
 ) -> Path:
-    """Write ``n`` images in class folders under ``out`` (or under split folders).
-
-    ``splits`` such as ``{"train": 0.8, "val": 0.2}`` writes ``out/train/<class>/...``, ...
-    Returns ``out``; the same arguments give the same files.
-    """
+    """Write ``n`` images to ``out/<class>/`` (with ``splits={"train": 0.8, ...}``: ``out/train/<class>/``)."""
     root = Path(out)
     names = list(classes) if classes is not None else list(PHOTOS[:4])
     unknown = [c for c in names if c not in PHOTOS]
@@ -118,10 +114,7 @@ def make_video_folder(
     seed: int = 0,
     fmt: str = "jpeg",
 ) -> Path:
-    """Video-like frames: each clip is a window sliding across one photo, frames overlap.
-
-    Writes ``out/<photo>/clip<k>/frame_<t>.jpg`` (class = photo, group = clip folder).
-    """
+    """Video-like clips: a window sliding across a photo, as ``out/<photo>/clip<k>/frame_<t>.jpg``."""
     root = Path(out)
     rng = np.random.default_rng(seed)
     ext = {"jpeg": "jpg", "png": "png"}[fmt]
