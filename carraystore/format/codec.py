@@ -1,9 +1,7 @@
 """The codec in code (FORMAT.md 5): pinned blosc2 parameters, chunk headers, the CRC rule (layer 1).
-
 :class:`Codec` and :data:`PRESETS` are the codec decision; ids are blosc2's own codes.
 :func:`check_chunk_layout` walks an untrusted chunk before libblosc2 sees it; :func:`chunk_crc` /
-:func:`chunk_crc_ok` are the CRC rule of FORMAT.md 5.2. Touches no file; imports no record code.
-"""
+:func:`chunk_crc_ok` are the CRC rule of FORMAT.md 5.2. Touches no file; imports no record code."""
 
 from __future__ import annotations
 
@@ -74,11 +72,10 @@ def _lookup(table: Mapping[str, int], name: Any, what: str) -> str:
 
 @dataclass(frozen=True)
 class Codec:
-    """Pinned blosc2 compression parameters of a store, all recorded in the file.
-    ``typesize=None`` means one pixel (channels x itemsize; the itemsize for non-image arrays),
-    ``block_images=None`` about 128 KiB per block, a ``bytedelta`` meta of 0 the typesize:
-    :meth:`resolve` pins them. The defaults are the ``balanced`` preset (docs/codecs.md);
-    ``filters=()`` means no filter."""
+    """Pinned blosc2 compression parameters of a store, all recorded in the file. ``typesize=None`` means
+    one pixel (channels x itemsize; the itemsize for non-image arrays), ``block_images=None`` ~128 KiB per
+    block, a ``bytedelta`` meta of 0 the typesize: :meth:`resolve` pins them. The defaults are the
+    ``balanced`` preset (docs/codecs.md); ``filters=()`` means no filter."""
 
     codec: str = "zstd"
     clevel: int = 1
@@ -287,9 +284,8 @@ def parse_chunk_header(chunk: bytes | memoryview) -> ChunkHeader:
 
 
 def check_chunk_layout(chunk: bytes | memoryview, what: str, max_nbytes: int) -> ChunkHeader:
-    """Check that a Blosc2 chunk's sizes and block offsets lie inside it, before any decompressor sees it
-    (libblosc2 trusts them: bad ones can crash the process; FORMAT.md appendix B). Raises
-    CorruptStoreError naming ``what``; returns the header."""
+    """Check that a Blosc2 chunk's sizes and block offsets lie inside it, before libblosc2 (which trusts them:
+    bad ones can crash the process) sees it (FORMAT.md appendix B). CorruptStoreError names ``what``."""
     n = len(chunk)
     if n < 32:
         raise CorruptStoreError(f"{what}: a blosc2 chunk of {n} bytes is shorter than its 32-byte header")
@@ -405,9 +401,8 @@ def default_chunk_images(image_nbytes: int, block_images: int = 1, layout: str =
 
 
 def zero_chunk(codec: Codec, blocksize: int, nbytes: int, dont_split: bool | None = None) -> bytes:
-    """The canonical 32-byte Blosc2 chunk of ``nbytes`` zero bytes for a resolved codec (FORMAT.md 5.2):
-    what ``blosc2_compress`` makes of all zeros, whose CRC-32 the record holds for special-zeros chunks.
-    ``dont_split`` defaults to the split mode's (set for ``never``)."""
+    """The canonical 32-byte chunk of ``nbytes`` zeros for a resolved codec (FORMAT.md 5.2): what blosc2 makes of
+    all zeros, whose CRC-32 is recorded for special-zeros chunks. ``dont_split`` defaults to the split mode's."""
     if codec.typesize is None:
         raise InvalidInputError("zero_chunk needs a resolved codec (call resolve() first)")
     if dont_split is None:

@@ -1,11 +1,9 @@
 """The encoded layout (FORMAT.md 10): images kept as their encoded bytes, decoded when read (layer 1).
-
 The b2nd array is ``(N, H, W, C)`` uint8, but a chunk's decompressed bytes are its images' entries
 back to back, then zeros. An entry is the encoded file (JPEG, PNG, WebP) or, when none is shorter,
 the raw pixels (``H*W*C`` bytes); the record's ``entry_sizes`` holds each length. JPEGs are decoded
 by simplejpeg only where :func:`jpeg_decoder` found it gives Pillow's pixels, else by Pillow, which
-defines them (FORMAT.md 10.2; ``CARRAYSTORE_JPEG_DECODER=pillow`` forces it). Touches no file.
-"""
+defines them (FORMAT.md 10.2; ``CARRAYSTORE_JPEG_DECODER=pillow`` forces it). Touches no file."""
 
 from __future__ import annotations
 
@@ -79,10 +77,9 @@ def sniff(entry: bytes | memoryview, image_nbytes: int) -> str:
 
 @dataclass(frozen=True)
 class Encoding:
-    """How a store of the encoded layout holds its images (the record's ``encoding`` map).
-    ``formats``: the entry formats in use (a reader refuses others); ``reencode``/``quality``: the
-    pinned format the writer encodes pixels to, ``png`` (lossless, default) or ``jpeg``/``webp`` at
-    ``quality`` 1-100 (webp without a quality is lossless)."""
+    """How a store of the encoded layout holds its images (the record's ``encoding`` map): ``formats``, the
+    entry formats in use (others are refused); ``reencode``/``quality``, what the writer encodes pixels to:
+    ``png`` (lossless, default) or ``jpeg``/``webp`` at ``quality`` 1-100 (webp without one is lossless)."""
 
     formats: tuple[str, ...] = ()
     reencode: str = "png"
@@ -208,11 +205,10 @@ def decode_entry(
     what: Callable[[], str],
     scale: int = 1,
 ) -> str:
-    """Decode one entry into ``out`` ((H, W, C) uint8, or (H/scale, W/scale, C)); return its format.
-    The format must be among ``formats`` and the header state the store's size, checked before any
-    pixel is decoded (no decompression bomb). Failures raise :class:`~carraystore.base.errors.EncodedImageError`
-    starting with ``what()``. ``entry`` must not share memory with ``out``; ``scale`` is 1, 2, 4 or 8
-    (a JPEG through libjpeg's scaled IDCT, other entries reduced by :func:`box_reduce`)."""
+    """Decode one entry into ``out`` ((H, W, C) uint8, or (H/scale, W/scale, C)); return its format. The format
+    must be among ``formats`` and the header state the store's size, checked before decoding (no decompression
+    bomb); failures raise EncodedImageError starting with ``what()``. ``entry`` must not share memory with
+    ``out``; ``scale`` 1, 2, 4 or 8 (JPEG: libjpeg's scaled IDCT; others: :func:`box_reduce`)."""
     h, w, c = out.shape
     full = (h * scale, w * scale, c)
     nbytes = h * w * c * scale * scale
@@ -507,10 +503,9 @@ def decode_chunk_inplace(
     what: Callable[[int], str],
     scale: int = 1,
 ) -> None:
-    """Decode the ``len(sizes)`` entries that ``buf`` ((k, H, W, C) uint8) holds into ``buf`` itself.
-    Entry ``j`` starts at or before ``j * H*W*C``, so decoding last first never overwrites an unread
-    entry; at ``scale`` > 1 images land in the first bytes of their slots (:func:`reduced_view`).
-    ``what(j)`` names image ``j`` in errors."""
+    """Decode the ``len(sizes)`` entries that ``buf`` ((k, H, W, C) uint8) holds into ``buf`` itself. Entry
+    ``j`` starts at or before ``j * H*W*C``, so decoding last first never overwrites an unread entry; at
+    ``scale`` > 1 images land in the first bytes of their slots (:func:`reduced_view`). ``what(j)`` names image j."""
     k, h, w, c = buf.shape
     nb = h * w * c
     small = (h // scale, w // scale, c)

@@ -1,13 +1,11 @@
 """A local chunk cache in front of a remote byte source (layer 3).
-
 ``carraystore.open(url, cache_dir=..., cache_size=...)`` wraps the source in a :class:`CachedSource`:
 each range read is one file under ``cache_dir/<identity hash>/`` (URL, size, ETag or mtime), so a
 changed object gets a new folder; the first open of a new identity removes older ones of the URL.
 Files are renamed into place (processes share them without locks) and carry a CRC-32 checked on
 reuse. Eviction resists scans: ranges have fixed scores (a keyed hash) and the cache keeps the
 lowest that fit ``cache_size``, independent of epoch order, so half the store cached saves half of
-each later epoch's bytes (LRU would save none).
-"""
+each later epoch's bytes (LRU would save none)."""
 
 from __future__ import annotations
 
@@ -62,9 +60,8 @@ def parse_size(value: int | str | None) -> int | None:
 
 
 class CacheStats:
-    """Counters: ``hits``/``misses`` (ranges), ``fetched_bytes``, ``stored``/``evicted`` (files),
-    ``bad`` (damaged files deleted), plus the inner source's ``requests``, ``bytes``, ``retries``
-    and ``coalesced`` (0 when it does not count them)."""
+    """Counters: ``hits``/``misses`` (ranges), ``fetched_bytes``, ``stored``/``evicted`` (files), ``bad`` (damaged,
+    deleted), and the inner source's ``requests``, ``bytes``, ``retries``, ``coalesced`` (0 if it counts none)."""
 
     _INNER = ("requests", "bytes", "retries", "coalesced")
 

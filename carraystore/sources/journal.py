@@ -1,14 +1,12 @@
 """The rollback journal of an in-place write (layer 3); docs/appends.md is its spec.
-
-Before its first write, an append or metadata update saves the bytes it will overwrite and the
-old length in ``.NAME.b2nd.journal`` (fsynced); after its last write it removes it. A complete
-("hot") journal means a write died: :func:`rollback` restores the old store byte for byte.
-``CSJRNL03`` (FORMAT.md appendix C) holds the write's mark: a nonce and where :func:`begin_write`
-puts its marker before any other change. A journal is applied only to a file holding that marker
-or still the old store, else refused (:class:`~carraystore.base.errors.StaleJournalError`); an
-incomplete one is just removed; ``CSJRNL02``/``01`` apply only while the old header is in place.
-Readers take no lock: one that cannot roll back reads through :class:`JournalSource`.
-"""
+Before its first write, an append or metadata update saves the bytes it will overwrite and the old
+length in ``.NAME.b2nd.journal`` (fsynced); it removes it after its last write. A complete ("hot")
+journal means a write died: :func:`rollback` restores the old store byte for byte. ``CSJRNL03``
+(FORMAT.md appendix C) holds the write's mark: a nonce and where :func:`begin_write` puts its marker
+before any other change. A journal is applied only to a file holding that marker or still the old
+store, else refused (:class:`~carraystore.base.errors.StaleJournalError`); an incomplete one is just
+removed; ``CSJRNL02``/``01`` apply only while the old header is in place. Readers take no lock: one
+that cannot roll back reads through :class:`JournalSource`."""
 
 from __future__ import annotations
 
@@ -237,9 +235,8 @@ def _belongs(path: Path, journal: Journal) -> bool:
 
 
 def load_journal(path: Path) -> Journal | None:
-    """The hot journal of ``path`` (present and complete), or None.
-    StaleJournalError (a CorruptStoreError) when it was not made for the file now there (no marker,
-    not the old store: the file was replaced after the write died); such a journal is never applied."""
+    """The hot journal of ``path`` (present and complete), or None. StaleJournalError (a CorruptStoreError)
+    when it was not made for the file now there (replaced after the write died): it is never applied."""
     try:
         raw = journal_path(path).read_bytes()
     except (FileNotFoundError, NotADirectoryError):

@@ -1,13 +1,11 @@
 """Stores on object storage and HTTP servers, read by ranged GETs (layer 3).
-
 :class:`RemoteSource` is the :class:`~carraystore.format.frame.ByteSource` of an ``s3://`` (AWS or
 any S3-compatible server), ``gs://``, ``http(s)://`` (any server honouring ``Range``) or ``file://``
 URL, through obstore (requests wait in Rust with the GIL released; docs/remote.md). Opening is one
 GET (header, size, ETag); transient failures are retried (:mod:`carraystore.sources.retry`), a
 permanent one raises :class:`RemoteReadError` naming URL and byte range. It pickles as URL and
 options. obstore's runtime does not survive ``fork()``: in a child forked after it ran, unsigned
-requests use Python's HTTP client and signed ones raise (use ``spawn``/``forkserver``, or threads).
-"""
+requests use Python's HTTP client and signed ones raise (use ``spawn``/``forkserver``, or threads)."""
 
 from __future__ import annotations
 
@@ -98,11 +96,10 @@ class _Run:
 
 
 class RemoteSource:
-    """A store file at a URL, read by ranged GETs (the ``ByteSource`` protocol); thread-safe.
-    Knobs (keywords, or the same names in ``storage_options``): ``max_inflight`` (default 16),
-    ``timeout`` (s per request, 30), ``retry_timeout`` (s of retrying from the first failure, 120),
-    ``retries`` (a count limit too; default None), ``coalesce_bytes`` (largest GET of adjacent ranges,
-    4 MiB), ``readahead_bytes`` (fetched ahead and not yet read, 256 MiB)."""
+    """A store file at a URL, read by ranged GETs (the ``ByteSource`` protocol); thread-safe. Knobs (keywords,
+    or in ``storage_options``), defaults in parentheses: ``max_inflight`` (16), ``timeout`` (30 s per request),
+    ``retry_timeout`` (120 s from the first failure), ``retries`` (None: no count), ``coalesce_bytes``
+    (largest GET of adjacent ranges, 4 MiB), ``readahead_bytes`` (fetched ahead and unread, 256 MiB)."""
 
     def __init__(
         self,

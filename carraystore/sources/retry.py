@@ -1,11 +1,8 @@
 """Retries of remote requests: which failures are transient, backoff, a budget in time (layer 3).
-
-Transient (:func:`is_transient`): timeouts, refused or dropped connections, bodies cut short,
-5xx, 408, 429, S3's ``503 SlowDown``; not 404, 403, a replaced object or a server ignoring
-``Range``. :class:`Retrier` logs each retry at DEBUG on ``carraystore.sources.remote``, a WARNING
-per ``log_every`` s while a server keeps failing, and on giving up raises
-:class:`~carraystore.base.errors.RemoteReadError` saying what failed, with the URL and byte range.
-"""
+Transient (:func:`is_transient`): timeouts, refused or dropped connections, bodies cut short, 5xx,
+408, 429, S3's ``503 SlowDown``; not 404, 403, a replaced object or a server ignoring ``Range``.
+:class:`Retrier` logs retries at DEBUG on ``carraystore.sources.remote``, a WARNING per ``log_every``
+s of failing, and finally raises :class:`~carraystore.base.errors.RemoteReadError` (URL, byte range)."""
 
 from __future__ import annotations
 

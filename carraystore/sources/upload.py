@@ -1,10 +1,8 @@
 """Writing stores to object storage (layer 4, beside the writer).
-
 A store bound for ``s3://``/``gs://`` is staged in a private folder under ``tmp_dir`` (default
 ``TMPDIR``; dead writers' folders are removed later), then put atomically (multipart when large):
 a killed writer leaves nothing at the URL (a bucket lifecycle rule reclaims unfinished parts).
-:class:`RemoteTarget` is that round trip.
-"""
+:class:`RemoteTarget` is that round trip."""
 
 from __future__ import annotations
 
