@@ -41,23 +41,20 @@ __all__ = [
     "store_layout",
 ]
 
-#: Rows per block read from a source aim at about this many uncompressed bytes (a few
-#: store chunks at most; not the store's chunk size, see codec.TARGET_CHUNK_BYTES).
+#: Uncompressed bytes per block read from a source (not the store's codec.TARGET_CHUNK_BYTES).
 MIGRATION_BLOCK_BYTES = 8 * 1024 * 1024
 
 #: Names (an HDF5 dataset's last path part, an npz member; lower case) read as class names.
 CLASS_NAME_DATASETS = ("class_names", "classes", "label_names", "labelnames", "target_names")
 
-#: Names (an HDF5 dataset's last path part, an npz member; lower case) that pick the labels
-#: when several arrays could be them.
+#: Names (lower case) that pick the labels when several arrays could be them.
 LABEL_NAMES = frozenset({"labels", "label", "y", "targets", "target", "class", "classes_idx"})
 
 
 #: A per-row array is kept as a field when one row takes at most this many bytes; larger
 #: ones (masks, second images) are named in a note (migrate them as a store of their own).
 FIELD_MAX_ROW_BYTES = 4096
-#: All fields of one store together take at most this many bytes per row (the metadata
-#: record allows METADATA_BYTES_PER_ITEM per item, keys and labels included).
+#: Bytes per row of all fields together (the record allows METADATA_BYTES_PER_ITEM per item, keys and labels included).
 FIELDS_MAX_ROW_BYTES = 8192
 
 
@@ -222,9 +219,7 @@ def _field_refusal(shape: tuple[int, ...], dt: np.dtype | None) -> str | None:
 
 
 def infer_labels(fits: Sequence[str], images: str, where: str, notes: list[str]) -> str | None:
-    """The only one of ``fits`` (integer arrays, one value per row), or the only one with a label name.
-
-    None when none fits; MigrationError listing them when ambiguous."""
+    """The only one of ``fits``, or the only one with a label name; None if none, MigrationError if ambiguous."""
     if not fits:
         return None
     if len(fits) > 1:

@@ -105,9 +105,7 @@ def describe_cparams(cparams: dict[str, Any]) -> str:
 
 
 def refuse_links_inside(root: Path) -> None:
-    """Refuse a bcolz folder holding a symlink (or anything but files and folders).
-
-    A planted link (``data/__0.blp -> /etc/passwd``) would make a migration read and store another file."""
+    """Refuse a bcolz folder holding a symlink or special file (``data/__0.blp -> /etc/passwd``)."""
     for folder, dirs, files in os.walk(root, followlinks=False):
         for name in [*dirs, *files]:
             p = Path(folder, name)
@@ -122,10 +120,7 @@ def refuse_links_inside(root: Path) -> None:
 
 @dataclass
 class CarrayReader:
-    """A bcolz carray on disk, read chunk by chunk. Open with ``CarrayReader.open(rootdir)``.
-
-    ``nrows`` is the flushed length; ``warnings`` lists what lies beyond it. Memory: one chunk.
-    """
+    """A bcolz carray read chunk by chunk (``CarrayReader.open(rootdir)``); ``warnings``: what lies past ``nrows``."""
 
     rootdir: Path
     dtype: np.dtype

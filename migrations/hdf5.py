@@ -107,9 +107,7 @@ def _check_inside(path: Path, name: str, d: Any) -> None:
 
 
 def split_groups(h5py: Any, f: Any) -> list[str]:
-    """The split groups of an open HDF5 file (``train/images``, ``val/images``, ...), else [].
-
-    The parents of its 3+-D datasets (else 2-D), when two or more and no two share a parent."""
+    """The split groups (parents of 3+-D, else 2-D, datasets: two or more, none shared) of an HDF5 file, else []."""
     found: list[tuple[str, int]] = []
     f.visititems(
         lambda name, obj: (
@@ -139,10 +137,7 @@ def hdf5_split_groups(path: str | os.PathLike[str]) -> list[str]:
 
 
 class Hdf5Source(Source):
-    """One HDF5 dataset of rows, optional labels, and every other per-row dataset as a field.
-
-    ``group`` (a split such as ``train``): names are looked up there first, fields named relative to it.
-    """
+    """One HDF5 dataset of rows, optional labels, other per-row datasets as fields; ``group``: one split."""
 
     kind = "HDF5 dataset"
 

@@ -1,7 +1,4 @@
-"""``.npy`` sources, streamed; pickled numpy arrays only with ``allow_pickle`` (unpickling runs code).
-
-Labels may come from a second ``.npy`` (``labels=path``), one per row.
-"""
+"""``.npy`` sources (labels: a second ``.npy``); pickled arrays only with ``allow_pickle`` (unpickling runs code)."""
 
 from __future__ import annotations
 

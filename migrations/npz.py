@@ -34,9 +34,7 @@ _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
 def read_npy_header(f: IO[bytes], where: str, *, allow_objects: bool = False) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """(shape, fortran_order, dtype) of an ``.npy`` stream, left at its first data byte.
-
-    Object dtypes are a PickleNotAllowedError unless ``allow_objects``."""
+    """(shape, fortran_order, dtype) of an ``.npy`` stream; objects: PickleNotAllowedError unless ``allow_objects``."""
     fmt = np.lib.format
     try:
         version = fmt.read_magic(f)

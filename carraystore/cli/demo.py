@@ -47,11 +47,7 @@ def _store_epoch(store: Store, epoch: int, batch_size: int = 32) -> int:
 
 
 def time_rounds(contenders: dict[str, Callable[[int], int]], rounds: int) -> dict[str, list[tuple[int, float]]]:
-    """One warm-up epoch of each contender, then ``rounds`` rounds of one timed epoch each.
-
-    Contenders take turns, the first changing every round, so outside load hits all alike.
-    Returns (images, seconds) per contender and round.
-    """
+    """(images, seconds) per contender and round, after a warm-up; the first contender changes each round."""
     names = list(contenders)
     for name in names:  # warm-up: page cache, buffer pools, threads
         contenders[name](0)

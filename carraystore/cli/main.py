@@ -1,7 +1,4 @@
-"""The ``carraystore`` command line. Thin: every command calls the library.
-
-Each sub-command module's ``register(subparsers)`` sets ``func`` to a handler ``(args) -> exit status``.
-"""
+"""The ``carraystore`` command line; each module's ``register(subparsers)`` sets ``func(args) -> exit status``."""
 
 from __future__ import annotations
 

@@ -61,8 +61,7 @@ FILTERS: dict[str, tuple[str, ...]] = {
     "shuffle+bytedelta": ("shuffle", "bytedelta"),
 }
 BLOCKS: tuple[int, ...] = (1, 4, 16)
-#: Read speeds (MB/s of compressed bytes) of the regimes presets are judged in.
-#: ``None`` means "the page cache": the measured memory-copy speed.
+#: Read speeds (MB/s of compressed bytes) presets are judged at; ``None``: the page cache.
 REGIMES: dict[str, float | None] = {
     "warm page cache": None,
     "NVMe 2000 MB/s": 2000.0,
@@ -414,11 +413,7 @@ def choose_presets(
 def recommend_preset(
     results: Sequence[CodecResult], read_mbs: float | None = None, cores: int | None = None
 ) -> tuple[str, dict[str, dict[str, float]]]:
-    """Which preset to use on this data, and the modelled MB/s of each per regime.
-
-    ``results``: one row per preset, named in ``dataset`` (``measure_presets``). ``read_mbs``:
-    the user's read speed; None: the warm page cache.
-    """
+    """The preset for ``results`` (``measure_presets``) at ``read_mbs`` (None: page cache), and each one's MB/s."""
     cores = cores or min(8, os.cpu_count() or 1)
     by_name = {r.dataset: r for r in results}
     mem = max(r.decompress_mbs_1t for r in results if r.dataset == "none") if "none" in by_name else 10000.0
@@ -451,10 +446,7 @@ def _us(value: float, via: str = "") -> str:
 
 
 def block_table(results: Sequence[CodecResult], families: Iterable[tuple[str, int, str, int]] | None = None) -> str:
-    """Per combination, each block size side by side: ratio, whole-chunk MB/s (1 thread), one random image µs.
-
-    ``families``: (codec, clevel, filters, typesize); default: those measured at several block sizes.
-    """
+    """Per (codec, clevel, filters, typesize) family, each block size: ratio, chunk MB/s, random image µs."""
     groups: dict[tuple[str, int, str, int], dict[int, CodecResult]] = {}
     for r in results:
         if r.clevel > 0:
@@ -646,10 +638,7 @@ def write_results(
 def load_sample(
     path: str | os.PathLike[str], n: int = 128, seed: int = 0, image_size: tuple[int, int] | None = None
 ) -> np.ndarray:
-    """Up to ``n`` images from a folder (seeded random subset, RGB) or a ``.b2nd`` store, as (n, H, W, C).
-
-    From a store: ``n`` consecutive images from a seeded random chunk boundary (as compression sees them).
-    """
+    """Up to ``n`` images (n, H, W, C): a seeded subset of a folder, or consecutive ones of a ``.b2nd`` store."""
     from carraystore.cli.benchmarks.datasets import decode_images, list_image_folder
 
     p = Path(path)

@@ -21,10 +21,7 @@ __all__ = [
 
 
 class ImageFolder:
-    """The image files under a root folder: sorted paths, integer labels, class names.
-
-    A file's class is its first folder below the root; files in the root get the class ``"."``.
-    """
+    """The image files under a root folder: sorted paths, labels (first folder; ``"."`` in the root), class names."""
 
     def __init__(self, root: Path, files: list[Path], labels: np.ndarray, class_names: list[str]) -> None:
         self.root = root

@@ -86,8 +86,7 @@ class LayoutResult:
 def break_even(pixels: LayoutResult, encoded: LayoutResult, cores: int) -> tuple[float | None, str, str]:
     """Where both layouts deliver the same images/s: ``(link bytes/s or None, wins below, wins above)``.
 
-    Each delivers ``min(L / bytes, cores x rate)`` at link rate ``L``; the smaller layout wins
-    on slow links. None: one layout is never behind (it is named twice).
+    None: one layout is never behind (it is named twice).
     """
     small, large = (encoded, pixels) if encoded.bytes_per_image <= pixels.bytes_per_image else (pixels, encoded)
     if small.bytes_per_image == large.bytes_per_image:
