@@ -50,10 +50,9 @@ def gather(
 ) -> np.ndarray:
     """The items at ``samples`` (any shape) out of decoded chunks.
 
-    Chunk ``chunks[j]`` (sorted) sits in ``arena[slots[j]]`` (shape (slots, chunk_size,
-    *item_shape)). Result shape ``samples.shape + item_shape``, written into ``out``
-    (C-contiguous) when given. ``scale`` > 1: images decoded at (H/scale, W/scale) in the first
-    bytes of each slot (:func:`carraystore.format.encoded.reduced_view`).
+    Chunk ``chunks[j]`` (sorted) sits in ``arena[slots[j]]``; result ``samples.shape +
+    item_shape``, into ``out`` (C-contiguous) when given. ``scale`` > 1: reduced images at
+    the start of each slot (:func:`carraystore.format.encoded.reduced_view`).
     """
     s = samples.reshape(-1)
     c = s // chunk_size
@@ -80,9 +79,8 @@ def gather(
 class BatchBuffers:
     """Batch arrays reused once the consumer has let go of them.
 
-    Fresh memory costs a page fault per 4 KiB. A buffer is reused only when its reference
-    count is back to the pool's own (views, queues and buffer exports raise it), so a
-    consumer that keeps batches never sees one overwritten.
+    Reused only once its reference count is back to the pool's own, so kept batches are
+    never overwritten (fresh memory costs a page fault per 4 KiB).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -163,9 +161,8 @@ DIRECT_MAX_THREADS = 4
 def direct_possible(store: StoreReader) -> bool:
     """Whether batches can be decompressed image by image, straight into their slots.
 
-    Needs blocks of one item (``fast`` preset on images over 64 KiB, or
-    ``Codec(block_images=1)``), no bytedelta filter and c-blosc2's getitem
-    (:mod:`carraystore.format.blocks`).
+    Needs one-item blocks (``fast`` over 64 KiB, or ``Codec(block_images=1)``), no bytedelta
+    and c-blosc2's getitem (:mod:`carraystore.format.blocks`).
     """
     codec = store.codec
     return (
@@ -217,10 +214,9 @@ EVICT_PATIENCE_S = 2.0
 class EpochDecoder:
     """Batches of one epoch of a :class:`LoaderSpec`, by index, from any thread.
 
-    A window needs one slot per chunk, so ``nslots`` beyond ``plan.max_window_chunks`` is
-    how far ahead the threads may decode. ``plan`` replaces the epoch's plan (a resumed,
-    re-sharded epoch); ``serves=(k, n)``: only batches ``b % n == k`` are asked for (one of
-    ``n`` workers), and a window's slots free once those were served.
+    ``nslots`` beyond ``plan.max_window_chunks`` is how far ahead threads may decode.
+    ``plan`` replaces the epoch's plan (resumed); ``serves=(k, n)``: only batches
+    ``b % n == k`` are asked for (one of ``n`` workers).
     """
 
     def __init__(
@@ -392,8 +388,7 @@ class EpochDecoder:
         return win
 
     def _announce(self, w: int) -> None:
-        """Tell the byte source the chunks after ``w``: one window, or for a remote source two
-        windows and at least ``max_inflight`` chunks."""
+        """Announce the chunks after ``w``: one window, or (remote) two and ``max_inflight`` chunks."""
         want = self.link.want
         if not self.link.lead_in.is_set():  # the lead window alone until its bytes are in
             if w != self.link.lead_w or self._announced >= w:

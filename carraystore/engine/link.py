@@ -128,8 +128,7 @@ class LinkPolicy:
 
     # -- the next epoch ------------------------------------------------------------------
     def start_hint(self, unread: Callable[[], set[int]]) -> None:
-        """Start the next-epoch hint thread (with a link only); ``unread()`` (``cond`` held):
-        chunks this epoch has yet to read."""
+        """Start the next-epoch hint thread (link only); ``unread()`` (``cond`` held): chunks yet to read."""
         if self.source is None:
             return
         with _NEWEST_LOCK, contextlib.suppress(TypeError):  # (a source that takes no weak reference)

@@ -48,8 +48,7 @@ THREAD_NAME_PREFIX = "carraystore-loader"
 
 
 class _Stream:
-    """The assembler threads and the decoder; never references the BatchIterator, so dropping
-    that stops the threads."""
+    """The threads and decoder; never references the BatchIterator, so dropping it stops them."""
 
     def __init__(self, spec: LoaderSpec, epoch: int, start_batch: int) -> None:
         opts = spec.options

@@ -49,8 +49,7 @@ _CLIP_STARTS = ("random", "fixed")
 
 
 def default_threads() -> int:
-    """Default ``num_threads``: the cores this process may use
-    (:func:`carraystore.base.resources.available_cpus`), at least 2 so reading overlaps decoding."""
+    """Default ``num_threads``: the cores this process may use, at least 2 (reading overlaps decoding)."""
     return max(2, available_cpus())
 
 
@@ -75,8 +74,7 @@ def _int_arg(name: str, value: Any, minimum: int) -> int:
 
 
 class LoaderKwargs(TypedDict, total=False):
-    """Every loader's keyword arguments, typed for ``**options: Unpack[LoaderKwargs]``;
-    documented in :class:`LoaderOptions`."""
+    """Every loader's keyword arguments for ``Unpack[LoaderKwargs]``; see :class:`LoaderOptions`."""
 
     shuffle: Shuffle
     seed: int
@@ -108,11 +106,10 @@ class LoaderKwargs(TypedDict, total=False):
 class LoaderOptions:
     """How to walk a store: the one argument set of ``batches``, ``StoreDataset`` and ``to_dataset``.
 
-    - ``shuffle``: ``"block"`` (chunks in a random order, samples shuffled inside windows
-      of ``window`` chunks), ``"global"`` (a full permutation, whole shard decoded at once;
-      small stores), or False (store order).
-    - ``window``: chunks shuffled together (default 16); the first windows ramp up from one
-      batch's chunks, so the first batch does not wait for a whole window.
+    - ``shuffle``: ``"block"`` (chunks in a random order, samples shuffled inside windows of
+      ``window`` chunks), ``"global"`` (full permutation, whole shard decoded at once; small
+      stores) or False (store order). ``window``: default 16; the first windows ramp up from
+      one batch's chunks, so the first batch does not wait for a whole window.
     - ``seed``, ``epoch``: the order depends on them only; use a new ``epoch`` every epoch.
     - ``start_batch``: yield exactly the batches from that index of the epoch.
     - ``resume``: a ``state_dict()`` of any adapter or ``BatchIterator``: its epoch's
@@ -123,11 +120,10 @@ class LoaderOptions:
       the last short batch).
     - ``transform(x, y) -> (x, y)``: a per-batch numpy function, run in a loader thread.
     - ``label_mode``: ``"int"`` (int64), ``"categorical"`` (float32 one-hot), ``"binary"``
-      (float32 0/1, two classes) or None (x only), as in Keras'
-      ``image_dataset_from_directory``. Unlabelled stores give ``y = None``.
-    - ``targets``: what y is (docs/targets.md). ``"label"`` (default): the class labels when
-      the store has them, shaped by ``label_mode``, else a field "label"; a field name: that
-      field as stored; a tuple of names: a tuple; a dict ``{output: name}``: a dict.
+      (float32 0/1, two classes) or None (x only), as in Keras. Unlabelled stores: ``y = None``.
+    - ``targets`` (docs/targets.md): ``"label"`` (default): the class labels if the store has
+      them, else a field "label"; a field name: that field as stored; a tuple or a dict
+      ``{output: name}`` of names: y is a tuple or dict.
     - ``sample_weight``: a field of one number per sample; batches are ``(x, y, w)``, ``w``
       float32 (B,). The transform sees (x, y) only.
     - ``sequence_length=L``: x is (B, L, *item) clips that never cross a group (the key's
@@ -137,22 +133,17 @@ class LoaderOptions:
       offset per epoch (clip count unchanged); ``"fixed"`` starts at the group's first frame.
     - ``verify``: check each chunk's CRC32 before decoding (default True; always on remote).
     - ``prefetch``: decoded chunks held beyond the current window (default ``window``).
-    - ``num_threads``: decoder threads (default :func:`default_threads`). Batches are
-      assembled by their own threads (one per four decoder threads, at most 4; one with a
-      ``transform``, so a stateful transform sees batches in order).
+    - ``num_threads``: decoder threads (default :func:`default_threads`); assembler threads:
+      one per four (at most 4), one with a ``transform`` (it sees batches in order).
     - ``queue_size``: finished batches waiting for the consumer.
     - ``memory_budget``: bytes or ``"2GB"``/``"512MiB"`` (default a quarter of the process'
-      memory) for chunk slots, batch buffers and a remote source's read-ahead. Prefetch and
-      assembly shrink to fit; if one window and ``queue_size`` batches cannot, the loader
-      refuses to start and says what to lower. Iterators report ``.memory``.
-    - ``retry_timeout``: remote stores: seconds a failing server is retried before the epoch
-      fails (default: the store's ``retry_timeout`` storage option, 120 s); the loader then
-      resumes at the same batch, losing and repeating nothing.
-    - ``image_size=(height, width)``: the yielded size (default: stored). Must be the stored
-      size divided by 1, 2, 4 or 8 exactly (else refused, naming the allowed sizes; resize
-      in a ``transform``). JPEG entries decode at that size (libjpeg scaled IDCT); other
-      entries and pixel stores (uint8 only) are box-averaged (``Image.reduce``). Chunk
-      slots stay full size; batch buffers are the smaller size.
+      memory) for chunk slots, batch buffers and remote read-ahead; the loader shrinks
+      prefetch and assembly to fit, or refuses to start saying what to lower (``.memory``).
+    - ``retry_timeout``: remote stores: seconds a failing server is retried (default the
+      store's ``retry_timeout``, 120 s); the loader resumes at the same batch, losing nothing.
+    - ``image_size=(height, width)``: the stored size divided by 1, 2, 4 or 8 exactly (else
+      refused, naming the allowed sizes). JPEG entries decode at that size; other entries
+      and pixel stores (uint8 only) are box-averaged. Chunk slots stay full size.
     """
 
     shuffle: Shuffle = "block"
@@ -290,8 +281,7 @@ def _check_image_size(v: Any) -> tuple[int, int]:
 
 
 def image_scale(store: StoreReader, image_size: Sequence[int] | None) -> int:
-    """The factor (1, 2, 4 or 8) ``image_size`` divides the images by; InvalidInputError
-    naming the allowed sizes otherwise."""
+    """The factor (1, 2, 4 or 8) ``image_size`` divides the images by; else InvalidInputError."""
     if image_size is None:
         return 1
     image_size = _check_image_size(image_size)

@@ -35,8 +35,7 @@ def batch_index(index: int, num_batches: int) -> int:
 
 
 class ProcessSpec:
-    """A spec that pickles as the store's location, its options and batch size, and is made
-    again (the store opened again, as the same class) in each new process."""
+    """A spec that pickles as location, options and batch size, and is re-made in each new process."""
 
     def __init__(self, spec: LoaderSpec) -> None:
         self._open_state: dict[str, Any] = spec.store.__getstate__()

@@ -7,11 +7,9 @@ A state is a JSON-friendly dict (``version`` 1)::
      "samples": 768, "batch_size": 32, "num_items": 5000, "chunk_images": 84,
      "shuffle": "block", "seed": 0, "window": 16, ...}
 
-``consumed``: the interrupted epoch's runs, oldest first, with the samples all ranks of each
-consumed together (ranks in lockstep, as under DDP, ``tf.distribute`` and JAX). The rest is
-:func:`carraystore.engine.sampling.remainder_plan` at the resuming world size. ``batch_size``:
-the per-rank batch size the order was made with, so a run may change it. The other keys
-are what the order depends on; a loader that differs refuses the state (:func:`check_order`).
+``consumed``: the epoch's runs, oldest first (ranks in lockstep, as under DDP); the rest is
+:func:`carraystore.engine.sampling.remainder_plan`. ``batch_size``: the per-rank batch size of
+the order. A loader whose store or options differ refuses the state (:func:`check_order`).
 """
 
 from __future__ import annotations
@@ -40,9 +38,8 @@ STORE_FACTS = ("num_items", "chunk_images", "clip_runs", "content")
 class ResumePoint:
     """An interrupted epoch: its number, the runs of it so far and the order they were made in.
 
-    ``runs``: ``(world_size, samples each rank consumed)``, oldest first (empty: whole
-    epoch). ``order``: the saved ORDER_FIELDS and STORE_FACTS as (name, value) pairs.
-    ``batch_size``: the per-rank batch size the order was made with; 0: the loader's own.
+    ``runs``: ``(world_size, samples each rank consumed)``, oldest first; ``order``: the saved
+    ORDER_FIELDS and STORE_FACTS as (name, value) pairs; ``batch_size`` 0: the loader's own.
     """
 
     epoch: int

@@ -81,8 +81,7 @@ def num_batches(length: int, batch_size: int, drop_remainder: bool = False) -> i
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One rank's epoch: window ``w`` is ``items[window_starts[w]:window_starts[w + 1]]``,
-    needing the chunks ``window_chunks[w]`` (sorted, unique)."""
+    """One rank's epoch: window ``w`` is ``items[window_starts[w]:window_starts[w+1]]``, chunks ``window_chunks[w]``."""
 
     items: np.ndarray
     window_starts: np.ndarray

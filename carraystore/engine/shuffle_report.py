@@ -134,8 +134,7 @@ def distinct_per_batch(values: np.ndarray, order: np.ndarray, batch_size: int) -
 
 
 def pairs_kept_together(previous: np.ndarray, current: np.ndarray, batch_size: int) -> float:
-    """Share of same-batch pairs in ``current`` that shared a batch in ``previous``
-    (a full shuffle: about ``(batch_size - 1) / (n - 1)``)."""
+    """Share of same-batch pairs in ``current`` that shared a batch in ``previous`` (ideal: (B - 1) / (n - 1))."""
     prev, cur = np.asarray(previous, dtype=np.int64), np.asarray(current, dtype=np.int64)
     n = int(max(prev.max(initial=-1), cur.max(initial=-1))) + 1
     bprev = np.full(n, -1, dtype=np.int64)
@@ -276,8 +275,7 @@ def shuffle_report(
     world_size: int = 1,
     drop_remainder: bool = False,
 ) -> ShuffleReport:
-    """Measure the epoch ``store.batches`` would serve with these arguments (``store``: a Store
-    or path) against a global shuffle; reads metadata only."""
+    """Measure the epoch ``store.batches`` would serve against a global shuffle (reads metadata only)."""
     s, opened = _open(store)
     try:
         n, k = len(s), int(s.chunk_images)
@@ -307,8 +305,7 @@ def compare_windows(
     seed: int = 0,
     epoch: int = 0,
 ) -> list[ShuffleReport]:
-    """Reports for store order, block shuffle at each of ``windows`` (default 1, 4, 16, 64
-    chunks, capped at the store), and a global shuffle."""
+    """Reports for store order, block shuffle at each of ``windows`` (default 1, 4, 16, 64) and global."""
     s, opened = _open(store)
     try:
         nchunks = max(1, -(-len(s) // int(s.chunk_images)))

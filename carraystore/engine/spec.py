@@ -289,8 +289,7 @@ class LoaderSpec:
     def finish(
         self, x: np.ndarray, y: Any, batch: int, epoch: int, plan: EpochPlan, w: np.ndarray | None = None
     ) -> tuple[Any, ...]:
-        """Apply the transform to (x, y); (x, y, w) with sample weights. Failures become a
-        LoaderError naming the batch and its chunks."""
+        """Apply the transform to (x, y), giving (x, y[, w]); failures become LoaderError naming the batch."""
         if self.transform is None:
             return (x, y) if w is None else (x, y, w)
         try:
@@ -323,8 +322,7 @@ class LoaderSpec:
             raise _chunk_error(store, chunk, exc) from exc
 
     def decode_chunk(self, chunk: int, out: np.ndarray, fetched: Callable[[], None] | None = None) -> None:
-        """Read, check and decompress one chunk into ``out`` (errors become LoaderError);
-        ``fetched()`` is called once its bytes are in."""
+        """Read, check and decompress a chunk into ``out``; ``fetched()`` once its bytes are in; LoaderError."""
         store = self.store
         try:
             with FORK_GATE:

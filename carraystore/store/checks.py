@@ -87,7 +87,7 @@ def check_frame_against_meta(frame: Frame, meta: StoreMeta, location: str) -> No
 
 
 def _fixed_metalayers(version: int) -> tuple[bytes, ...]:
-    """The fixed ``carraystore`` metalayers allowed for ``version`` (FORMAT.md 3): with and without the checksum flag."""
+    """The fixed ``carraystore`` metalayers for ``version`` (FORMAT.md 3), checksum flag on and off."""
     return tuple(
         msgpack.packb({"format": FORMAT_NAME, "format_version": version, **extra})
         for extra in ({META_CRC_KEY: True}, {})

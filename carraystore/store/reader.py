@@ -465,8 +465,7 @@ class StoreReader:
             )
 
     def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = True, scale: int = 1) -> np.ndarray:
-        """The images of chunk ``i`` (a view of ``out`` when given). ``verify``: check its CRC32
-        first (ChecksumError naming it); ``scale``: see :meth:`decompress_chunk`."""
+        """Chunk ``i``'s images (``out``); ``verify``: CRC32 first (ChecksumError); ``scale``: as decompress_chunk."""
         i = self._check_chunk_index(i)
         data = self.chunk_buffer(i)
         if verify and not self.check_reads:
@@ -534,8 +533,7 @@ class StoreReader:
 
     # -- integrity ----------------------------------------------------------------------
     def verify(self, progress: bool = False) -> list[ChunkProblem]:
-        """Re-read every chunk (CRC32, header against the pinned codec, full decompression);
-        the problems found, empty when the store is sound."""
+        """Re-read every chunk (CRC32, header vs pinned codec, decompression); the problems, [] if sound."""
         problems: list[ChunkProblem] = []
         if self._frame.nchunks != self.nchunks:
             problems.append(

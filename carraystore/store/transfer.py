@@ -158,14 +158,11 @@ def copy_store(
 ) -> CopyResult:
     """Copy the store at ``src`` to ``dst`` (each a path or URL), streamed and verified.
 
-    ``dst_storage_options`` default to ``storage_options`` when both are URLs. A damaged
-    chunk raises ChecksumError naming it and its byte range; nothing appears at ``dst``.
-    ``verify`` re-reads the published copy and compares it with the source.
-
-    ``options`` (:class:`~carraystore.store.options.WriteOptions`): ``storage_options`` there
-    is the destination's; codec, chunk size, class names and attrs are refused (a copy is
-    byte for byte). A local ``dst`` is written under its writer lock (``lock_timeout``: seconds,
-    None for ever; then :class:`~carraystore.base.errors.StoreLockedError`).
+    ``dst_storage_options`` default to ``storage_options``. A damaged chunk raises
+    ChecksumError naming it; nothing appears at ``dst``. ``verify`` compares the published
+    copy with the source. ``options``' ``storage_options`` are the destination's; codec,
+    chunk size, class names and attrs are refused (a copy is byte for byte). A local ``dst``
+    is written under its writer lock (``lock_timeout``; then :class:`~carraystore.base.errors.StoreLockedError`).
     """
     t0 = time.perf_counter()
     src_s, dst_s = str(src), str(dst)

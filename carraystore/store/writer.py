@@ -144,9 +144,8 @@ class StoreWriter:
     ) -> None:
         """Append images of shape (n, H, W, C) (or one (H, W, C) image) with optional labels and keys.
 
-        ``columns``: per-item metadata arrays (name -> n rows); ``groups``: each item's group
-        (any values, recorded as text; new names go at the end of ``Store.group_names``).
-        A store with columns or groups needs the same on every append.
+        ``columns``: name -> n rows; ``groups``: each item's group (recorded as text). A store
+        with columns or groups needs the same on every append.
         """
         self._check_open()
         meta = self._meta
@@ -183,8 +182,7 @@ class StoreWriter:
                 self._flush_chunk()
 
     def extend_class_names(self, names: Sequence[str]) -> tuple[str, ...]:
-        """Add class names at the end of the list (names already there skipped); return the
-        whole list. Written at ``close()`` in the same journaled append as the items."""
+        """Add new class names at the end; return the whole list (written at ``close()``)."""
         self._check_open()
         old = self._meta.class_names
         if old is None and self._items.has_labels and self.nimages:
@@ -447,8 +445,7 @@ class StoreWriter:
             self._fill = 0
 
     def _store_chunk(self, ic: int, data: bytes, total: int) -> None:
-        """Put compressed chunk ``ic`` into the file (the one place chunks reach it), the array
-        then holding ``total`` items."""
+        """Put compressed chunk ``ic`` into the file (the only place that does); ``total``: items after."""
         if self._inplace is not None:
             self._inplace.put_chunk(ic, data)
             self._stored = total
@@ -479,17 +476,13 @@ def create(
 ) -> StoreWriter:
     """Start writing a store at ``path``; returns a StoreWriter (a context manager).
 
-    ``mode="w"``: a new store (``overwrite=True`` replaces an existing file at close);
-    ``mode="a"``: append, keeping the pinned codec (``dtype=None``: not checked).
-    ``image_shape``: one item's shape, (H, W, C) for images (C = 1, 3 or 4; (H, W) gets
-    C = 1), or any shape with ``layout="array"`` (``()`` for scalars). ``layout=None``:
-    "NHWC" for pixel data, else "array"; ``layout="encoded"`` keeps uint8 images as encoded
-    files (FORMAT.md 10), pixels given to ``append`` encoded with ``encoding`` (default PNG).
-
-    Write options come as keywords or in ``options``
-    (:class:`~carraystore.store.options.WriteOptions`), not both differently. A URL
-    (``s3://``, ``gs://``) is staged under ``tmp_dir`` and appears only when complete at
-    ``close()``; appending to one downloads, appends and uploads again.
+    ``mode="w"``: a new store (``overwrite=True`` replaces one at close); ``mode="a"``: append,
+    keeping the pinned codec. ``image_shape``: (H, W, C) for images (C = 1, 3 or 4; (H, W)
+    gets C = 1), or any shape with ``layout="array"``. ``layout=None``: "NHWC" for pixel data,
+    else "array"; ``"encoded"``: uint8 images as encoded files (FORMAT.md 10), pixels encoded
+    with ``encoding`` (default PNG). Write options: keywords or ``options``
+    (:class:`~carraystore.store.options.WriteOptions`). A URL is staged under ``tmp_dir`` and
+    appears only when complete; appending to one downloads, appends and uploads again.
     """
     opts = WriteOptions.merged(options, str(path), **write)
     if is_url(path):
