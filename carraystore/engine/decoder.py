@@ -101,7 +101,6 @@ class BatchBuffers:
 
 # -- the slot pool, kept across epochs -----------------------------------------------------
 
-# One idle slot pool per Store for its next epoch; freed with the Store or by release_buffers().
 _IDLE_ARENAS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
 _ARENA_LOCK = threading.Lock()
 

@@ -136,8 +136,7 @@ class LinkPolicy:
         threading.Thread(target=self._hint_next_epoch, args=(unread,), name=NEXT_EPOCH_THREAD, daemon=True).start()
 
     def _hint_next_epoch(self, unread: Callable[[], set[int]]) -> None:
-        """Plan the next epoch, keep its first window's chunks this epoch fetches, and hint the
-        rest once this epoch's chunks are all fetched. A hint only: the next order may differ."""
+        """Keep the next epoch's first-window chunks this epoch fetches; hint the rest once all are in."""
         try:
             plan = self.spec.plan(self.epoch + 1)
             w = next((v for v in range(plan.nwindows) if len(plan.window_chunks[v]) and self.mine(v, plan)), None)

@@ -120,8 +120,7 @@ class BatchIterator:
 
     @property
     def position(self) -> tuple[int, int]:
-        """(epoch, next batch) for ``epoch=``, ``start_batch=`` at the same world size (after
-        ``resume=``, batches count from the resumed point: use :meth:`state_dict`)."""
+        """(epoch, next batch) for ``epoch=``, ``start_batch=`` (same world size; after ``resume=``, use state_dict)."""
         return self._s.epoch, self._next
 
     def state_dict(self) -> dict[str, Any]:

@@ -102,9 +102,8 @@ def plan_memory(
     assemblers: int = 1,
     what: str = "the loader",
 ) -> MemoryPlan:
-    """Slots (``want_slots``, at least one window) and ``queue_size + assemblers + spare_buffers``
-    batch buffers, shrunk to fit ``memory_budget`` (first spare slots, then assemblers);
-    InvalidInputError when one window and the queue cannot fit."""
+    """Slots and batch buffers shrunk to fit ``memory_budget`` (first spare slots, then
+    assemblers); InvalidInputError when one window and the queue cannot fit."""
     opts = spec.options
     budget = int(opts.memory_budget or 0)
     slot = max(1, spec.store.chunk_images * int(spec.store.meta.image_nbytes))

@@ -244,8 +244,7 @@ def plan_epoch(
 
 
 def epoch_sequence(n_samples: int, chunk_size: int, order: EpochOrder, items: np.ndarray | None = None) -> np.ndarray:
-    """The item sequence every rank agrees on, before shards and windows (only ``order``'s
-    shuffle, seed and epoch matter); pass it to ``plan_epoch(..., sequence=)``."""
+    """The item sequence every rank agrees on, before shards and windows (for ``plan_epoch(sequence=)``)."""
     chunk_size = _nonneg("chunk_size", chunk_size)
     if chunk_size < 1:
         raise InvalidInputError("chunk_size must be >= 1")

@@ -332,8 +332,7 @@ def _mib(nbytes: int) -> str:
 def shuffle_table(
     reports: Sequence[ShuffleReport], chunk_nbytes: int, nchunks: int, default_window: int = DEFAULT_WINDOW
 ) -> str:
-    """A markdown table of ``reports`` (:func:`compare_windows`) with each order's decoded memory
-    (block: ``window + prefetch`` chunks; global: the whole shard)."""
+    """A markdown table of ``reports`` (:func:`compare_windows`) with each order's decoded memory."""
     names = [d.name for d in reports[0].diversity] if reports else []
     head = ["order", "decoded MiB held"] + [f"{n} per batch (score)" for n in names]
     head.append("displacement mean / median (score)")

@@ -250,8 +250,7 @@ class LoaderSpec:
         }
 
     def state_dict(self, epoch: int, batches: int) -> dict[str, Any]:
-        """The resume state after ``batches`` batches of ``epoch`` (:mod:`carraystore.engine.resume`);
-        ranks move in lockstep, so one rank's state is every rank's."""
+        """The resume state after ``batches`` batches of ``epoch`` (every rank's: ranks move in lockstep)."""
         length = len(self.plan(epoch)) if self.resumes_epoch(epoch) else self.shard_length
         nb = num_batches(length, self.batch_size, self.drop_remainder)
         b = _int_arg("batches", batches, 0)

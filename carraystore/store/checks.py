@@ -95,11 +95,8 @@ def _fixed_metalayers(version: int) -> tuple[bytes, ...]:
 
 
 def header_problems(frame: Frame, meta: StoreMeta) -> list[str]:
-    """Every field of the frame header against what it must hold for ``meta`` (FORMAT.md A.1, A.2, 3, 6).
-
-    Plain blosc2 and the in-place writers need fields open does not check. Returns the
-    problems, each prefixed with "frame header: ", or [].
-    """
+    """Every field of the frame header against ``meta`` (FORMAT.md A.1, A.2, 3, 6), also those open
+    skips but blosc2 and in-place writers need: problems prefixed "frame header: ", or []."""
     out = frame_header_problems(frame)
     dt = meta.np_dtype
     chunk_nbytes = meta.chunk_images * meta.image_nbytes
@@ -140,8 +137,7 @@ def plain_blosc2_problem(
     """Open the local store with plain ``blosc2.open`` and read its first item; why that fails, or None.
 
     Call only once :func:`header_problems` found nothing. ``quiet_if_changed``: None for a
-    file being written or changed since ``frame`` was read.
-    """
+    file being written or changed since ``frame`` was read."""
     real = Path(os.path.realpath(path))
     before = file_state(real)
     if quiet_if_changed and (before[0] is None or before[1] is not None or before[0][1] != frame.frame_len):

@@ -17,11 +17,8 @@ __all__ = ["compress_chunk", "check_round_trip", "new_array"]
 
 
 def compress_chunk(meta: StoreMeta, items: np.ndarray) -> tuple[bytes, int]:
-    """Compress up to ``meta.chunk_images`` items as one store chunk: (bytes, its recorded CRC-32).
-
-    Exactly what :class:`StoreWriter` writes for these items; for
-    :meth:`StoreWriter.append_compressed_chunk`, from any process.
-    """
+    """Compress up to ``meta.chunk_images`` items as one store chunk: (bytes, its recorded CRC-32),
+    exactly as :class:`StoreWriter` would; for :meth:`StoreWriter.append_compressed_chunk`."""
     k = meta.chunk_images
     items = np.asarray(items)
     if items.shape[1:] != meta.image_shape or items.dtype != meta.np_dtype or len(items) > k:
@@ -42,10 +39,8 @@ def compress_chunk(meta: StoreMeta, items: np.ndarray) -> tuple[bytes, int]:
 def check_round_trip(
     data: bytes, items: np.ndarray, scratch: np.ndarray, codec: Codec, where: str, nthreads: int | None = None
 ) -> None:
-    """Raise CodecRoundTripError unless ``data`` decompresses (into ``scratch``) to exactly ``items``.
-
-    blosc2 4.x mis-decodes some custom filter chains, unseen by the CRC and ``verify``.
-    """
+    """Raise CodecRoundTripError unless ``data`` decompresses (into ``scratch``) to exactly ``items``
+    (blosc2 4.x mis-decodes some custom filter chains, unseen by the CRC and ``verify``)."""
     try:
         if nthreads is None:
             blosc2.decompress2(data, dst=scratch)

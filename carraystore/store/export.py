@@ -29,9 +29,8 @@ __all__ = [
 def write_file_safely(target: Path, save: Callable[[BinaryIO], None]) -> None:
     """Write ``target`` through ``save(file)`` and a temporary file beside it, then rename it into place.
 
-    The temporary file is created exclusively (``O_EXCL``, ``O_NOFOLLOW``): planted links are
-    never followed. A failed write raises a named error and leaves no temporary file.
-    """
+    The temporary file is created exclusively (``O_EXCL``, ``O_NOFOLLOW``), never through a
+    planted link; a failed write raises a named error and leaves no temporary file."""
     from carraystore.base.atomic import named_write_errors, temp_path
 
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -92,8 +91,7 @@ def make_contact_sheet(
 ) -> Any:
     """A PIL image: ``n`` images of the store (random when ``seed`` is not None) with their labels.
 
-    ``caption``: a field printed after the label (``name=value``); ``keys=True`` also prints
-    each key. Images fill their ``cell`` (small ones enlarged by whole pixels). Raises
+    ``caption``: a field printed after the label; ``keys=True`` also prints each key.
     InvalidInputError for sizes below 1 or beyond ``MAX_PREVIEW_CELL`` / ``MAX_PREVIEW_PIXELS``.
     """
     from PIL import Image, ImageDraw

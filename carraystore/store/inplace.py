@@ -51,10 +51,8 @@ class _InPlaceWrite:
     """Changes a store file in place under a rollback journal (:mod:`carraystore.sources.journal`):
     appends chunks (``put_chunk``) and/or rewrites the metadata (``commit``).
 
-    Data chunks are only written after the existing ones (a rewritten partial last chunk
-    too), so earlier readers keep reading the old chunks. The journal saves the header,
-    offsets index and trailer before the first write; :meth:`commit` removes it once the
-    result reads back whole.
+    Data chunks go only after the existing ones, so earlier readers keep the old chunks;
+    :meth:`commit` drops the journal once the result reads back whole.
     """
 
     def __init__(self, path: Path, frame: Frame, nitems: int) -> None:

@@ -57,12 +57,10 @@ class ItemRecord:
         self.where = where
         self.labels: list[np.ndarray] = [meta.labels] if meta.labels is not None else []
         self.keys: list[StringTable] = [meta.keys] if meta.keys is not None else []
-        # FORMAT.md 4.4: labelled if the record holds labels or class names; an empty store
-        # with neither is undecided until its first append
+        # FORMAT.md 4.4; an empty store with neither is undecided until its first append
         self.has_labels: bool | None = (
             True if meta.labels is not None or meta.class_names is not None else (None if meta.nimages == 0 else False)
         )
-        # the same for keys: a key table (empty for an empty store) means every item has a key
         self.has_keys: bool | None = True if meta.keys is not None else (None if meta.nimages == 0 else False)
         self.columns: dict[str, list[np.ndarray]] = {name: [col] for name, col in meta.columns.items()}
         self.group_names: list[str] = list(meta.group_names or ())

@@ -30,11 +30,9 @@ def update_metadata(
 ) -> StoreMeta:
     """Set a store's class names and/or attrs in place; the pixels are neither read nor rewritten.
 
-    ``attrs`` are merged (``remove_attrs`` deletes keys). Like an append it holds the writer
-    lock (``lock_timeout``: seconds, None for ever; then
-    :class:`~carraystore.base.errors.StoreLockedError`) and writes under the rollback journal:
-    a crash is rolled back, readers see the old store meanwhile (docs/appends.md).
-    Returns the new metadata.
+    ``attrs`` are merged (``remove_attrs`` deletes keys). Holds the writer lock
+    (``lock_timeout``, then :class:`~carraystore.base.errors.StoreLockedError`) and writes under
+    the rollback journal, like an append (docs/appends.md). Returns the new metadata.
     """
     if is_url(path):
         raise InvalidInputError(

@@ -178,8 +178,7 @@ class WriteOptions:
     def add_arguments(
         parser: argparse.ArgumentParser, fields: Sequence[str] | None = None, helps: Mapping[str, str] | None = None
     ) -> None:
-        """Add the flags of ``fields`` (default: all) to ``parser`` (see ``_FLAGS``; codec is
-        ``--preset``/``--codec-config``); ``helps`` overrides a field's help text."""
+        """Add the flags of ``fields`` (default all; ``_FLAGS``) to ``parser``; ``helps``: help texts."""
         helps = dict(helps or {})
         for name in fields if fields is not None else WRITE_OPTION_FIELDS:
             if name not in _CLI_HELP:
@@ -197,8 +196,7 @@ class WriteOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **overrides: Any) -> WriteOptions:
-        """The WriteOptions of parsed :meth:`add_arguments` flags; ``progress`` only on a terminal
-        and without ``--quiet``; ``overrides`` set fields directly."""
+        """The WriteOptions of parsed flags (``progress`` only on a terminal); ``overrides`` set fields."""
         values: dict[str, Any] = {}
         if getattr(args, "codec_config", None):
             try:

@@ -285,14 +285,12 @@ class StoreReader:
         return i
 
     def read_chunk_bytes(self, i: int) -> bytes:
-        """The compressed bytes of chunk ``i`` (one read; thread-safe, GIL released); a special
-        chunk (all zeros, say) gives the 32-byte chunk standing for it."""
+        """Chunk ``i``'s compressed bytes (thread-safe, GIL released; a special chunk's 32-byte stand-in)."""
         return bytes(self.chunk_buffer(i, copy=True))
 
     def chunk_buffer(self, i: int, copy: bool = False, items: bool = False) -> bytes | memoryview:
-        """Chunk ``i``'s compressed bytes: a read-only view of a local mapped file (``copy=True``
-        reads them instead), else the fetched bytes. ``items=True``: a special chunk's stand-in
-        gets the codec's typesize (not the frame's), so item ranges can be taken from it."""
+        """Chunk ``i``'s compressed bytes, a read-only view of a local mapped file unless ``copy``;
+        ``items=True``: a special chunk's stand-in gets the codec's typesize (for item ranges)."""
         i = self._check_chunk_index(i)
         f = self._frame
         special = int(f.chunk_special[i])
@@ -368,8 +366,8 @@ class StoreReader:
         return self._link is not None and self._link.hinted(self._ranges_of(chunks))
 
     def wait_chunks_fetched(self, chunks: Sequence[int] | np.ndarray, timeout: float | None = None) -> bool:
-        """Wait until these hinted chunks arrived or failed: True once none is on its way, False
-        on ``timeout``. Unhinted, read or local chunks count as arrived."""
+        """Wait until these hinted chunks arrived or failed: True, or False on ``timeout``
+        (unhinted, read or local chunks count as arrived)."""
         if self._link is None:
             return True
         ranges = self._ranges_of(chunks)
