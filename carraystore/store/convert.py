@@ -56,8 +56,7 @@ def convert_store(
     """Write ``src`` (a local image store) as ``dst`` in ``layout`` (``"pixels"`` or ``"encoded"``).
 
     All per-item values and metadata are carried over (provenance records the conversion).
-    ``quality`` (encoded only): lossy JPEG, so ``verify`` checks shapes and decodability only.
-    """
+    ``quality`` (encoded only): lossy JPEG, so ``verify`` checks shapes and decodability only."""
     if layout not in LAYOUT_NAMES:
         raise InvalidInputError(f"layout must be 'pixels' or 'encoded', got {layout!r}")
     if quality is not None and layout != "encoded":

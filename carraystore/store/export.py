@@ -92,8 +92,7 @@ def make_contact_sheet(
     """A PIL image: ``n`` images of the store (random when ``seed`` is not None) with their labels.
 
     ``caption``: a field printed after the label; ``keys=True`` also prints each key.
-    InvalidInputError for sizes below 1 or beyond ``MAX_PREVIEW_CELL`` / ``MAX_PREVIEW_PIXELS``.
-    """
+    InvalidInputError for sizes below 1 or beyond ``MAX_PREVIEW_CELL`` / ``MAX_PREVIEW_PIXELS``."""
     from PIL import Image, ImageDraw
 
     if caption is not None and caption not in store.columns:
@@ -198,8 +197,7 @@ def export_images(
 
     ``original`` (default for layout "encoded"): each stored entry byte for byte (raw
     pixels as PNG). Refuses keys landing outside ``outdir`` (absolute, ``..``, links) and an
-    ``outdir`` that is not a folder. Files go through :func:`write_file_safely`.
-    """
+    ``outdir`` that is not a folder. Files go through :func:`write_file_safely`."""
     from PIL import Image
 
     from carraystore.format.encoded import sniff
