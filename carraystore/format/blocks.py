@@ -1,4 +1,4 @@
-"""Decompress one item range of a compressed chunk straight into a destination (layer 2).
+"""Decompress one item range of a compressed chunk straight into a destination (layer 1).
 c-blosc2's ``blosc2_getitem_ctx`` decompresses only the blocks holding the items asked for (one
 image per block: straight into its batch slot). It is called via ``ctypes`` (GIL released) from the
 wheel's ``libblosc2``; where that is missing, :func:`available` is False (whole chunks are decoded)."""

@@ -1,4 +1,4 @@
-"""The Blosc2 contiguous-frame layout of a store file, parsed from a byte source (layer 2).
+"""The Blosc2 contiguous-frame layout of a store file, parsed from a byte source (layer 1).
 A frame (c-blosc2 README_CFRAME_FORMAT.rst; FORMAT.md): a msgpack header (sizes, codec flags, fixed
 metalayers), the data chunks, a compressed chunk of int64 chunk offsets, and a msgpack trailer
 (variable-length metadata). :func:`read_frame` opens with two reads and never touches a chunk."""

@@ -1,4 +1,4 @@
-"""Receive buffers for remote reads, used again and again (layer 3; docs/remote.md, "Receive buffers")."""
+"""Receive buffers for remote reads, used again and again (layer 2; docs/remote.md, "Receive buffers")."""
 
 from __future__ import annotations
 

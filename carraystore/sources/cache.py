@@ -1,4 +1,4 @@
-"""A local chunk cache in front of a remote byte source (layer 3).
+"""A local chunk cache in front of a remote byte source (layer 2).
 ``carraystore.open(url, cache_dir=..., cache_size=...)`` wraps the source in a :class:`CachedSource`:
 each range read is one file under ``cache_dir/<identity hash>/`` (URL, size, ETag or mtime), so a
 changed object gets a new folder; the first open of a new identity removes older ones of the URL.

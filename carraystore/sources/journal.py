@@ -1,4 +1,4 @@
-"""The rollback journal of an in-place write (layer 3); docs/appends.md is its spec.
+"""The rollback journal of an in-place write (layer 2); docs/appends.md is its spec.
 Before its first write, an append or metadata update saves the bytes it will overwrite and the old
 length in ``.NAME.b2nd.journal`` (fsynced); it removes it after its last write. A complete ("hot")
 journal means a write died: :func:`rollback` restores the old store byte for byte. ``CSJRNL03``

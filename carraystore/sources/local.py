@@ -1,4 +1,4 @@
-"""A store in a local file: ``os.pread``, a read-only memory map, ``posix_fadvise`` read-ahead (layer 3).
+"""A store in a local file: ``os.pread``, a read-only memory map, ``posix_fadvise`` read-ahead (layer 2).
 A :class:`~carraystore.format.frame.ByteSource`, not a ``ReadAheadSource`` (no link, nothing held)."""
 
 from __future__ import annotations

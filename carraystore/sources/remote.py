@@ -1,4 +1,4 @@
-"""Stores on object storage and HTTP servers, read by ranged GETs (layer 3).
+"""Stores on object storage and HTTP servers, read by ranged GETs (layer 2).
 :class:`RemoteSource` is the :class:`~carraystore.format.frame.ByteSource` of an ``s3://`` (AWS or
 any S3-compatible server), ``gs://``, ``http(s)://`` (any server honouring ``Range``) or ``file://``
 URL, through obstore (requests wait in Rust with the GIL released; docs/remote.md). Opening is one

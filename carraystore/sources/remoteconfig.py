@@ -1,4 +1,4 @@
-"""Remote configuration: storage options -> an obstore store, and the source's knobs (layer 3).
+"""Remote configuration: storage options -> an obstore store, and the source's knobs (layer 2).
 :data:`SOURCE_OPTIONS` tune :class:`~carraystore.sources.remote.RemoteSource` itself
 (:func:`split_options`); the rest go to :func:`make_object_store`. :func:`plain_http_url` is the
 URL for Python's HTTP client in forked processes."""

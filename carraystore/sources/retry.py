@@ -1,4 +1,4 @@
-"""Retries of remote requests: which failures are transient, backoff, a budget in time (layer 3).
+"""Retries of remote requests: which failures are transient, backoff, a budget in time (layer 2).
 Transient (:func:`is_transient`): timeouts, refused or dropped connections, bodies cut short, 5xx,
 408, 429, S3's ``503 SlowDown``; not 404, 403, a replaced object or a server ignoring ``Range``.
 :class:`Retrier` logs retries at DEBUG on ``carraystore.sources.remote``, a WARNING per ``log_every``

@@ -1,4 +1,4 @@
-"""Writing stores to object storage (layer 4, beside the writer).
+"""Writing stores to object storage (layer 2, below the writer).
 A store bound for ``s3://``/``gs://`` is staged in a private folder under ``tmp_dir`` (default
 ``TMPDIR``; dead writers' folders are removed later), then put atomically (multipart when large):
 a killed writer leaves nothing at the URL (a bucket lifecycle rule reclaims unfinished parts).
