@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import unicodedata
@@ -9,7 +10,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -18,6 +19,8 @@ from carraystore.base.errors import ImageDecodeError, IngestError, InvalidInputE
 from carraystore.store.items import check_class_names
 
 __all__ = [
+    "DecodeKwargs",
+    "DECODE_OPTION_FIELDS",
     "IMAGE_EXTENSIONS",
     "INTERPOLATIONS",
     "MODES",
@@ -83,6 +86,20 @@ class DecodeOptions:
         if self.dtype not in INGEST_DTYPES:
             raise InvalidInputError(f"dtype must be one of {INGEST_DTYPES}, got {self.dtype!r}")
         object.__setattr__(self, "crop_to_aspect_ratio", bool(self.crop_to_aspect_ratio))
+
+
+class DecodeKwargs(TypedDict, total=False):
+    """:class:`DecodeOptions`' fields as keywords (None: the default, or the store's own on an append); a test keeps them equal."""
+
+    color_mode: str | None
+    image_size: tuple[int, int] | None
+    interpolation: str | None
+    crop_to_aspect_ratio: bool | None
+    dtype: str | None
+
+
+#: the names of the decode options (the fields of DecodeOptions)
+DECODE_OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeOptions))
 
 
 # -- listing ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from carraystore.ingest.append import check_append_args, plan_append
 from carraystore.ingest.badfiles import DEFAULT_MAX_SKIPPED, shape_error
 from carraystore.ingest.cluster import run_on_cluster
 from carraystore.ingest.decodepool import decoded
-from carraystore.ingest.images import DEPTH_RULE, MODES, DecodeOptions
+from carraystore.ingest.images import DECODE_OPTION_FIELDS, DEPTH_RULE, MODES, DecodeKwargs, DecodeOptions
 from carraystore.ingest.job import IngestResult, Runner, StoreJob
 from carraystore.ingest.plan import Groups, float_labels, plan_folder
 from carraystore.store.options import WriteKwargs, WriteOptions
@@ -30,7 +30,11 @@ from carraystore.store.writer import StoreWriter
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["IngestResult", "StoreJob", "Runner", "run_locally", "from_directory"]
+__all__ = ["IngestResult", "StoreJob", "Runner", "run_locally", "from_directory", "IngestKwargs"]
+
+
+class IngestKwargs(WriteKwargs, DecodeKwargs, total=False):
+    """``from_directory``'s option keywords: the write options (:class:`WriteKwargs`) and the decode options (:class:`DecodeKwargs`)."""
 
 
 def from_directory(
@@ -40,11 +44,6 @@ def from_directory(
     labels: str | Sequence[int] | Sequence[float] | np.ndarray | None = "inferred",
     targets: str | os.PathLike[str] | None = None,
     groups: Groups = "inferred",
-    image_size: tuple[int, int] | None = None,
-    interpolation: str | None = None,
-    color_mode: str | None = None,
-    crop_to_aspect_ratio: bool | None = None,
-    dtype: str | None = None,
     layout: str = "pixels",
     quality: int | None = None,
     shuffle: bool = True,
@@ -63,7 +62,7 @@ def from_directory(
     client: Any = None,
     runner: Runner | None = None,
     options: WriteOptions | None = None,
-    **write: Unpack[WriteKwargs],
+    **kw: Unpack[IngestKwargs],
 ) -> IngestResult | dict[str, IngestResult]:
     """Ingest a folder of images into a store at ``output`` (a ``.b2nd`` path or URL); returns an IngestResult.
 
@@ -102,11 +101,12 @@ def from_directory(
     decodes on its cluster, the files at the same path on every worker (docs/dask.md);
     ``runner`` runs each planned :class:`~carraystore.ingest.job.StoreJob` some other way.
     """
+    keywords: dict[str, Any] = dict(kw)
+    write = {k: v for k, v in keywords.items() if k not in DECODE_OPTION_FIELDS}
     wopts = WriteOptions.merged(options, str(output), **write)
     # the decode options given, checked; an append takes those left out (None) from the store
-    opts = DecodeOptions(
-        color_mode or "rgb", image_size, interpolation or "bilinear", bool(crop_to_aspect_ratio), dtype or "uint8"
-    )
+    decode = {k: v for k, v in keywords.items() if k in DECODE_OPTION_FIELDS and v is not None}
+    opts = DecodeOptions(**decode)
     if on_error not in ("fail", "skip"):
         raise InvalidInputError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
     if skip_existing and not append:
@@ -129,12 +129,12 @@ def from_directory(
             raise InvalidInputError(
                 f"{output}: append=True keeps the store's own layout and encoding; leave layout and quality out"
             )
-        given = dict(image_size=opts.image_size, color_mode=color_mode, interpolation=interpolation, dtype=dtype)
+        given = {f: decode.get(f) for f in DECODE_OPTION_FIELDS} | {"image_size": opts.image_size}
         plan, writer, opts = plan_append(
             directory,
             output,
             wopts,
-            given | {"crop_to_aspect_ratio": crop_to_aspect_ratio},
+            given,
             labels=labels,
             groups=groups,
             skip_existing=skip_existing,

@@ -14,9 +14,10 @@ from PIL import Image
 
 import carraystore
 from carraystore.base.errors import IngestError, InvalidInputError
-from carraystore.ingest.images import INTERPOLATIONS, list_images
+from carraystore.ingest.images import DECODE_OPTION_FIELDS, INTERPOLATIONS, DecodeKwargs, list_images
 from carraystore.ingest.run import from_directory
 from carraystore.ingest.sample_data import make_photo_folder
+from carraystore.store.options import WRITE_OPTION_FIELDS
 
 CLASSES = ["astronaut", "chelsea", "coffee", "rocket"]
 
@@ -217,10 +218,30 @@ def test_the_facade_is_the_ingest_itself() -> None:
     assert carraystore.from_directory is ingest.from_directory
     params = inspect.signature(carraystore.from_directory).parameters
     assert params["client"].kind is inspect.Parameter.KEYWORD_ONLY and params["client"].default is None
-    assert {"labels", "image_size", "validation_split", "append", "options"} <= set(params)
-    assert params["write"].annotation == "Unpack[WriteKwargs]"  # codec, chunk_images, ... typed once
+    assert {"labels", "validation_split", "append", "options"} <= set(params)
+    # codec, chunk_images, ... and image_size, color_mode, ...: typed once, in WriteKwargs and DecodeKwargs
+    assert params["kw"].annotation == "Unpack[IngestKwargs]"
+    assert not set(params) & (set(WRITE_OPTION_FIELDS) | set(DECODE_OPTION_FIELDS))
     doc = carraystore.from_directory.__doc__ or ""
     assert doc.startswith("Ingest a folder of images into a store") and "``client``" in doc
+
+
+def test_decode_kwargs_are_the_decode_options_fields() -> None:
+    # the decode keywords of from_directory are DecodeOptions' fields; an ingest's keywords are write + decode
+    from carraystore.ingest.run import IngestKwargs
+
+    assert tuple(DecodeKwargs.__annotations__) == DECODE_OPTION_FIELDS and not DecodeKwargs.__required_keys__
+    assert set(IngestKwargs.__annotations__) == set(WRITE_OPTION_FIELDS) | set(DECODE_OPTION_FIELDS)
+
+
+def test_decode_keywords_reach_the_store_and_bad_ones_are_named(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gray.b2nd"
+    carraystore.from_directory(photos, out, image_size=[8, 12], color_mode="grayscale", dtype="uint16", workers=1)
+    with carraystore.open(out) as s:
+        assert s.shape[1:] == (8, 12, 1) and s.dtype == np.uint16
+    with pytest.raises(carraystore.InvalidInputError, match="interpolation 'cubicle'"):
+        carraystore.from_directory(photos, tmp_path / "x.b2nd", interpolation="cubicle")
+    assert not (tmp_path / "x.b2nd").exists()
 
 
 def test_a_runner_writes_each_planned_store(photos: Path, tmp_path: Path) -> None:
