@@ -13,6 +13,7 @@ workers. Datasets pickle as location + options (fork, spawn and forkserver all w
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -154,10 +155,13 @@ class _StoreBatches:
     ) -> None:
         spec = make_spec(store_or_path, batch_size, options, **kwargs)
         opts = spec.options
-        if opts.world_size == 1 and "rank" not in kwargs and "world_size" not in kwargs:
-            dist = _distributed()  # rank and world_size not given: those of torch.distributed
-            if dist is not None:
-                opts = opts.replace(rank=dist[0], world_size=dist[1])
+        #: rank and world_size not given: those of torch.distributed, looked up again as an epoch is planned
+        self._follows_group = opts.world_size == 1 and "rank" not in kwargs and "world_size" not in kwargs
+        self._group: tuple[int, int] | None = None
+        if self._follows_group:
+            self._group = _distributed()
+            if self._group is not None:
+                opts = opts.replace(rank=self._group[0], world_size=self._group[1])
         self._source = ProcessSpec(dataclasses.replace(spec, options=opts))
         self._batch_size = spec.batch_size
         self.epoch = opts.epoch
@@ -202,15 +206,48 @@ class _StoreBatches:
 
     @property
     def rank(self) -> int:
+        self._join_process_group()
         return self.options.rank
 
     @property
     def world_size(self) -> int:
+        self._join_process_group()
         return self.options.world_size
 
     # -- the epoch ----------------------------------------------------------------------------------
+    def _join_process_group(self) -> None:
+        """Take the rank and world size of a torch.distributed process group that appeared after this dataset was built.
+
+        A DataLoader worker started by spawn (the dataset pickled before it knew the group) cannot see the group;
+        it refuses by name rather than read every rank's samples.
+        """
+        if not self._follows_group:
+            return
+        group = _distributed()
+        if group is None:
+            env_world = os.environ.get("WORLD_SIZE", "1")
+            if self._group is None and get_worker_info() is not None and env_world.isdigit() and int(env_world) > 1:
+                raise LoaderError(
+                    "this dataset was built before torch.distributed.init_process_group and its DataLoader workers cannot see the process group "
+                    f"(WORLD_SIZE={env_world}): every rank would read every sample. Build the dataset after "
+                    "init_process_group, or pass rank= and world_size="
+                )
+            return
+        if group == self._group:
+            return
+        if self.options.resume is not None:
+            raise LoaderError(
+                f"a torch.distributed process group (rank {group[0]} of {group[1]}) appeared after this dataset was "
+                "built with a resume state or start_batch for one process; build the dataset after "
+                "init_process_group, or pass rank= and world_size="
+            )
+        self._group = group
+        self._source.set_options(self.options.replace(rank=group[0], world_size=group[1]))
+        self._plan = None
+
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """This rank's order for ``epoch`` (default: the current one; the rest of it when resumed)."""
+        self._join_process_group()
         e = self.epoch if epoch is None else int(epoch)
         spec, memo = self.spec, self._plan
         if memo is None or memo[0] is not spec or memo[1] != e:
@@ -294,6 +331,7 @@ class _StoreBatches:
 
     # -- pickling: the location and the options (ProcessSpec), never an open store ---------------------
     def __getstate__(self) -> dict[str, Any]:
+        self._join_process_group()  # a worker started by spawn gets the rank the parent has now
         return {**self.__dict__, "_plan": None}
 
     def __repr__(self) -> str:

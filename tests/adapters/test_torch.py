@@ -131,6 +131,82 @@ def test_rank_and_world_size_are_loader_options_and_default_to_torch_distributed
     assert StoreDataset(odd_store, B, LoaderOptions(world_size=2)).world_size == 2
 
 
+_DDP_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from carraystore.torch import StoreDataset, StoreMapDataset
+
+path, workers = sys.argv[1], int(sys.argv[2])
+ds = StoreDataset(path, 10, window=2, num_threads=2)  # built before the process group, as users do
+mapped = StoreMapDataset(path, 10, window=2, num_threads=2)
+dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+ids = [int(v) for _, y in DataLoader(ds, batch_size=None, num_workers=workers) for v in y]
+mapped_ids = [int(v) for i in range(len(mapped)) for v in mapped[i][1]]
+print(json.dumps({"rank": ds.rank, "world": ds.world_size, "ids": ids, "mapped": mapped_ids}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ddp_ranks_of_a_dataset_built_before_the_process_group_read_disjoint_shards(
+    odd_store: Path, tmp_path: Path, workers: int
+) -> None:
+    # two gloo processes (torchrun's environment), each building its datasets before init_process_group
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from testsupport.servers import free_port
+
+    script = tmp_path / "ddp.py"
+    script.write_text(_DDP_SCRIPT)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(odd_store), str(workers)],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert [(o["rank"], o["world"]) for o in outs] == [(0, 2), (1, 2)]
+    for key in ("ids", "mapped"):
+        a, b = (o[key] for o in outs)
+        assert len(a) == len(b) == 102  # 203 samples in two shards, one padded
+        assert set(a) | set(b) == set(range(203)) and len(set(a) & set(b)) == 1  # only the padding sample
+
+
+def test_a_process_group_after_a_resumed_dataset_or_unseen_by_workers_is_refused_by_name(
+    odd_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import carraystore.torch as ct
+    from carraystore.base.errors import LoaderError
+
+    monkeypatch.setattr(ct, "_distributed", lambda: None)
+    resumed = StoreDataset(odd_store, B, start_batch=3, **OPTS)
+    plain = StoreDataset(odd_store, B, **OPTS)
+    monkeypatch.setattr(ct, "_distributed", lambda: (1, 2))  # the group appears after both were built
+    with pytest.raises(LoaderError, match="init_process_group"):
+        list(resumed)
+    assert len(plain) == 11 and (plain.rank, plain.world_size) == (1, 2)  # 102 of 203 samples: the group joined
+    # a DataLoader worker (spawn) of a job of two processes that never saw the group
+    monkeypatch.setattr(ct, "_distributed", lambda: None)
+    monkeypatch.setattr(ct, "get_worker_info", lambda: object())
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(LoaderError, match="WORLD_SIZE=2"):
+        StoreDataset(odd_store, B, **OPTS).plan()
+
+
 def test_set_epoch_changes_the_order_deterministically(odd_store: Path) -> None:
     ds = StoreDataset(odd_store, B, **OPTS)
     e0 = _ids(list(ds))
