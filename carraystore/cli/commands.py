@@ -263,7 +263,7 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help=(
             "per-file fields (regression targets, boxes, weights): a CSV with a header, or JSON lines, keyed by the "
-            "path relative to SRC in a column 'file' or 'path'; a column 'group' names each file's group (a session, "
+            "path relative to SRC in a column 'file', 'path' or 'filename'; a column 'group' names each file's group (a session, "
             "a video); every other column becomes a field (docs/targets.md). Every image file needs a row and every "
             "row a file"
         ),

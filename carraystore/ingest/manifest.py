@@ -23,8 +23,8 @@ from carraystore.base.errors import IngestError, ManifestError
 
 __all__ = ["FieldTable", "read_manifest", "KEY_COLUMNS", "TARGET_FIELD", "GROUP_COLUMN"]
 
-#: The columns that name the file of a row (exactly one of them).
-KEY_COLUMNS = ("file", "path")
+#: The columns that name the file of a row (exactly one of them; ``filename`` is Keras' ``flow_from_dataframe`` default).
+KEY_COLUMNS = ("file", "path", "filename")
 #: The field that floats (or vectors) given as ``labels=`` become.
 TARGET_FIELD = "target"
 #: The column that names each file's group (video, session, patient): text, not a field.
@@ -234,7 +234,8 @@ def _key_column(header: list[str], source: str) -> str:
     keycols = [h for h in header if h in KEY_COLUMNS]
     if len(keycols) != 1:
         raise ManifestError(
-            f"{source}: a manifest names each row's file in one column 'file' or 'path'; its columns are {header}"
+            f"{source}: a manifest names each row's file in one column {' or '.join(map(repr, KEY_COLUMNS))}; its "
+            f"columns are {header}"
         )
     return keycols[0]
 

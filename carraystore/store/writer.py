@@ -478,8 +478,8 @@ def create(
 
     ``mode="w"``: a new store (``overwrite=True`` replaces one at close); ``mode="a"``: append,
     keeping the pinned codec. ``image_shape``: (H, W, C) for images (C = 1, 3 or 4; (H, W)
-    gets C = 1), or any shape with ``layout="array"``. ``layout=None``: "NHWC" for pixel data,
-    else "array"; ``"encoded"``: uint8 images as encoded files (FORMAT.md 10), pixels encoded
+    gets C = 1), or any shape with ``layout="array"``. ``layout=None``: "NHWC" (also
+    called ``"pixels"``) for pixel data, else "array"; ``"encoded"``: uint8 images as encoded files (FORMAT.md 10), pixels encoded
     with ``encoding`` (default PNG). Write options: keywords or ``options``
     (:class:`~carraystore.store.options.WriteOptions`). A URL is staged under ``tmp_dir`` and
     appears only when complete; appending to one downloads, appends and uploads again.
@@ -549,6 +549,8 @@ def _create_new(
     dt = np.dtype(dtype)
     dtype_to_record(dt)  # refuses object dtypes with a clear message
     is_pixels = dt.name in DTYPES and dt.isnative
+    if layout == "pixels":  # the CLI's name for it (--layout pixels)
+        layout = "NHWC"
     if layout is None:
         layout = "NHWC" if is_pixels and (len(shape) == 2 or (len(shape) == 3 and shape[2] in COLOR_MODES)) else "array"
     if layout not in LAYOUTS:

@@ -296,7 +296,8 @@ def test_a_file_without_a_row_or_a_row_without_a_file_stops_the_ingest(frames: P
         ("file,angle\n{0},0.5\n{1},\n", r"line 3, column 'angle': empty value"),
         ('file,box\n{0},"[1, 2]"\n{1},"[1, 2, 3]"\n', r"line 3, column 'box': shape \(3,\) but line 2 has \(2,\)"),
         ("file,angle\n{0},0.5\n{0},0.7\n", r"line 3: 'rocket/.*' has a row already \(line 2\)"),
-        ("name,angle\n{0},0.5\n", r"column 'file' or 'path'"),
+        ("name,angle\n{0},0.5\n", r"column 'file' or 'path' or 'filename'"),
+        ("file,filename,angle\n{0},{0},0.5\n", r"in one column 'file' or 'path' or 'filename'"),
         ("file,label\n{0},1\n", r"column 'label' cannot be a field name"),
     ],
 )
@@ -306,6 +307,25 @@ def test_bad_manifests_are_named_errors(frames: Path, tmp_path: Path, body: str,
     m.write_text(body.format(rels[0], rels[1]))
     with pytest.raises(ManifestError, match=message):
         carraystore.from_directory(frames.parent, tmp_path / "a.b2nd", targets=m, workers=1)
+
+
+def test_a_manifest_keyed_by_filename_as_keras_flow_from_dataframe(frames: Path, tmp_path: Path) -> None:
+    # Keras' flow_from_dataframe names the file column "filename" by default
+    rels = rels_of(frames)
+    m = tmp_path / "df.csv"
+    m.write_text("filename,angle\n" + "".join(f"{r},{i * 0.25}\n" for i, r in enumerate(rels)))
+    out = tmp_path / "df.b2nd"
+    carraystore.from_directory(frames, out, labels=None, targets=m, workers=1)
+    with carraystore.open(out) as s:
+        by_key = dict(zip(s.keys, s.columns["angle"], strict=True))
+    assert by_key == {r: i * 0.25 for i, r in enumerate(rels)}
+
+
+def test_create_takes_the_cli_name_of_the_pixel_layout(tmp_path: Path) -> None:
+    with carraystore.create(tmp_path / "p.b2nd", (4, 4, 3), "uint8", layout="pixels") as w:
+        w.append(np.zeros((2, 4, 4, 3), np.uint8))
+    with carraystore.open(tmp_path / "p.b2nd") as s:
+        assert s.layout == "NHWC" and len(s) == 2
 
 
 def test_a_manifest_with_split_dirs_is_keyed_from_the_top(tmp_path: Path) -> None:
