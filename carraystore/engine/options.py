@@ -91,7 +91,7 @@ class LoaderKwargs(TypedDict, total=False):
     sequence_length: int | None
     sequence_stride: int | None
     groups: Sequence[Any] | np.ndarray | None
-    clip_starts: str
+    clip_starts: str | None
     verify: bool
     prefetch: int | None
     num_threads: int | None
@@ -129,8 +129,9 @@ class LoaderOptions:
     - ``sequence_length=L``: x is (B, L, *item) clips that never cross a group (the key's
       parent folder, or ``groups``, one value per sample), stepping by ``sequence_stride``
       (default L); the class label is the clip's first frame's, a field its **last**
-      frame's. ``clip_starts="random"`` (default) shifts each group's clips by a random
-      offset per epoch (clip count unchanged); ``"fixed"`` starts at the group's first frame.
+      frame's. ``clip_starts="random"`` shifts each group's clips by a random offset per
+      epoch (clip count unchanged); ``"fixed"`` starts at the group's first frame; None
+      (default): random when shuffling, fixed when not (validation sees the same clips every epoch).
     - ``verify``: check each chunk's CRC32 before decoding (default True; always on remote).
     - ``prefetch``: decoded chunks held beyond the current window (default ``window``).
     - ``num_threads``: decoder threads (default :func:`default_threads`); assembler threads:
@@ -161,7 +162,7 @@ class LoaderOptions:
     sequence_length: int | None = None
     sequence_stride: int | None = None
     groups: Sequence[Any] | np.ndarray | None = None
-    clip_starts: str = "random"
+    clip_starts: str | None = None
     verify: bool = True
     prefetch: int | None = None
     num_threads: int | None = None
@@ -217,8 +218,8 @@ class LoaderOptions:
                 s(self, "sequence_stride", _int_arg("sequence_stride", self.sequence_stride, 1))
         elif self.groups is not None or self.sequence_stride is not None:
             raise InvalidInputError("groups= and sequence_stride= only apply with sequence_length=")
-        if self.clip_starts not in _CLIP_STARTS:
-            raise InvalidInputError(f"clip_starts must be 'random' or 'fixed', got {self.clip_starts!r}")
+        if self.clip_starts is not None and self.clip_starts not in _CLIP_STARTS:
+            raise InvalidInputError(f"clip_starts must be 'random', 'fixed' or None, got {self.clip_starts!r}")
         s(self, "verify", bool(self.verify))
         s(self, "prefetch", self.window if self.prefetch is None else _int_arg("prefetch", self.prefetch, 0))
         s(
@@ -242,6 +243,11 @@ class LoaderOptions:
             s(self, "retry_timeout", seconds)
         if self.image_size is not None:
             s(self, "image_size", _check_image_size(self.image_size))
+
+    @property
+    def fixed_clips(self) -> bool:
+        """Whether clips start at each group's first frame every epoch (``clip_starts``; None: when not shuffling)."""
+        return self.clip_starts == "fixed" or (self.clip_starts is None and not self.shuffle)
 
     @property
     def resume_point(self) -> ResumePoint | None:

@@ -184,7 +184,7 @@ class LoaderSpec:
     # -- per epoch --------------------------------------------------------------------------
     def items_for(self, epoch: int) -> np.ndarray | None:
         """The epoch's items: clip starts shifted by the epoch's offsets, or every sample (None)."""
-        if self.items is None or self.runs is None or self.options.clip_starts == "fixed":
+        if self.items is None or self.runs is None or self.options.fixed_clips:
             return self.items
         o = self.options
         offsets = clip_offsets(self.runs, self.span, o.sequence_stride, seed=o.seed, epoch=epoch)

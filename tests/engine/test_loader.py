@@ -330,7 +330,7 @@ def test_sequences_of_video_frames_never_cross_a_clip(tmp_path: Path) -> None:
     groups = [k.rsplit("/", 1)[0] for k in keys]
     firsts = [
         c[0]
-        for x, _ in batches(res.path, 4, sequence_length=L, groups=groups, shuffle=False, epoch=1)
+        for x, _ in batches(res.path, 4, sequence_length=L, groups=groups, shuffle=False, epoch=1, clip_starts="random")
         for c in [[table[f.tobytes()] for f in clip] for clip in x]
     ]
     assert firsts == sorted(clips)
@@ -395,6 +395,24 @@ def test_clip_starts_move_every_epoch_and_stay_exact(video: dict[str, Path]) -> 
     for epoch in range(3):
         fixed = sorted(clip_firsts(video["ordered"], table, epoch=epoch, clip_starts="fixed"))
         assert fixed == sorted(run_first[g] + 5 * k for g in set(groups) for k in range(4))
+
+
+def test_without_shuffling_clips_are_the_same_every_epoch(video: dict[str, Path]) -> None:
+    # a validation loader (shuffle=False) measures on the same clips every epoch, in the same order
+    table = index_of(carraystore.open(video["ordered"]))
+    per_epoch = [clip_firsts(video["ordered"], table, shuffle=False, seed=2, epoch=e) for e in range(4)]
+    assert all(p == per_epoch[0] for p in per_epoch)
+    moving = [
+        clip_firsts(video["ordered"], table, shuffle=False, seed=2, epoch=e, clip_starts="random") for e in range(4)
+    ]
+    assert len({tuple(m) for m in moving}) > 1  # asked for: random starts without shuffling
+    pytest.importorskip("keras")
+    from carraystore.keras import StoreDataset
+
+    val = StoreDataset(video["ordered"], 4, sequence_length=5, shuffle=False)
+    first = [val[i][0].copy() for i in range(len(val))]
+    val.on_epoch_end()
+    assert all(np.array_equal(a, val[i][0]) for i, a in enumerate(first))
 
 
 def test_memory_pool_is_window_plus_prefetch_chunks(photo_store: Path) -> None:
