@@ -196,9 +196,12 @@ def wait_for_partial(
     """Wait until the temporary file of a writer to ``out`` holds over ``larger_than`` bytes, ``proc`` still running."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        parts = [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.partial-")]
-        if parts and parts[0].stat().st_size > larger_than:
-            return
+        for part in [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.partial-")]:
+            try:
+                if part.stat().st_size > larger_than:
+                    return
+            except FileNotFoundError:  # renamed into place (or cleaned up) between the listing and the stat
+                pass
         assert proc.poll() is None, "ingest finished before it could be killed; make the input larger"
         time.sleep(poll)
     pytest.fail(f"no temporary file appeared within {timeout:g} s")
