@@ -66,13 +66,15 @@ def element_spec_for(spec: LoaderSpec) -> Any:
         x0 = np.zeros(spec.x_shape(1), dtype=spec.store.dtype)
         y0 = spec.y_for(np.zeros(1, dtype=np.int64)) if spec.has_y and len(spec.store) else None
         try:
-            x1, y1 = spec.transform(x0, y0)
+            x1, y1, *w1 = spec.transform(x0, y0)
         except Exception as exc:
             raise InvalidInputError(
                 f"could not work out the element spec by running the transform on a zero batch ({exc}); "
                 "pass output_signature= to to_dataset"
             ) from exc
         xs = _tensor_spec((b, *np.shape(x1)[1:]), np.asarray(x1).dtype, "the transform's x")
+        if w1:  # the transform's own sample weight
+            ws = (_structure_spec(w1[0], b, "the transform's w"),)
         if y1 is None:
             return xs
         return (xs, _structure_spec(y1, b, "the transform's y"), *ws)

@@ -307,17 +307,17 @@ class _StoreBatches:
             return arr, None
         return t.numpy(), t
 
-    def _deliver(self, x: Any, y: Any, xt: Any, xa: np.ndarray, staging: Any) -> Any:
+    def _deliver(self, batch: tuple[Any, ...], xt: Any, xa: np.ndarray, staging: Any) -> Any:
+        """(x, y[, w]) as tensors (x alone without labels), on the device or pinned where asked."""
+        x, *rest = batch
         if xt is not None and x is xa:
             x = xt
-        x = _tensor(x)
-        y = _tensor(y)
+        parts = [_tensor(v) for v in (x, *rest)]
         if staging is not None:  # pragma: no cover - needs a GPU
-            x, y = staging.send(x), staging.send(y)
+            parts = [staging.send(v) for v in parts]
         elif self.pin_memory and get_worker_info() is None:  # pragma: no cover - needs CUDA
-            x = x if not isinstance(x, torch.Tensor) or x.is_pinned() else x.pin_memory()
-            y = y.pin_memory() if isinstance(y, torch.Tensor) else y
-        return x if y is None else (x, y)
+            parts = [v.pin_memory() if isinstance(v, torch.Tensor) and not v.is_pinned() else v for v in parts]
+        return parts[0] if len(parts) == 2 and parts[1] is None else tuple(parts)
 
     def _staging(self, worker: bool) -> Any:
         if self.device is None or self.device.type != "cuda":
@@ -506,11 +506,11 @@ class StoreDataset(_StoreBatches, IterableDataset[Any]):
         try:
             while True:
                 try:
-                    (x, y), (b, xa, xt) = batches.next()
+                    batch, (b, xa, xt) = batches.next()
                 except StopIteration:
                     return
-                out = self._deliver(x, y, xt, xa, staging)
-                del x, y, xa, xt
+                out = self._deliver(batch, xt, xa, staging)
+                del batch, xa, xt
                 if not worker:
                     self._seen = b + 1
                 yield out
@@ -556,8 +556,7 @@ class StoreMapDataset(_StoreBatches, Dataset[Any]):
         plan, spec = self.plan(), self.spec
         a, e = spec.batch_bounds(plan, i)
         xa, xt = self._host_buffer(spec.x_shape(e - a), worker, BatchBuffers(1))
-        x, y = self._windows.batch(spec, self.epoch, i, xa)
-        return self._deliver(x, y, xt, xa, None)
+        return self._deliver(self._windows.batch(spec, self.epoch, i, xa), xt, xa, None)
 
     def close(self) -> None:
         """Free the decoded windows and end the decoder threads (they restart on demand)."""

@@ -211,7 +211,7 @@ class LoaderOptions:
         if self.sample_weight is not None and self.label_mode is None and self.targets == LABEL:
             raise InvalidInputError("sample_weight= needs a y (Keras takes (x, y, w)); label_mode=None gives x only")
         if self.transform is not None and not callable(self.transform):
-            raise InvalidInputError("transform must be a function (x, y) -> (x, y)")
+            raise InvalidInputError("transform must be a function (x, y) -> (x, y) or (x, y, w)")
         if self.sequence_length is not None:
             s(self, "sequence_length", _int_arg("sequence_length", self.sequence_length, 1))
             if self.sequence_stride is not None:

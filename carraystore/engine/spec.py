@@ -288,13 +288,19 @@ class LoaderSpec:
     def finish(
         self, x: np.ndarray, y: Any, batch: int, epoch: int, plan: EpochPlan, w: np.ndarray | None = None
     ) -> tuple[Any, ...]:
-        """Apply the transform to (x, y), giving (x, y[, w]); failures become LoaderError naming the batch."""
+        """Apply the transform to (x, y), giving (x, y[, w]); failures become LoaderError naming the batch.
+
+        A transform returns (x, y), or (x, y, w) with a sample weight it computed (then ``sample_weight=`` is None).
+        """
         if self.transform is None:
             return (x, y) if w is None else (x, y, w)
         try:
             out = self.transform(x, y)
-            if not isinstance(out, tuple) or len(out) != 2:
-                raise TypeError(f"a transform must return a pair (x, y), got {type(out).__name__}")
+            if not isinstance(out, tuple) or len(out) not in (2, 3):
+                shown = f"{len(out)} values" if isinstance(out, tuple) else type(out).__name__
+                raise TypeError(f"a transform must return (x, y) or (x, y, w), got {shown}")
+            if len(out) == 3 and w is not None:
+                raise TypeError("the transform returned a sample weight and sample_weight= gives one too; keep one")
             return out if w is None else (*out, w)
         except Exception as exc:
             a, b = self.batch_bounds(plan, batch)

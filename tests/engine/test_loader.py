@@ -218,7 +218,7 @@ def test_a_transform_that_raises_stops_everything(photo_store: Path) -> None:
     assert got == 2
     assert isinstance(info.value.__cause__, ValueError)
     assert not any(t.is_alive() for t in threads)
-    with pytest.raises(LoaderError, match="pair"):
+    with pytest.raises(LoaderError, match=r"\(x, y\) or \(x, y, w\), got ndarray"):
         list(batches(photo_store, 10, transform=lambda x, y: x))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import carraystore
-from carraystore.base.errors import InvalidInputError, ManifestError
+from carraystore.base.errors import InvalidInputError, LoaderError, ManifestError
 from carraystore.cli.main import main
 from carraystore.ingest.sample_data import make_photo_folder
 
@@ -150,6 +150,39 @@ def test_dict_tuple_targets_and_sample_weight(drive: tuple[carraystore.Store, di
         for img, a in zip(x, y, strict=True):
             i = next(j for j in range(len(images)) if np.array_equal(images[j], img))
             assert a == truth["angle"][i]
+
+
+def test_a_transform_may_return_a_sample_weight(drive: tuple[carraystore.Store, dict[str, np.ndarray]]) -> None:
+    # a weight computed on the fly (x, y) -> (x, y, w), through batches(), Keras and both PyTorch datasets
+    store, truth = drive
+
+    def weigh(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return x, y, (y + 1).astype(np.float32)
+
+    for b in store.batches(10, shuffle=False, transform=weigh):
+        assert len(b) == 3 and np.array_equal(b[2], b[1] + 1)
+    with pytest.raises(LoaderError, match="sample_weight= gives one too"):
+        list(store.batches(10, shuffle=False, transform=weigh, sample_weight="weight"))
+    with pytest.raises(LoaderError, match=r"\(x, y\) or \(x, y, w\), got 4 values"):
+        list(store.batches(10, shuffle=False, transform=lambda x, y: (x, y, y, y)))
+    torch = pytest.importorskip("torch")
+    from carraystore.torch import StoreDataset, StoreMapDataset
+
+    weighed = StoreDataset(store, 10, shuffle=False, transform=weigh)
+    mapped = StoreMapDataset(store, 10, shuffle=False, sample_weight="weight")
+    for ds, want in ((weighed, store.labels + 1), (mapped, truth["weight"])):
+        got = list(ds) if ds is weighed else [ds[i] for i in range(len(ds))]
+        assert all(len(b) == 3 and isinstance(b[2], torch.Tensor) for b in got)
+        assert np.array_equal(torch.cat([b[2] for b in got]).numpy(), np.asarray(want, np.float32))
+    pytest.importorskip("keras")
+    from carraystore.keras import StoreDataset as KerasDataset
+
+    kd = KerasDataset(store, 10, shuffle=False, transform=weigh)
+    assert np.array_equal(kd[0][2], store.labels[:10] + 1)
+    from carraystore.tf import to_dataset
+
+    x, y, w = next(iter(to_dataset(store, 10, shuffle=False, transform=weigh)))
+    assert np.array_equal(w.numpy(), store.labels[:10] + 1)
 
 
 def test_targets_errors_name_the_fields(drive: tuple[carraystore.Store, dict[str, np.ndarray]]) -> None:
@@ -400,7 +433,7 @@ def test_an_append_with_per_file_targets_is_refused_not_dropped(frames: Path, tm
 
 
 def test_a_manifest_group_column_gives_the_groups_and_keeps_them_whole_in_splits(frames: Path, tmp_path: Path) -> None:
-    """Issue 18: groups from a manifest column (a recording session per file), text, not a field;
+    """Groups from a manifest column (a recording session per file), text, not a field;
     a validation split then keeps every session whole."""
     rels = rels_of(frames)
     sessions = [f"session_{i // 6}" for i in range(len(rels))]  # 4 sessions of 6 frames
