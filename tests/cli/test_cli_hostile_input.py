@@ -1,4 +1,4 @@
-"""Hostile files and careless use of the CLI, ingest, export and preview (issue 11, point 4).
+"""Hostile files and careless use of the CLI, ingest, export and preview.
 
 Every test here failed before the fix: a link followed at a temp name, a store replaced by a
 PNG, a 21 GB contact sheet, tracebacks instead of named errors, 16-bit PNGs clipped, a

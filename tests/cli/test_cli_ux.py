@@ -1,4 +1,4 @@
-"""The CLI as people use it (issue 12, point 8): help everywhere, typos, pipes, wrong files, previews."""
+"""The CLI as people use it: help everywhere, typos, pipes, wrong files, previews."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Time to the first batch (issue 20): an epoch's first batch waits for one batch's chunks.
+"""Time to the first batch: an epoch's first batch waits for one batch's chunks.
 
 The epoch plan ramps its first windows up (the pieces of one batch, then 4 and 16 times
 as many, up to ``window``), so the engine serves the first batch once its few chunks are

@@ -1,4 +1,4 @@
-"""Frame-header damage (issue 22.5): `verify` must catch every header flip that breaks plain
+"""Frame-header damage: `verify` must catch every header flip that breaks plain
 blosc2 or a writer, and writers must refuse a damaged header with a named error.
 
 Every bit of a small store's frame header (the bytes before its first chunk, 273 of them:

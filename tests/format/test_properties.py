@@ -427,7 +427,7 @@ def test_valid_codecs_resolve_to_a_pinned_codec(codec: Codec, dtype: str, shape:
     if len(r.filters) <= 1 or r.filters == ("shuffle", "bytedelta"):
         assert blosc2.decompress2(blob) == items.tobytes()
     # Longer chains: blosc2 4.14 mis-decodes some (bitshuffle three times over 1-byte items;
-    # bitshuffle+bytedelta+delta over RGB uint8; found by this test, issue 21). Such a chunk is
+    # bitshuffle+bytedelta+delta over RGB uint8; found by this test). Such a chunk is
     # never stored: the writer's round-trip check (every codec but the presets) names it.
     if blosc2.decompress2(blob) == items.tobytes():
         check_round_trip(blob, items, np.empty_like(items), r, "s.b2nd: chunk 0")

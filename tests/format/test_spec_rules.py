@@ -1,4 +1,4 @@
-"""FORMAT.md rules that issue 22.11 (b)-(d) settled: keys with empty or '.' components, labels of
+"""FORMAT.md rules: keys with empty or '.' components, labels of
 empty stores, the b2nd dtype text, and where N comes from for the metadata size limit. Each is
 held by carraystore and by the clean-room reader (tests/spec_reader.py) alike."""
 

@@ -1,6 +1,6 @@
-"""Bad folders (issue 12, point 5): split folders taken for classes, mixed sizes, too many skipped files.
+"""Bad folders: split folders taken for classes, mixed sizes, too many skipped files.
 
-Also the one image lister (issue 8): ingest and the benchmarks find the same files.
+Also the one image lister: ingest and the benchmarks find the same files.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Groups (videos, sessions): recorded in the store, natural frame order, group-safe splits,
-clips inside a group, and growing a store from folders (issue 18)."""
+clips inside a group, and growing a store from folders."""
 
 from __future__ import annotations
 

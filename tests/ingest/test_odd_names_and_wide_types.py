@@ -1,4 +1,4 @@
-"""Issue 22, items 6, 8 and 9: a NUL in a class name, the reason an odd file name is skipped,
+"""A NUL in a class name, the reason an odd file name is skipped,
 and the stream count of a split chunk with a typesize over 16."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ingest from a plain script: no ``if __name__ == "__main__":`` guard needed (issue 18).
+"""Ingest from a plain script: no ``if __name__ == "__main__":`` guard needed.
 
 The decoding workers used to start by forkserver, which re-imports the main module: a
 script holding the README's ``from_directory`` line at top level died with

@@ -1,4 +1,4 @@
-"""validation_split + subset + seed on from_directory and `ingest` (issue 12, point 7, ingest half).
+"""validation_split + subset + seed on from_directory and `ingest`.
 
 The files kept for validation are the ones keras.utils.image_dataset_from_directory picks
 with the same seed: checked against real Keras on a real photo folder.

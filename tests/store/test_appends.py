@@ -1,4 +1,4 @@
-"""In-place appends, the writer lock and readers during appends (issue 11, points 2 and 3)."""
+"""In-place appends, the writer lock and readers during appends."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Hostile or damaged metadata: every case ends in a named CarrayStoreError, never a crash,
-a traceback, a silent rewrite of keys or labels, or gigabytes of memory (issue 11, point 4).
+a traceback, a silent rewrite of keys or labels, or gigabytes of memory.
 
 The file-level fuzzing is in test_fuzz.py beside it; these are the named cases, one each.
 """

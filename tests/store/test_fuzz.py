@@ -5,7 +5,7 @@ many cases (so a crash or a hang is caught, and the suite stays quick). Each cas
 in one of two ways: a CarrayStoreError subclass, or exactly the original metadata (keys,
 labels, class names, attrs, ...) with pixel damage, if any, reported by ``verify`` (a store
 that verifies clean must read back the original pixels). Zero crashes, zero hangs, zero
-silently wrong keys or labels (issue 11, point 4).
+silently wrong keys or labels.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def test_mutated_golden_stores_never_crash_or_hang(tmp_path: Path, name: str) ->
     assert len(results) == len(paths)
 
 
-# -- header sizes and counts, with peak memory (issue 22, point 4) ------------------------------
+# -- header sizes and counts, with peak memory ------------------------------
 # Opens the file and prints the error and the peak memory the open and verify took (KiB;
 # tracemalloc sees numpy's and Python's buffers, where every read and decompressed byte lands).
 _PEAK = r"""

@@ -1,4 +1,4 @@
-"""Trust under faults (issue 22): stale journals, migrations that read outside their source,
+"""Trust under faults: stale journals, migrations that read outside their source,
 copy without the writer lock, the chunk cache's folders, keys and labels as FORMAT.md says."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _die(path: Path, when: str, what: str = "append") -> None:
 
 @pytest.mark.parametrize("when", ["commit", "begin", "vlmeta"])
 def test_a_stale_journal_is_never_rolled_back_onto_a_newer_copy(tmp_path: Path, when: str) -> None:
-    """Issue 22.1: the guard sampled the last 64 KiB of old data, which a newer copy (the same
+    """The guard sampled the last 64 KiB of old data, which a newer copy (the same
     store grown by an append) still holds: the newer copy was rolled back to 40 items."""
     store, newer = tmp_path / "store.b2nd", tmp_path / "newer.b2nd"
     _store(store, 40)
@@ -158,7 +158,7 @@ def test_an_old_csjrnl02_journal_applies_only_while_the_old_header_is_in_place(t
 
 
 def test_copy_overwrite_takes_the_destinations_writer_lock(tmp_path: Path) -> None:
-    """Issue 22.3: `copy --overwrite` took no lock: run during an open append it replaced the
+    """`copy --overwrite` took no lock: run during an open append it replaced the
     store, the append failed, and every later open failed until the journal was deleted by hand."""
     from carraystore.base.errors import StoreLockedError
     from carraystore.store.transfer import copy_store
@@ -187,7 +187,7 @@ def test_copy_overwrite_takes_the_destinations_writer_lock(tmp_path: Path) -> No
 
 
 def test_migrate_never_reads_hdf5_data_stored_outside_the_file(tmp_path: Path) -> None:
-    """Issue 22.2: external storage pointed the store's pixels at /etc/passwd."""
+    """External storage pointed the store's pixels at /etc/passwd."""
     h5py = pytest.importorskip("h5py")
     from carraystore.base.errors import MigrationError
     from carraystore.migrations import migrate
@@ -236,7 +236,7 @@ def test_migrate_never_follows_a_link_inside_a_bcolz_folder(tmp_path: Path) -> N
 
 
 def test_the_chunk_cache_never_writes_through_a_planted_link(tmp_path: Path) -> None:
-    """Issue 22.7: the cache folder's name is predictable (a hash of the URL and size): a link
+    """The cache folder's name is predictable (a hash of the URL and size): a link
     planted there in a shared cache_dir made the cache write its files wherever it pointed."""
     import hashlib
     import os

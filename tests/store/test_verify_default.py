@@ -1,4 +1,4 @@
-"""Issue 12, point 4: a flipped byte in a chunk never reaches training silently.
+"""A flipped byte in a chunk never reaches training silently.
 
 Every reader and loader checks each chunk's CRC32 by default (``verify=True``; what it
 costs is measured in bench/bench_verify.py). The damage here is a single byte whose flip
