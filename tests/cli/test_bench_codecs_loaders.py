@@ -55,7 +55,7 @@ def test_codecs_slow_storage_recommends_the_smallest(photos: Path, capsys: pytes
                 "1",
                 "-q",
                 "--read-mbs",
-                "1",
+                "0.01",
             ]
         )
         == 0
@@ -66,8 +66,9 @@ def test_codecs_slow_storage_recommends_the_smallest(photos: Path, capsys: pytes
         cells = [c.strip() for c in line.split("|")]
         if len(cells) > 4 and cells[1] in carraystore.PRESETS:
             ratios[cells[1]] = float(cells[3])
-    # at 1 MB/s reading dominates: the preset storing the fewest bytes must win
-    assert f"reading at 1 MB/s: {max(ratios, key=ratios.get)}" in out
+    # at 10 kB/s reading dominates (decompressing 16 images, even on a loaded machine, does not):
+    # the preset storing the fewest bytes must win
+    assert f"reading at 0.01 MB/s: {max(ratios, key=ratios.get)}" in out
 
 
 def test_codecs_quick_grid_on_store_writes_table_and_plot(
