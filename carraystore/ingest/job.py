@@ -34,6 +34,7 @@ class IngestResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: the pixel bytes and the file's bytes of the store (an append: of the whole store after it)
     nbytes: int = 0
     cbytes: int = 0
     #: number of groups (videos, sessions) among the written items, or None without groups
@@ -57,6 +58,7 @@ class IngestResult:
         lines = [
             f"{what} of {'x'.join(map(str, self.image_shape))} "
             f"in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s); "
+            f"{'the store: ' if self.total is not None else ''}"
             f"{self.nbytes / 1e6:.1f} MB -> {self.cbytes / 1e6:.1f} MB (ratio {ratio:.2f})"
         ]
         if self.class_names is not None:
@@ -160,7 +162,8 @@ class StoreJob:
             skipped=self.bad.skipped,
             ignored=p.ignored,
             seconds=time.perf_counter() - self.t0,
-            nbytes=n * int(np.prod(shape)) * np.dtype(self.opts.dtype).itemsize,
+            # the whole store's pixels against its file (an append's file holds every item, not only the new)
+            nbytes=(total if appended else n) * int(np.prod(shape)) * np.dtype(self.opts.dtype).itemsize,
             cbytes=writer.file_size or 0,
             ngroups=len(set(p.groups)) if p.groups is not None and writer.meta.group_names is not None else None,
             notes=list(p.notes),

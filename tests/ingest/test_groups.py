@@ -328,6 +328,9 @@ def test_append_a_new_session_folder(tmp_path: Path) -> None:
     make_videos(second, {"walk": {"video_9": 2}})
     res = carraystore.from_directory(second, out, append=True, skip_existing=True, workers=1)
     assert res.nimages == 2 and res.total == len(old_x) + 9
+    # the summary's sizes are the whole store's pixels against its whole file, not 2 images against it
+    assert res.nbytes == res.total * 6 * 6 * 3 and res.cbytes == out.stat().st_size
+    assert "the store: " in res.summary()
     assert list(carraystore.open(out).keys)[-2:] == ["walk/video_9/frame_1.png", "walk/video_9/frame_2.png"]
 
 
