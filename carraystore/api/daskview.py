@@ -153,7 +153,14 @@ def labels(store_or_url: StoreReader | str | os.PathLike[str], storage_options: 
     """The labels as a numpy int64 :class:`Labels` (``x[labels(s) == 3]``); InvalidInputError if unlabelled."""
     store = _as_store(store_or_url, storage_options)
     if store.labels is None:
-        raise InvalidInputError(f"{store.location}: the store has no labels")
+        fields = sorted(store.columns)
+        hint = (
+            f"; its per-sample fields are {fields} (e.g. one-hot labels kept as a field): "
+            "read them with carraystore.dask.fields() or carraystore.dask.targets(store, name)"
+            if fields
+            else ""
+        )
+        raise InvalidInputError(f"{store.location}: the store has no class labels{hint}")
     return Labels(np.array(store.labels, dtype=np.int64), store.class_names)
 
 

@@ -168,8 +168,15 @@ def test_the_graph_opens_the_store_only_where_a_chunk_is_read(
 
 def test_labels_of_an_unlabelled_store_is_an_error(tmp_path: Path, photo_patches: Callable[..., np.ndarray]) -> None:
     store = _store_of(tmp_path / "u.b2nd", photo_patches(10, (16, 16)))
-    with pytest.raises(InvalidInputError, match="no labels"):
+    with pytest.raises(InvalidInputError, match="no class labels$"):
         cdask.labels(store)
+    # one-hot labels kept as a field (as an HDF5 migration keeps them): the message says where they are
+    onehot = np.eye(3, dtype=np.float32)[np.arange(10) % 3]
+    with cs.create(tmp_path / "o.b2nd", (16, 16, 3)) as w:
+        w.append(photo_patches(10, (16, 16)), columns={"onehot": onehot})
+    with pytest.raises(InvalidInputError, match=r"no class labels; its per-sample fields are \['onehot'\]"):
+        cdask.labels(tmp_path / "o.b2nd")
+    np.testing.assert_array_equal(cdask.targets(tmp_path / "o.b2nd", "onehot"), onehot)
     with pytest.raises(InvalidInputError, match="storage_options"):
         cdask.to_dask(store, storage_options={"anon": True})
 
