@@ -377,20 +377,9 @@ def register(sub: Any) -> None:
         default=None,
         help="--layout encoded: encode every image as JPEG at this quality (default: keep files, else PNG)",
     )
-    # the write options: the flags of carraystore.WriteOptions, as migrate, copy and meta have them
+    # the write options: every flag of carraystore.WriteOptions, as migrate, copy and meta have them
     WriteOptions.add_arguments(
         p,
-        (
-            "codec",
-            "chunk_images",
-            "class_names",
-            "attrs",
-            "overwrite",
-            "lock_timeout",
-            "storage_options",
-            "tmp_dir",
-            "progress",
-        ),
         helps={
             "overwrite": "replace an existing output store",
             "class_names": "comma-separated class folders to use, in label order (label 0 first)",
