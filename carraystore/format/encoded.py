@@ -26,6 +26,8 @@ __all__ = [
     "ENCODE_FORMATS",
     "Encoding",
     "sniff",
+    "file_format",
+    "decode_file",
     "encode_pixels",
     "entry_for_pixels",
     "source_entry",
@@ -59,13 +61,29 @@ _DEEP_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 #: Pinned encoder settings (FORMAT.md 10.3): a later Pillow must encode the same way.
 PNG_COMPRESS_LEVEL = 6
 JPEG_SUBSAMPLING = 2  # 4:2:0
+JPEG_SUBSAMPLING_NAME = "4:2:0"
+#: The keys of the record's ``encoding`` map (FORMAT.md 10.3): all required, no other allowed.
+ENCODING_KEYS = (
+    "formats",
+    "reencode",
+    "quality",
+    "png_compress_level",
+    "jpeg_subsampling",
+    "decoder",
+    "decoder_min_version",
+)
 
 
 def sniff(entry: bytes | memoryview, image_nbytes: int) -> str:
     """The format of an entry from its length and first bytes: ``jpeg``, ``png``, ``webp``, ``raw`` or ``unknown``."""
     if len(entry) == image_nbytes:
         return "raw"
-    head = bytes(entry[:12])
+    return file_format(entry)
+
+
+def file_format(data: bytes | memoryview) -> str:
+    """The format of an image file from its first bytes alone: ``jpeg``, ``png``, ``webp`` or ``unknown``."""
+    head = bytes(data[:12])
     if head[:3] == b"\xff\xd8\xff":
         return "jpeg"
     if head[:8] == b"\x89PNG\r\n\x1a\n":
@@ -234,6 +252,16 @@ def decode_entry(
             if _decode_simplejpeg(simplejpeg, entry, out, scale):
                 return fmt
     _decode_pillow(entry, out, fmt, what, scale)
+    return fmt
+
+
+def decode_file(data: bytes, out: np.ndarray, what: Callable[[], str]) -> str:
+    """Decode a JPEG, PNG or WebP file of any length into ``out`` ((H, W, C) uint8) as an entry of that
+    format decodes (FORMAT.md 10.2); return its format. EncodedImageError for anything else."""
+    fmt = file_format(data)
+    if fmt not in _PIL_NAMES:
+        raise EncodedImageError(f"{what()}: not a JPEG, PNG or WebP file")
+    _decode_pillow(data, out, fmt, what)
     return fmt
 
 

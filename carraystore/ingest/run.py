@@ -222,7 +222,7 @@ def run_locally(job: StoreJob) -> IngestResult:
             groups=list(batch_groups) if groups is not None else None,
         )
         if writer.meta.layout == "encoded":  # the files' own bytes where they decode to these pixels
-            writer.append_encoded(_entries(job, batch_keys, batch_imgs, writer.meta.encoding), **per_item)
+            writer.append_entries(_entries(job, batch_keys, batch_imgs, writer.meta.encoding), **per_item)
         else:
             writer.append(np.stack(batch_imgs), **per_item)
         batch_imgs.clear()

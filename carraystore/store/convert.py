@@ -123,7 +123,7 @@ def _convert_locked(
                         else None
                     )
                     if same_entries:
-                        w.append_encoded(s.chunk_entries(c), labels=labels, keys=keys, columns=columns, groups=groups)
+                        w.append_entries(s.chunk_entries(c), labels=labels, keys=keys, columns=columns, groups=groups)
                     else:
                         w.append(s.read_chunk(c), labels=labels, keys=keys, columns=columns, groups=groups)
                 for item in s.skipped:

@@ -23,7 +23,13 @@ import numpy as np
 
 from carraystore._version import __version__
 from carraystore.base.atomic import named_write_errors, publish, refuse_folder_target, remove_stale_temps, temp_path
-from carraystore.base.errors import CodecRoundTripError, CorruptStoreError, InvalidInputError, StoreExistsError
+from carraystore.base.errors import (
+    CodecRoundTripError,
+    CorruptStoreError,
+    EncodedImageError,
+    InvalidInputError,
+    StoreExistsError,
+)
 from carraystore.base.lock import WriterLock
 from carraystore.format.codec import (
     Codec,
@@ -34,7 +40,15 @@ from carraystore.format.codec import (
     is_preset,
     parse_chunk_header,
 )
-from carraystore.format.encoded import FORMAT_VERSION_ENCODED, Encoding, default_codec, entry_for_pixels, sniff
+from carraystore.format.encoded import (
+    FORMAT_VERSION_ENCODED,
+    Encoding,
+    decode_file,
+    default_codec,
+    entry_for_pixels,
+    file_format,
+    sniff,
+)
 from carraystore.format.record import (
     COLOR_MODES,
     DTYPES,
@@ -167,7 +181,7 @@ class StoreWriter:
         if meta.layout == "encoded":
             assert self._encoding is not None
             entries = [entry_for_pixels(img, self._encoding) for img in images]
-            self.append_encoded(entries, labels, keys, columns, groups)
+            self.append_entries(entries, labels, keys, columns, groups)
             return
         n = len(images)
         self._record_items(n, labels, keys, columns, groups)
@@ -210,22 +224,64 @@ class StoreWriter:
 
     def append_encoded(
         self,
-        entries: Sequence[bytes],
+        files: Sequence[bytes],
         labels: Sequence[int] | np.ndarray | None = None,
         keys: Sequence[str] | None = None,
         columns: dict[str, np.ndarray] | None = None,
         groups: Sequence[Any] | np.ndarray | None = None,
     ) -> None:
-        """Append images of a store of layout "encoded" as entries (FORMAT.md 10.1), kept byte for byte.
+        """Append images of a store of layout "encoded" as their JPEG, PNG or WebP files (FORMAT.md 10.1).
 
-        An entry is a JPEG, PNG or WebP file of the store's image size, or raw pixels
-        (exactly ``H*W*C`` bytes); not decoded here (``verify`` does).
+        A file shorter than the image's ``H*W*C`` pixel bytes is kept byte for byte (not decoded
+        here; ``verify`` does). A file of that length or longer is decoded and kept as its raw
+        pixels, since the format reads an entry of exactly ``H*W*C`` bytes as pixels. Pixels go
+        in with :meth:`append`; entries copied from another store with :meth:`append_entries`.
         """
         self._check_open()
         meta = self._meta
         if meta.layout != "encoded":
             raise InvalidInputError(
                 f"{self.path}: append_encoded() is for stores of layout 'encoded' (this one: {meta.layout})"
+            )
+        nb = meta.image_nbytes
+        entries: list[bytes] = []
+        for j, f in enumerate(files):
+            data = bytes(f)
+            fmt = file_format(data)
+            if fmt == "unknown":
+                raise InvalidInputError(
+                    f"{self.path}: file {j} ({len(data)} bytes) is not a JPEG, PNG or WebP file; append pixels with "
+                    "append(), a store's own entries with append_entries()"
+                )
+            if len(data) >= nb:  # not shorter than its pixels: kept as those (an entry of nb bytes is raw)
+                out = np.empty(meta.image_shape, dtype=np.uint8)
+                try:
+                    decode_file(data, out, lambda j=j: f"{self.path}: file {j}")
+                except EncodedImageError as exc:
+                    raise InvalidInputError(
+                        f"{self.path}: file {j} ({len(data)} bytes, {fmt.upper()}) does not decode to an image of "
+                        f"the store's shape {meta.image_shape}: {exc}"
+                    ) from exc
+                data = out.tobytes()
+            entries.append(data)
+        self.append_entries(entries, labels, keys, columns, groups)
+
+    def append_entries(
+        self,
+        entries: Sequence[bytes],
+        labels: Sequence[int] | np.ndarray | None = None,
+        keys: Sequence[str] | None = None,
+        columns: dict[str, np.ndarray] | None = None,
+        groups: Sequence[Any] | np.ndarray | None = None,
+    ) -> None:
+        """Append entries as FORMAT.md 10.1 defines them, kept byte for byte: exactly ``H*W*C`` bytes are
+        raw pixels, anything else a JPEG, PNG or WebP file shorter than that (a store's own
+        ``chunk_entries``). Image files as a user has them go in with :meth:`append_encoded`."""
+        self._check_open()
+        meta = self._meta
+        if meta.layout != "encoded":
+            raise InvalidInputError(
+                f"{self.path}: append_entries() is for stores of layout 'encoded' (this one: {meta.layout})"
             )
         nb = meta.image_nbytes
         entries = [bytes(e) for e in entries]

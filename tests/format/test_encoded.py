@@ -232,8 +232,10 @@ def test_metadata_rules(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="uint8"):
         create(tmp_path / "x.b2nd", (H, W, 3), dtype="uint16", layout="encoded")
     w = create(tmp_path / "y.b2nd", (H, W, 3), layout="encoded")
-    with pytest.raises(InvalidInputError, match="neither a JPEG"):
+    with pytest.raises(InvalidInputError, match="not a JPEG, PNG or WebP file"):
         w.append_encoded([b"hello"])
+    with pytest.raises(InvalidInputError, match="neither a JPEG"):
+        w.append_entries([b"hello"])
     w.abort()
     path = _store_of(tmp_path, [])
     s = cs.open(path)
@@ -245,3 +247,34 @@ def test_metadata_rules(tmp_path: Path) -> None:
     rec["format_version"] = 1
     with pytest.raises(FormatError, match="format version 2"):
         type(s.meta).from_record(rec, "x")
+
+
+def _jpeg_of_length(img: np.ndarray, n: int) -> bytes:
+    """A real JPEG of ``img`` exactly ``n`` bytes long (a comment segment pads it)."""
+    for q in range(95, 5, -5):
+        plain = image_bytes(img[..., 0] if img.shape[2] == 1 else img, "JPEG", quality=q)
+        pad = n - len(plain) - 4  # a COM segment: marker, length, then the text
+        if pad > 0:
+            data = image_bytes(img[..., 0] if img.shape[2] == 1 else img, "JPEG", quality=q, comment=b"x" * pad)
+            if len(data) == n:
+                return data
+    raise AssertionError(f"no JPEG of {n} bytes")
+
+
+@pytest.mark.parametrize("extra", [0, 40])
+def test_a_file_as_long_as_the_raw_pixels_is_stored_as_its_decoded_pixels(tmp_path: Path, extra: int) -> None:
+    """append_encoded() is given files: one whose length is exactly H*W*C (a 784-byte 28x28 grayscale
+    JPEG), or longer, is kept as its decoded pixels; stored as is it would read back as its own bytes."""
+    rng = np.random.default_rng(3)
+    img = (rng.integers(0, 40, (28, 28, 1)) + np.arange(28)[:, None, None] * 7).astype(np.uint8)
+    data = _jpeg_of_length(img, 28 * 28 + extra)
+    small = image_bytes(np.full((28, 28), 128, np.uint8), "JPEG", quality=50)
+    assert len(small) < 784
+    path = tmp_path / "g.b2nd"
+    with create(path, (28, 28, 1), layout="encoded") as w:
+        w.append_encoded([small, data], labels=[0, 1])
+    with cs.open(path) as s:
+        assert s.verify() == []
+        assert np.array_equal(s[1], pillow_pixels(data, "L"))
+        assert s.entry(0) == small  # a shorter file is kept byte for byte
+        assert len(s.entry(1)) == 784 and s.entry(1) == pillow_pixels(data, "L").tobytes()

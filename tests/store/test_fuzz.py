@@ -351,7 +351,7 @@ def test_mutated_entries_behind_valid_checksums_give_named_errors(tmp_path: Path
         with carraystore.create(p, src.image_shape, layout="encoded", chunk_images=3) as w:
             w._encoding = src.meta.encoding
             try:
-                w.append_encoded([*entries[:j], bad, *entries[j + 1 :]])
+                w.append_entries([*entries[:j], bad, *entries[j + 1 :]])
             except carraystore.base.errors.InvalidInputError:  # the magic bytes were hit: refused at write
                 w.abort()
                 continue

@@ -48,12 +48,12 @@ def write(name: str, items: np.ndarray, appends: list[dict], *, create: dict, ap
     path = OUT / f"{name}.b2nd"
     with carraystore.create(path, items.shape[1:], dtype=items.dtype, **create) as w:
         for a in appends:
-            (w.append_encoded if "entries" in a else w.append)(**a)
+            (w.append_entries if "entries" in a else w.append)(**a)
         for p, reason in skipped:
             w.add_skipped(p, reason)
     for a in append_later or []:
         with carraystore.append(path) as w:
-            (w.append_encoded if "entries" in a else w.append)(**a)
+            (w.append_entries if "entries" in a else w.append)(**a)
     store = carraystore.open(path)
     assert store.verify() == [] and store[:].tobytes() == items.tobytes(), name
     np.save(OUT / f"{name}.npy", items, allow_pickle=False)
