@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import stat
 import unicodedata
@@ -31,6 +32,8 @@ __all__ = [
     "image_files",
     "list_images",
     "decode_image",
+    "decode_bytes",
+    "decode_stream",
     "decode_files",
 ]
 
@@ -281,19 +284,35 @@ def decode_image(path: str | os.PathLike[str], opts: DecodeOptions = DecodeOptio
     into uint16, 16-bit grayscale keeps every bit, 8-bit images are scaled by 257 and 16-bit
     colour PNGs are refused (Pillow decodes those to 8 bits only).
     """
+    with _open_regular_file(path) as f:
+        return decode_stream(f, str(path), opts)
+
+
+def decode_bytes(
+    data: bytes, where: str, opts: DecodeOptions = DecodeOptions(), formats: Sequence[str] | None = None
+) -> np.ndarray:
+    """:func:`decode_image` of an encoded file held in memory (a tar member, a record); ``where`` names it in errors.
+    ``formats``: the Pillow format names accepted (None: any Pillow identifies)."""
+    return decode_stream(io.BytesIO(data), where, opts, formats)
+
+
+def decode_stream(
+    f: Any, where: str, opts: DecodeOptions = DecodeOptions(), formats: Sequence[str] | None = None
+) -> np.ndarray:
+    """:func:`decode_image` of an open binary file ``f`` (seekable); ``where`` names it in errors."""
     mode, channels = MODES[opts.color_mode]
     try:
-        with warnings.catch_warnings(), _open_regular_file(path) as f:
+        with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             depth = _png_bit_depth(f)
-            with Image.open(f) as img:
+            with Image.open(f, formats=None if formats is None else list(formats)) as img:
                 img.load()
                 deep = img.mode in _DEEP_MODES
                 if opts.dtype == "uint16" and deep:
                     return _pixels16(img, opts, channels)
                 if opts.dtype == "uint16" and depth == 16:
                     raise ImageDecodeError(
-                        f"{path}: a 16-bit colour PNG, which Pillow decodes to 8 bits only; a uint16 store cannot hold "
+                        f"{where}: a 16-bit colour PNG, which Pillow decodes to 8 bits only; a uint16 store cannot hold "
                         "its full depth. Ingest it with dtype='uint8' (CLI: --dtype uint8), or convert it to 16-bit grayscale"
                     )
                 if deep:  # 16 bits -> 8: the high byte, never a clip at 255
@@ -304,21 +323,29 @@ def decode_image(path: str | os.PathLike[str], opts: DecodeOptions = DecodeOptio
     except ImageDecodeError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageDecodeError(f"{path}: refused as a decompression bomb ({exc})") from exc
+        raise ImageDecodeError(f"{where}: refused as a decompression bomb ({exc})") from exc
     except FileNotFoundError as exc:
-        raise ImageDecodeError(f"{path}: file not found") from exc
+        raise ImageDecodeError(f"{where}: file not found") from exc
     except Exception as exc:  # PIL raises many types for bad data
         reason = str(exc) or type(exc).__name__
         if isinstance(exc, UnidentifiedImageError):  # its text names the file object, whose fd number varies
             reason = "not an image format Pillow can identify"
-        if os.path.exists(path) and os.path.getsize(path) == 0:
+        if _stream_size(f) == 0:
             reason = "empty file"
-        raise ImageDecodeError(f"{path}: cannot decode ({reason})") from exc
+        raise ImageDecodeError(f"{where}: cannot decode ({reason})") from exc
     if arr.ndim == 2:
         arr = arr[..., None]
     if arr.shape[2] != channels:  # pragma: no cover - Pillow's convert guarantees it
-        raise ImageDecodeError(f"{path}: decoded to {arr.shape[2]} channels, expected {channels}")
+        raise ImageDecodeError(f"{where}: decoded to {arr.shape[2]} channels, expected {channels}")
     return arr
+
+
+def _stream_size(f: Any) -> int | None:
+    """The size of an open file, or None when it cannot be told."""
+    try:
+        return int(f.seek(0, io.SEEK_END))
+    except (OSError, ValueError):
+        return None
 
 
 def decode_files(root: str, rels: list[str], opts: DecodeOptions) -> list[tuple[np.ndarray | None, str | None]]:
