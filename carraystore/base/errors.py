@@ -25,6 +25,7 @@ __all__ = [
     "ManifestError",
     "GroupSplitError",
     "ShortGroupsWarning",
+    "FrameSplitWarning",
     "MigrationError",
     "MissingDependencyError",
     "LoaderError",
@@ -125,6 +126,12 @@ class GroupSplitError(IngestError):
 class ShortGroupsWarning(UserWarning):
     """A warning, not an error: some groups (videos, sessions) are shorter than ``sequence_length``
     and give no clip (``warnings.filterwarnings("error", category=ShortGroupsWarning)`` makes it one)."""
+
+
+class FrameSplitWarning(UserWarning):
+    """A warning, not an error: a validation split of files that look like frames of sequences, made
+    without groups, puts neighbouring frames in both parts (``warnings.filterwarnings("error",
+    category=FrameSplitWarning)`` makes it one)."""
 
 
 class MigrationError(CarrayStoreError):

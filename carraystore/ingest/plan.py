@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from carraystore.base.errors import GroupSplitError, IngestError, InvalidInputError
+from carraystore.base.errors import FrameSplitWarning, GroupSplitError, IngestError, InvalidInputError
 from carraystore.ingest.badfiles import DEFAULT_MAX_SKIPPED, allowed_skips, drop_bad_names
 from carraystore.ingest.images import IMAGE_EXTENSIONS, list_images
 from carraystore.ingest.manifest import TARGET_FIELD, FieldTable, read_manifest
@@ -32,6 +33,7 @@ __all__ = [
     "validation_split_indices",
     "group_split_indices",
     "infer_groups",
+    "frame_like",
     "natural_order",
     "float_labels",
     "fields_for",
@@ -131,12 +133,26 @@ def natural_order(rels: Sequence[str], class_first: bool = False) -> np.ndarray:
     return np.asarray(sorted(range(len(rels)), key=keys.__getitem__), dtype=np.int64)
 
 
+_NUMBERED = re.compile(r"\d+$")
+
+
+def frame_like(rels: Sequence[str]) -> bool:
+    """Whether the files look like frames of sequences: every name (less its extension) ends in a
+    number, and some folder holds two or more of them (``session_03/frame_000123.jpg``)."""
+    if not rels or not all(_NUMBERED.search(r.rsplit("/", 1)[-1].rsplit(".", 1)[0]) for r in rels):
+        return False
+    folders = [r.rsplit("/", 1)[0] if "/" in r else "" for r in rels]
+    return len(set(folders)) < len(folders)
+
+
 def infer_groups(rels: Sequence[str], labels: Any, groups: Groups, root: Path) -> list[str] | None:
     """Each file's group name, or None when the files have no groups.
 
     ``"inferred"`` with class folders: the folder below the class folder, with its class
     (``walk/video_0001/frame_1.jpg`` -> ``walk/video_0001``; files right in a class folder:
-    that folder); no groups without a second folder level or class folders. Otherwise
+    that folder). Without class folders, files that all sit in sub-folders and look like frames
+    (:func:`frame_like`) take the folder that holds them as their group
+    (``session_03/frame_000123.jpg`` -> ``session_03``); otherwise no groups. Otherwise
     :data:`Groups`.
     """
     if groups is None:
@@ -146,7 +162,11 @@ def infer_groups(rels: Sequence[str], labels: Any, groups: Groups, root: Path) -
             raise InvalidInputError(
                 f"groups must be 'inferred', None, one group per file, a mapping or a function, got {groups!r}"
             )
-        if labels != "inferred" or not any(r.count("/") >= 2 for r in rels):
+        if labels != "inferred":
+            if rels and all("/" in r for r in rels) and frame_like(rels):
+                return [r.rsplit("/", 1)[0] for r in rels]  # each sequence's folder
+            return None
+        if not any(r.count("/") >= 2 for r in rels):
             return None
         return ["/".join(r.split("/")[:2]) if r.count("/") >= 2 else r.split("/")[0] for r in rels]
     if isinstance(groups, Mapping):
@@ -475,6 +495,15 @@ def plan_folder(
         train_idx, val_idx, notes = group_split_indices(grp, labs, validation_split, seed)
     else:
         train_idx, val_idx = validation_split_indices(len(rels), validation_split, shuffle, seed)
+        if not inferred and frame_like(rels):
+            leak = (
+                f"{root}: the files look like frames of sequences (numbered names, several per folder, e.g. "
+                f"{rels[0]}), but they have no groups, so validation_split={validation_split} puts neighbouring "
+                "frames of one sequence in both parts. Give each file its group (groups=, or a 'group' column in "
+                "the targets manifest), or put each sequence in its own sub-folder"
+            )
+            warnings.warn(FrameSplitWarning(leak), stacklevel=2)
+            notes.append("warning: " + leak.split(": ", 1)[1])
     parts = {"training": train_idx, "validation": val_idx}
     if subset == "both":
         if str(out).rstrip("/").endswith(".b2nd"):

@@ -353,3 +353,63 @@ def test_append_refuses_other_decode_options_by_name(tmp_path: Path) -> None:
     s = carraystore.open(out)
     assert len(s) == 6 and s.shape[1:] == (8, 8, 1) and s.verify() == []
     assert out.read_bytes() != before
+
+
+# -- sessions: frames one folder deep, no class folders --------------------------------------
+
+
+def make_sessions(root: Path, sessions: int = 6, frames: int = 8) -> tuple[Path, list[str]]:
+    """``root/session_0k/frame_000123.jpg``: real JPEGs of a dash-cam-like recording per session."""
+    rels = []
+    rng = np.random.default_rng(11)
+    for k in range(sessions):
+        folder = root / f"session_{k:02d}"
+        folder.mkdir(parents=True)
+        for t in range(frames):
+            arr = (rng.integers(0, 60, (16, 16, 3)) + k * 30).astype(np.uint8)
+            Image.fromarray(arr).save(folder / f"frame_{100 + t:06d}.jpg", quality=90)
+            rels.append(f"session_{k:02d}/frame_{100 + t:06d}.jpg")
+    return root, sorted(rels)
+
+
+def test_session_folders_are_groups_and_a_split_keeps_each_session_whole(tmp_path: Path) -> None:
+    """`ingest frames/ out/ --labels none --targets m.csv --validation-split 0.2 --subset both` with no
+    group column: each session folder is a group, so no session has frames in both parts."""
+    from carraystore.cli.main import main
+
+    frames, rels = make_sessions(tmp_path / "frames")
+    m = tmp_path / "m.csv"
+    m.write_text("file,angle\n" + "".join(f"{r},{i * 0.01!r}\n" for i, r in enumerate(rels)))
+    argv = ["ingest", str(frames), str(tmp_path / "out"), "--labels", "none", "--targets", str(m)]
+    assert main([*argv, "--validation-split", "0.2", "--subset", "both", "--workers", "1"]) == 0
+    seen = []
+    for part in ("training", "validation"):
+        with carraystore.open(tmp_path / "out" / f"{part}.b2nd") as s:
+            assert s.group_names is not None
+            assert [s.group_names[g] for g in s.groups] == [k.split("/")[0] for k in s.keys]
+            seen.append({k.split("/")[0] for k in s.keys})
+    assert seen[0] and seen[1] and not (seen[0] & seen[1])
+    assert len(seen[0] | seen[1]) == 6
+    res = carraystore.from_directory(frames, tmp_path / "one.b2nd", labels=None, workers=1)
+    with carraystore.open(res.path) as s:  # one store: groups recorded too
+        assert sorted(s.group_names or ()) == [f"session_{k:02d}" for k in range(6)]
+
+
+def test_a_split_of_numbered_frames_without_groups_warns_by_name(tmp_path: Path) -> None:
+    """Frames of one recording right in the folder (no sub-folders, no groups): a random split puts
+    neighbouring frames in both parts, which a FrameSplitWarning and a note say."""
+    from carraystore.base.errors import FrameSplitWarning
+
+    frames, _ = make_sessions(tmp_path / "frames", sessions=1, frames=10)
+    flat = frames / "session_00"
+    with pytest.warns(FrameSplitWarning, match="look like frames of sequences"):
+        out = carraystore.from_directory(
+            flat, tmp_path / "s", labels=None, validation_split=0.2, subset="both", workers=1
+        )
+    assert any("neighbouring frames" in n for n in out["training"].notes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FrameSplitWarning)  # groups given: no warning
+        carraystore.from_directory(
+            flat, tmp_path / "g", labels=None, groups=lambda r: "a" if r < "frame_000105" else "b",
+            validation_split=0.5, subset="both", workers=1,
+        )  # fmt: skip
