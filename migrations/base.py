@@ -115,12 +115,14 @@ def plan_arrays(
     exclude: Sequence[str],
     where: str,
     notes: list[str],
+    describe: Callable[[str], str] = repr,
 ) -> ArrayPlan:
     """Decide the labels and fields among ``heads`` (name -> (shape, dtype or None)) beside ``images``.
 
     Labels: those given; else the one integer array with a value per row; else, with
     ``onehot``, the one-hot array. Other per-row arrays become fields (non-integer label
     candidates with a note); the rest go to ``skipped`` with the reason. ``exclude``: already used.
+    ``describe``: how a note names the field an array becomes (its name, quoted, by default).
     """
     others = [n for n in heads if n != images and n not in exclude]
     skipped: dict[str, str] = {}
@@ -153,7 +155,7 @@ def plan_arrays(
             notes.append(
                 f"{n!r} not taken as the labels ("
                 + ("an id" if n in ids else f"{named_elsewhere[0]!r} is named like the labels")
-                + "): kept as a field; --labels NAME takes it"
+                + f"): kept as the field {describe(n)}; --labels NAME takes it"
             )
         labels = infer_labels([n for n in fits if n not in drop], images, where, notes)
         if labels is None and onehot:
@@ -203,7 +205,9 @@ def plan_arrays(
         ):
             what = f"one-hot-shaped rows of {shape[1]}" if _looks_onehot(shape, dt, nrows) else f"{dt}{list(shape[1:])}"
             hint = "; --onehot-to-class makes class labels of one-hot rows" if _looks_onehot(shape, dt, nrows) else ""
-            notes.append(f"{n!r} ({what}, {dt}) is not integer class labels: kept as the target field {n!r}{hint}")
+            notes.append(
+                f"{n!r} ({what}, {dt}) is not integer class labels: kept as the target field {describe(n)}{hint}"
+            )
     return ArrayPlan(labels, is_onehot, fields, skipped)
 
 
@@ -331,7 +335,7 @@ def labels_from_array(values: np.ndarray, where: str) -> tuple[np.ndarray, tuple
         return (
             inv.astype("<i8").reshape(-1),
             tuple(str(s) for s in names),
-            f"class names {list(names)[:10]}{' ...' if len(names) > 10 else ''} from strings",
+            f"class names {[str(s) for s in names[:10]]}{' ...' if len(names) > 10 else ''} from strings",
         )
     if a.ndim == 2 and a.shape[1] > 1 and a.dtype.kind in "biuf":
         ones = a == 1

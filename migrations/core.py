@@ -10,6 +10,7 @@ output URL is staged locally and uploaded only when complete and verified.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -496,6 +497,11 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.argmax(np.any(ra != rb, axis=1)))
 
 
+def _same_attrs(a: Any, b: Any) -> bool:
+    """Whether two attrs are the same JSON values (a NaN attribute equals itself, unlike with ``==``)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def _verify(source: Source, path: Path, progress: bool) -> None:
     """Compare the store at ``path`` with a fresh pass over the source, chunk by chunk."""
     store: StoreReader = open_store(path)
@@ -555,7 +561,7 @@ def _verify(source: Source, path: Path, progress: bool) -> None:
             raise MigrationVerifyError(
                 f"{source.path}: the source gave {pos} rows on re-reading, the store holds {len(store)}"
             )
-        if store.attrs != source.attrs:
+        if not _same_attrs(store.attrs, source.attrs):
             raise MigrationVerifyError(f"{source.path}: attrs differ in the store")
     finally:
         store.close()

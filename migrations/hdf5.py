@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +21,16 @@ from .base import (
     plan_arrays,
 )
 
-__all__ = ["Hdf5Source", "hdf5_split_groups", "split_groups", "jsonable", "LABEL_NAMES", "CLASS_NAME_DATASETS"]
+__all__ = [
+    "Hdf5Source",
+    "hdf5_split_groups",
+    "split_groups",
+    "ATTR_MAX_BYTES",
+    "LABEL_NAMES",
+    "CLASS_NAME_DATASETS",
+]
 
 
-#: Dataset names (last path part, lower case) preferred as labels when several could be.
 def _h5py() -> Any:
     try:
         import h5py
@@ -36,31 +41,81 @@ def _h5py() -> Any:
     return h5py
 
 
-def jsonable(value: Any) -> tuple[Any, bool]:
-    """An HDF5 attribute as a JSON value: (value, exact). Non-representable values become their repr."""
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8"), True
-        except UnicodeDecodeError:
-            return value.decode("latin1"), False
-    if isinstance(value, np.generic):
-        value = value.item()
-        if isinstance(value, bytes):
-            return jsonable(value)
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind in "biufU":
-            return value.tolist(), value.dtype.kind != "f" or bool(np.all(np.isfinite(value)))
-        if value.dtype.kind == "S":
-            return [jsonable(v)[0] for v in value.reshape(-1).tolist()], True
-        if value.dtype.kind == "O":
-            items = [jsonable(v) for v in value.reshape(-1).tolist()]
-            return [v for v, _ in items], all(ok for _, ok in items)
-        return repr(value), False
-    if isinstance(value, (str, bool, int)) or value is None:
-        return value, True
-    if isinstance(value, float):
-        return value, bool(np.isfinite(value))
-    return repr(value), False
+#: An HDF5 attribute whose values take more bytes than this is left out, with a note (a store's whole
+#: metadata record is bounded: FORMAT.md, Limits).
+ATTR_MAX_BYTES = 1024 * 1024
+
+
+class _LeftOut(Exception):
+    """An HDF5 attribute value no store can keep (the message says why)."""
+
+
+def _leaves(value: Any, fn: Any) -> Any:
+    """``fn`` applied to every non-list element of nested lists (``ndarray.tolist()``'s shape kept)."""
+    return [_leaves(v, fn) for v in value] if isinstance(value, list) else fn(value)
+
+
+def _attribute_value(h5py: Any, value: Any) -> tuple[Any, str | None]:
+    """An HDF5 attribute as a store keeps it: (value, None) when exact, (text, why) when kept as text.
+
+    Integers, floats (NaN and infinities too), booleans and UTF-8 text are exact, arrays as nested
+    lists; an empty attribute is None; complex, compound and other values become their text.
+    Raises ``_LeftOut`` for what cannot be kept: references into the file, values over ATTR_MAX_BYTES.
+    """
+    if isinstance(value, h5py.Empty):
+        return None, None
+    if isinstance(value, (h5py.Reference, h5py.RegionReference)):
+        raise _LeftOut(_reference(h5py, value))
+    a = np.asarray(value)
+    if a.nbytes > ATTR_MAX_BYTES:
+        raise _LeftOut(f"{a.nbytes} bytes, more than an attribute kept in a store's metadata ({ATTR_MAX_BYTES})")
+    kind = a.dtype.kind
+    if kind in "biufU":
+        return a.tolist(), None
+    whys: set[str] = set()
+    if kind == "S":
+        return _leaves(a.tolist(), lambda b: _text(b, whys)), _why(whys)
+    if kind == "O":
+        return _leaves(a.tolist(), lambda v: _element(h5py, v, whys)), _why(whys)
+    return str(a.tolist()), "complex numbers" if kind == "c" else f"{a.dtype} values"
+
+
+def _reference(h5py: Any, value: Any, many: bool = False) -> str:
+    region = isinstance(value, h5py.RegionReference)
+    if many:
+        return f"{'region' if region else 'object'} references: they point into the HDF5 file, which the store does not hold"
+    return f"{'a region' if region else 'an object'} reference: it points into the HDF5 file, which the store does not hold"
+
+
+def _why(whys: set[str]) -> str | None:
+    return "; ".join(sorted(whys)) or None
+
+
+def _text(b: bytes, whys: set[str]) -> str:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        whys.add("bytes that are not UTF-8, decoded as Latin-1")
+        return b.decode("latin1")
+
+
+def _element(h5py: Any, v: Any, whys: set[str]) -> Any:
+    """One element of an object array (variable-length text or sequences, references)."""
+    if isinstance(v, (h5py.Reference, h5py.RegionReference)):
+        raise _LeftOut(_reference(h5py, v, many=True))
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bytes):
+        return _text(v, whys)
+    if v is None or isinstance(v, (bool, int, float)):
+        return v
+    if not isinstance(v, np.ndarray):
+        whys.add(f"{type(v).__name__} values")
+        return str(v)
+    value, why = _attribute_value(h5py, v)
+    if why is not None:
+        whys.add(why)
+    return value
 
 
 def _in_group(f: Any, prefix: str, name: str | None) -> str | None:
@@ -83,6 +138,11 @@ def _near(names: list[str], group: str | None) -> list[str]:
         for n in names
         if (p := _parent(n)) == "" or group == p or group.startswith(p + "/") or p.startswith(group + "/")
     ]
+
+
+def _groups_above(names: list[str]) -> set[str]:
+    """The groups that hold the objects ``names`` (paths without the leading /), the file's root "" included."""
+    return {""} | {n.rsplit("/", i)[0] for n in names for i in range(1, n.count("/") + 1)}
 
 
 def _is_text(h5py: Any, d: Any) -> bool:
@@ -154,6 +214,8 @@ class Hdf5Source(Source):
         super().__init__()
         h5py = _h5py()
         self.path = path
+        #: where the store's class names come from: a class names dataset, or the labels' text
+        self._names_used: str | None = None
         try:
             self._file = h5py.File(path, "r")
         except OSError as exc:
@@ -254,6 +316,7 @@ class Hdf5Source(Source):
             exclude=(),
             where=str(path),
             notes=self.notes,
+            describe=lambda n: repr(n[len(prefix) :]) + (f" (from /{n})" if prefix else ""),
         )
         labels = plan.labels
         self._labels = None
@@ -262,7 +325,9 @@ class Hdf5Source(Source):
             self._labels, self.class_names, how = class_labels(f[labels][...], where, plan.onehot)
             self.has_labels = True
             self.notes.append(f"labels from {labels!r}: {how}")
-            if self.class_names is None:
+            if self.class_names is not None:
+                self._names_used = "the labels' text"
+            else:
                 self.class_names = self._class_names_dataset(names_sets, labels)
                 top = int(self._labels.max()) if len(self._labels) else -1
                 if self.class_names is not None and top >= len(self.class_names):
@@ -279,20 +344,17 @@ class Hdf5Source(Source):
         self._cbytes = sum(
             int(f[n].id.get_storage_size()) for n in [dataset, *([labels] if labels else []), *plan.fields]
         )
-        attrs: dict[str, Any] = {}
-        inexact = []
-        for k, v in d.attrs.items():
-            attrs[k], ok = jsonable(v)
-            if not ok:
-                inexact.append(k)
-        try:
-            json.dumps(attrs)
-        except (TypeError, ValueError):  # pragma: no cover - jsonable covers h5py's types
-            attrs = {k: repr(v) for k, v in attrs.items()}
-        if inexact:
-            self.warnings.append(f"HDF5 attribute(s) {inexact} are not exact in JSON; stored as text")
+        text: list[str] = []  # attributes kept as text, each with why
+        attrs = self._attributes(h5py, d, "/" + dataset, text)
         if labels is None:
             self._unused_class_names(names_sets, prefix, attrs)
+        self._other_class_names(names_sets)
+        migrated = [*([labels] if labels else []), *plan.fields]
+        if self._names_used is not None and self._names_used in names_sets:
+            migrated.append(self._names_used)
+        self._path_attributes(h5py, everything, dataset, migrated, attrs, text)
+        if text:
+            self.warnings.append("HDF5 attribute(s) kept as text, not as their exact values: " + "; ".join(text))
         self.attrs = attrs
         comp = d.compression or "uncompressed"
         if d.compression_opts is not None:
@@ -322,10 +384,76 @@ class Hdf5Source(Source):
             )
             return
         attrs["class_names"] = values
+        self._names_used = n
         self.notes.append(
             f"{n!r} kept as attrs['class_names'] (the store has no class labels to name; "
             "--onehot-to-class or --labels NAME gives them)"
         )
+
+    def _other_class_names(self, names_sets: list[str]) -> None:
+        """A note for each class names dataset (of this group or above it) the store's class names do not come from."""
+        near = _near(names_sets, self.group)
+        used = self._names_used
+        for n in near if self.has_labels else near[1:]:  # without labels _unused_class_names took or named the first
+            if n == used:
+                continue
+            if not self.has_labels:
+                why = (
+                    f"attrs['class_names'] holds those of {used!r}" if used else "the store has no class labels to name"
+                )
+            else:
+                why = "the store's come from " + (used if used == "the labels' text" else repr(used))
+            self.notes.append(f"not migrated: {n!r} (class names; {why})")
+
+    def _attributes(self, h5py: Any, obj: Any, where: str, text: list[str]) -> dict[str, Any]:
+        """The attributes of the HDF5 object at ``where`` a store can keep; a note names each left out."""
+        kept: dict[str, Any] = {}
+        for k in obj.attrs:
+            try:
+                raw = obj.attrs[k]
+            except (OSError, KeyError, TypeError, ValueError) as exc:  # a type h5py cannot read
+                self.notes.append(f"not migrated: HDF5 attribute {k!r} of {where} (h5py cannot read it: {exc})")
+                continue
+            try:
+                value, why = _attribute_value(h5py, raw)
+            except _LeftOut as exc:
+                self.notes.append(f"not migrated: HDF5 attribute {k!r} of {where} ({exc})")
+                continue
+            kept[k] = value
+            if why is not None:
+                text.append(f"{k!r} of {where} ({why})")
+        return kept
+
+    def _path_attributes(
+        self, h5py: Any, everything: list[str], images: str, migrated: list[str], attrs: dict[str, Any], text: list[str]
+    ) -> None:
+        """Into ``attrs``, each under its HDF5 path ("/", "/train", "/train/labels"): the attributes of the
+        file, of every group above a migrated dataset, of groups holding no datasets, and of the migrated
+        datasets besides the images (whose attributes are ``attrs`` itself). Notes name the rest."""
+        f = self._file
+        groups = [""]
+        f.visititems(lambda name, obj: groups.append(name) if isinstance(obj, h5py.Group) else None)
+        above, holding = _groups_above([images, *migrated]), _groups_above(everything)
+        keep = list(migrated)
+        for g in groups:
+            # the nearest group holding datasets, g or above it (the root counts: it is always kept)
+            near = next(a for a in [g, *(g.rsplit("/", i)[0] for i in range(1, g.count("/") + 1)), ""] if a in holding)
+            if near in above:
+                keep.append(g)
+            elif len(f[g].attrs) and (self.group is None or g == self.group or g.startswith(self.group + "/")):
+                inside = "a group" if near == g else f"a group of attributes only, inside /{near}:"
+                self.notes.append(f"not migrated: the attributes of /{g} ({inside} none of whose datasets is migrated)")
+        for name in sorted(keep, key=lambda n: "/" + n):
+            where = "/" + name
+            values = self._attributes(h5py, f[where], where, text)
+            if not values:
+                continue
+            if where in attrs:
+                self.notes.append(
+                    f"not migrated: the attributes of {where} (attrs[{where!r}] is taken by an attribute of {images!r})"
+                )
+                continue
+            attrs[where] = values
 
     def fields_block(self, a: int, b: int) -> dict[str, np.ndarray] | None:
         """The fields of rows ``a:b`` (None when there are none)."""
@@ -346,6 +474,7 @@ class Hdf5Source(Source):
         names.sort(key=lambda n: (n.rsplit("/", 1)[0] if "/" in n else "") != group)
         _check_inside(self.path, names[0], f[names[0]])
         values = tuple(str(v) for v in f[names[0]].asstr()[...].tolist())
+        self._names_used = names[0]
         self.notes.append(
             f"class names from dataset {names[0]!r}: {list(values)[:10]}{' ...' if len(values) > 10 else ''}"
         )
