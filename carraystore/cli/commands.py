@@ -368,8 +368,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--layout",
         choices=["pixels", "encoded"],
-        default="pixels",
-        help="pixels (default): decoded pixels; encoded: each image as its JPEG/PNG/WebP bytes (FORMAT.md 10)",
+        default=None,
+        help="pixels (default; with --append: the store's own): decoded pixels; encoded: each image as its "
+        "JPEG/PNG/WebP bytes (FORMAT.md 10)",
     )
     p.add_argument(
         "--quality",

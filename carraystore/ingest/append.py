@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 
 from carraystore.base.errors import IngestError, InvalidInputError
+from carraystore.format.encoded import Encoding
 from carraystore.ingest.badfiles import allowed_skips
 from carraystore.ingest.images import INGEST_DTYPES, DecodeOptions, list_images
-from carraystore.ingest.plan import Groups, StorePlan, infer_groups, plan_store
+from carraystore.ingest.manifest import TARGET_FIELD, FieldTable, read_manifest
+from carraystore.ingest.plan import Groups, StorePlan, float_labels, frame_like, infer_groups, plan_store
 from carraystore.store.options import WriteOptions
 from carraystore.store.reader import is_url
 from carraystore.store.writer import StoreWriter
@@ -31,6 +33,9 @@ def plan_append(
     decode: dict[str, Any],
     *,
     labels: Any,
+    targets: str | os.PathLike[str] | None,
+    layout: str | None,
+    quality: int | None,
     groups: Groups,
     skip_existing: bool,
     shuffle: bool,
@@ -43,15 +48,53 @@ def plan_append(
     root = Path(directory)
     allowed_skips(max_skipped, 1)
     out = str(output) if is_url(output) else Path(output)
-    rels, labs, names, ignored = list_images(root, labels, write.class_names, follow_links)
-    grp = infer_groups(rels, labels, groups, root)
+    target_values = float_labels(labels)
+    int_labels = None if target_values is not None else labels
+    table = read_manifest(targets) if targets is not None else None
+    if table is not None and table.groups is not None and not (isinstance(groups, str) and groups == "inferred"):
+        raise InvalidInputError(
+            f"{targets}: the manifest's 'group' column and groups= both give the files' groups; give one"
+        )
+    rels, labs, names, ignored = list_images(root, int_labels, write.class_names, follow_links)
+    if target_values is not None and len(target_values) != len(rels):
+        raise IngestError(
+            f"{root}: {len(target_values)} labels given for {len(rels)} image files (labels follow the sorted "
+            "file paths, as in Keras)"
+        )
     writer = open_append(out, nthreads=1, options=write.replace(class_names=None, progress=False))
     try:
         meta = writer.meta
         opts = _store_decode_options(meta, str(out), **decode)
+        _check_layout(meta, str(out), layout, quality)
+        prefix = _folder_prefix(meta, root, rels, groups, table)
+        if prefix:  # the folder is one session of the store's: keyed as if ingested with the others
+            rels = [prefix + r for r in rels]
+            root = root.parent
+            if table is not None:
+                table = table.prefixed(prefix)
+        existing = set(meta.keys or ())
+        if table is not None:  # every new file has a row; every row names a file of the folder or the store
+            table.check_append([r for r in rels if r not in existing], existing | set(rels), str(directory))
+        if table is not None and table.groups is not None:
+            rows = table.group_of() or {}
+            grp = [rows.get(r, "") for r in rels]  # a file already in the store is left out below
+        elif prefix:
+            grp = [prefix.rstrip("/")] * len(rels)
+        else:
+            grp = infer_groups(rels, int_labels, groups, root)
+        fields = FieldTable.from_values(rels, TARGET_FIELD, target_values) if target_values is not None else None
         rels, labs, grp, notes = _append_plan(
             writer, root, rels, labs, names, grp, not isinstance(groups, str) and groups is not None, skip_existing
         )
+        if prefix:
+            notes.insert(0, f"the files sit right in {root / prefix.rstrip('/')}: keyed {prefix}<file> and grouped as "
+                         f"{prefix.rstrip('/')!r}, as the store's other folders are")  # fmt: skip
+        if fields is not None:  # the new files' rows only
+            fields = FieldTable(rels, fields.take(rels), fields.source)
+        if table is not None:
+            part = FieldTable(rels, table.take(rels), table.source)
+            fields = part if fields is None else fields.merged(part)
+        _check_fields(meta, fields, str(out))
         if not rels:  # nothing new
             return StorePlan(root, out, [], None, meta.class_names, ignored, notes=notes), writer, opts
         plan = plan_store(
@@ -67,12 +110,58 @@ def plan_append(
             max_skipped=max_skipped,
             class_folders=isinstance(labels, str) and labels == "inferred",
             groups=grp,
+            fields=fields,
             notes=notes,
         )
         return plan, writer, opts
     except BaseException:
         writer.abort()
         raise
+
+
+def _check_layout(meta: Any, where: str, layout: str | None, quality: int | None) -> None:
+    """An append keeps the store's layout and encoding: a different one given is refused by name."""
+    own = "encoded" if meta.layout == "encoded" else "pixels"
+    if layout is not None and layout != own:
+        raise InvalidInputError(
+            f"{where}: layout={layout!r}, but the store's layout is {own!r}; an append keeps it: leave layout out "
+            f"(CLI: --layout), or convert the store first (carraystore convert --layout {layout})"
+        )
+    if own == "pixels":
+        if quality is not None:
+            raise InvalidInputError(f"{where}: quality= applies to stores of layout 'encoded'; this one holds pixels")
+        return
+    enc: Encoding = meta.encoding
+    if quality is not None and quality != enc.quality:
+        raise InvalidInputError(
+            f"{where}: quality={quality}, but the store encodes at "
+            f"{'PNG (lossless)' if enc.quality is None else f'{enc.reencode.upper()} quality {enc.quality}'}; an "
+            "append keeps the store's encoding: leave quality out (CLI: --quality)"
+        )
+
+
+def _folder_prefix(meta: Any, root: Path, rels: list[str], groups: Groups, table: Any) -> str:
+    """``"session_07/"`` when ``root`` is one more session of a store keyed ``<session>/<file>`` with groups:
+    its files (frames, right in it) then take the folder's name as key prefix and group; else ``""``."""
+    if not (meta.nimages and meta.group_names is not None and meta.keys is not None):
+        return ""
+    if not (isinstance(groups, str) and groups == "inferred") or not rels or any("/" in r for r in rels):
+        return ""
+    if not all(k.count("/") == 1 for k in meta.keys) or not frame_like(rels):
+        return ""
+    name = root.resolve().name
+    return f"{name}/" if name else ""
+
+
+def _check_fields(meta: Any, fields: FieldTable | None, where: str) -> None:
+    """The new files' fields must be the store's (names); refused by name before any decoding."""
+    have = sorted(meta.columns)
+    given = sorted(fields.fields) if fields is not None else []
+    if meta.nimages and have != given:
+        raise InvalidInputError(
+            f"{where}: the store has the fields {have or 'none'}, the append gives {given or 'none'}; give the new "
+            "files the same fields (a targets manifest with those columns, CLI: --targets FILE)"
+        )
 
 
 def check_append_args(
@@ -103,7 +192,7 @@ def _store_decode_options(
     dtype: str | None,
 ) -> DecodeOptions:
     """An append's decode options: the store's; an option given that differs is refused by name."""
-    if meta.layout != "NHWC" or meta.np_dtype.name not in INGEST_DTYPES:
+    if meta.layout not in ("NHWC", "encoded") or meta.np_dtype.name not in INGEST_DTYPES:
         raise InvalidInputError(
             f"{where}: the store holds {meta.layout} items of {meta.np_dtype}, not images an ingest writes "
             f"({'/'.join(INGEST_DTYPES)}, height x width x channels); images cannot be appended to it"

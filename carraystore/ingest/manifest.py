@@ -114,6 +114,29 @@ class FieldTable:
             f"relative to {where} (column {' or '.join(KEY_COLUMNS)}); give every image file a row and no other rows"
         )
 
+    def prefixed(self, prefix: str) -> FieldTable:
+        """The same rows keyed ``prefix + key`` (a folder appended as one of the store's sub-folders)."""
+        return FieldTable([prefix + k for k in self.keys], self.fields, self.source, self.groups)
+
+    def check_append(self, new: Sequence[str], known: set[str], where: str) -> None:
+        """An append's rows: every new file has one, and every row names a file of the folder or the store
+        (rows of files already in the store are allowed: one manifest may grow with the store)."""
+        missing = [r for r in new if r not in self.index]
+        extra = [k for k in self.keys if k not in known]
+        if not missing and not extra:
+            return
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} of the {len(new)} new image files have no row ({_few(missing)})")
+        if extra:
+            parts.append(
+                f"{len(extra)} of its {len(self.keys)} rows name no file of the folder or the store ({_few(extra)})"
+            )
+        raise ManifestError(
+            f"{self.source} does not match the files appended from {where}: {'; '.join(parts)}. Rows are keyed by "
+            f"the path relative to {where} (column {' or '.join(KEY_COLUMNS)})"
+        )
+
     def take(self, rels: Sequence[str]) -> dict[str, np.ndarray]:
         """The fields' rows of ``rels`` (files written together), in that order."""
         try:

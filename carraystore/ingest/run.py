@@ -23,7 +23,7 @@ from carraystore.ingest.cluster import run_on_cluster
 from carraystore.ingest.decodepool import decoded
 from carraystore.ingest.images import DECODE_OPTION_FIELDS, DEPTH_RULE, MODES, DecodeKwargs, DecodeOptions
 from carraystore.ingest.job import IngestResult, Runner, StoreJob
-from carraystore.ingest.plan import Groups, float_labels, plan_folder
+from carraystore.ingest.plan import Groups, plan_folder
 from carraystore.store.options import WriteKwargs, WriteOptions
 from carraystore.store.writer import StoreWriter
 
@@ -44,7 +44,7 @@ def from_directory(
     labels: str | Sequence[int] | Sequence[float] | np.ndarray | None = "inferred",
     targets: str | os.PathLike[str] | None = None,
     groups: Groups = "inferred",
-    layout: str = "pixels",
+    layout: str | None = None,
     quality: int | None = None,
     shuffle: bool = True,
     seed: int = 0,
@@ -80,7 +80,8 @@ def from_directory(
     ``image_size`` (None: the files' own size, which must agree), ``color_mode``,
     ``interpolation`` and ``crop_to_aspect_ratio`` work as in Keras; ``dtype`` ``"uint8"`` or
     ``"uint16"`` (16-bit grayscale kept exactly). ``layout="encoded"`` keeps each file's own
-    bytes where they decode to the same pixels, else encodes PNG, or JPEG at ``quality`` (FORMAT.md 10).
+    bytes where they decode to the same pixels, else encodes PNG, or JPEG at ``quality`` (FORMAT.md 10);
+    None: ``"pixels"``, or an appended-to store's own layout.
 
     Files are written in a seeded random order unless ``shuffle=False`` or ``keep_order=True``
     (natural path order: ``frame_2`` before ``frame_10``). ``split_dirs=True`` writes one store
@@ -93,7 +94,8 @@ def from_directory(
     ``on_error="skip"`` skips and lists undecodable files (or names that cannot be keys),
     writing nothing when more than ``max_skipped`` fail (a fraction below 1 or a count).
     ``append=True`` adds the folder to the store ``output`` in place (locked, crash-safe),
-    with the store's decode options; files already in it are refused, or left out with
+    with the store's decode options, layout and encoding; ``targets``/float ``labels`` give the new
+    files' fields (the store's own); files already in it are refused, or left out with
     ``skip_existing=True``.
 
     Write options come as keywords or ``options`` (:class:`~carraystore.store.options.WriteOptions`).
@@ -111,24 +113,15 @@ def from_directory(
         raise InvalidInputError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
     if skip_existing and not append:
         raise InvalidInputError("skip_existing applies to append=True (CLI: --skip-existing with --append)")
-    if layout not in ("pixels", "encoded"):
-        raise InvalidInputError(f"layout must be 'pixels' or 'encoded', got {layout!r}")
     if runner is None:
         runner = functools.partial(run_on_cluster, client) if client is not None else run_locally
     workers = workers if workers is not None else os.cpu_count() or 1
     shuffle = shuffle and not keep_order
     run: dict[str, Any] = dict(workers=workers, on_error=on_error, max_skipped=max_skipped)
+    if layout is not None and layout not in ("pixels", "encoded"):
+        raise InvalidInputError(f"layout must be 'pixels' or 'encoded', got {layout!r}")
     if append:
-        if targets is not None or float_labels(labels) is not None:
-            raise InvalidInputError(
-                f"{output}: append=True with per-file targets (a manifest, or float labels) is not supported yet; "
-                "ingest the new files into a store of their own, or append with carraystore.append(..., columns=)"
-            )
         check_append_args(output, wopts.overwrite, split_dirs, subset, wopts.chunk_images, wopts.attrs)
-        if layout != "pixels" or quality is not None:
-            raise InvalidInputError(
-                f"{output}: append=True keeps the store's own layout and encoding; leave layout and quality out"
-            )
         given = {f: decode.get(f) for f in DECODE_OPTION_FIELDS} | {"image_size": opts.image_size}
         plan, writer, opts = plan_append(
             directory,
@@ -136,6 +129,9 @@ def from_directory(
             wopts,
             given,
             labels=labels,
+            targets=targets,
+            layout=layout,
+            quality=quality,
             groups=groups,
             skip_existing=skip_existing,
             shuffle=shuffle,
@@ -162,6 +158,7 @@ def from_directory(
             writer.abort()  # a runner that failed before writing leaves the lock to no one
             raise
     size = opts.image_size
+    layout = layout or "pixels"
     if layout == "encoded" and opts.dtype != "uint8":
         raise InvalidInputError("layout='encoded' holds uint8 images; leave dtype at 'uint8'")
     if quality is not None and layout != "encoded":

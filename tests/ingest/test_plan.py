@@ -102,7 +102,8 @@ def test_an_append_plan_comes_from_the_store(tmp_path: Path) -> None:
     with carraystore.create(store, (4, 4, 3), class_names=["cat"]) as w:
         w.append(np.zeros((1, 4, 4, 3), np.uint8), labels=[0], keys=["cat/1.jpg"])
     root = _files(tmp_path / "more", "cat/1.jpg", "cat/2.jpg", "dog/1.jpg")
-    run = dict(labels="inferred", groups="inferred", shuffle=False, seed=0, follow_links=False, on_error="fail")
+    run = dict(labels="inferred", groups="inferred", shuffle=False, seed=0, follow_links=False, on_error="fail",
+               targets=None, layout=None, quality=None)  # fmt: skip
     given = dict(image_size=None, color_mode=None, interpolation=None, crop_to_aspect_ratio=None, dtype=None)
     with pytest.raises(IngestError, match="already in the store"):
         plan_append(root, store, WriteOptions(), given, skip_existing=False, max_skipped=0, **run)  # type: ignore[arg-type]

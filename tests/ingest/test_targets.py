@@ -420,18 +420,6 @@ def test_preview_captions_with_a_field(drive: tuple[carraystore.Store, dict[str,
     assert not (tmp_path / "t.png").exists()
 
 
-def test_an_append_with_per_file_targets_is_refused_not_dropped(frames: Path, tmp_path: Path) -> None:
-    """Appending from a folder does not carry a manifest or float labels yet: refused by name,
-    never an append that silently leaves the new items without their targets."""
-    out = tmp_path / "s.b2nd"
-    carraystore.from_directory(frames, out, labels=None, keep_order=True)
-    n = len(rels_of(frames))
-    before = out.read_bytes()
-    with pytest.raises(InvalidInputError, match="append=True with per-file targets"):
-        carraystore.from_directory(frames, out, labels=angles_for(n), keep_order=True, append=True, skip_existing=True)
-    assert out.read_bytes() == before
-
-
 def test_a_manifest_group_column_gives_the_groups_and_keeps_them_whole_in_splits(frames: Path, tmp_path: Path) -> None:
     """Groups from a manifest column (a recording session per file), text, not a field;
     a validation split then keeps every session whole."""
