@@ -98,6 +98,16 @@ def store_info(store: Any) -> dict[str, Any]:
         "provenance": store.provenance,
         "attrs": store.attrs,
     }
+    if meta.layout == "encoded" and meta.encoding is not None:
+        enc = meta.encoding
+        sizes = np.asarray(meta.entry_sizes if meta.entry_sizes is not None else (), dtype=np.int64)
+        info["entries"] = {
+            "formats": list(enc.formats),
+            "raw": int((sizes == meta.image_nbytes).sum()),
+            "reencode": enc.reencode,
+            "quality": enc.quality,
+            "bytes": int(sizes.sum()),
+        }
     if store.group_names is not None:
         info["groups"] = {
             "count": len(store.group_names),
@@ -152,6 +162,18 @@ def info_rows(store: Any, info: dict[str, Any]) -> list[tuple[str, str]]:
             + (f" (ratio {info['ratio']:.2f})" if info["ratio"] else ""),
         ),
     ]
+    if info.get("entries"):
+        e = info["entries"]
+        how = "PNG (lossless)" if e["quality"] is None and e["reencode"] == "png" else e["reencode"].upper()
+        how += f" at quality {e['quality']}" if e["quality"] is not None else ""
+        rows.append(
+            (
+                "entries",
+                f"{', '.join(f.upper() for f in e['formats'] if f != 'raw') or 'none'} files"
+                + (f", {e['raw']} raw pixels" if e["raw"] else "")
+                + f"; {_fmt_bytes(e['bytes'])} in all; pixels the writer encodes become {how}",
+            )
+        )
     if info.get("label_counts"):
         rows.append(
             ("labels", class_counts_text(info["label_counts"], len(info["class_names"] or info["label_counts"])))

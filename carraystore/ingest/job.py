@@ -43,6 +43,13 @@ class IngestResult:
     notes: list[str] = field(default_factory=list)
     #: for an append: the store's items after it (``nimages`` counts the added ones)
     total: int | None = None
+    #: layout "encoded": how the written images became entries: ``kept`` (the file's own bytes),
+    #: ``png``/``jpeg``/``webp`` (re-encoded as that), ``raw`` (pixels: no encoding was smaller); else None
+    entries: dict[str, int] | None = None
+    #: layout "encoded": the bytes of the source files written, to compare with the store's
+    source_bytes: int = 0
+    #: why files were re-encoded rather than kept (layout "encoded"), or ""
+    reencode_reason: str = ""
 
     @property
     def images_per_s(self) -> float:
@@ -61,6 +68,8 @@ class IngestResult:
             f"{'the store: ' if self.total is not None else ''}"
             f"{self.nbytes / 1e6:.1f} MB -> {self.cbytes / 1e6:.1f} MB (ratio {ratio:.2f})"
         ]
+        if self.entries is not None:
+            lines.append(self._entries_line())
         if self.class_names is not None:
             lines.append(f"  classes: {', '.join(self.class_names)}")
         if self.ngroups is not None:
@@ -77,6 +86,26 @@ class IngestResult:
             lines.append(f"  skipped {len(self.skipped)} file(s) that could not be decoded:")
             lines.extend(f"    {p}: {r}" for p, r in self.skipped)
         return "\n".join(lines)
+
+    def _entries_line(self) -> str:
+        """Layout "encoded": files kept as they were, re-encoded as what and why, against the source files."""
+        e = self.entries or {}
+        kept = e.get("kept", 0)
+        parts = [f"{kept} file(s) kept byte for byte"]
+        re = {f: e[f] for f in ("png", "jpeg", "webp") if e.get(f)}
+        if re:
+            parts.append(
+                ", ".join(f"{n} re-encoded as {f.upper()}" for f, n in re.items())
+                + (f" ({self.reencode_reason})" if self.reencode_reason else "")
+            )
+        if e.get("raw"):
+            parts.append(f"{e['raw']} kept as raw pixels (no encoding was smaller)")
+        line = "  entries: " + "; ".join(parts)
+        if self.source_bytes:
+            line += f"; from {self.source_bytes / 1e6:.1f} MB of source files"
+        if re.get("png") and re["png"] > kept:
+            line += "\n  note: PNG is lossless and larger than a JPEG; --quality Q (1-100) encodes JPEG instead"
+        return line
 
 
 @dataclass
@@ -102,6 +131,10 @@ class StoreJob:
     bad: BadFiles = field(init=False)
     #: the items in the store before this job (an append's)
     before: int = field(init=False, default=0)
+    #: layout "encoded": how the images became entries (see IngestResult.entries)
+    entry_counts: dict[str, int] = field(init=False, default_factory=dict)
+    #: layout "encoded": the bytes of the source files written
+    source_bytes: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         p = self.plan
@@ -168,7 +201,19 @@ class StoreJob:
             ngroups=len(set(p.groups)) if p.groups is not None and writer.meta.group_names is not None else None,
             notes=list(p.notes),
             total=total if appended else None,
+            entries=dict(self.entry_counts) if writer.meta.layout == "encoded" else None,
+            source_bytes=self.source_bytes,
+            reencode_reason=self.reencode_reason() if writer.meta.layout == "encoded" else "",
         )
+
+    def reencode_reason(self) -> str:
+        """Why an encoded ingest re-encodes files rather than keeping them."""
+        enc = self.appender.meta.encoding if self.appender is not None else self.encoding
+        if enc is not None and enc.quality is not None:
+            return f"quality {enc.quality} was asked for every image"
+        if self.opts.image_size is not None:
+            return "resized to the store's size: a resized image is not its file"
+        return "their pixels are not the file's own decode: another size, colour mode or bit depth"
 
 
 #: Decodes and writes one planned store: ``run_locally`` (the default) or ``run_on_cluster``.

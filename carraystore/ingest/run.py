@@ -277,13 +277,22 @@ def _entries(job: StoreJob, rels: list[str], pixels: list[np.ndarray], encoding:
     """Layout "encoded": a file's own bytes if they decode to its pixels, else the pinned format (FORMAT.md 10.3)."""
     assert encoding is not None
     out = []
+    counts = job.entry_counts
     for rel, arr in zip(rels, pixels, strict=True):
         kept = None
+        try:
+            data = (job.plan.root / rel).read_bytes()
+        except OSError:
+            data = b""
+        job.source_bytes += len(data)
         if encoding.quality is None:  # a quality asks for every image to be encoded at it
-            try:
-                data = (job.plan.root / rel).read_bytes()
-            except OSError:
-                data = b""
             kept = source_entry(data, arr, job.opts.color_mode)
-        out.append(kept if kept is not None else entry_for_pixels(arr, encoding))
+        if kept is not None:
+            counts["kept"] = counts.get("kept", 0) + 1
+            out.append(kept)
+            continue
+        entry = entry_for_pixels(arr, encoding)
+        how = "raw" if len(entry) == arr.nbytes else encoding.reencode
+        counts[how] = counts.get(how, 0) + 1
+        out.append(entry)
     return out
