@@ -246,6 +246,10 @@ class Block:
     labels: np.ndarray | None = None
     keys: Sequence[str] | None = None
     columns: dict[str, np.ndarray] | None = None
+    #: each row's group (a video, a session), or None
+    groups: Sequence[str] | None = None
+    #: each row's encoded source bytes (a JPEG, PNG, ... file), kept by the encoded layout where they decode to the row
+    encoded: Sequence[bytes] | None = None
 
 
 class Source:

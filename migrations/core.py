@@ -14,7 +14,9 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +26,10 @@ import numpy as np
 from carraystore.base.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
 from carraystore.base.errors import InvalidInputError, MigrationError, StoreExistsError
 from carraystore.base.lock import WriterLock
+from carraystore.base.resources import available_cpus
 from carraystore.format.codec import Codec
+from carraystore.format.encoded import Encoding
+from carraystore.format.record import COLOR_MODES
 from carraystore.migrations.base import Block, Source, labels_from_array, store_layout
 from carraystore.sources.journal import rollback
 from carraystore.sources.upload import RemoteTarget
@@ -43,6 +48,7 @@ __all__ = [
     "migrate",
     "migrate_splits",
     "split_outputs",
+    "source_splits",
     "open_migration_source",
     "labels_from_array",
     "store_layout",
@@ -133,9 +139,30 @@ def open_migration_source(
     no_labels: bool = False,
     group: str | None = None,
     onehot_to_class: bool = False,
+    keys: str | None = None,
+    groups: str | None = None,
+    color_mode: str | None = None,
+    image_size: Sequence[int] | None = None,
 ) -> Source:
     """Detect what ``src`` is and open it as a migration Source (arguments: ``migrate``'s)."""
     from carraystore.migrations import bcolz as bz
+    from carraystore.migrations.detect import open_sample_source, sample_locations
+
+    only_samples = {"keys": keys, "groups": groups, "color_mode": color_mode, "image_size": image_size}
+    if src is not None and (sample_locations(src) is not None or Path(src).exists()):
+        found = open_sample_source(
+            src, images=_name(images), labels=_name(labels), no_labels=no_labels, group=group, **only_samples
+        )
+        if found is not None:
+            if dataset is not None or onehot_to_class:
+                found.close()
+                raise InvalidInputError(
+                    f"{src}: --dataset and --onehot-to-class are for array sources (HDF5, npz, bcolz), not {found.kind}"
+                )
+            return found
+    given = [f"--{k.replace('_', '-')}" for k, v in only_samples.items() if v is not None]
+    if given:
+        raise InvalidInputError(f"{src}: {', '.join(given)} apply to WebDataset, TFRecord and Parquet/Arrow sources")
 
     if src is None:
         if images is None:
@@ -248,6 +275,12 @@ def migrate(
     options: WriteOptions | None = None,
     group: str | None = None,
     onehot_to_class: bool = False,
+    keys: str | None = None,
+    groups: str | None = None,
+    color_mode: str | None = None,
+    image_size: Sequence[int] | None = None,
+    layout: str = "pixels",
+    quality: int | None = None,
     **write: Unpack[WriteKwargs],
 ) -> MigrationReport:
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path or URL); returns a MigrationReport.
@@ -261,6 +294,12 @@ def migrate(
     cannot is named in ``report.notes``. ``group``: one split of an HDF5 file (all:
     :func:`migrate_splits`). Pickled data needs ``allow_pickle=True`` (else
     PickleNotAllowedError): unpickling runs code from the file, so only for files you trust.
+
+    WebDataset shards (a list, a ``{000..099}`` pattern or URLs), TFRecord files and Parquet/Arrow
+    tables (docs/migrating.md): ``images``/``labels``/``keys``/``groups`` name members, features
+    or columns (else inferred); ``color_mode``/``image_size`` decode as ``ingest`` does; ``group``
+    picks one split. ``layout="encoded"`` keeps each image's source bytes where they decode to its
+    pixels (else PNG, or JPEG at ``quality``), for any uint8 (H, W, C) source.
 
     ``verify``: compare the store bit for bit with the source before the rename. Write options
     (``codec`` default ``balanced``; ``class_names`` default the source's
@@ -276,7 +315,16 @@ def migrate(
         no_labels=no_labels,
         group=group,
         onehot_to_class=onehot_to_class,
+        keys=keys,
+        groups=groups,
+        color_mode=color_mode,
+        image_size=image_size,
     )
+    if layout not in ("pixels", "encoded"):
+        raise InvalidInputError(f"layout must be 'pixels' or 'encoded', got {layout!r}")
+    if quality is not None and layout != "encoded":
+        raise InvalidInputError("quality= (--quality) applies to layout='encoded' (--layout encoded) only")
+    encoding = Encoding.for_quality(quality) if layout == "encoded" else None  # checks the quality
     opts = WriteOptions.merged(options, str(out), **write)
     opts.refuse(
         ("attrs",),
@@ -284,14 +332,18 @@ def migrate(
         "a migration keeps the source's attrs (it is verified against them); change them afterwards with "
         "update_metadata (CLI: carraystore meta --attr)",
     )
+    from carraystore.migrations.detect import sample_locations
+
     for given in (src, images if src is None else None, labels if src is None else None):
-        if given is not None and not Path(given).exists():
+        if given is not None and sample_locations(given) is None and not Path(given).exists():
             raise MigrationError(f"{given}: no such file or folder")
     if is_url(out):
         target = RemoteTarget(str(out), opts.storage_options, overwrite=opts.overwrite, tmp_dir=opts.tmp_dir)
         try:
             staged = opts.replace(overwrite=False, lock_timeout=0.0, storage_options=None, tmp_dir=None)
-            report = migrate(src, target.local_path, verify=verify, options=staged, **what)
+            report = migrate(
+                src, target.local_path, verify=verify, options=staged, layout=layout, quality=quality, **what
+            )
             target.upload()
         finally:
             target.cleanup()
@@ -308,7 +360,7 @@ def migrate(
     lock = WriterLock(Path(os.path.realpath(out_p)), purpose="migrate", timeout=opts.lock_timeout)
     lock.acquire()
     try:
-        return _migrate_locked(src, out_p, what, verify, opts, t0)
+        return _migrate_locked(src, out_p, what, verify, opts, t0, encoding)
     finally:
         lock.release()
 
@@ -348,11 +400,12 @@ def migrate_splits(
     (default all). Other keywords are :func:`migrate`'s. Each store is atomic; none starts
     while any output exists (unless ``overwrite``).
     """
-    from carraystore.migrations.hdf5 import hdf5_split_groups
-
-    found = hdf5_split_groups(src)
+    found = source_splits(src)
     if not found:
-        raise MigrationError(f"{src}: not an HDF5 file with one group per split (train/images, val/images, ...)")
+        raise MigrationError(
+            f"{src}: not an HDF5 file with one group per split (train/images, val/images, ...) nor a folder of "
+            "splits (a datasets save_to_disk folder, Hub Parquet files, TensorFlow Datasets TFRecord files)"
+        )
     for g in groups or ():
         if g.strip("/") not in found:
             raise MigrationError(f"{src}: no split {g!r}; its splits are {found}")
@@ -372,6 +425,18 @@ def migrate_splits(
     return {g: migrate(src, t, group=g, **kwargs) for g, t in targets.items()}
 
 
+def source_splits(src: str | os.PathLike[str]) -> list[str]:
+    """The splits of ``src``: an HDF5 file's split groups, a datasets folder's or TFDS files' splits; [] if none."""
+    p = Path(src)
+    if p.is_file() and _head(p) == _HDF5_MAGIC:
+        from carraystore.migrations.hdf5 import hdf5_split_groups
+
+        return list(hdf5_split_groups(p))
+    from carraystore.migrations.detect import sample_splits
+
+    return list(sample_splits(p))
+
+
 def _migrate_locked(
     src: str | os.PathLike[str] | None,
     out_p: Path,
@@ -379,13 +444,19 @@ def _migrate_locked(
     verify: bool,
     opts: WriteOptions,
     t0: float,
+    encoding: Encoding | None = None,
 ) -> MigrationReport:
     refuse_folder_target(out_p)
     if out_p.exists() and not opts.overwrite:
         raise StoreExistsError(f"{out_p} already exists; pass --overwrite (overwrite=True) to replace it")
     images, labels = (None, None) if src is not None else (what["images"], what["labels"])
     for s in (src, images, labels):
-        if s is not None and Path(s).exists() and out_p.exists() and out_p.resolve() == Path(s).resolve():
+        if (
+            isinstance(s, (str, os.PathLike))
+            and Path(s).exists()
+            and out_p.exists()
+            and out_p.resolve() == Path(s).resolve()
+        ):
             raise InvalidInputError(f"{out_p}: the output would replace the source; write to a new file")
     if what["no_labels"] and what["labels"] is not None:
         raise InvalidInputError("give either labels or no_labels (--no-labels), not both")
@@ -396,9 +467,9 @@ def _migrate_locked(
     remove_stale_temps(out_p)  # dead: we hold the lock every writer of out_p holds
     tmp = temp_path(out_p, "migrating")
     try:
-        store_codec, fields = _write(source, tmp, opts)
+        store_codec, fields, kept = _write(source, tmp, opts, encoding)
         if verify:
-            _verify(source, tmp, opts.progress)
+            _verify(source, tmp, opts.progress, *(() if kept is None else (kept,)))
         if out_p.exists() and not opts.overwrite:
             raise StoreExistsError(f"{out_p} appeared while migrating; not replacing it (pass --overwrite)")
         publish(tmp, out_p)
@@ -409,7 +480,7 @@ def _migrate_locked(
         raise
     source.close()
     return MigrationReport(
-        source=str(source.path),
+        source=str(getattr(source, "location", "") or source.path),
         output=str(out_p),
         kind=source.kind,
         rows=source.nrows,
@@ -456,8 +527,18 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="rows", unit_scale=True, disable=not enabled, file=sys.stderr, leave=False)
 
 
-def _write(source: Source, tmp: Path, opts: WriteOptions) -> tuple[Codec, dict[str, str]]:
+def _write(
+    source: Source, tmp: Path, opts: WriteOptions, encoding: Encoding | None = None
+) -> tuple[Codec, dict[str, str], int | None]:
+    """Write the source's blocks into ``tmp``; (the codec, the fields, how many entries are source bytes or None)."""
     layout = store_layout(source.item_shape, source.dtype)
+    if encoding is not None:
+        if layout != "NHWC" or source.dtype != np.uint8:
+            raise InvalidInputError(
+                f"{source.path}: --layout encoded holds uint8 images (H, W, 1|3|4); the source's items are "
+                f"{source.dtype}{list(source.item_shape)}: leave out --layout"
+            )
+        layout = "encoded"
     provenance = {"migrated_from": {"kind": source.kind, "name": source.path.name, **source.provenance}}
     writer = create(
         tmp,
@@ -469,20 +550,39 @@ def _write(source: Source, tmp: Path, opts: WriteOptions) -> tuple[Codec, dict[s
         attrs=source.attrs,
         layout=layout,
         provenance=provenance,
+        encoding=encoding,
     )
-    with writer, _bar(source.nrows, f"migrate {source.path.name}", opts.progress) as bar:
+    from carraystore.migrations.samples import encoded_entries, entries_note
+
+    why: Counter[str] = Counter()
+    with (
+        writer,
+        _bar(source.nrows, f"migrate {source.path.name}", opts.progress) as bar,
+        ThreadPoolExecutor(max(1, min(8, available_cpus()))) as pool,
+    ):
         rows = 0
         fields: dict[str, str] = {}
         for block in source.blocks():
             for name, col in (block.columns or {}).items():
                 fields.setdefault(name, f"{col.dtype}{list(col.shape[1:]) if col.ndim > 1 else ''}")
-            writer.append(block.data, labels=block.labels, keys=block.keys, columns=block.columns)
+            items: dict[str, Any] = dict(
+                labels=block.labels, keys=block.keys, columns=block.columns, groups=block.groups
+            )
+            if encoding is not None:
+                entries, reasons = encoded_entries(block, encoding, COLOR_MODES[source.item_shape[2]], pool)
+                why.update(reasons)
+                writer.append_entries(entries, **items)
+            else:
+                writer.append(block.data, **items)
             rows += len(block.data)
             bar.update(len(block.data))
         if rows != source.nrows:
             raise MigrationError(f"{source.path}: read {rows} rows, the source says {source.nrows}")
         resolved = writer.meta.codec
-    return resolved, fields
+    if encoding is None:
+        return resolved, fields, None
+    source.notes.append(entries_note(why, rows, encoding))
+    return resolved, fields, sum(n for w, n in why.items() if w.startswith("kept "))
 
 
 def _as_bytes(a: np.ndarray) -> np.ndarray:
@@ -502,8 +602,9 @@ def _same_attrs(a: Any, b: Any) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def _verify(source: Source, path: Path, progress: bool) -> None:
-    """Compare the store at ``path`` with a fresh pass over the source, chunk by chunk."""
+def _verify(source: Source, path: Path, progress: bool, kept: int | None = None) -> None:
+    """Compare the store at ``path`` with a fresh pass over the source, chunk by chunk (groups, and with ``kept``
+    the number of entries byte for byte the source's files, too)."""
     store: StoreReader = open_store(path)
     try:
         if (
@@ -521,6 +622,9 @@ def _verify(source: Source, path: Path, progress: bool) -> None:
         chunk = buf[:0]
         pos = 0
         labels, keys, columns = store.labels, store.keys, store.columns
+        group_names = np.asarray(store.group_names or (), dtype=object)
+        same_bytes = 0
+        entries: list[bytes] = []
         with _bar(source.nrows, f"verify {path.name}", progress) as bar:
             for block in source.blocks():
                 n = len(block.data)
@@ -530,9 +634,13 @@ def _verify(source: Source, path: Path, progress: bool) -> None:
                     if c != cur:
                         chunk = store.read_chunk(c, out=buf)
                         cur = c
+                        entries = store.chunk_entries(c) if kept is not None else []
                     lo = pos + got - c * k
                     take = min(n - got, len(chunk) - lo)
                     mine, theirs = chunk[lo : lo + take], block.data[got : got + take]
+                    if kept is not None and block.encoded is not None:
+                        stored = entries[lo : lo + take]
+                        same_bytes += sum(a == b for a, b in zip(stored, block.encoded[got : got + take], strict=True))
                     if not np.array_equal(_as_bytes(mine), _as_bytes(theirs)):
                         row = pos + got + _first_difference(mine, theirs)
                         raise MigrationVerifyError(
@@ -548,6 +656,12 @@ def _verify(source: Source, path: Path, progress: bool) -> None:
                     )
                 if block.keys is not None and (keys is None or list(keys[pos : pos + n]) != list(block.keys)):
                     raise MigrationVerifyError(f"{source.path}: keys of rows {pos}..{pos + n - 1} differ in the store")
+                if block.groups is not None and (
+                    store.groups is None or list(group_names[store.groups[pos : pos + n]]) != list(block.groups)
+                ):
+                    raise MigrationVerifyError(
+                        f"{source.path}: groups of rows {pos}..{pos + n - 1} differ in the store"
+                    )
                 for name, col in (block.columns or {}).items():
                     if name not in columns or not np.array_equal(
                         _as_bytes(columns[name][pos : pos + n]), _as_bytes(col)
@@ -560,6 +674,11 @@ def _verify(source: Source, path: Path, progress: bool) -> None:
         if pos != len(store):
             raise MigrationVerifyError(
                 f"{source.path}: the source gave {pos} rows on re-reading, the store holds {len(store)}"
+            )
+        if kept is not None and same_bytes < kept:
+            raise MigrationVerifyError(
+                f"{source.path}: {kept} images were kept as their source bytes, but only {same_bytes} stored entries "
+                "equal them"
             )
         if not _same_attrs(store.attrs, source.attrs):
             raise MigrationVerifyError(f"{source.path}: attrs differ in the store")
