@@ -3,11 +3,15 @@
 It follows section 6 step by step and builds the whole frame by hand from appendix A:
 ``blosc2.compress2`` produces the chunk bytes (the data chunks with the pinned
 parameters, the offsets index and the metadata chunk); every other byte is written here.
-``tests/format/test_spec.py`` opens the result with carraystore (and with plain blosc2).
+``write_store`` writes pixel and array stores (format version 1), ``write_encoded_store``
+stores of the encoded layout (format version 2, section 10: entries chosen by 10.1 and 10.3,
+images encoded and decoded with Pillow). ``tests/format/test_spec.py`` opens the result with
+carraystore (and with plain blosc2).
 """
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import zlib
@@ -84,13 +88,191 @@ def write_store(
     items = np.ascontiguousarray(items)
     n, item_shape, dt = len(items), tuple(items.shape[1:]), items.dtype
     assert dt.fields is None, "this small writer handles plain dtypes (the b2nd string is dtype.str)"
+    item_bytes = math.prod(item_shape) * dt.itemsize
+    raw = items.view(np.uint8).reshape(-1).tobytes() if n else b""
+    chunksize = chunk_images * item_bytes
+    payloads = [raw[i * chunksize : (i + 1) * chunksize] for i in range(-(-n // chunk_images))]
+    color_mode = COLOR_MODES[item_shape[-1]] if layout == "NHWC" else ""
+    record = _record(1, layout, n, item_shape, dt, color_mode, chunk_images, codec, labels, keys, class_names, attrs)
+    _write_frame(path, payloads, record, dt, 1)
+
+
+def write_encoded_store(
+    path: str | Path,
+    images: list[np.ndarray | bytes],
+    image_shape: tuple[int, int, int],
+    *,
+    chunk_images: int,
+    codec: dict[str, Any],
+    reencode: str = "png",
+    quality: int | None = None,
+    labels: list[int] | None = None,
+    keys: list[str] | None = None,
+    class_names: list[str] | None = None,
+    pad_byte: int = 0,
+) -> list[bytes]:
+    """Write a store of layout "encoded" (format version 2, section 10); return its entries.
+
+    ``images`` are pixels ((H, W, C) uint8) or source files (JPEG/PNG/WebP bytes); each becomes an entry
+    by 10.3's rules. ``pad_byte`` fills the chunks after their entries: 10.1 has writers write zeros,
+    another value is a test of the readers' rule (they ignore the padding)."""
+    h, w, c = image_shape
+    hwc = h * w * c
+    entries = [_entry(image, image_shape, reencode, quality) for image in images]
+    assert all(1 <= len(e) <= hwc for e in entries)
+    formats = {_format(e, hwc) for e in entries}
+    payloads = [b"".join(entries[i : i + chunk_images]) for i in range(0, len(entries), chunk_images)]
+    dt = np.dtype("|u1")
+    record = _record(
+        2,
+        "encoded",
+        len(entries),
+        image_shape,
+        dt,
+        COLOR_MODES[c],
+        chunk_images,
+        codec,
+        labels,
+        keys,
+        class_names,
+        None,
+    )
+    record["encoding"] = {
+        "formats": [f for f in ("jpeg", "png", "webp", "raw") if f in formats],
+        "reencode": reencode,
+        "quality": quality,
+        "png_compress_level": 6,
+        "jpeg_subsampling": "4:2:0",
+        "decoder": "pillow",
+        "decoder_min_version": "10.0",
+    }
+    record["entry_sizes"] = np.array([len(e) for e in entries], "<u4").tobytes()
+    _write_frame(path, payloads, record, dt, 2, pad_byte)
+    return entries
+
+
+# -- section 10: entries ---------------------------------------------------------------------------
+COLOR_MODES = {1: "grayscale", 3: "rgb", 4: "rgba"}
+MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n"}
+
+
+def _format(entry: bytes, hwc: int) -> str:
+    """10.2: raw exactly when the entry is H*W*C bytes, else the file format its first bytes say."""
+    if len(entry) == hwc:
+        return "raw"
+    if entry[:4] == b"RIFF" and entry[8:12] == b"WEBP":
+        return "webp"
+    return next(f for f, magic in MAGIC.items() if entry.startswith(magic))
+
+
+def _pixels(file: bytes, image_shape: tuple[int, int, int]) -> np.ndarray | None:
+    """10.2: the file's pixels as Pillow gives them in the store's mode, or None if not of the store's size."""
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(file))
+    if img.size != (image_shape[1], image_shape[0]):
+        return None
+    img.load()
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        img = Image.fromarray((np.asarray(img).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8), "L")
+    mode = {1: "L", 3: "RGB", 4: "RGBA"}[image_shape[2]]
+    return np.asarray(img.convert(mode), np.uint8).reshape(image_shape)
+
+
+def _entry(image: np.ndarray | bytes, image_shape: tuple[int, int, int], reencode: str, quality: int | None) -> bytes:
+    """10.1 and 10.3: a source file kept as is when shorter than H*W*C bytes, of the store's size, and no
+    quality is asked for; a file of exactly H*W*C bytes never (its pixels go in raw); anything else is
+    encoded with ``reencode``, or stored raw when that is not shorter."""
+    from PIL import Image
+
+    hwc = math.prod(image_shape)
+    if isinstance(image, bytes):
+        pixels = _pixels(image, image_shape)
+        assert pixels is not None, "a source file of another size needs resizing first"
+        if len(image) < hwc and quality is None:
+            return image
+        if len(image) == hwc:
+            return pixels.tobytes()  # the writer's duty of 10.1: never an encoded file of H*W*C bytes
+    else:
+        pixels = np.ascontiguousarray(image, np.uint8).reshape(image_shape)
+    mode = {1: "L", 3: "RGB", 4: "RGBA"}[image_shape[2]]
+    img = Image.fromarray(pixels[..., 0] if image_shape[2] == 1 else pixels, mode)
+    buf = io.BytesIO()
+    if reencode == "png":
+        img.save(buf, format="PNG", compress_level=6, optimize=False)
+    elif reencode == "jpeg":
+        img.save(buf, format="JPEG", quality=quality, subsampling="4:2:0", optimize=False)
+    else:
+        img.save(
+            buf, format="WEBP", **({"lossless": True, "quality": 100} if quality is None else {"quality": quality})
+        )
+    enc = buf.getvalue()
+    return enc if len(enc) < hwc else pixels.tobytes()
+
+
+# -- sections 4 and 6 to appendix A: the record and the frame ----------------------------------------
+def _record(
+    version: int,
+    layout: str,
+    n: int,
+    item_shape: tuple[int, ...],
+    dt: np.dtype,
+    color_mode: str,
+    chunk_images: int,
+    codec: dict[str, Any],
+    labels: list[int] | None,
+    keys: list[str] | None,
+    class_names: list[str] | None,
+    attrs: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Section 4.1's record; ``crc32`` is filled in when the chunks are compressed."""
+    item_bytes = math.prod(item_shape) * dt.itemsize
+    record: dict[str, Any] = {
+        "format": "carraystore",
+        "format_version": version,
+        "writer_version": "spec_writer",
+        "blosc2_version": blosc2.__version__,
+        "layout": layout,
+        "image_shape": list(item_shape),
+        "dtype": dt.str,
+        "color_mode": color_mode,
+        "nimages": n,
+        "chunk_images": chunk_images,
+        "codec": {"id": "blosc2", **codec},
+        "blocksize": codec["block_images"] * item_bytes,
+        "chunks": [chunk_images, *item_shape],
+        "blocks": [codec["block_images"], *item_shape],
+        "class_names": class_names,
+        "labels": None if labels is None else np.asarray(labels, "<i8").tobytes(),
+        "keys": None,
+        "crc32": b"",
+        "provenance": {"source": "spec_writer"},
+        "attrs": attrs or {},
+        "skipped": [],
+        "columns": {},
+    }
+    if keys is not None:
+        enc = [k.encode() for k in keys]
+        record["keys"] = {
+            "utf8": b"".join(enc),
+            "offsets": np.cumsum([0, *map(len, enc)], dtype="<u8").astype("<u8").tobytes(),
+        }
+    return record
+
+
+def _write_frame(
+    path: str | Path, payloads: list[bytes], record: dict[str, Any], dt: np.dtype, version: int, pad_byte: int = 0
+) -> None:
+    """Section 6, steps 1-5: ``payloads`` are the chunks' bytes before padding."""
+    codec, chunk_images = record["codec"], record["chunk_images"]
+    item_shape, n = tuple(record["image_shape"]), record["nimages"]
     # -- step 1: the resolved codec
     item_bytes = math.prod(item_shape) * dt.itemsize
     blocksize = codec["block_images"] * item_bytes
     chunksize = chunk_images * item_bytes
     assert chunk_images % codec["block_images"] == 0 and blocksize % codec["typesize"] == 0
-    # -- step 2: compress every chunk ourselves, zero-padded to full size; CRC of what we produced
-    nchunks = -(-n // chunk_images)
+    # -- step 2: compress every chunk ourselves, padded to full size; CRC of what we produced
+    nchunks = len(payloads)
     cparams = {
         "codec": blosc2.Codec(CODEC_IDS[codec["codec"]]),
         "clevel": codec["clevel"],
@@ -101,12 +283,9 @@ def write_store(
         "splitmode": blosc2.SplitMode(SPLITMODES[codec["splitmode"]]),
         "nthreads": 1,  # one thread: blocks in order, the same bytes every time
     }
-    raw = items.view(np.uint8).reshape(-1).tobytes() if n else b""
     chunks, crcs = [], []
-    for i in range(nchunks):
-        part = raw[i * chunksize : (i + 1) * chunksize]
-        part += bytes(chunksize - len(part))
-        c = blosc2.compress2(part, **cparams)
+    for part in payloads:
+        c = blosc2.compress2(part + bytes([pad_byte]) * (chunksize - len(part)), **cparams)
         chunks.append(c)
         crcs.append(zlib.crc32(c))
     # -- step 4: place chunks after the header; special zero chunks take no bytes (A.4)
@@ -119,40 +298,11 @@ def write_store(
             data_section += c
     index = blosc2.compress2(np.array(offsets, "<i8").tobytes(), typesize=8) if nchunks else b""
     # -- the record (section 4), sealed (4.3)
-    record: dict[str, Any] = {
-        "format": "carraystore",
-        "format_version": 1,
-        "writer_version": "spec_writer",
-        "blosc2_version": blosc2.__version__,
-        "layout": layout,
-        "image_shape": list(item_shape),
-        "dtype": dt.str,
-        "color_mode": {1: "grayscale", 3: "rgb", 4: "rgba"}[item_shape[-1]] if layout == "NHWC" else "",
-        "nimages": n,
-        "chunk_images": chunk_images,
-        "codec": {"id": "blosc2", **codec},
-        "blocksize": blocksize,
-        "chunks": [chunk_images, *item_shape],
-        "blocks": [codec["block_images"], *item_shape],
-        "class_names": class_names,
-        "labels": None if labels is None else np.asarray(labels, "<i8").tobytes(),
-        "keys": None,
-        "crc32": np.asarray(crcs, "<u4").tobytes(),
-        "provenance": {"source": "spec_writer"},
-        "attrs": attrs or {},
-        "skipped": [],
-        "columns": {},
-    }
-    if keys is not None:
-        enc = [k.encode() for k in keys]
-        record["keys"] = {
-            "utf8": b"".join(enc),
-            "offsets": np.cumsum([0, *map(len, enc)], dtype="<u8").astype("<u8").tobytes(),
-        }
+    record["crc32"] = np.asarray(crcs, "<u4").tobytes()
     vl_chunk = blosc2.compress2(seal(record), typesize=1, codec=blosc2.Codec.ZSTD, clevel=5)
     # -- step 3: the header (A.1), metalayers b2nd then carraystore
     b2nd = _b2nd((n, *item_shape), (chunk_images, *item_shape), (codec["block_images"], *item_shape), dt.str)
-    fixed = msgpack.packb({"format": "carraystore", "format_version": 1, "meta_crc32": True})
+    fixed = msgpack.packb({"format": "carraystore", "format_version": version, "meta_crc32": True})
     index_map_len = 3 + (len(_fixstr("b2nd")) + 5) + (len(_fixstr("carraystore")) + 5)
     section_start = 87
     first = section_start + 1 + 3 + index_map_len + 3  # past 93, cd+size, the map, dc+count

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import spec_reader
 import spec_writer
+from helpers import image_bytes
 
 import carraystore
 from carraystore.format import codec as cdc
@@ -361,3 +362,33 @@ def test_spec_writer_header_matches_what_blosc2_writes(tmp_path: Path) -> None:
     assert a == b
     cbytes = int.from_bytes(ours[39:47], "big")
     assert ours[header_len : header_len + cbytes] == theirs[header_len : header_len + cbytes]  # the same chunks
+
+
+def test_spec_writer_encoded_store_is_opened_verified_and_appended_to_by_carraystore(tmp_path: Path) -> None:
+    """Format version 2 by hand (section 10): kept files, re-encoded pixels, raw noise; then a carraystore append."""
+    rng = np.random.default_rng(5)
+    y, x = np.mgrid[0:16, 0:16]
+    smooth = [np.stack([x * 16, y * 16, np.full_like(x, 50 * i)], -1).astype(np.uint8) for i in range(4)]
+    noise = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    jpeg = image_bytes(smooth[3], "JPEG", quality=90)
+    images: list[np.ndarray | bytes] = [smooth[0], jpeg, noise, smooth[1], image_bytes(smooth[2], "PNG")]
+    path = tmp_path / "enc.b2nd"
+    codec = {"codec": "lz4", "clevel": 1, "filters": [], "filters_meta": [], "typesize": 1, "block_images": 1,
+             "splitmode": "never"}  # fmt: skip
+    entries = spec_writer.write_encoded_store(
+        path, images, (16, 16, 3), chunk_images=2, codec=codec, labels=[0, 1, 0, 1, 0], class_names=["a", "b"],
+        keys=[f"k/{i}" for i in range(5)],
+    )  # fmt: skip
+    assert entries[1] == jpeg and entries[2] == noise.tobytes() and entries[4] == images[4]
+    store = carraystore.open(path)
+    assert store.verify() == [] and store.layout == "encoded" and store.meta.format_version == 2
+    assert store.meta.encoding is not None and store.meta.encoding.formats == ("jpeg", "png", "raw")
+    assert [store.entry(i) for i in range(5)] == entries
+    _assert_same(spec_reader.read_store(path), store)
+    with carraystore.append(path) as w:
+        w.append(np.stack([smooth[2], noise]), labels=[1, 1], keys=["k/5", "k/6"])
+    grown = carraystore.open(path)
+    assert grown.verify() == [] and len(grown) == 7 and np.array_equal(grown[6], noise)
+    spec = spec_reader.read_store(path)
+    _assert_same(spec, grown)
+    assert spec["entries"][:5] == entries
