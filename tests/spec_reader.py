@@ -231,6 +231,10 @@ def read_store(path: str | Path) -> dict[str, Any]:
         raise SpecError("frame codec byte differs")
     labels = None if rec.get("labels") is None else np.frombuffer(rec["labels"], "<i8")
     class_names = rec.get("class_names")
+    if class_names is not None and labels is None:  # 4.4: class names make a store labelled
+        if n:
+            raise SpecError("class names without labels")
+        labels = np.zeros(0, "<i8")  # an empty store: read as an empty bin
     if labels is not None and len(labels):
         top = len(class_names) if class_names is not None else 2**31
         if labels.min() < 0 or labels.max() >= top:
@@ -274,13 +278,15 @@ def read_store(path: str | Path) -> dict[str, Any]:
             out = _decompress(chunk, chunk_nbytes)
             flat[i * chunk_nbytes : (i + 1) * chunk_nbytes] = np.frombuffer(out, np.uint8)
     # -- section 10: the encoded layout (format version 2): entries decoded with Pillow
-    encoded = rec.get("layout") == "encoded"
+    layout = "NHWC" if rec.get("layout") is None else rec["layout"]  # 4.1: absent or nil, the default
+    color_mode = "" if rec.get("color_mode") is None else rec["color_mode"]
+    encoded = layout == "encoded"
     if encoded != (rec["format_version"] == 2):
         raise SpecError("format version 2 is the encoded layout, and only it")
     entries: list[bytes] | None = None
     if encoded:
         sizes = np.frombuffer(rec["entry_sizes"], "<u4").astype(np.int64)
-        formats = rec["encoding"]["formats"]
+        formats = _encoding_formats(rec["encoding"])
         if len(sizes) != n or (n and (sizes.min() < 1 or sizes.max() > item_bytes)):
             raise SpecError("entry sizes out of range")
         entries = []
@@ -292,10 +298,12 @@ def read_store(path: str | Path) -> dict[str, Any]:
                 pos += size
         decoded = np.zeros((n, *item_shape), dtype=np.uint8)
         for j, entry in enumerate(entries):
-            decoded[j] = _decode_entry(entry, item_shape, formats, rec["color_mode"])
+            decoded[j] = _decode_entry(entry, item_shape, formats, color_mode)
         items = decoded
     columns = {}
     for name, col in (rec.get("columns") or {}).items():
+        if not isinstance(name, str) or not name:  # 4.4a
+            raise SpecError(f"field name {name!r} is not a non-empty string")
         columns[name] = np.frombuffer(col["data"], dtype=_dtype(col["dtype"])).reshape((n, *col["shape"]))
     group_names, groups = rec.get("group_names"), None  # 4.6: both or neither
     if (group_names is None) != (rec.get("groups") is None):
@@ -309,8 +317,8 @@ def read_store(path: str | Path) -> dict[str, Any]:
     return {
         "items": items[:n],
         "dtype": dtype,
-        "layout": rec.get("layout", "NHWC"),
-        "color_mode": rec.get("color_mode", ""),
+        "layout": layout,
+        "color_mode": color_mode,
         "chunk_images": k,
         "codec": codec,
         "crc32": crc.tolist(),
@@ -327,6 +335,38 @@ def read_store(path: str | Path) -> dict[str, Any]:
         "sealed": sealed,
         "entries": entries,
     }
+
+
+ENCODING_KEYS = {"formats", "reencode", "quality", "png_compress_level", "jpeg_subsampling", "decoder",
+                 "decoder_min_version"}  # fmt: skip
+
+
+def _encoding_formats(enc: Any) -> list[str]:
+    """Section 10.3: the seven keys, no other; each value as its row says. Returns ``formats``."""
+    if not isinstance(enc, dict) or set(enc) != ENCODING_KEYS:
+        raise SpecError("encoding: not exactly the keys of 10.3")
+    formats, quality = enc["formats"], enc["quality"]
+    if (
+        not isinstance(formats, list)
+        or len(set(formats)) != len(formats)
+        or not set(formats) <= {"jpeg", "png", "webp", "raw"}
+    ):
+        raise SpecError(f"encoding: formats {formats!r}")
+    if enc["reencode"] not in ("png", "jpeg", "webp"):
+        raise SpecError(f"encoding: reencode {enc['reencode']!r}")
+    if quality is not None and (type(quality) is not int or not 1 <= quality <= 100):
+        raise SpecError(f"encoding: quality {quality!r}")
+    if (enc["reencode"] == "jpeg" and quality is None) or (enc["reencode"] == "png" and quality is not None):
+        raise SpecError("encoding: quality does not go with reencode")
+    if (
+        type(enc["png_compress_level"]) is not int
+        or enc["png_compress_level"] != 6
+        or enc["jpeg_subsampling"] != "4:2:0"
+    ):
+        raise SpecError("encoding: pinned encoder settings differ")
+    if enc["decoder"] != "pillow" or not isinstance(enc["decoder_min_version"], str):
+        raise SpecError("encoding: decoder")
+    return formats
 
 
 def _decode_entry(entry: bytes, item_shape: tuple[int, ...], formats: list[str], color_mode: str) -> np.ndarray:

@@ -134,38 +134,65 @@ class Encoding:
         )
 
     def to_record(self) -> dict[str, Any]:
+        """The record's ``encoding`` map (FORMAT.md 10.3): every key of :data:`ENCODING_KEYS`, in that order."""
         return {
             "formats": list(self.formats),
             "reencode": self.reencode,
             "quality": self.quality,
             "png_compress_level": PNG_COMPRESS_LEVEL,
-            "jpeg_subsampling": "4:2:0",
+            "jpeg_subsampling": JPEG_SUBSAMPLING_NAME,
             "decoder": self.decoder,
             "decoder_min_version": self.decoder_min_version,
         }
 
     @classmethod
     def from_record(cls, rec: Any, where: str) -> Encoding:
+        """The ``encoding`` map read by FORMAT.md 10.3: every key required, none other, each value checked;
+        FormatError names the key."""
         if not isinstance(rec, Mapping):
-            raise FormatError(f"{where}: metadata 'encoding' must be a mapping")
-        decoder = rec.get("decoder", DECODER)
-        if decoder != DECODER:
-            raise FormatError(
-                f"{where}: the store's images need the decoder {decoder!r}; this carraystore decodes with {DECODER!r} only"
+            raise FormatError(f"{where}: metadata 'encoding' must be a mapping (FORMAT.md 10.3)")
+
+        def bad(why: str) -> FormatError:
+            return FormatError(
+                f"{where}: metadata 'encoding' {why} (FORMAT.md 10.3); the file is damaged or was "
+                "written by another tool"
             )
+
+        missing = [k for k in ENCODING_KEYS if k not in rec]
+        if missing:
+            raise bad(f"lacks {', '.join(repr(k) for k in missing)}")
+        unknown = sorted(str(k) for k in rec if k not in ENCODING_KEYS)
+        if unknown:
+            raise bad(f"holds the unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
+        formats = rec["formats"]
+        if not isinstance(formats, list) or not all(isinstance(f, str) for f in formats):
+            raise bad(f"'formats' is {formats!r}, not an array of names")
+        if len(set(formats)) != len(formats):
+            raise bad(f"'formats' {formats!r} lists a format twice")
+        if rec["decoder"] != DECODER:
+            raise FormatError(
+                f"{where}: the store's images need the decoder {rec['decoder']!r}; this carraystore decodes with "
+                f"{DECODER!r} only (FORMAT.md 10.3)"
+            )
+        if not isinstance(rec["decoder_min_version"], str):
+            raise bad(f"'decoder_min_version' is {rec['decoder_min_version']!r}, not a string")
+        if not isinstance(rec["reencode"], str):
+            raise bad(f"'reencode' is {rec['reencode']!r}, not a format name")
+        pinned = (("png_compress_level", PNG_COMPRESS_LEVEL), ("jpeg_subsampling", JPEG_SUBSAMPLING_NAME))
+        for key, value in pinned:
+            got = rec[key]
+            if got != value or type(got) is not type(value):
+                raise bad(f"'{key}' is {got!r}; format version 2 pins it to {value!r}")
         try:
-            formats = tuple(rec.get("formats") or ())
-            if any(not isinstance(f, str) for f in formats):
-                raise InvalidInputError(f"entry formats {list(formats)!r} are not names")
             return cls(
-                formats=formats,
-                reencode=rec.get("reencode", "png"),
-                quality=rec.get("quality"),
-                decoder=decoder,
-                decoder_min_version=str(rec.get("decoder_min_version", DECODER_MIN_VERSION)),
+                formats=tuple(formats),
+                reencode=rec["reencode"],
+                quality=rec["quality"],
+                decoder=DECODER,
+                decoder_min_version=rec["decoder_min_version"],
             )
         except InvalidInputError as exc:
-            raise FormatError(f"{where}: metadata 'encoding' is malformed ({exc})") from exc
+            raise bad(f"is malformed ({exc})") from exc
 
 
 # -- encoding ------------------------------------------------------------------------------------

@@ -530,14 +530,25 @@ class StoreMeta:
         if not isinstance(rec, dict) or rec.get("format") != FORMAT_NAME:
             raise FormatError(f"{where}: metadata is not a carraystore record")
         version = rec.get("format_version")
-        if not isinstance(version, int):
+        if not isinstance(version, int) or isinstance(version, bool):
             raise FormatError(f"{where}: metadata has no integer format_version")
-        encoded = rec.get("layout") == "encoded"
-        if version > (FORMAT_VERSION_ENCODED if encoded else FORMAT_VERSION):
+
+        def optional(key: str, default: str) -> str:  # FORMAT.md 4.1: an optional key may be absent or nil
+            value = rec.get(key)
+            return default if value is None else str(value)
+
+        layout = optional("layout", "NHWC")
+        encoded = layout == "encoded"
+        if version > MAX_FORMAT_VERSION:
             raise FormatVersionError(
                 f"{where}: store format version {version} is newer than this carraystore reads "
-                f"(format version {FORMAT_VERSION_ENCODED if encoded else FORMAT_VERSION}"
-                f"{', layout encoded' if encoded else ''}); upgrade carraystore"
+                f"(format versions {FORMAT_VERSION} and {MAX_FORMAT_VERSION}); upgrade carraystore"
+            )
+        if version == FORMAT_VERSION_ENCODED and not encoded:  # FORMAT.md 3 and 10: version 2 is layout encoded
+            raise FormatError(
+                f"{where}: the store says format version {FORMAT_VERSION_ENCODED} with layout {layout!r}; format "
+                f"version {FORMAT_VERSION_ENCODED} is the layout 'encoded' only, a store of layout {layout!r} is "
+                f"format version {FORMAT_VERSION} (FORMAT.md 10): the file is damaged or was written by another tool"
             )
         if encoded and version != FORMAT_VERSION_ENCODED:
             raise FormatError(
@@ -564,6 +575,8 @@ class StoreMeta:
                 _check_key_bytes(keys._blob, keys._offsets, "keys")
             crc = np.frombuffer(rec["crc32"], dtype="<u4")
             class_names = tuple(rec["class_names"]) if rec.get("class_names") is not None else None
+            if class_names is not None and labels is None and nimages == 0:
+                labels = np.zeros(0, dtype="<i8")  # FORMAT.md 4.4: class names make an empty store labelled
             meta = cls(
                 image_shape=image_shape,
                 dtype=dtype,
@@ -571,10 +584,10 @@ class StoreMeta:
                 chunk_images=chunk_images,
                 nimages=nimages,
                 format_version=version,
-                writer_version=str(rec.get("writer_version", "")),
-                blosc2_version=str(rec.get("blosc2_version", "")),
-                layout=str(rec.get("layout", "NHWC")),
-                color_mode=str(rec.get("color_mode", "")),
+                writer_version=optional("writer_version", ""),
+                blosc2_version=optional("blosc2_version", ""),
+                layout=layout,
+                color_mode=optional("color_mode", ""),
                 class_names=class_names,
                 labels=labels,
                 keys=keys,
@@ -637,6 +650,12 @@ class StoreMeta:
             )
         if len(self.crc32) != self.nchunks:
             raise FormatError(f"{where}: {len(self.crc32)} checksums recorded for {self.nchunks} chunks")
+        if self.class_names is not None and self.labels is None and self.nimages:
+            raise FormatError(
+                f"{where}: the store has class names but no labels for its {self.nimages} items; class names name "
+                "label values, so a store with class names is labelled (FORMAT.md 4.4): the file is damaged or "
+                "was written by another tool"
+            )
         if self.labels is not None and len(self.labels) != self.nimages:
             raise FormatError(f"{where}: {len(self.labels)} labels for {self.nimages} images")
         if self.keys is not None and len(self.keys) != self.nimages:
@@ -721,6 +740,8 @@ def _columns_from_record(rec: Any, n: int, where: str) -> dict[str, np.ndarray]:
         raise FormatError(f"{where}: metadata 'columns' must be a mapping")
     out = {}
     for name, c in rec.items():
+        if not isinstance(name, str) or not name:
+            raise FormatError(f"{where}: field name {name!r} in 'columns' is not a non-empty string (FORMAT.md 4.4a)")
         try:
             dt = dtype_from_record(c["dtype"])
             shape = (n, *(int(x) for x in c["shape"]))

@@ -27,6 +27,7 @@ from carraystore.base.errors import (
 from carraystore.format.codec import PRESETS, Codec, parse_chunk_header
 from carraystore.format.record import (
     FORMAT_VERSION,
+    MAX_FORMAT_VERSION,
     META_KEY,
     StoreMeta,
     StringTable,
@@ -358,9 +359,12 @@ def test_a_later_chunk_with_other_parameters_is_reported_by_verify(store_path: P
         (lambda r: r["codec"].update(codec="snappy"), UnknownCodecError, ["'snappy'"]),
         (lambda r: r["codec"].update(filters=["shuffle", "zfp"]), UnknownCodecError, ["'zfp'"]),
         (
-            lambda r: r.update(format_version=FORMAT_VERSION + 1),
+            lambda r: r.update(format_version=MAX_FORMAT_VERSION + 1),
             FormatVersionError,
-            [f"version {FORMAT_VERSION + 1} is newer", f"(format version {FORMAT_VERSION})"],
+            [
+                f"version {MAX_FORMAT_VERSION + 1} is newer",
+                f"(format versions {FORMAT_VERSION} and {MAX_FORMAT_VERSION})",
+            ],
         ),
         (lambda r: r.update(format_version=0), FormatVersionError, ["version 0 is older", "carraystore migrate"]),
         (lambda r: r.update(format_version="1"), FormatError, ["format_version"]),
@@ -431,7 +435,7 @@ def test_metadata_bytes_are_plain_msgpack_only() -> None:
         StoreMeta.from_bytes(b"\xc1\xc1", "x")
     with pytest.raises(FormatError, match="not a carraystore record"):
         StoreMeta.from_bytes(msgpack.packb([1, 2]), "x")
-    with pytest.raises(FormatVersionError, match=r"version 7 is newer.*format version 1"):
+    with pytest.raises(FormatVersionError, match=r"version 7 is newer.*format versions 1 and 2"):
         rec = meta.to_record()
         rec["format_version"] = 7
         StoreMeta.from_bytes(msgpack.packb(rec, use_bin_type=True), "x")

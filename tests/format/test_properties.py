@@ -301,7 +301,7 @@ def metas(draw: st.DrawFn) -> StoreMeta:
     nchunks = -(-n // chunk)
     class_names = draw(st.none() | st.lists(st.text(max_size=6), min_size=1, max_size=5, unique=True).map(tuple))
     labels = None
-    if draw(st.booleans()):
+    if class_names is not None or draw(st.booleans()):  # class names only in a labelled store (FORMAT.md 4.4)
         hi = len(class_names) if class_names else 1000
         labels = np.asarray(draw(st.lists(st.integers(0, hi - 1), min_size=n, max_size=n)), dtype="<i8")
     keys = None
