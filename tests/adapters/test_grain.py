@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+import threading
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,11 @@ grain = pytest.importorskip("grain.python")
 from helpers import make_store  # noqa: E402
 
 import carraystore  # noqa: E402
-from carraystore.base.errors import InvalidInputError  # noqa: E402
+import carraystore.grain as cgrain  # noqa: E402
+from carraystore.base.errors import ChecksumError, InvalidInputError  # noqa: E402
 from carraystore.engine.options import LoaderOptions  # noqa: E402
 from carraystore.grain import StoreDataSource  # noqa: E402
+from carraystore.store.reader import StoreReader  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +44,122 @@ def test_records_are_the_store_samples(store_path: Path) -> None:
         src[101]
     with pytest.raises(InvalidInputError):
         StoreDataSource(store_path, cache_chunks=0)
+
+
+@pytest.fixture
+def decodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The chunks every reader of this process decompresses, in order."""
+    seen: list[int] = []
+    lock = threading.Lock()
+    decompress = StoreReader.decompress_chunk
+
+    def counted(self: StoreReader, i: int, *args: Any, **kwargs: Any) -> np.ndarray:
+        with lock:
+            seen.append(int(i))
+        return decompress(self, i, *args, **kwargs)
+
+    monkeypatch.setattr(StoreReader, "decompress_chunk", counted)
+    yield seen
+
+
+def test_a_shuffled_grain_epoch_decodes_each_chunk_once_by_default(store_path: Path, decodes: list[int]) -> None:
+    """Grain's global shuffle, 16 reader threads: every record once, the store's pixels and labels, 13 decodes."""
+    store = carraystore.open(store_path)
+    pixels, labels = store[:], np.asarray(store.labels)
+    decodes.clear()
+    src = StoreDataSource(store_path, with_key=True)
+    for epoch in range(2):
+        sampler = grain.IndexSampler(len(src), grain.NoSharding(), shuffle=True, num_epochs=1, seed=epoch)
+        loader = grain.DataLoader(data_source=src, sampler=sampler, operations=[grain.Batch(10, drop_remainder=False)])
+        seen: list[int] = []
+        for batch in loader:
+            idx = np.array([int(k[2:5]) for k in batch["key"]])  # the record's own key: "p/007.jpg" is record 7
+            np.testing.assert_array_equal(batch["image"], pixels[idx])
+            np.testing.assert_array_equal(batch["label"], labels[idx])
+            seen.extend(idx.tolist())
+        assert sorted(seen) == list(range(101)) and seen != list(range(101))
+    assert sorted(decodes) == list(range(store.nchunks))  # each of the 13 chunks once, over both epochs
+    info = src.cache_info()
+    assert info.chunks == store.nchunks == info.decoded and info.nbytes == info.store_nbytes <= info.limit
+    assert not info.held_back
+
+
+def test_memory_budget_and_cache_chunks_bound_the_cache(store_path: Path, decodes: list[int]) -> None:
+    store = carraystore.open(store_path)
+    pixels = store[:]
+    chunk = store.chunk_nbytes
+    order = np.random.default_rng(0).permutation(101)
+    for src, limit, held in (
+        (StoreDataSource(store_path, memory_budget=3 * chunk + 1), 3 * chunk + 1, 3),
+        (StoreDataSource(store_path, memory_budget="2kB"), chunk, 1),  # under one chunk: one chunk
+        (StoreDataSource(store_path, cache_chunks=2), 2 * chunk, 2),
+        (pickle.loads(pickle.dumps(StoreDataSource(store_path, cache_chunks=2))), 2 * chunk, 2),
+    ):
+        decodes.clear()
+        for i in order:
+            np.testing.assert_array_equal(src[int(i)]["image"], pixels[i])
+        info = src.cache_info()
+        assert (info.limit, info.chunks, info.nbytes) == (limit, held, held * chunk)
+        assert info.decoded == len(decodes) > store.nchunks
+    with pytest.raises(InvalidInputError, match="not both"):
+        StoreDataSource(store_path, memory_budget="1GB", cache_chunks=4)
+    with pytest.raises(InvalidInputError, match="memory_budget"):
+        StoreDataSource(store_path, memory_budget="lots")
+
+
+def test_the_default_cache_stops_growing_when_memory_runs_short(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pixels = carraystore.open(store_path)[:]
+    free = [10**12]
+    monkeypatch.setattr(cgrain, "_available_memory", lambda: free[0])
+    src = StoreDataSource(store_path)
+    for i in range(0, 24):  # chunks 0, 1, 2
+        src[i]
+    free[0] = 0
+    with pytest.warns(RuntimeWarning, match="stopped at .* pass memory_budget="):
+        for i in range(101):
+            np.testing.assert_array_equal(src[i]["image"], pixels[i])
+    info = src.cache_info()
+    assert info.held_back and info.chunks == 3 and info.limit == info.nbytes
+    # a budget given is the caller's: no check, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        given = StoreDataSource(store_path, memory_budget="1GB")
+        for i in range(101):
+            given[i]
+    assert given.cache_info().chunks == 13 and not given.cache_info().held_back
+
+
+def test_a_damaged_chunk_is_a_named_error_for_every_reader(store_path: Path, tmp_path: Path) -> None:
+    """Eight threads ask for records of a chunk that fails its CRC32: each gets the error, none is left waiting."""
+    bad = tmp_path / "damaged.b2nd"
+    bad.write_bytes(store_path.read_bytes())
+    offset, length = carraystore.open(store_path).chunk_byte_range(2)
+    with open(bad, "r+b") as f:
+        f.seek(offset + length // 2)
+        byte = f.read(1)
+        f.seek(offset + length // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    src = StoreDataSource(bad)
+    errors: list[BaseException] = []
+
+    def read(i: int) -> None:
+        try:
+            src[i]
+        except ChecksumError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read, args=(16 + t % 8,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads) and len(errors) == 8
+    assert all("chunk 2" in str(e) for e in errors)
+    pixels = carraystore.open(store_path)[:]
+    np.testing.assert_array_equal(src[0]["image"], pixels[0])  # the other chunks are served
+    assert src.cache_info().chunks == 1
 
 
 def test_image_size_gives_pillows_reduce_and_survives_pickling(store_path: Path) -> None:
