@@ -19,13 +19,14 @@ PYTEST_ENV ?= PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS=xdist.plugin,_hypo
 
 PEERS_VENV ?= .venv-peers
 
-.PHONY: demo test lint bench bench-peers-env venv clean help
+.PHONY: demo test lint bench faults bench-peers-env venv clean help
 
 help:
 	@echo "make demo   - create .venv, install, ingest a small real-photo dataset, print results"
 	@echo "make test   - install the test extras and run the test suite"
 	@echo "make lint   - ruff (lint and format check) and mypy over the package"
 	@echo "make bench  - run the benchmarks (codec suite, loader comparison, store, migration)"
+	@echo "make faults - the seeded fault campaign (RUNS=1000 SEED=1 JOBS=cores) into bench/results/faults.md"
 	@echo "make bench-peers-env - .venv-peers: PyTorch (CPU), MosaicML Streaming and LitData for bench_remote"
 
 $(BIN)/python:
@@ -55,6 +56,15 @@ lint: $(VENV)/.installed-lint
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m pytest bench -o python_files='bench_*.py' --benchmark-only -p no:cacheprovider $(PYTEST_ARGS); \
 	status=$$?; $(BIN)/python bench/report.py; exit $$status
+
+# The seeded fault campaign (testsupport/faults): kills, full disks, concurrent writers and readers,
+# every invariant checked against a ground-truth log; `make test` runs a short one
+# (tests/faults/test_campaign.py). One run again: python -m testsupport.faults --seed S --replay R
+RUNS ?= 1000
+SEED ?= 1
+JOBS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)))')
+faults: $(VENV)/.installed-test
+	$(BIN)/python bench/fault_campaign.py --runs $(RUNS) --seed $(SEED) --jobs $(JOBS) $(FAULTS_ARGS)
 
 # The remote benchmark's PyTorch peers (MosaicML Streaming, LitData) in their own venv, never
 # in $(VENV): see bench/requirements-peers.txt. torchvision comes with both as a dependency,

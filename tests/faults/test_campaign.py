@@ -1,0 +1,92 @@
+"""The seeded fault campaign (testsupport/faults) as part of the suite.
+
+A short fixed-seed campaign: kills at the K-th file-system call and at random moments of
+appends, ``ingest --append``, ``meta``, ``convert``, ``copy`` and of rollbacks, EFBIG through
+``RLIMIT_FSIZE``, ENOSPC on a small tmpfs (where this machine lets the test mount one),
+concurrent writers and readers; then a recovery append and the checker. Every acknowledged
+transaction must be there, whole and right; nothing else may be (docs/appends.md). And the
+checker must see seeded bugs: the same campaign under each of them reports violations.
+
+The campaign runs in its own process (``python -m testsupport.faults``), which forks its
+workers from a parent that starts no thread (a pytest-xdist worker has some).
+``make faults`` runs the long campaign (1,000 runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testsupport.faults import CATEGORIES, KINDS, MUTANTS, draw_plan
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="forks workers (Linux)")
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = 30
+RUNS = 36
+
+
+def _campaign(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[dict[str, Any], str]:
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "testsupport.faults", *args, "--json", str(out), "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    text = proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert out.exists(), f"the campaign wrote no result (status {proc.returncode}):\n{text}"
+    return json.loads(out.read_text()), text
+
+
+def test_a_run_is_determined_by_seed_and_number() -> None:
+    assert draw_plan(SEED, 5).to_json() == draw_plan(SEED, 5).to_json()
+    plans = [draw_plan(SEED, r) for r in range(RUNS)]
+    assert len({json.dumps(p.to_json()) for p in plans}) == RUNS
+    # the short campaign meets every fault kind and every faulted operation
+    assert {p.kind for p in plans} == set(KINDS)
+    assert {p.faulted_op for p in plans} >= {"append", "ingest", "meta", "convert", "copy", "rollback"}
+
+
+@pytest.mark.slow
+def test_a_short_seeded_campaign_finds_no_violation(tmp_path: Path) -> None:
+    result, text = _campaign(tmp_path, "--seed", str(SEED), "--runs", str(RUNS))
+    assert result["runs"] == RUNS
+    assert result["totals"] == {c: 0 for c in CATEGORIES}, text
+    by_kind = result["by_kind"]
+    for kind in ("kill-syscall", "kill-random", "kill-rollback", "efbig"):
+        assert by_kind[kind]["fired"] > 0, (kind, text)  # the faults happened: kills, failed writes
+    if by_kind["enospc"]["skipped"] < by_kind["enospc"]["runs"]:
+        assert by_kind["enospc"]["fired"] > 0, text
+
+
+#: Each seeded bug, the fault kinds (and seed, runs) that meet it, and what the checker must report.
+SEEDED = [
+    ("rollback-no-truncate", "kill-rollback", SEED, 5, ("torn",)),  # a rolled-back file keeps the write's bytes
+    ("journal-kept", "clean", SEED, 2, ("lost",)),  # a commit that leaves its journal: the next opener undoes it
+    # writers at once (seed 69: two to four writers in each of the first runs; each run sees it 7 times in 10)
+    ("no-flock", "clean", 69, 5, ("lost", "dup", "wrong", "torn")),
+    ("wrong-pixel", "clean", SEED, 1, ("wrong",)),  # one bit of each chunk's first pixel
+]
+
+
+def test_every_seeded_bug_is_tested() -> None:
+    assert {name for name, *_ in SEEDED} == set(MUTANTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mutant", "kinds", "seed", "runs", "expect"), SEEDED, ids=[s[0] for s in SEEDED])
+def test_the_checker_reports_a_seeded_bug(
+    tmp_path: Path, mutant: str, kinds: str, seed: int, runs: int, expect: tuple[str, ...]
+) -> None:
+    args = ("--seed", str(seed), "--runs", str(runs), "--kinds", kinds, "--mutant", mutant)
+    result, text = _campaign(tmp_path, *args)
+    assert sum(result["totals"][c] for c in expect) > 0, text
+    assert result["violating_runs"], text
