@@ -9,13 +9,24 @@ crash); ``--replay R`` runs run R alone and shows everything it did. A run is de
 - :mod:`.inject`: kill at the K-th file-system call, ``RLIMIT_FSIZE``, a small tmpfs, seeded bugs;
 - :mod:`.workers`: the writers, readers and the recovery writer (forked processes);
 - :mod:`.checker`: the store, its copies and every reader's snapshots against the log;
+- :mod:`.remote`: SeaweedFS behind a faulty link (:mod:`testsupport.netproxy`), for the ``remote`` kind;
 - :mod:`.campaign`: plans drawn from (seed, run), the driver, the tally.
 
 What the library promises under each fault, and what the campaign checks: docs/appends.md.
 """
 
-from testsupport.faults.campaign import KINDS, CampaignResult, RunPlan, draw_plan, replay, run_campaign
+from testsupport.faults.campaign import KINDS, LOCAL_KINDS, CampaignResult, RunPlan, draw_plan, replay, run_campaign
 from testsupport.faults.checker import CATEGORIES
 from testsupport.faults.inject import MUTANTS
 
-__all__ = ["CATEGORIES", "KINDS", "MUTANTS", "CampaignResult", "RunPlan", "draw_plan", "replay", "run_campaign"]
+__all__ = [
+    "CATEGORIES",
+    "KINDS",
+    "LOCAL_KINDS",
+    "MUTANTS",
+    "CampaignResult",
+    "RunPlan",
+    "draw_plan",
+    "replay",
+    "run_campaign",
+]

@@ -41,10 +41,11 @@ from typing import Any
 
 from testsupport.faults import inject
 from testsupport.faults.checker import CATEGORIES, Violations, checker_main
+from testsupport.faults.remote import BUCKET, RemoteLab, remote_unavailable
 from testsupport.faults.truth import TruthWriter, Txn
 from testsupport.faults.workers import STORE, Ctx, Fault, cli_parser, make_template, reader_main, writer_main
 
-__all__ = ["KINDS", "RunPlan", "draw_plan", "run_campaign", "run_one", "CampaignResult"]
+__all__ = ["KINDS", "LOCAL_KINDS", "RunPlan", "draw_plan", "run_campaign", "run_one", "CampaignResult"]
 
 #: Fault kinds and how often a run draws each.
 KINDS: dict[str, int] = {
@@ -54,7 +55,13 @@ KINDS: dict[str, int] = {
     "kill-rollback": 3,
     "efbig": 3,
     "enospc": 2,
+    "remote": 1,  # SeaweedFS behind a faulty link (503s, cuts, stalls), killed and restarted; a killed upload
 }
+#: The kinds that need nothing but this machine (``make test`` runs these; ``remote`` starts SeaweedFS).
+LOCAL_KINDS = [k for k in KINDS if k != "remote"]
+#: Remote faults: the next requests answered 503, a connection cut or stalled after N more bytes,
+#: the writer killed at a random moment (an upload or a download cut short), SeaweedFS killed and restarted.
+REMOTE_FAULTS = ("net-503", "net-cut", "net-stall", "kill-random", "weed-restart")
 _OPS = {"append": 4, "ingest": 2, "meta": 2, "convert": 1, "copy": 1}
 #: A kill at call K draws K from 1..K_MAX[op]: the counted calls the op makes (lock, journal, marker, data,
 #: commit, unlock; appends 17-18, ingest 17, meta 16, convert 14, copy 7) and two more (a K past the
@@ -170,10 +177,16 @@ def draw_plan(seed: int, run: int, kinds: Iterable[str] | None = None) -> RunPla
         for i in range(rng.choice([1, 1, 2, 3])):
             actor = rng.choice(["open", "append", "meta"])
             prep.append((_txn(rng, actor, f"r{i}"), Fault("kill-syscall", k=rng.randint(1, K_MAX["open"]))))
+    elif kind == "remote":  # one writer: an object store has no lock (the last put wins, docs/appends.md)
+        writers = [[_txn(rng, rng.choice(["append", "append", "copy"]), f"w0s{i}") for i in range(rng.randint(1, 3))]]
+        i = rng.randrange(len(writers[0]))
+        rk = rng.choice(REMOTE_FAULTS)
+        k = rng.randint(1, 4) if rk == "net-503" else rng.randint(0, 3000)
+        faults[i] = Fault(rk, k=k, delay=rng.uniform(0.0, 0.5 if rk == "kill-random" else 0.3))
     elif kind != "clean":
         i = rng.randrange(len(writers[0]))
         faults[i] = _fault(rng, kind, writers[0][i].op)
-    readers = rng.choice([0, 1, 1, 2])
+    readers = rng.choice([0, 1, 1, 2]) if kind != "remote" else rng.choice([0, 1])
     return RunPlan(seed, run, kind, flavour, writers, faults, readers, prep, Txn("rec", "recover", rng.randint(1, 4)))
 
 
@@ -209,8 +222,13 @@ class RunDriver:
         mutant: str | None = None,
         verbose: bool = False,
         keep: bool = False,
+        lab: Callable[[], RemoteLab] | None = None,
     ) -> None:
         self.plan = plan
+        self._lab_of = lab
+        self.lab: RemoteLab | None = None
+        self.url: str | None = None
+        self._restart_at: float | None = None
         self.dir = workdir / f"run-{plan.run:05d}"
         self.store_dir = self.dir / "store"
         self.templates = templates
@@ -233,10 +251,16 @@ class RunDriver:
         self._truth.write(json.dumps(e) + "\n")
         if self.verbose:
             print(f"  {e['t']:7.3f}s  {json.dumps({k: v for k, v in e.items() if k not in ('seq', 't')})[:300]}")
-        if e["ev"] == "begun" and e.get("fault", {}).get("kind") == "kill-random":
+        fault = e.get("fault", {}) if e["ev"] == "begun" else {}
+        if fault.get("kind") == "kill-random":
             child = self._children.get(e.get("pid", -1))
             if child is not None:
-                child.kill_at = time.monotonic() + float(e["fault"]["delay"])
+                child.kill_at = time.monotonic() + float(fault["delay"])
+        elif fault.get("kind") in ("net-503", "net-cut", "net-stall") and self.lab is not None:
+            self.lab.call(fault["kind"][4:], n=int(fault["k"]))  # armed as the op starts: its next requests
+            self.fired = True
+        elif fault.get("kind") == "weed-restart":
+            self._restart_at = time.monotonic() + float(fault["delay"])
 
     def _read_log(self) -> None:
         while True:
@@ -253,8 +277,12 @@ class RunDriver:
                 self._event(json.loads(line))
 
     # -- children -------------------------------------------------------------------------------
-    def _ctx(self, who: str, gate: int | None = None) -> Ctx:
-        return Ctx(self.store_dir, self.plan.flavour, TruthWriter(self._log_w, who), self.verbose, gate)
+    def _ctx(self, who: str, gate: int | None = None, retry_timeout: float = 10.0) -> Ctx:
+        ctx = Ctx(self.store_dir, self.plan.flavour, TruthWriter(self._log_w, who), self.verbose, gate)
+        if self.lab is not None:  # through the faulty link: short timeouts, so that a stall fails soon
+            ctx.url = self.url
+            ctx.storage_options = self.lab.storage_options(timeout=3, connect_timeout=2, retry_timeout=retry_timeout)
+        return ctx
 
     def _spawn(
         self, name: str, target: Callable[[], None], *, may_be_killed: bool = False, mutate: bool = True
@@ -312,6 +340,10 @@ class RunDriver:
                 else:
                     self._drain(key.data)
             now = time.monotonic()
+            if self._restart_at is not None and now >= self._restart_at and self.lab is not None:
+                self.lab.call("restart")  # SeaweedFS killed now, started again in the background
+                self._restart_at = None
+                self.fired = True
             for c in alive:
                 pid, status = os.waitpid(c.pid, os.WNOHANG)
                 if pid:
@@ -370,6 +402,19 @@ class RunDriver:
                 return result
             tmpfs = inject.Tmpfs(self.store_dir)
             tmpfs.mount()
+        if plan.kind == "remote":
+            why = remote_unavailable()
+            if why is None and self._lab_of is not None:
+                try:
+                    self.lab = self._lab_of()
+                except (OSError, RuntimeError) as exc:
+                    why = f"SeaweedFS did not start: {exc}"
+            elif why is None:
+                why = "no remote lab given"
+            if why is not None:
+                shutil.rmtree(self.dir)
+                result.update(skipped=why, violations=Violations().to_json(), seconds=0.0, fired=False)
+                return result
         self._log_r, self._log_w = os.pipe()
         os.set_blocking(self._log_r, False)
         self._sel.register(self._log_r, selectors.EVENT_READ, None)
@@ -390,7 +435,14 @@ class RunDriver:
 
     def _run(self, result: dict[str, Any]) -> None:
         plan = self.plan
-        shutil.copyfile(self.templates[plan.flavour], self.store_dir / STORE)
+        if self.lab is not None:
+            key = f"seed{plan.seed}-run{plan.run}.b2nd"
+            self.lab.call("clear")
+            self.lab.call("upload", src=str(self.templates[plan.flavour]), key=key)
+            self.url = f"s3://{BUCKET}/{key}"
+            (self.dir / "staging").mkdir()  # where remote appends stage their copy
+        else:
+            shutil.copyfile(self.templates[plan.flavour], self.store_dir / STORE)
         init = Txn("init", "init", 6)
         self._event({"ev": "begun", "who": "driver", "pid": os.getpid(), "txn": init.to_json()})
         self._event({"ev": "ack", "who": "driver", "pid": os.getpid(), "id": "init"})
@@ -420,7 +472,11 @@ class RunDriver:
         self._wait(readers)
         for filler in self.store_dir.glob("filler.bin"):
             filler.unlink()  # the disk has room again for the recovery writer
-        ctx = self._ctx("recovery")
+        if self.lab is not None:  # the link is sound and the server up again for the recovery writer
+            self._restart_at = None
+            self.lab.call("clear")
+            self.lab.call("wait")
+        ctx = self._ctx("recovery", retry_timeout=60.0)
         self._wait([self._spawn("recovery", partial(writer_main, ctx, [plan.recover], {}))])
         self._truth.flush()
         out = self.dir / "check.json"
@@ -429,7 +485,15 @@ class RunDriver:
             [
                 self._spawn(
                     "checker",
-                    partial(checker_main, self.store_dir, self.dir / "truth.jsonl", out, fields),
+                    partial(
+                        checker_main,
+                        self.store_dir,
+                        self.dir / "truth.jsonl",
+                        out,
+                        fields,
+                        self.url,
+                        self.lab.storage_options(direct=True, retry_timeout=30) if self.lab is not None else None,
+                    ),
                     mutate=False,
                 )
             ]
@@ -444,7 +508,8 @@ class RunDriver:
         v.merge(self.problems)
         states = Counter(e["ev"] for e in self.events if e["ev"] in ("ack", "fail", "crash"))
         result["acked"], result["failed"] = states.get("ack", 0), states.get("fail", 0)
-        # a fault "fired": a planned kill happened, or a size limit / full disk made a write fail
+        # a fault "fired": a planned kill happened, a size limit / full disk made a write fail, a link fault
+        # was armed, the server restarted
         fail_ids = {e.get("id") for e in self.events if e["ev"] in ("fail", "crash")}
         faulted = {e["txn"]["id"] for e in self.events if e["ev"] == "begun" and "fault" in e}
         result["fired"] = self.fired or bool(fail_ids & faulted and plan.kind in ("efbig", "enospc"))
@@ -512,9 +577,35 @@ def run_one(
     mutant: str | None = None,
     verbose: bool = False,
     keep: bool = False,
+    lab: Callable[[], RemoteLab] | None = None,
 ) -> dict[str, Any]:
     plan = draw_plan(seed, run, kinds)
-    return RunDriver(plan, workdir, templates, mutant=mutant, verbose=verbose, keep=keep).run()
+    return RunDriver(plan, workdir, templates, mutant=mutant, verbose=verbose, keep=keep, lab=lab).run()
+
+
+class LazyLab:
+    """The remote lab of a job, started at its first remote run (SeaweedFS takes seconds to start)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.lab: RemoteLab | None = None
+        self.error: str | None = None
+
+    def __call__(self) -> RemoteLab:
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        if self.lab is None:
+            try:
+                self.lab = RemoteLab(self.workdir)
+            except (OSError, RuntimeError) as exc:
+                self.error = str(exc)
+                raise RuntimeError(self.error) from exc
+        return self.lab
+
+    def close(self) -> None:
+        if self.lab is not None:
+            self.lab.close()
+            self.lab = None
 
 
 @dataclass
@@ -632,12 +723,13 @@ def _job(
     out: Path,
     progress: bool,
 ) -> None:
-    with open(out, "w") as f:
+    lab = LazyLab(workdir / f"remote-{job}")
+    with open(out, "w") as f, contextlib.closing(lab):
         for run in runs:
             if run % jobs != job:
                 continue
             try:
-                r = run_one(seed, run, workdir, templates, kinds=kinds, mutant=mutant)
+                r = run_one(seed, run, workdir, templates, kinds=kinds, mutant=mutant, lab=lab)
             except Exception as exc:  # the driver's own failure: a crash of the run, never silent
                 v = Violations()
                 v.add("crash", f"driver: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"[-1500:])
@@ -744,6 +836,7 @@ def replay(
     _preload()
     work = default_workdir("carraystore-faults-replay-") if workdir is None else workdir
     templates = make_templates(work)
-    r = run_one(seed, run, work, templates, kinds=kinds, mutant=mutant, verbose=True, keep=True)
+    with contextlib.closing(LazyLab(work / "remote")) as lab:
+        r = run_one(seed, run, work, templates, kinds=kinds, mutant=mutant, verbose=True, keep=True, lab=lab)
     print(f"  kept in {work / f'run-{run:05d}'}")
     return r

@@ -84,10 +84,11 @@ class Scan:
         }
 
 
-def scan_store(path: Path, fields: bool) -> Scan:
-    """Open ``path`` and judge every item by its key (CarrayStoreError: it does not open or read)."""
+def scan_store(location: Path | str, fields: bool, storage_options: dict[str, Any] | None = None) -> Scan:
+    """Open the store and judge every item by its key (CarrayStoreError: it does not open or read)."""
     problems: list[tuple[str, str]] = []
-    with carraystore.open(path) as s:
+    path = Path(str(location))  # (its name, in messages)
+    with carraystore.open(location, storage_options=storage_options) as s:
         n = len(s)
         keys = list(s.keys[:]) if s.keys is not None else None
         labels = s.labels
@@ -130,8 +131,9 @@ def scan_store(path: Path, fields: bool) -> Scan:
     return Scan(n, txns, attrs, names, problems)
 
 
-def _verify(path: Path, v: Violations) -> None:
-    with carraystore.open(path) as s:
+def _verify(location: Path | str, v: Violations, storage_options: dict[str, Any] | None = None) -> None:
+    path = Path(str(location))
+    with carraystore.open(location, storage_options=storage_options) as s:
         for p in s.verify():
             v.add("torn", f"{path.name}: verify: {p}")
 
@@ -229,6 +231,8 @@ def _judge_readers(events: list[dict[str, Any]], final: Scan | None, states: dic
             if "error" in e:
                 v.add("torn" if e.get("named") else "crash", f"{who}: {e['error'][:600]}")
                 continue
+            if "unavailable" in e:  # a remote store out of reach: a named failure, nothing seen
+                continue
             for category, count in e.get("pcounts", {}).items():
                 first = next((w for c, w in e.get("problems", []) if c == category), "")
                 v.add(category, f"{who}: {first}" + (f" (and {count - 1} more)" if count > 1 else ""), count)
@@ -256,13 +260,21 @@ def _judge_readers(events: list[dict[str, Any]], final: Scan | None, states: dic
     return snaps
 
 
-def judge(store_dir: Path, events: list[dict[str, Any]], fields: bool) -> tuple[Violations, dict[str, Any]]:
-    """Every check of a finished run; the violations and a few facts (items, snapshots)."""
+def judge(
+    store_dir: Path,
+    events: list[dict[str, Any]],
+    fields: bool,
+    url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[Violations, dict[str, Any]]:
+    """Every check of a finished run; the violations and a few facts (items, snapshots). ``url``:
+    the store of a remote run (read with ``storage_options``, straight from the server)."""
     from carraystore.sources.journal import journal_path
 
     v = Violations()
     states = txn_states(events)
     store = store_dir / "s.b2nd"
+    location: Path | str = url if url is not None else store
     facts: dict[str, Any] = {}
     for e in events:
         if e["ev"] == "crash":
@@ -277,12 +289,12 @@ def judge(store_dir: Path, events: list[dict[str, Any]], fields: bool) -> tuple[
                 f"the recovery append {'never began' if rec is None else rec.outcome}: "
                 f"{'' if rec is None else rec.error[:500]}",
             )
-    if journal_path(store).exists():
+    if url is None and journal_path(store).exists():
         v.add("torn", f"{journal_path(store).name} is left after the recovery writer's append")
     final: Scan | None = None
     try:
-        final = scan_store(store, fields)
-        _verify(store, v)
+        final = scan_store(location, fields, storage_options)
+        _verify(location, v, storage_options)
     except CarrayStoreError as exc:
         v.add("torn", f"the store does not open after recovery: {type(exc).__name__}: {exc}"[:600])
     if final is not None:
@@ -296,10 +308,17 @@ def judge(store_dir: Path, events: list[dict[str, Any]], fields: bool) -> tuple[
     return v, facts
 
 
-def checker_main(store_dir: Path, truth: Path, out: Path, fields: bool) -> None:
+def checker_main(
+    store_dir: Path,
+    truth: Path,
+    out: Path,
+    fields: bool,
+    url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> None:
     """The checker process: judge, write the result as JSON to ``out``."""
     try:
-        v, facts = judge(store_dir, read_events(truth), fields)
+        v, facts = judge(store_dir, read_events(truth), fields, url, storage_options)
     except Exception as exc:
         v, facts = Violations(), {}
         v.add("crash", f"checker: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"[-1500:])

@@ -9,6 +9,7 @@ instead of being printed and turned into an exit status).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import traceback
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 import carraystore
-from carraystore.base.errors import CarrayStoreError
+from carraystore.base.errors import CarrayStoreError, RemoteReadError
 from testsupport.faults import inject
 from testsupport.faults.truth import CHUNK_IMAGES, INIT_CLASSES, SHAPE, TruthWriter, Txn, expected, pixels
 
@@ -39,6 +40,12 @@ class Ctx:
     log: TruthWriter
     verbose: bool = False
     gate: int | None = None  # a pipe's read end: the workers of a run start together, one byte each
+    url: str | None = None  # a remote run: the store is this object (s3://), reached through a faulty link
+    storage_options: dict[str, Any] | None = None
+
+    @property
+    def location(self) -> str:
+        return self.url if self.url is not None else str(self.store)
 
     def wait_gate(self) -> None:
         if self.gate is not None:
@@ -125,11 +132,16 @@ def _prepare(ctx: Ctx, txn: Txn) -> Path | None:
 
 
 def _do(ctx: Ctx, txn: Txn, src: Path | None) -> None:
-    store = str(ctx.store)
+    store = ctx.location
     wait = str(LOCK_WAIT)
+    remote: dict[str, Any] = {}
+    remote_args: list[str] = []
+    if ctx.url is not None:
+        remote = {"storage_options": ctx.storage_options, "tmp_dir": str(ctx.store_dir.parent / "staging")}
+        remote_args = ["--storage-options", json.dumps(ctx.storage_options)]
     if txn.op in ("append", "recover"):
         images, labels, keys, extra = _items(ctx, txn)
-        with carraystore.append(store, nthreads=1, lock_timeout=LOCK_WAIT) as w:
+        with carraystore.append(store, nthreads=1, lock_timeout=LOCK_WAIT, **remote) as w:
             half = (len(keys) + 1) // 2 if len(keys) > 2 else len(keys)  # two calls: a partial chunk filled up
             cols = extra.get("columns")
             groups = extra.get("groups")
@@ -151,15 +163,15 @@ def _do(ctx: Ctx, txn: Txn, src: Path | None) -> None:
         extra_args = ["--chunk-images", "2", "--preset", "fast"] if txn.layout == "pixels" else []
         _cli(["convert", store, str(ctx.store_dir / txn.dst), "--layout", txn.layout, "--wait", wait, *extra_args])
     elif txn.op == "copy":
-        _cli(["copy", store, str(ctx.store_dir / txn.dst), "-q", "--wait", wait])
+        _cli(["copy", store, str(ctx.store_dir / txn.dst), "-q", "--wait", wait, *remote_args])
     elif txn.op == "open":  # a reader: it rolls back a journal nobody holds the lock of
-        with carraystore.open(store) as s:
+        with carraystore.open(store, storage_options=ctx.storage_options) as s:
             s[:]
     else:
         raise ValueError(f"unknown op {txn.op!r}")
 
 
-def _growth(ctx: Ctx, txn: Txn) -> int:
+def _growth(ctx: Ctx, txn: Txn) -> int:  # (local runs only)
     """About the size of the largest file the op writes, for the size limit of an EFBIG fault (a
     fraction 0..1.1 of it: most limits fall inside the op's writes, some past them)."""
     size = ctx.store.stat().st_size
@@ -238,7 +250,9 @@ def reader_main(ctx: Ctx, stop: Path, pause: float = 0.01, most: int = 200) -> N
         done = stop.exists()
         ctx.log.event("snap-begin", n=n)
         try:
-            scan = scan_store(ctx.store, fields=ctx.flavour == "fields")
+            scan = scan_store(ctx.location, ctx.flavour == "fields", ctx.storage_options)
+        except RemoteReadError as exc:  # the link or the server is down: a named failure, nothing read
+            ctx.log.event("snap", n=n, unavailable=f"{type(exc).__name__}: {exc}"[:400])
         except CarrayStoreError as exc:
             ctx.log.event("snap", n=n, error=f"{type(exc).__name__}: {exc}"[:1500], named=True)
         except Exception as exc:
