@@ -3,9 +3,10 @@ Before its first write, an append or metadata update saves the bytes it will ove
 length in ``.NAME.b2nd.journal`` (fsynced); it removes it after its last write. A complete ("hot")
 journal means a write died: :func:`rollback` restores the old store byte for byte. ``CSJRNL03``
 (FORMAT.md appendix C) holds the write's mark: a nonce and where :func:`begin_write` puts its marker
-before any other change. A journal is applied only to a file holding that marker or still the old
-store, else refused (:class:`~carraystore.base.errors.StaleJournalError`); an incomplete one is just
-removed; ``CSJRNL02``/``01`` apply only while the old header is in place. Readers take no lock: one
+before any other change. A journal is applied only to a file holding that marker or the saved bytes
+(the old store, or one half rolled back: :func:`rollback` restores the marker's bytes last, so a
+killed rollback is finished by the next), else refused
+(:class:`~carraystore.base.errors.StaleJournalError`); an incomplete one is just removed; ``CSJRNL02``/``01`` apply only while the old header is in place. Readers take no lock: one
 that cannot roll back reads through :class:`JournalSource`."""
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from carraystore.base.errors import CorruptStoreError, StaleJournalError, WriteError
+import numpy as np
+
+from carraystore.base.atomic import write_error
+from carraystore.base.errors import CorruptStoreError, NoSpaceError, StaleJournalError, WriteError
 from carraystore.base.lock import WriterLock
 from carraystore.format.frame import FRAME_LEN_AT
 from carraystore.sources.local import LocalFileSource
@@ -31,7 +35,9 @@ __all__ = [
     "load_journal",
     "write_journal",
     "begin_write",
+    "write_marker",
     "rollback",
+    "undo_write",
     "remove_journal",
     "JournalSource",
     "rollback_if_abandoned",
@@ -147,7 +153,8 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def write_journal(path: Path, journal: Journal) -> None:
-    """Write the journal of ``path`` and make it durable (file and folder fsynced)."""
+    """Write the journal of ``path`` and make it durable (file and folder fsynced). A failed write
+    (a full disk, a file size limit) is a :class:`WriteError` naming the journal; none is left."""
     jp = journal_path(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:  # never through a link planted at this predictable name: it would overwrite its target
@@ -158,33 +165,45 @@ def write_journal(path: Path, journal: Journal) -> None:
                 f"{jp} is a symbolic link; a writer never follows one at its journal's name (it would overwrite "
                 "the file it points to): remove the link, then write again"
             ) from exc
-        raise
+        raise write_error(exc, jp, f"the rollback journal of {path.name} (the store is unchanged)") from exc
     try:
         view = memoryview(journal.encode())
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
-    except BaseException:  # a disk full, say: the store is untouched, no journal is left
+    except BaseException as exc:  # a disk full, say: the store is untouched, no journal is left
         os.close(fd)
         with contextlib.suppress(OSError):
             jp.unlink()
+        if isinstance(exc, OSError):
+            raise write_error(exc, jp, f"the rollback journal of {path.name} (the store is unchanged)") from exc
         raise
     os.close(fd)
     _fsync_dir(path.parent)
+
+
+def write_marker(fd: int, journal: Journal) -> int | None:
+    """Put the write's marker at ``journal.mark_at`` of the store open as ``fd`` and fsync it; its journal
+    must be durable first. Returns where the write's data continues (after the marker), or None without one."""
+    if not journal.mark_at:
+        return None
+    _pwrite_all(fd, journal.marker, journal.mark_at)
+    os.fsync(fd)  # durable before any later change: a crash never leaves a changed file without it
+    return journal.mark_at + MARK_BYTES
 
 
 def begin_write(path: Path, fd: int, journal: Journal) -> int | None:
     """Write the journal durably, then the marker, before a write's first change to ``path`` (open as ``fd``).
     Returns where the write's data continues (after the marker), or None without a marker."""
     write_journal(path, journal)
-    if not journal.mark_at:
-        return None
-    view, pos = memoryview(journal.marker), journal.mark_at
+    return write_marker(fd, journal)
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
     while view:
-        n = os.pwrite(fd, view, pos)
-        view, pos = view[n:], pos + n
-    os.fsync(fd)  # durable before any later change: a crash never leaves a changed file without it
-    return journal.mark_at + MARK_BYTES
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def _pread_path(path: Path, offset: int, length: int) -> bytes:
@@ -193,11 +212,36 @@ def _pread_path(path: Path, offset: int, length: int) -> bytes:
         return f.read(length)
 
 
-def _is_old_state(path: Path, journal: Journal) -> bool:
-    """Whether the file is still, byte for byte where the journal saved it, the store before the write."""
-    if os.path.getsize(path) != journal.old_len:
-        return False
-    return all(_pread_path(path, offset, len(data)) == data for offset, data in journal.regions)
+def _pieces(journal: Journal) -> list[tuple[int, bytes, bool]]:
+    """The saved regions as (offset, bytes, is the marker's span) pieces: a region that holds the marker's
+    32 bytes is cut around them, so that rollback can restore them last."""
+    lo, hi = journal.mark_at, journal.mark_at + MARK_BYTES
+    out: list[tuple[int, bytes, bool]] = []
+    for offset, data in journal.regions:
+        if not journal.mark_at or hi <= offset or offset + len(data) <= lo:
+            out.append((offset, data, False))
+            continue
+        a, b = max(lo, offset) - offset, min(hi, offset + len(data)) - offset
+        out += [(offset, data[:a], False), (offset + a, data[a:b], True), (offset + b, data[b:], False)]
+    return [p for p in out if p[1]]
+
+
+def _holds_saved(path: Path, journal: Journal) -> bool:
+    """Whether the file holds, wherever the journal saved bytes, those bytes, except that in the marker's
+    span each byte may still be the marker's: the store before the write, the same with the marker
+    half-written (a write killed in the marker's ``pwrite``), or half rolled back (rollback restores the
+    marker's span last, then truncates). Any such file is the journal's own; rolling back finishes it."""
+    marker = journal.marker if journal.mark_at else b""
+    for offset, data, at_marker in _pieces(journal):
+        now = _pread_path(path, offset, len(data))
+        if now == data:
+            continue
+        if not at_marker or len(now) != len(data):
+            return False
+        m = marker[offset - journal.mark_at : offset - journal.mark_at + len(data)]
+        if any(c != d and c != k for c, d, k in zip(now, data, m, strict=True)):
+            return False
+    return True
 
 
 #: Header bytes blosc2 rewrites on a metadata update: the frame length and the two thread counts.
@@ -214,8 +258,8 @@ def _belongs(path: Path, journal: Journal) -> bool:
         if journal.version == 3 and journal.mark_at:
             if _pread_path(path, journal.mark_at, MARK_BYTES) == journal.marker:
                 return True  # the write reached its marker: this is the file it changed
-            if _is_old_state(path, journal):
-                return True  # it died before (or is about to write it): nothing changed yet
+            if _holds_saved(path, journal):
+                return True  # not changed yet (or the marker half-written), or half rolled back
             # a live writer may have put its marker between the two reads (old -> marked, never back)
             return _pread_path(path, journal.mark_at, MARK_BYTES) == journal.marker
         if journal.version == 3:  # no marker (a store with no chunk): its header, but for what blosc2 rewrites
@@ -261,8 +305,60 @@ def remove_journal(path: Path) -> None:
         _fsync_dir(path.parent)
 
 
+def _restore(fd: int, journal: Journal) -> None:
+    """Put the saved bytes back and cut the file at the old length. Only bytes that differ are written
+    (bytes a write never reached, past a file size limit say, are left alone), the marker's span last:
+    until it is gone the marker says whose file this is, and after it every saved byte is in place
+    (:func:`_holds_saved`), so a kill at any point leaves a file the journal still applies to."""
+    pieces = _pieces(journal)
+    for offset, data, at_marker in pieces:
+        if not at_marker:
+            _write_back(fd, offset, data)
+    if journal.mark_at:
+        os.fsync(fd)  # every other saved byte durable before the marker goes
+        for offset, data, at_marker in pieces:
+            if at_marker:
+                _write_back(fd, offset, data)
+    if os.fstat(fd).st_size != journal.old_len:
+        os.ftruncate(fd, journal.old_len)
+    os.fsync(fd)
+
+
+def _write_back(fd: int, offset: int, data: bytes) -> None:
+    """Write ``data`` at ``offset``, only the span from its first to its last byte that differs from the file's."""
+    now = os.pread(fd, len(data), offset)
+    if now == data:
+        return
+    n = len(now)
+    diff = np.flatnonzero(np.frombuffer(now, np.uint8) != np.frombuffer(data, np.uint8)[:n])
+    first = int(diff[0]) if len(diff) else n
+    last = len(data) if n < len(data) else int(diff[-1]) + 1
+    _pwrite_all(fd, memoryview(data)[first:last], offset + first)
+
+
+def _rollback_failed(exc: OSError, path: Path) -> WriteError:
+    """The named error of a rollback the file system refused: the journal stays, nothing is lost."""
+    jp = journal_path(path)
+    kept = (
+        f"its journal {jp.name} is kept and the store reads as it was before that write; the next open or write of "
+        f"{path.name} with room to write rolls it back"
+    )
+    error: WriteError
+    if isinstance(exc, NoSpaceError) or exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        error = NoSpaceError(f"{path}: no space left to undo an unfinished write ({exc}); {kept}: free some space")
+    else:
+        error = WriteError(
+            f"{path}: could not undo an unfinished write ({exc}); {kept}: check the file system's space, "
+            "quota and file size limit"
+        )
+    error.errno = exc.errno or errno.EIO
+    return error
+
+
 def rollback(path: Path) -> bool:
-    """Undo a half-done write from its journal (writer lock held); True if something was restored."""
+    """Undo a half-done write from its journal (writer lock held); True if something was restored.
+    Idempotent: killed at any point, the next rollback finishes it. A write the file system refuses
+    is a :class:`WriteError` (the journal is kept)."""
     journal = load_journal(path)
     if journal is None:
         remove_journal(path)
@@ -276,18 +372,27 @@ def rollback(path: Path) -> bool:
             f"but the store cannot be opened for writing ({exc}); open it once with write permission"
         ) from exc
     try:
-        for offset, data in journal.regions:
-            view = memoryview(data)
-            pos = offset
-            while view:
-                n = os.pwrite(fd, view, pos)
-                view, pos = view[n:], pos + n
-        os.ftruncate(fd, journal.old_len)
-        os.fsync(fd)
+        _restore(fd, journal)
+    except OSError as exc:
+        raise _rollback_failed(exc, path) from exc
     finally:
         os.close(fd)
     remove_journal(path)
     return True
+
+
+def undo_write(path: Path, fd: int, journal: Journal) -> None:
+    """For the writer that made ``journal``: undo its write to the file open as ``fd`` (the file it wrote,
+    even if another one was put at ``path`` since), then remove the journal if it is still this one.
+    A write the file system refuses is a :class:`WriteError` (the journal is kept)."""
+    try:
+        _restore(fd, journal)
+    except OSError as exc:
+        raise _rollback_failed(exc, path) from exc
+    with contextlib.suppress(OSError):
+        if journal_path(path).read_bytes() != journal.encode():
+            return  # not ours (we hold the lock: never the case but for a journal removed and written again)
+    remove_journal(path)
 
 
 def rollback_if_abandoned(path: Path) -> bool:
