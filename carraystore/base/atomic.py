@@ -90,15 +90,36 @@ def write_text_atomically(path: Path, text: str) -> None:
 _SPACE_MARGIN = 1 << 20
 
 
+def _size_limit(target: Path, need: int) -> int | None:
+    """The process's file size limit (``ulimit -f``) when a write of ``need`` more bytes to ``target`` may hit it."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        size = target.stat().st_size
+    except OSError:
+        size = 0
+    return soft if size + need + _SPACE_MARGIN >= soft else None
+
+
 def write_error(exc: BaseException, target: Path, what: str, need: int = 0) -> WriteError:
     """The named error for a failed write of ``what`` into ``target``. blosc2 fails with a bare
-    ``RuntimeError`` (no errno), so "no space" is also read from free space below ``need`` + 1 MiB."""
+    ``RuntimeError`` (no errno), so "no space" is also read from free space below ``need`` + 1 MiB,
+    and "file too large" from a file size limit (``ulimit -f``) within reach."""
     folder = target.parent
     free: int | None = None
     with contextlib.suppress(OSError):
         st = os.statvfs(folder)
         free = st.f_bavail * st.f_frsize
     code = getattr(exc, "errno", None)
+    cause = str(exc) or type(exc).__name__
+    if code is None and (limit := _size_limit(target, need)) is not None:
+        code = errno.EFBIG
+        cause = f"[Errno {code}] {os.strerror(code)}: files are limited to {limit} bytes (ulimit -f); {cause}"
     if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) or (
         code is None and free is not None and free < need + _SPACE_MARGIN
     ):
@@ -109,7 +130,7 @@ def write_error(exc: BaseException, target: Path, what: str, need: int = 0) -> W
         )
     else:
         error = WriteError(
-            f"could not write {what} to {target} ({exc}); check the folder's permissions, quota and file size limit"
+            f"could not write {what} to {target} ({cause}); check the folder's permissions, quota and file size limit"
         )
     error.errno = code or (errno.ENOSPC if isinstance(error, NoSpaceError) else errno.EIO)
     return error
