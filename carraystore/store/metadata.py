@@ -14,7 +14,7 @@ from carraystore.base.lock import WriterLock
 from carraystore.format.record import StoreMeta, json_attrs
 from carraystore.sources.journal import rollback
 from carraystore.store.checks import check_header_for_write
-from carraystore.store.inplace import _InPlaceWrite
+from carraystore.store.inplace import _InPlaceWrite, refuse_hard_links
 from carraystore.store.reader import check_local_store_path, is_url, open_unguarded
 
 __all__ = ["update_metadata"]
@@ -45,6 +45,7 @@ def update_metadata(
     with WriterLock(real, purpose="meta", timeout=lock_timeout):
         rollback(real)  # a write that died half-way is undone first
         remove_stale_temps(p)
+        refuse_hard_links(real)
         store = open_unguarded(real)
         meta, frame = store.meta, store._frame
         store.close()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from carraystore.base.atomic import publish, refuse_folder_target, remove_stale_temps, temp_path
+from carraystore.base.atomic import named_write_errors, publish, refuse_folder_target, remove_stale_temps, temp_path
 from carraystore.base.errors import ChecksumError, CorruptStoreError, InvalidInputError, StoreExistsError
 from carraystore.base.lock import WriterLock
 from carraystore.format.codec import chunk_crc_ok, crc32
@@ -250,13 +250,14 @@ def _copy_locked(store: StoreReader, out: Path, overwrite: bool, verify: bool, b
     remove_stale_temps(out)
     tmp = temp_path(out)
     try:
-        with open(tmp, "wb") as f:
+        with named_write_errors(out, f"the copy of {store.location}", store.source.size()), open(tmp, "wb") as f:
             for block in stream_verified(store, bar):
                 f.write(block)
         if verify:
             with open_store(tmp) as copy:
                 _compare(store, copy, str(out))
-        publish(tmp, out)
+        with named_write_errors(out, f"the copy of {store.location}"):
+            publish(tmp, out)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

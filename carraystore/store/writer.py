@@ -63,7 +63,7 @@ from carraystore.sources.journal import rollback
 from carraystore.sources.upload import RemoteTarget
 from carraystore.store.checks import check_header_for_write
 from carraystore.store.chunks import check_round_trip, new_array
-from carraystore.store.inplace import _InPlaceWrite, _write_meta
+from carraystore.store.inplace import _InPlaceWrite, _write_meta, refuse_hard_links
 from carraystore.store.items import CheckedItems, ItemRecord, check_class_names
 from carraystore.store.options import WriteKwargs, WriteOptions
 from carraystore.store.reader import is_url, open_store
@@ -707,6 +707,7 @@ def _create_remote(url: str, opts: WriteOptions, *, mode: str, **kwargs: Any) ->
 def _open_for_append(
     p: Path, image_shape: Sequence[int] | None, dtype: Any, nthreads: int, codec: Codec | str | None, lock: WriterLock
 ) -> StoreWriter:
+    refuse_hard_links(p)  # before reading: through another name, an unfinished write's journal is not seen
     existing = open_store(p)  # validates format, codec and header
     meta = existing.meta
     frame = existing._frame
@@ -745,7 +746,8 @@ def _open_for_append(
     # An empty store (a header and metadata, no chunk) is rewritten whole: work on a copy.
     tmp = temp_path(p)
     try:
-        shutil.copyfile(p, tmp)
+        with named_write_errors(p, "a copy of the empty store", p.stat().st_size):
+            shutil.copyfile(p, tmp)
         array = blosc2.open(str(tmp), mode="a")  # never pass cparams here
         return StoreWriter(p, tmp, array, meta, nthreads, lock=lock)
     except BaseException:
