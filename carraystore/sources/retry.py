@@ -269,8 +269,12 @@ class Retrier:
             what = what_failed(exc, self.policy.timeout)
             if self._closed():
                 why = f"{what}; the source was closed meanwhile"
-            elif attempts == 1:
-                why = f"{what}; no retries allowed (storage option retries=0)"
+            elif attempts == 1:  # the option that allowed none: retries=0, or a retry_timeout already spent
+                options = ["retries=0"] if out_of_count else []
+                if failing >= self.policy.retry_timeout:
+                    options.append(f"retry_timeout={self.policy.retry_timeout:g}")
+                allowed = f" (storage option {' and '.join(options)})" if options else ""
+                why = f"{what}; no retries allowed{allowed}"
             else:
                 limit = (
                     f"retries={self.policy.retries} spent"

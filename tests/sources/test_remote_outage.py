@@ -151,6 +151,18 @@ def test_timed_out_and_other_failures_are_named() -> None:
     )
 
 
+def test_no_retries_names_the_option_that_was_set() -> None:
+    """retry_timeout=0 was reported as "storage option retries=0", an option the user never set."""
+    for kw, said, not_said in (
+        ({"retry_timeout": 0}, "(storage option retry_timeout=0)", "retries=0"),
+        ({"retries": 0}, "(storage option retries=0)", "retry_timeout="),
+    ):
+        with pytest.raises(RemoteReadError) as info:
+            Retrier(URL, _policy(FakeClock(), **kw)).call(_refused, 0, 10)
+        text = str(info.value)
+        assert info.value.attempts == 1 and "no retries allowed" in text and said in text and not_said not in text, text
+
+
 def test_real_requests_say_refused_or_timed_out() -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind((LOOPBACK, 0))
