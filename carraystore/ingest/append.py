@@ -75,6 +75,7 @@ def plan_append(
         existing = set(meta.keys or ())
         if table is not None:  # every new file has a row; every row names a file of the folder or the store
             table.check_append([r for r in rels if r not in existing], existing | set(rels), str(directory))
+        grp: list[str] | None
         if table is not None and table.groups is not None:
             rows = table.group_of() or {}
             grp = [rows.get(r, "") for r in rels]  # a file already in the store is left out below

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import shutil
@@ -256,7 +257,7 @@ class StoreWriter:
             if len(data) >= nb:  # not shorter than its pixels: kept as those (an entry of nb bytes is raw)
                 out = np.empty(meta.image_shape, dtype=np.uint8)
                 try:
-                    decode_file(data, out, lambda j=j: f"{self.path}: file {j}")
+                    decode_file(data, out, functools.partial(str, f"{self.path}: file {j}"))
                 except EncodedImageError as exc:
                     raise InvalidInputError(
                         f"{self.path}: file {j} ({len(data)} bytes, {fmt.upper()}) does not decode to an image of "
