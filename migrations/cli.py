@@ -93,13 +93,7 @@ def register(subparsers: Any) -> None:
         choices=["pixels", "encoded"],
         default="pixels",
         help="pixels (default): decoded pixels; encoded: each image as its JPEG/PNG/WebP bytes where they decode to "
-        "its pixels, else PNG (FORMAT.md 10)",
-    )
-    p.add_argument(
-        "--quality",
-        type=int,
-        default=None,
-        help="--layout encoded: encode every image as JPEG at this quality (default: keep the source bytes, else PNG)",
+        "its pixels, else PNG: the store stays bit-exact (FORMAT.md 10)",
     )
     p.add_argument(
         "--color-mode",
@@ -176,7 +170,6 @@ def run(args: argparse.Namespace) -> int:
         "onehot_to_class": args.onehot_to_class,
         "options": WriteOptions.from_args(args),
         "layout": args.layout,
-        "quality": args.quality,
     }
     for name in ("keys", "groups", "color_mode", "image_size"):  # only the sample formats take them
         if getattr(args, name) is not None:

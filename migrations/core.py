@@ -280,7 +280,6 @@ def migrate(
     color_mode: str | None = None,
     image_size: Sequence[int] | None = None,
     layout: str = "pixels",
-    quality: int | None = None,
     **write: Unpack[WriteKwargs],
 ) -> MigrationReport:
     """Migrate a legacy array or file into a store at ``out`` (a ``.b2nd`` path or URL); returns a MigrationReport.
@@ -299,7 +298,7 @@ def migrate(
     tables (docs/migrating.md): ``images``/``labels``/``keys``/``groups`` name members, features
     or columns (else inferred); ``color_mode``/``image_size`` decode as ``ingest`` does; ``group``
     picks one split. ``layout="encoded"`` keeps each image's source bytes where they decode to its
-    pixels (else PNG, or JPEG at ``quality``), for any uint8 (H, W, C) source.
+    pixels, else PNG (lossless: the store stays bit-exact), for any uint8 (H, W, C) source.
 
     ``verify``: compare the store bit for bit with the source before the rename. Write options
     (``codec`` default ``balanced``; ``class_names`` default the source's
@@ -322,9 +321,7 @@ def migrate(
     )
     if layout not in ("pixels", "encoded"):
         raise InvalidInputError(f"layout must be 'pixels' or 'encoded', got {layout!r}")
-    if quality is not None and layout != "encoded":
-        raise InvalidInputError("quality= (--quality) applies to layout='encoded' (--layout encoded) only")
-    encoding = Encoding.for_quality(quality) if layout == "encoded" else None  # checks the quality
+    encoding = Encoding() if layout == "encoded" else None
     opts = WriteOptions.merged(options, str(out), **write)
     opts.refuse(
         ("attrs",),
@@ -341,9 +338,7 @@ def migrate(
         target = RemoteTarget(str(out), opts.storage_options, overwrite=opts.overwrite, tmp_dir=opts.tmp_dir)
         try:
             staged = opts.replace(overwrite=False, lock_timeout=0.0, storage_options=None, tmp_dir=None)
-            report = migrate(
-                src, target.local_path, verify=verify, options=staged, layout=layout, quality=quality, **what
-            )
+            report = migrate(src, target.local_path, verify=verify, options=staged, layout=layout, **what)
             target.upload()
         finally:
             target.cleanup()

@@ -118,6 +118,8 @@ class SampleReader:
     key_names: tuple[str, ...] = ()
     #: text values that may name the labels (label -> text, the same text for every sample of a label)
     class_text_names: tuple[str, ...] = ()
+    #: an inferred image is the first of ``image_names`` each sample has (WebDataset: jpg in one, png in another)
+    image_per_sample = False
     #: list values of one element in every sample are scalars (TFRecord features are lists)
     squeeze: bool = False
     #: class names the source's own metadata gives, and for which value
@@ -158,6 +160,11 @@ _BRACE = re.compile(r"\{([^{}]*)\}")
 
 def brace_expand(pattern: str) -> list[str]:
     """Expand WebDataset's shard patterns: ``{000..099}`` (zero padding kept) and ``{a,b,c}``, several per pattern."""
+    depth = 0
+    for ch in pattern:
+        depth += (ch == "{") - (ch == "}")
+        if depth > 1 or depth < 0:
+            raise InvalidInputError(f"{pattern}: unbalanced or nested braces; give {{000..099}} or {{a,b}} patterns")
     m = _BRACE.search(pattern)
     if m is None:
         if "{" in pattern or "}" in pattern:
@@ -514,6 +521,8 @@ class _Plan:
     keys: str | None  # None: the samples' own keys (or none)
     groups: str | None
     fields: dict[str, tuple[np.dtype, tuple[int, ...]]] = field(default_factory=dict)
+    #: image names tried in order in each sample (WebDataset: jpg, else png, ...); () for one name
+    choices: tuple[str, ...] = ()
 
 
 class SampleSource(Source):
@@ -576,19 +585,23 @@ class SampleSource(Source):
         label_values: list[int | None] = []
         texts: dict[str, dict[int, set[str]]] = {t: {} for t in r.class_text_names}
         sample_keys: list[str | None] = []
+        used: Counter[str] = Counter()
         n = 0
         deep = 0
         for s in r.samples():
             if plan is None:
-                plan = self._names(s, images, labels, keys, groups, no_labels)
-            img = s.values.get(plan.images)
+                plan = self._plan = self._names(s, images, labels, keys, groups, no_labels)
+            name = self._image_name(s)
+            img = s.values.get(name)
             if not isinstance(img, (bytes, bytearray, memoryview)):
                 raise SourceImageError(
-                    f"{s.where}: no image {word} {plan.images!r}"
-                    + (f" (it is {_pytype(img)})" if img is not None else "")
+                    f"{s.where}: no image {word} {name!r}"
+                    + (f" ({img.reason})" if isinstance(img, Unreadable) else "")
+                    + (f" (it is {_pytype(img)})" if img is not None and not isinstance(img, Unreadable) else "")
                     + f"; the sample has {sorted(s.values)[:12]}"
                 )
-            h = _image_header(bytes(img), f"{s.where}, {word} {plan.images!r}")
+            used[name] += 1
+            h = _image_header(bytes(img), f"{s.where}, {word} {name!r}")
             modes[(h.mode, h.alpha)] += 1
             formats[h.format] += 1
             deep += h.mode in _DEEP_MODES
@@ -639,9 +652,9 @@ class SampleSource(Source):
         self.decode = DecodeOptions(color_mode=color_mode, image_size=(hw[0], hw[1]) if size is not None else None)
         if size is not None:
             self.notes.append(f"images resized to {size[0]}x{size[1]} (bilinear, as ingest --image-size)")
-        self._plan = plan
         shown = ", ".join(f"{k} {v}" for k, v in formats.most_common())
-        self.notes.insert(0, f"images from {word} {plan.images!r} ({shown})")
+        which = " or ".join(repr(n) for n, _ in used.most_common())
+        self.notes.insert(0, f"images from {word} {which} ({shown})")
         self.provenance = {
             **r.provenance,
             "images": plan.images,
@@ -662,6 +675,7 @@ class SampleSource(Source):
                     f"{s.where}: no {word} {name!r} ({flag}); the first sample has {word}s {sorted(have)[:20]}"
                 )
         found = [n for n in have if image_magic(have[n]) is not None]
+        inferred_images = images is None
         if images is None:
             named = [n for n in r.image_names if n in found]
             if named:
@@ -697,7 +711,18 @@ class SampleSource(Source):
         if dup:
             raise InvalidInputError(f"{s.where}: {sorted(dup)} named for two roles (images, labels, keys, groups)")
         self._not_fields = {images, groups, *seconds}
-        return _Plan(images, None if no_labels else labels, keys, groups)
+        plan = _Plan(images, None if no_labels else labels, keys, groups)
+        if r.image_per_sample and inferred_images:  # WebDataset: a sample without a .jpg may have a .png
+            plan.choices = tuple(n for n in r.image_names if n not in (labels, keys, groups))
+            self._not_fields.update(plan.choices)
+        return plan
+
+    def _image_name(self, s: Sample) -> str:
+        """The name of ``s``'s image: the plan's, or with per-sample choices the first of them the sample has."""
+        plan = self._plan
+        if plan.choices and plan.images not in s.values:
+            return next((n for n in plan.choices if n in s.values), plan.images)
+        return plan.images
 
     def _decide_labels(
         self,
@@ -828,9 +853,10 @@ class SampleSource(Source):
                 yield self._block(batch, pool)
 
     def _decode(self, s: Sample) -> tuple[np.ndarray, bytes]:
-        plan, word = self._plan, self.reader.value_word
-        where = f"{s.where}, {word} {plan.images!r}"
-        data = s.values.get(plan.images)
+        word = self.reader.value_word
+        name = self._image_name(s)
+        where = f"{s.where}, {word} {name!r}"
+        data = s.values.get(name)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise SourceImageError(f"{where}: missing on re-reading (the source changed)")
         data = bytes(data)
@@ -900,8 +926,6 @@ def encoded_entries(
         pixels = block.data[j]
         if data is None:
             return entry_for_pixels(pixels, encoding), "no source bytes"
-        if encoding.quality is not None:  # a quality asks for every image to be encoded at it
-            return entry_for_pixels(pixels, encoding), f"re-encoded at quality {encoding.quality}"
         kept = source_entry(data, pixels, color_mode)
         if kept is not None:
             return kept, f"kept {sniff(kept, nbytes)}"

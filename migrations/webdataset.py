@@ -117,14 +117,14 @@ def member_value(kind: str, data: bytes, name: str, out: dict[str, Any]) -> None
         except Exception as exc:  # msgpack raises several types for bad data
             out[name] = Unreadable(f"msgpack that does not parse ({type(exc).__name__})")
     elif last == "npy":
+        if not data.startswith(b"\x93NUMPY"):
+            out[name] = Unreadable("not an .npy (no NUMPY header)")
+            return
         try:
             out[name] = np.load(io.BytesIO(data), allow_pickle=False)
         except ValueError as exc:
-            out[name] = Unreadable(
-                f"an .npy of Python objects, never unpickled ({exc})"
-                if "pickle" in str(exc)
-                else f"not an .npy ({exc})"
-            )
+            pickled = "pickle" in str(exc) or "Object arrays" in str(exc)
+            out[name] = Unreadable("an .npy of Python objects, never unpickled" if pickled else f"not an .npy ({exc})")
         except (OSError, EOFError) as exc:
             out[name] = Unreadable(f"not an .npy ({exc})")
     elif last in _PICKLE_TYPES:
@@ -186,6 +186,7 @@ class WebDatasetReader(SampleReader):
     kind = "WebDataset shards"
     image_names = IMAGE_TYPES
     label_names = LABEL_TYPES
+    image_per_sample = True
     value_word = "member"
 
     def __init__(self, shards: Sequence[str], location: str, path: Path) -> None:
