@@ -131,6 +131,19 @@ def test_the_default_cache_stops_growing_when_memory_runs_short(
     assert given.cache_info().chunks == 13 and not given.cache_info().held_back
 
 
+def test_available_memory_reads_the_cgroup_limit_less_its_usage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "memory.max").write_text("1000000000\n")
+    (tmp_path / "memory.current").write_text("700000000\n")
+    (tmp_path / "memory.stat").write_text("anon 500000000\ninactive_file 150000000\nactive_file 50000000\n")
+    monkeypatch.setattr(cgrain, "_CGROUP", tmp_path)
+    assert cgrain._available_memory() == 450_000_000  # limit - usage + reclaimable page cache
+    (tmp_path / "memory.max").write_text("max\n")  # no limit: the machine's MemAvailable
+    avail = cgrain._available_memory()
+    assert avail is not None and 0 < avail <= cgrain.memory_limit() + (1 << 30)
+
+
 def test_a_damaged_chunk_is_a_named_error_for_every_reader(store_path: Path, tmp_path: Path) -> None:
     """Eight threads ask for records of a chunk that fails its CRC32: each gets the error, none is left waiting."""
     bad = tmp_path / "damaged.b2nd"
