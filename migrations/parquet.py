@@ -365,7 +365,14 @@ class TableReader(SampleReader):
             elif depth == 0 and (pa.types.is_list(vt) or pa.types.is_fixed_size_list(vt)):
                 out[name] = [None if r is None else _nested(r) for r in col.to_pylist()]
             else:
-                out[name] = [None if r is None else Unreadable(f"a list of {vt}") for r in col.to_pylist()]
+                out[name] = [
+                    None
+                    if r is None
+                    else Unreadable(
+                        f"a list of {vt} values; a field holds numbers, text or fixed-size lists of numbers"
+                    )
+                    for r in col.to_pylist()
+                ]
             return
         if pa.types.is_struct(t) and depth == 0:
             nulls = col.is_null().to_pylist()
