@@ -583,6 +583,7 @@ class SampleSource(Source):
         formats: Counter[str] = Counter()
         first: tuple[tuple[int, int], str] | None = None
         label_values: list[int | None] = []
+        label_texts: list[str | None] = []
         texts: dict[str, dict[int, set[str]]] = {t: {} for t in r.class_text_names}
         sample_keys: list[str | None] = []
         used: Counter[str] = Counter()
@@ -616,6 +617,7 @@ class SampleSource(Source):
             if plan.labels is not None:
                 lab = _label_of(s.values.get(plan.labels))
                 label_values.append(lab)
+                label_texts.append(_text_of(s.values.get(plan.labels)) if lab is None else None)
                 for t, seen in texts.items():
                     text = _text_of(s.values.get(t))
                     if lab is not None and text is not None:
@@ -634,7 +636,7 @@ class SampleSource(Source):
         if plan is None or first is None:
             raise MigrationError(f"{self.location}: holds no samples")
         self.nrows = n
-        self._decide_labels(plan, label_values, labels, scans, texts)
+        self._decide_labels(plan, label_values, label_texts, labels, scans, texts)
         self._decide_keys(plan, sample_keys, keys, scans)
         self._decide_fields(plan, scans, n)
         if color_mode is None:
@@ -728,6 +730,7 @@ class SampleSource(Source):
         self,
         plan: _Plan,
         values: list[int | None],
+        label_texts: list[str | None],
         given: str | None,
         scans: dict[str, _ValueScan],
         texts: dict[str, dict[int, set[str]]],
@@ -735,9 +738,22 @@ class SampleSource(Source):
         r, word = self.reader, self.reader.value_word
         self.has_labels = False
         self._labels: np.ndarray | None = None
+        self._label_index: dict[str, int] | None = None
         if plan.labels is None:
             return
         bad = [i for i, v in enumerate(values) if v is None]
+        if bad and len(bad) == len(values) and all(label_texts):  # class names as text: sorted, as Keras does
+            sorted_names = sorted({t for t in label_texts if t})
+            self._label_index = {n: i for i, n in enumerate(sorted_names)}
+            scans.pop(plan.labels, None)
+            self.has_labels = True
+            self._labels = np.asarray([self._label_index[t] for t in label_texts if t], dtype="<i8")
+            self.class_names = tuple(sorted_names)
+            shown = f"{sorted_names[:10]}{' ...' if len(sorted_names) > 10 else ''}"
+            self.notes.append(
+                f"labels from {word} {plan.labels!r}: {len(sorted_names)} class names from its text, sorted: {shown}"
+            )
+            return
         if bad:
             if given is not None:
                 raise MigrationError(
@@ -878,7 +894,11 @@ class SampleSource(Source):
         data = np.stack([a for a, _ in decoded])
         labels = None
         if plan.labels is not None:
-            labs = [_label_of(s.values.get(plan.labels)) for s in batch]
+            index = self._label_index
+            labs = [
+                _label_of(v) if index is None else index.get(_text_of(v) or "")
+                for v in (s.values.get(plan.labels) for s in batch)
+            ]
             bad = next((s for s, v in zip(batch, labs, strict=True) if v is None), None)
             if bad is not None:
                 raise MigrationError(f"{bad.where}: no class label on re-reading (the source changed)")
@@ -925,7 +945,7 @@ def encoded_entries(
         data = sources[j]
         pixels = block.data[j]
         if data is None:
-            return entry_for_pixels(pixels, encoding), "no source bytes"
+            return entry_for_pixels(pixels, encoding), "encoded from the source's pixels (it holds no image files)"
         kept = source_entry(data, pixels, color_mode)
         if kept is not None:
             return kept, f"kept {sniff(kept, nbytes)}"

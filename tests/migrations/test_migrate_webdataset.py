@@ -282,3 +282,24 @@ def test_a_png_where_the_other_samples_have_a_jpg(good, photo_patches, tmp_path:
     assert np.array_equal(s[4], pillow_pixels(png)) and s.entry(4) == png and list(s.labels) == [1, 1, 1, 1, 0]
     assert "images from member 'jpg' or 'png' (JPEG 4, PNG 1)" in report.notes
     assert report.fields == {}  # neither image type became a field
+
+
+def test_class_names_as_text_become_labels(good, tmp_path: Path) -> None:
+    members = [(n, b"n02123045" if n == "k1.cls" else b"n01440764") if n.endswith(".cls") else (n, d) for n, d in good]
+    (tmp_path / "t.tar").write_bytes(_tar(members))
+    report = migrate(tmp_path / "t.tar", tmp_path / "o.b2nd", progress=False)
+    s = carraystore.open(tmp_path / "o.b2nd")
+    assert s.class_names == ("n01440764", "n02123045") and list(s.labels) == [0, 1, 0, 0]
+    assert "labels from member 'cls': 2 class names from its text, sorted: ['n01440764', 'n02123045']" in report.notes
+
+
+def test_the_encoded_layout_for_array_sources(photo_patches, tmp_path: Path) -> None:
+    x = photo_patches(5, size=(16, 16), seed=1)
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(5))
+    report = migrate(tmp_path / "d.npz", tmp_path / "e.b2nd", layout="encoded", progress=False)
+    s = carraystore.open(tmp_path / "e.b2nd")
+    assert s.layout == "encoded" and np.array_equal(s[:], x) and report.verified
+    assert any("0 of 5 images kept" in n and "5 encoded from the source's pixels" in n for n in report.notes)
+    np.savez(tmp_path / "f.npz", x=x.astype(np.float32))
+    with pytest.raises(InvalidInputError, match="--layout encoded holds uint8 images"):
+        migrate(tmp_path / "f.npz", tmp_path / "f.b2nd", layout="encoded", progress=False)
