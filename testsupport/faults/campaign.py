@@ -151,10 +151,14 @@ def _fault(rng: random.Random, kind: str, op: str) -> Fault:
         return Fault(kind, k=rng.randint(1, K_MAX[op]))
     if kind == "kill-random":
         return Fault(kind, delay=rng.uniform(0.0, DURATION[op]))
+    # a full disk or size limit, and in 2 runs of 5 also a kill at the K-th call: a write failing and
+    # undoing itself, killed as it undoes (the rollback in abort(), the removal of its temporary file)
     if kind == "efbig":
-        return Fault(kind, frac=rng.uniform(0.0, 1.1))
+        frac = rng.uniform(0.0, 1.1)
+        return Fault(kind, k=rng.randint(1, K_MAX[op]) if rng.random() < 0.4 else 0, frac=frac)
     if kind == "enospc":
-        return Fault(kind, frac=rng.uniform(0.0, 4.0))
+        frac = rng.uniform(0.0, 4.0)
+        return Fault(kind, k=rng.randint(1, K_MAX[op]) if rng.random() < 0.4 else 0, frac=frac)
     raise ValueError(kind)
 
 
@@ -838,5 +842,6 @@ def replay(
     templates = make_templates(work)
     with contextlib.closing(LazyLab(work / "remote")) as lab:
         r = run_one(seed, run, work, templates, kinds=kinds, mutant=mutant, verbose=True, keep=True, lab=lab)
+    shutil.rmtree(work / "remote", ignore_errors=True)  # the server's data; the run's folder stays
     print(f"  kept in {work / f'run-{run:05d}'}")
     return r

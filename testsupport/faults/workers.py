@@ -60,10 +60,12 @@ class Ctx:
 class Fault:
     """The fault a writer meets at one of its transactions."""
 
-    kind: str  # kill-syscall, kill-journal (a kill while the journal exists), kill-random, efbig, enospc
-    k: int = 0  # kill-*: the counted call to die at
+    #: kill-syscall, kill-journal (a kill while the journal exists), kill-random, efbig, enospc; remote
+    #: runs: net-503, net-cut, net-stall, weed-restart (armed by the driver when the op begins)
+    kind: str
+    k: int = 0  # kill-*: the counted call to die at; net-503: requests answered 503; net-cut/stall: bytes first
     frac: float = 0.0  # efbig: the size limit as a fraction of what the op may write; enospc: pages left
-    delay: float = 0.0  # kill-random: seconds after "begun"
+    delay: float = 0.0  # kill-random, weed-restart: seconds after "begun"
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "k": self.k, "frac": round(self.frac, 4), "delay": round(self.delay, 4)}
@@ -198,6 +200,8 @@ def _arm(ctx: Ctx, txn: Txn, fault: Fault) -> None:
         inject.fill(ctx.store_dir, leave)
         if ctx.verbose:
             print(f"[{txn.id}] disk filled: {inject.free_bytes(ctx.store_dir)} bytes free", flush=True)
+    if fault.kind in ("efbig", "enospc") and fault.k:  # and killed at the K-th call, failing or not
+        inject.kill_at_call(fault.k, trace=trace)
 
 
 def _disarm(fault: Fault) -> None:
