@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from carraystore.base.errors import InvalidInputError, MigrationError
+from carraystore.format.codec import PRESETS, Codec
 
 from . import blosc1
 
@@ -36,6 +37,7 @@ __all__ = [
     "is_carray",
     "is_ctable",
     "BLP_HEADER",
+    "default_codec_for",
 ]
 
 #: The 16 bytes that precede the Blosc chunk in every ``.blp`` file.
@@ -102,6 +104,35 @@ def describe_cparams(cparams: dict[str, Any]) -> str:
     if cparams.get("quantize"):
         text += f" quantize={cparams['quantize']}"
     return text
+
+
+#: bcolz cnames whose chunks a store writes with the same blosc2 codec (snappy: lz4, its nearest; zlib: below)
+_SAME_FAMILY = {"blosclz": "blosclz", "lz4": "lz4", "lz4hc": "lz4hc", "snappy": "lz4", "zstd": "zstd"}
+
+
+def default_codec_for(cparams: dict[str, Any], itemsize: int = 1) -> Codec:
+    """The store codec a migration uses when none is given: one that reads at least as fast as the carray did.
+
+    The source's own codec and level, and its shuffle on records of the source's item size
+    (bcolz shuffles items of ``dtype.itemsize`` bytes: for uint8 pixels the identity, which
+    the codec then leaves out): the same bytes for the same decompression work, so no regime
+    reads the store slower than it read the carray (snappy, which blosc2 lacks, becomes lz4).
+    zlib becomes ``balanced`` (zstd-1 + shuffle + bytedelta), which decompresses faster and
+    stores fewer bytes. Blocks are the store's automatic ones.
+    """
+    cname = str(cparams.get("cname", "blosclz"))  # bcolz < 0.7.1 had no cname: always blosclz
+    try:
+        clevel = int(cparams.get("clevel", 5))
+    except (TypeError, ValueError):
+        clevel = 5
+    try:
+        mode = int(cparams.get("shuffle", 1) or 0)
+    except (TypeError, ValueError):
+        mode = 0
+    if cname not in _SAME_FAMILY or not 0 <= clevel <= 9:
+        return PRESETS["balanced"]
+    shuffle = {1: ("shuffle",), 2: ("bitshuffle",)}.get(mode, ())
+    return Codec(_SAME_FAMILY[cname], clevel, filters=shuffle, typesize=int(itemsize) if 1 <= itemsize <= 255 else 1)
 
 
 def refuse_links_inside(root: Path) -> None:

@@ -19,7 +19,7 @@ from .base import (
     labels_from_array,
     object_conversion_of,
 )
-from .bcolz import CarrayReader, CtableReader
+from .bcolz import CarrayReader, CtableReader, default_codec_for
 
 __all__ = ["CarraySource", "TwoArraySource", "CtableSource", "object_conversion"]
 
@@ -76,6 +76,7 @@ class CarraySource(Source):
             self.provenance["bcolz"]["object_conversion"] = what
         else:
             self.dtype, self.item_shape = r.dtype, r.item_shape
+        self.default_codec = default_codec_for(r.cparams, self.dtype.itemsize)
         self.warnings += r.warnings
         self.notes += r.notes
 
@@ -100,6 +101,7 @@ class TwoArraySource(Source):
         self.item_shape, self.dtype, self.nrows = self.images.item_shape, self.images.dtype, self.images.nrows
         self.attrs = self.images.attrs
         self.codec = self.images.codec
+        self.default_codec = self.images.default_codec
         self.provenance = {"bcolz": self.images.provenance["bcolz"]}
         self.warnings += self.images.warnings
         self.notes += self.images.notes
@@ -204,6 +206,7 @@ class CtableSource(Source):
         if images is not None:
             col = t.columns[images]
             self.item_shape, self.dtype = col.item_shape, col.dtype
+            self.default_codec = default_codec_for(col.cparams, self.dtype.itemsize)
             self.data_names = [images]
             self.column_names = others
             if others:
