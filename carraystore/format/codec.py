@@ -30,6 +30,8 @@ except ImportError:  # pragma: no cover - isal is a dependency
 __all__ = [
     "Codec",
     "PRESETS",
+    "DEFAULT_PRESET",
+    "preset_for_storage",
     "is_preset",
     "CODECS",
     "FILTERS",
@@ -210,12 +212,47 @@ class Codec:
 
 
 #: Named presets (docs/codecs.md): ``fast`` (decompression near memory speed), ``balanced`` (= ``Codec()``,
-#: the default) and ``small`` (fewest bytes at a practical speed). Blocks are automatic (~128 KiB).
+#: :data:`DEFAULT_PRESET`) and ``small`` (fewest bytes at a practical speed). Blocks are automatic (~128 KiB).
 PRESETS: dict[str, Codec] = {
     "fast": Codec("lz4", 1, filters=()),
     "balanced": Codec("zstd", 1, filters=("shuffle", "bytedelta")),
     "small": Codec("zstd", 5, filters=("shuffle", "bytedelta")),
 }
+
+
+#: The preset of a new store when none is given (``Codec()``, ``codec=None``): docs/codecs.md, "Which preset by
+#: default, and why", gives the storage-speed matrix it was chosen from.
+DEFAULT_PRESET = "balanced"
+#: Modelled rates within this share of the best count as a tie, which the preset storing fewer bytes wins.
+STORAGE_TIE = 0.10
+
+
+def preset_for_storage(
+    read_mbs: float | None, rates: Mapping[str, tuple[float, float]], tie: float = STORAGE_TIE
+) -> str:
+    """The preset that feeds the most images from storage read at ``read_mbs`` MB/s (None: the page cache).
+
+    ``rates`` maps each candidate preset to (compression ratio, MB/s of pixels the loader
+    delivers from the page cache on these cores). Reads and decompression overlap (the
+    loader reads ahead while its threads decompress), so a preset delivers
+    ``min(read_mbs x ratio, warm rate)``. Among the presets within ``tie`` of the best, the
+    one with the highest ratio wins: where the speeds are alike, the bytes decide.
+    """
+    if not rates:
+        raise InvalidInputError("preset_for_storage needs at least one preset's (ratio, MB/s)")
+    bad = [name for name, (ratio, mbs) in rates.items() if not (ratio > 0 and mbs > 0)]
+    if bad or (read_mbs is not None and not read_mbs > 0):
+        raise InvalidInputError(
+            f"preset_for_storage: ratios, rates and read_mbs must be positive (bad: {bad or read_mbs})"
+        )
+
+    def delivered(name: str) -> float:
+        ratio, mbs = rates[name]
+        return mbs if read_mbs is None else min(read_mbs * ratio, mbs)
+
+    best = max(delivered(n) for n in rates)
+    near = [n for n in rates if delivered(n) >= (1 - tie) * best]
+    return max(near, key=lambda n: (rates[n][0], delivered(n)))
 
 
 def is_preset(codec: Codec, dtype: np.dtype, item_shape: Sequence[int], layout: str = "NHWC") -> bool:

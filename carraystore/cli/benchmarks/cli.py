@@ -31,7 +31,8 @@ def register(sub: Any) -> None:
         description=(
             "Run the codec suite on a sample of PATH (a folder of images or a .b2nd store): "
             "codecs x levels x filters x images per block, ratio and MB/s, then the presets "
-            "(fast, balanced, small) and which one suits your read speed."
+            "(fast, balanced, small) through the loader on your cores, and which one suits your data warm (page cache) "
+            "and cold (your disk's read speed: measured on the disk holding PATH unless --read-mbs gives it)."
         ),
     )
     c.add_argument("path", help="folder of images (class sub-folders or flat) or a .b2nd store")
@@ -49,7 +50,17 @@ def register(sub: Any) -> None:
         "--read-mbs",
         type=float,
         default=None,
-        help="your storage's read speed in MB/s (default: data in the page cache)",
+        help=(
+            "your storage's read speed in MB/s (default: measured on the disk holding PATH, a 64 MiB probe file "
+            "written beside it, read back cold and removed)"
+        ),
+    )
+    c.add_argument(
+        "--probe-mb",
+        type=int,
+        default=64,
+        metavar="MB",
+        help="size of the probe file that measures the disk's read speed (default 64)",
     )
     c.add_argument(
         "--image-size",
@@ -175,11 +186,31 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
             paths = C.write_results(rows, args.out, info={"title": f"your data: {args.path}", "images": len(images)})
             print("wrote " + ", ".join(str(p) for p in paths.values()))
     preset_rows = C.measure_presets(images, repeats=args.repeats)
-    best, table = C.recommend_preset(preset_rows, read_mbs=args.read_mbs)
+    from carraystore.base.resources import available_cpus
+    from carraystore.format.codec import PRESETS
+
+    cores = available_cpus()
+    if args.read_mbs is not None:
+        if not args.read_mbs > 0:
+            raise InvalidInputError(f"--read-mbs must be a speed above 0 MB/s, got {args.read_mbs}")
+        read_mbs, where = args.read_mbs, f"reading at {args.read_mbs:g} MB/s"
+    else:
+        if args.probe_mb < 1:
+            raise InvalidInputError(f"--probe-mb must be at least 1, got {args.probe_mb}")
+        read_mbs, how = C.measure_read_mbs(args.path, args.probe_mb << 20)
+        where = f"your disk, cold ({read_mbs:,.0f} MB/s)"
+        print(f"Your disk: {read_mbs:,.0f} MB/s read cold ({how}); {cores} cores.\n")
+    say("measuring each preset through the loader (a small store of the sample, warm page cache)")
+    loader = {name: C.measure_loader(images, name, repeats=args.repeats) for name in PRESETS}
+    warm, cold, table = C.recommend_for_storage(preset_rows, loader, read_mbs)
     by = {r.dataset: r for r in preset_rows}
     regimes = list(next(iter(table.values())))
-    print("Presets on your data (modelled images MB/s delivered at each read speed, all cores decompressing):\n")
-    print("| preset | codec | ratio | decompress MB/s 1t | " + " | ".join(regimes) + " |")
+    head = [("your disk" if k == "yours" else k) for k in regimes]
+    print(
+        f"Presets on your data, {cores} cores: MB/s of images delivered, measured through the loader from the page "
+        "cache and modelled at each read speed as min(read speed x ratio, loader):\n"
+    )
+    print("| preset | codec | ratio | decompress MB/s 1t | " + " | ".join(head) + " |")
     print("|---|---|---:|---:|" + "---:|" * len(regimes))
     for name, vals in table.items():
         r = by[name]
@@ -188,13 +219,15 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
             + " | ".join(f"{vals[k]:.0f}" for k in regimes)
             + " |"
         )
-    where = (
-        f"reading at {args.read_mbs:g} MB/s"
-        if args.read_mbs
-        else "data in the page cache (use --read-mbs for slower storage)"
-    )
-    print(f"\nrecommended preset for {where}: {best}")
-    print(f"use it with: carraystore ingest SRC OUT.b2nd --preset {best}   or   carraystore.Codec.preset({best!r})")
+    print(f"\nrecommended preset for data in the page cache: {warm}")
+    print(f"recommended preset for {where}: {cold}")
+    print(f"use it with: carraystore ingest SRC OUT.b2nd --preset {cold}   or   carraystore.Codec.preset({cold!r})")
+    if cold != "balanced" and by["balanced"].ratio > by[cold].ratio:
+        fewer = 1 - by[cold].ratio / by["balanced"].ratio
+        print(
+            f"(the default, balanced, stores {fewer:.0%} fewer bytes: keep it where the store is copied or read over "
+            "a network, or where more cores read it)"
+        )
     return 0
 
 

@@ -5,13 +5,22 @@ compressed with the store's exact ``Codec.cparams``, decompressed into a preallo
 Speeds are MB/s of uncompressed pixels: compression on one thread, decompression on one and
 two; random access is the µs to decompress one random image (its whole block).
 
-Presets are judged by a read-bound model: an image costs ``nbytes / (ratio * R)`` to read at
+Presets are chosen by a read-bound model: an image costs ``nbytes / (ratio * R)`` to read at
 speed ``R`` plus ``nbytes / (D * cores)`` to decompress at per-core speed ``D``. ``fast``
 takes ``R`` = memory-copy speed (the clevel 0 row), ``small`` ``R`` = 50 MB/s.
+
+``carraystore bench codecs`` recommends one for the user's disk and cores from two short
+measurements: the disk's cold sequential read speed (:func:`measure_read_mbs`: a probe file
+written beside the data, evicted from the page cache, read back, removed) and each preset's
+images through the loader from the page cache on these cores (:func:`measure_loader`: a
+small store of the sample, ``Store.batches`` epochs). Reading overlaps decompression, so a
+preset delivers ``min(R x ratio, loader rate)``
+(:func:`carraystore.format.codec.preset_for_storage`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -26,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from carraystore.base.errors import InvalidInputError
-from carraystore.format.codec import PRESETS, Codec
+from carraystore.format.codec import PRESETS, Codec, preset_for_storage
 
 __all__ = [
     "CODECS",
@@ -42,12 +51,17 @@ __all__ = [
     "throughput",
     "choose_presets",
     "recommend_preset",
+    "recommend_for_storage",
     "results_table",
     "block_table",
     "block_families",
     "write_results",
     "plot_results",
     "load_sample",
+    "measure_read_mbs",
+    "read_cold_s",
+    "measure_loader",
+    "PROBE_BYTES",
 ]
 
 #: Codecs, levels, filter sets and block sizes of the full grid (see docs/codecs.md).
@@ -428,12 +442,130 @@ def recommend_preset(
     return best, table
 
 
+def recommend_for_storage(
+    results: Sequence[CodecResult], loader_mbs: dict[str, float], read_mbs: float | None = None
+) -> tuple[str, str, dict[str, dict[str, float]]]:
+    """The preset for data in the page cache, the one for storage read at ``read_mbs`` MB/s, and each
+    preset's modelled MB/s of images at every :data:`REGIMES` speed (and ``"yours"``).
+
+    ``loader_mbs``: each preset's MB/s of pixels through the loader from the page cache on
+    these cores (:func:`measure_loader`); a preset delivers ``min(R x ratio, loader_mbs)``
+    (:func:`~carraystore.format.codec.preset_for_storage`, ties to the fewer bytes).
+    """
+    by_name = {r.dataset: r for r in results}
+    rates = {name: (by_name[name].ratio, loader_mbs[name]) for name in PRESETS if name in loader_mbs}
+    table: dict[str, dict[str, float]] = {}
+    for name, (ratio, mbs) in rates.items():
+        table[name] = {regime: mbs if read is None else min(read * ratio, mbs) for regime, read in REGIMES.items()}
+        if read_mbs is not None:
+            table[name]["yours"] = min(read_mbs * ratio, mbs)
+    warm = preset_for_storage(None, rates)
+    cold = preset_for_storage(read_mbs, rates) if read_mbs is not None else warm
+    return warm, cold, table
+
+
 def measure_presets(images: np.ndarray, repeats: int = 3) -> list[CodecResult]:
     """Each preset (plus uncompressed, for the memory speed) on ``images``; ``dataset`` = preset name."""
     rows = [measure_codec(images, Codec("zstd", 0), dataset="none", repeats=repeats)]
     for name, codec in PRESETS.items():
         rows.append(measure_codec(images, codec, dataset=name, repeats=repeats))
     return rows
+
+
+#: Bytes of the probe file :func:`measure_read_mbs` writes beside the data.
+PROBE_BYTES = 64 << 20
+#: Uncompressed bytes (at least four chunks) of the store :func:`measure_loader` reads.
+LOADER_SAMPLE_BYTES = 16 << 20
+
+
+def read_cold_s(path: str | os.PathLike[str], limit: int | None = None) -> tuple[float, int]:
+    """Seconds to read ``path`` (its first ``limit`` bytes) from the disk, evicted from the page cache first,
+    and the bytes read. (Pages another process holds mapped stay cached.)"""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        want = limit if limit is not None else os.fstat(fd).st_size
+        got = 0
+        t = time.perf_counter()
+        while got < want:
+            piece = os.read(fd, min(8 << 20, want - got))
+            if not piece:
+                break
+            got += len(piece)
+        return time.perf_counter() - t, got
+    finally:
+        os.close(fd)
+
+
+def measure_read_mbs(path: str | os.PathLike[str], nbytes: int = PROBE_BYTES) -> tuple[float, str]:
+    """The cold sequential read speed (MB/s) of the disk holding ``path``, and how it was measured.
+
+    A probe file of ``nbytes`` is written in ``path`` (a folder) or beside it (a file),
+    synced, evicted from the page cache, read back and removed. Where that folder cannot be
+    written, a store file of at least ``nbytes`` is read instead (nothing written); else
+    InvalidInputError asks for ``--read-mbs``.
+    """
+    if not hasattr(os, "posix_fadvise"):
+        raise InvalidInputError("this OS has no posix_fadvise to read a file cold: give --read-mbs")
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    probe = folder / f".carraystore-read-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            block = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+            for _ in range(max(1, nbytes >> 20)):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        seconds, got = read_cold_s(probe)
+        how = f"a {got >> 20} MiB probe file written in {folder}, evicted from the page cache, read back, removed"
+    except OSError as exc:
+        if not (p.is_file() and p.stat().st_size >= nbytes):
+            raise InvalidInputError(
+                f"cannot measure the read speed of {folder} ({exc.strerror or exc}): give --read-mbs"
+            ) from exc
+        seconds, got = read_cold_s(p, nbytes)
+        how = f"the first {got >> 20} MiB of {p.name}, evicted from the page cache, read back"
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return got / max(seconds, 1e-9) / 1e6, how
+
+
+def measure_loader(images: np.ndarray, codec: Codec | str, repeats: int = 3) -> float:
+    """MB/s of pixels ``Store.batches`` delivers from the page cache on this machine's cores.
+
+    The sample, repeated to :data:`LOADER_SAMPLE_BYTES` (at least four chunks), is written
+    as a store with ``codec`` in a temporary folder; after one untimed epoch, the median of
+    ``repeats`` block-shuffled epochs counts.
+    """
+    import tempfile
+
+    from carraystore.api.store import open_store
+    from carraystore.format.codec import default_chunk_images
+    from carraystore.store.writer import create
+
+    images = np.ascontiguousarray(images)
+    image_nbytes = max(1, images[0].nbytes)
+    codec = Codec.preset(codec) if isinstance(codec, str) else codec
+    resolved = codec.resolve(images.dtype, images.shape[1:])
+    chunk = default_chunk_images(image_nbytes, int(resolved.block_images or 1))
+    n = max(4 * chunk, LOADER_SAMPLE_BYTES // image_nbytes, len(images))
+    reps = -(-n // len(images))
+    sample = np.concatenate([images] * reps)[:n] if reps > 1 else images[:n]
+    batch = max(1, min(32, n // 4))
+    with tempfile.TemporaryDirectory(prefix="carraystore-bench-") as d:
+        path = Path(d) / "sample.b2nd"
+        with create(path, sample.shape[1:], dtype=sample.dtype, codec=codec) as w:
+            w.append(sample)
+        with open_store(path) as store:
+            times = []
+            for e in range(repeats + 1):
+                t = time.perf_counter()
+                for _x, _y in store.batches(batch, seed=0, epoch=e):
+                    pass
+                times.append(time.perf_counter() - t)
+    return float(n * image_nbytes / statistics.median(times[1:]) / 1e6)
 
 
 # -- output ------------------------------------------------------------------------------
