@@ -13,8 +13,16 @@ Peers (each skipped with a reason when its library is missing):
 - ``zarr``: zarr v3 with ``BloscCodec()`` defaults, chunks of 32 images, chunk-shuffle generator;
 - ``bcolz``: a legacy bcolz carray (lz4, written by ``testsupport.bcolz_writer``, read by ``carraystore.migrations.bcolz``),
   chunk-shuffle generator;
+- ``lance``: a Lance dataset of the pixels (pylance), random ``take`` of each batch's rows;
 - ``numpy_memory``: the images in RAM, fancy-indexed batches (the upper bound);
-- ``carraystore_<preset>_<shuffle>``: ``Store.batches`` with block or global shuffle.
+- ``carraystore_<preset>_<shuffle>``: ``Store.batches`` with block or global shuffle
+  (``carraystore_encoded_block``: the encoded layout, the JPEG files' bytes);
+- ``carraystore_from_bcolz_block``: the bcolz peer's carrays migrated with ``migrate``'s defaults.
+
+With ``throttle_mbs`` each round also times a cold epoch whose reads of the disk are
+limited to that rate (a cgroup-v1 blkio throttle, :mod:`bench.loaders.throttle`): the
+HDD or network-file-system regime; where the machine cannot throttle, it is skipped and
+the report says why.
 
 Every on-disk artifact is written in the folder's (class-sorted) order — the worst case
 for chunk-level shuffling, which the "distinct labels per batch" column shows.
@@ -31,7 +39,8 @@ The package keeps one concern per module: ``peer`` (Context, the Peer interface,
 orders), ``file_peers`` and ``array_peers`` (the peers), ``registry`` (the table order,
 which can run here), ``artifacts`` (converted copies, built once), ``child`` (one round in
 a fresh process), ``comparison`` (the run), ``results`` (rows and goals), ``report``
-(tables, chart, files), ``machine`` (what it ran on).
+(tables, chart, files), ``machine`` (what it ran on), ``throttle`` (the throttled disk),
+``matrix`` (the storage-speed matrix: these regimes plus a remote link).
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ from bench.loaders.array_peers import (
     Bcolz,
     CarrayStore,
     Hdf5,
+    Lance,
+    MigratedBcolz,
     NpyFiles,
     NpzCache,
     NumpyMemory,
@@ -79,6 +90,8 @@ __all__ = [
     "Hdf5",
     "Zarr",
     "Bcolz",
+    "Lance",
+    "MigratedBcolz",
     "NumpyMemory",
     "CarrayStore",
     "PeerResult",

@@ -13,7 +13,7 @@ import numpy as np
 
 from bench.loaders.peer import PEER_CHUNK, Batch, Context, Peer, chunk_shuffle, index_batches
 
-__all__ = ["NpyFiles", "NpzCache", "Hdf5", "Zarr", "Bcolz", "NumpyMemory", "CarrayStore"]
+__all__ = ["NpyFiles", "NpzCache", "Hdf5", "Zarr", "Bcolz", "Lance", "NumpyMemory", "CarrayStore", "MigratedBcolz"]
 
 
 class NpyFiles(Peer):
@@ -149,6 +149,41 @@ class Bcolz(Peer):
         return epoch
 
 
+class Lance(Peer):
+    """A Lance dataset of the pixels (one fixed-size list of uint8 per image), read by random ``take`` per batch."""
+
+    name = "lance"
+    label = "Lance dataset of pixels, random take"
+    requires = ("lance", "pyarrow")
+
+    def build(self, ctx: Context, dest: Path) -> None:
+        import lance
+        import pyarrow as pa
+
+        dest.mkdir(parents=True)
+        x = ctx.images
+        flat = pa.array(np.ascontiguousarray(x).reshape(-1), type=pa.uint8())
+        pixels = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(x.shape[1:])))
+        table = pa.table({"image": pixels, "label": pa.array(ctx.folder.labels.astype(np.int64))})
+        lance.write_dataset(table, str(dest / "data.lance"))
+        np.save(dest / "shape.npy", np.array(x.shape[1:]))
+
+    def reader(self, ctx: Context, dest: Path) -> Callable[[int], Iterator[Batch]]:
+        import lance
+
+        ds = lance.dataset(str(dest / "data.lance"))
+        shape = tuple(int(v) for v in np.load(dest / "shape.npy"))
+        n = ds.count_rows()
+
+        def epoch(e: int) -> Iterator[Batch]:
+            for idx in index_batches(n, ctx.batch_size, ctx.seed, e):
+                t = ds.take(idx.tolist(), columns=["image", "label"])
+                x = t.column("image").combine_chunks().flatten().to_numpy().reshape(len(idx), *shape)
+                yield x, t.column("label").to_numpy()
+
+        return epoch
+
+
 class NumpyMemory(Peer):
     name = "numpy_memory"
     label = "in-memory numpy (upper bound)"
@@ -174,32 +209,43 @@ class NumpyMemory(Peer):
 
 
 class CarrayStore(Peer):
-    """``Store.batches`` on a store ingested with ``carraystore.from_directory`` (folder order)."""
+    """``Store.batches`` on a store ingested with ``carraystore.from_directory`` (folder order).
+
+    ``preset`` ``"encoded"``: the encoded layout (each JPEG file's own bytes, the layout's codec),
+    decoded by the loader's threads.
+    """
 
     def __init__(self, preset: str, shuffle: str) -> None:
         self.preset = preset
         self.shuffle = shuffle
         self.name = f"carraystore_{preset}_{shuffle}"
-        self.label = f"carraystore {preset}, {shuffle} shuffle"
+        self.label = (
+            f"carraystore encoded layout (JPEG files), {shuffle} shuffle"
+            if preset == "encoded"
+            else f"carraystore {preset}, {shuffle} shuffle"
+        )
         self.artifact = f"carraystore_{preset}"
 
     def key(self) -> dict[str, Any]:
         from carraystore.format.codec import Codec
 
+        if self.preset == "encoded":
+            return {"layout": "encoded"}
         return {"codec": Codec.preset(self.preset).to_config()}
 
     def build(self, ctx: Context, dest: Path) -> None:
         from carraystore.ingest.run import from_directory
 
         dest.mkdir(parents=True)
+        how: dict[str, Any] = {"layout": "encoded"} if self.preset == "encoded" else {"codec": self.preset}
         from_directory(
             ctx.root if ctx.limit is None else _link_subset(ctx, dest),
             dest / "data.b2nd",
             image_size=ctx.image_size,
             color_mode=ctx.color_mode,
-            codec=self.preset,
             keep_order=True,
             workers=os.cpu_count() or 1,
+            **how,
         )
         shutil.rmtree(dest / "_subset", ignore_errors=True)
 
@@ -212,7 +258,39 @@ class CarrayStore(Peer):
             with store.batches(ctx.batch_size, shuffle=self.shuffle, seed=ctx.seed, epoch=e) as it:
                 yield from cast(Iterator[Batch], it)  # ingested from class folders: y is never None
 
+        # the store's memory map keeps the pages it touched resident through an eviction: the child closes it first
+        epoch.close = store.close  # type: ignore[attr-defined]
         return epoch
+
+
+class MigratedBcolz(CarrayStore):
+    """The bcolz peer's carrays (lz4-5, byte shuffle, chunks of 32 images) migrated with ``carraystore.migrate``'s
+    defaults: what a bcolz user gets without choosing a codec; read with ``Store.batches``."""
+
+    def __init__(self, shuffle: str = "block") -> None:
+        super().__init__("migrated", shuffle)
+        self.name = f"carraystore_from_bcolz_{shuffle}"
+        self.label = f"carraystore migrated from bcolz (default codec), {shuffle} shuffle"
+        self.artifact = "carraystore_from_bcolz"
+
+    def missing(self) -> str | None:
+        return Bcolz().missing()
+
+    def key(self) -> dict[str, Any]:
+        from carraystore.migrations.bcolz import default_codec_for
+
+        return {"codec": default_codec_for({"cname": "lz4", "clevel": 5, "shuffle": 1}).to_config()}
+
+    def build(self, ctx: Context, dest: Path) -> None:
+        from carraystore.migrations.core import migrate
+        from testsupport.bcolz_writer import write_carray
+
+        dest.mkdir(parents=True)
+        src = dest / "_bcolz"
+        write_carray(src / "x", ctx.images, chunklen=PEER_CHUNK, cname="lz4", clevel=5, shuffle=1)
+        write_carray(src / "y", ctx.folder.labels.astype(np.int64), chunklen=4096, cname="lz4", clevel=5, shuffle=1)
+        migrate(None, dest / "data.b2nd", images=src / "x", labels=src / "y")
+        shutil.rmtree(src)
 
 
 def _link_subset(ctx: Context, dest: Path) -> Path:

@@ -37,6 +37,15 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def _link(text: str) -> tuple[float, float | None]:
+    from bench.loaders.matrix import parse_link
+
+    try:
+        return parse_link(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _size(text: str) -> int | None:
     from carraystore.sources.cache import parse_size
 
@@ -65,6 +74,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="images per batch (default 32)")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs per regime; the median counts (default 3)")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-cache epochs")
+    p.add_argument(
+        "--throttle-mbs",
+        type=float,
+        default=None,
+        metavar="MBS",
+        help=(
+            "also time a cold epoch with reads of the disk limited to MBS MB/s (an HDD or network file system: "
+            "a cgroup-v1 blkio throttle, needs root; skipped with the reason where it cannot be set)"
+        ),
+    )
+    p.add_argument(
+        "--probe-disk", action="store_true", help="measure the disk's cold sequential read speed (a 128 MiB probe file)"
+    )
+    p.add_argument(
+        "--remote",
+        type=_link,
+        metavar="RTT_MS:MBIT",
+        help=(
+            "also read carraystore's stores over an emulated link (a SeaweedFS server on loopback behind a proxy), "
+            "e.g. 20:400; with --out, writes the storage-speed matrix (storage_matrix.md/.json) of every regime"
+        ),
+    )
     p.add_argument("--peers", help="comma-separated loaders to run (default: all installed); see --list")
     p.add_argument("--list", action="store_true", help="list the loaders and whether each can run here, then exit")
     p.add_argument("--work", help="folder for the converted copies (kept; default: a temporary folder, removed)")
@@ -137,6 +168,7 @@ def _run(args: argparse.Namespace) -> int:
     if unknown:
         raise InvalidInputError(f"unknown loaders {unknown}; choose from {sorted(PEER_BY_NAME)}")
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="carraystore-bench-"))
+    matrix = None
     try:
         cmp = run_comparison(
             args.dir,
@@ -151,13 +183,38 @@ def _run(args: argparse.Namespace) -> int:
             peers=peers,
             timeout_s=args.timeout,
             progress=_say(args.quiet),
+            throttle_mbs=args.throttle_mbs,
+            probe_disk=args.probe_disk or args.throttle_mbs is not None or args.remote is not None,
         )
+        if args.throttle_mbs is not None or args.remote is not None:
+            from bench.loaders.matrix import build_matrix, run_remote, stores_for_remote
+
+            remote = None
+            if args.remote is not None:
+                remote = run_remote(
+                    stores_for_remote(cmp, work),
+                    args.remote,
+                    rounds=args.epochs,
+                    batch_size=args.batch_size,
+                    seed=args.seed,
+                    timeout_s=args.timeout,
+                    progress=_say(args.quiet),
+                )
+            matrix = build_matrix(cmp, remote)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     print(markdown_report(cmp, heading="# Loader comparison on your images"))
+    if matrix is not None:
+        from bench.loaders.matrix import matrix_markdown
+
+        print(matrix_markdown(matrix, heading="# Storage-speed matrix on your images"))
     if args.out:
         paths = write_results(cmp, args.out)
+        if matrix is not None:
+            from bench.loaders.matrix import write_matrix
+
+            paths.update({f"matrix_{k}": v for k, v in write_matrix(matrix, args.out).items()})
         print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 1 if any(r.status == "error" for r in cmp.rows) else 0
 

@@ -95,7 +95,12 @@ class Peer:
         return [dest]
 
     def reader(self, ctx: Context, dest: Path) -> Callable[[int], Iterator[Batch]]:
-        """A function epoch -> iterator of (x, y) batches (x any array, y int labels)."""
+        """A function epoch -> iterator of (x, y) batches (x any array, y int labels).
+
+        A reader holding a memory map gives the function a ``close`` attribute: pages a live
+        map has touched survive ``posix_fadvise(DONTNEED)``, so the child closes the reader
+        and opens a new one before each eviction.
+        """
         raise NotImplementedError
 
 

