@@ -25,7 +25,11 @@ from typing import Any
 
 import pytest
 
+import carraystore
 from testsupport.faults import CATEGORIES, LOCAL_KINDS, MUTANTS, draw_plan
+from testsupport.faults.checker import judge
+from testsupport.faults.truth import TruthWriter, Txn
+from testsupport.faults.workers import Ctx, items_of, make_template
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="forks workers (Linux)")
 
@@ -92,3 +96,59 @@ def test_the_checker_reports_a_seeded_bug(
     result, text = _campaign(tmp_path, *args)
     assert sum(result["totals"][c] for c in expect) > 0, text
     assert result["violating_runs"], text
+
+
+def _log(*events: tuple[str, Txn | str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for ev, what in events:
+        e: dict[str, Any] = {"ev": ev, "who": "test", "seq": len(out)}
+        if isinstance(what, Txn):
+            e["txn"] = what.to_json()
+        else:
+            e["id"] = what
+        if ev == "fail":
+            e["error"] = "WriteError: a full disk"
+        out.append(e)
+    return out
+
+
+def test_the_checker_names_each_violation(tmp_path: Path) -> None:
+    """The checker alone, on a store written by hand: one violation of each kind, each named."""
+    ctx = Ctx(tmp_path, "fields", TruthWriter(-1, "test"))
+    make_template(ctx.store, "fields")
+    ok, wrong, torn, lost, failed, dup, rec = (
+        Txn("a1", "append", 2),
+        Txn("a2", "append", 2),
+        Txn("a3", "append", 3),
+        Txn("a4", "append", 1),
+        Txn("a5", "append", 1),
+        Txn("a6", "append", 2),
+        Txn("rec", "recover", 1),
+    )
+    with carraystore.append(ctx.store) as w:
+        for txn, keep in ((ok, 2), (wrong, 2), (torn, 2), (failed, 1), (dup, 1), (rec, 1)):
+            images, labels, keys, extra = items_of(ctx, txn)
+            if txn is wrong:
+                images[1, 0, 0, 0] ^= 1
+            w.append(
+                images[:keep],
+                labels[:keep],
+                keys[:keep],
+                {"angle": extra["columns"]["angle"][:keep]},
+                extra["groups"][:keep],
+            )
+        images, labels, keys, extra = items_of(ctx, dup)  # the key of a6's first item, twice
+        w.append(images[:1], labels[:1], keys[:1], {"angle": extra["columns"]["angle"][:1]}, extra["groups"][:1])
+    events = _log(
+        ("begun", Txn("init", "init", 6)), ("ack", "init"),
+        *[("begun", t) for t in (ok, wrong, torn, lost, failed, dup, rec)],
+        ("ack", "a1"), ("ack", "a2"), ("ack", "a4"), ("fail", "a5"), ("ack", "a6"), ("ack", "rec"),
+    )  # fmt: skip
+    v, _facts = judge(tmp_path, events, fields=True)
+    text = "\n".join(v.details)
+    assert v.counts == {"wrong": 2, "torn": 2, "lost": 1, "dup": 1}, text
+    assert "item 9 (a2-1): pixels" in text  # the wrong pixel (after init-0..5, a1-0, a1-1, a2-0)
+    assert "2 of the 3 items of a3" in text and "1 of the 2 items of a6" in text  # a3 partly there; a6 too
+    assert "acknowledged append a4 (1 items) is missing" in text
+    assert "a5 (append) failed (WriteError: a full disk) yet its items are there" in text
+    assert "key 'a6-0' 2 times" in text

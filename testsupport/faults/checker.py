@@ -69,10 +69,11 @@ class Scan:
     """One reading of a store: which items of which transaction it holds, and what was wrong with them."""
 
     nitems: int
-    txns: dict[str, set[int]]
+    txns: dict[str, set[int]]  # the items of each transaction (their place j in it)
     attrs: dict[str, Any]
     class_names: tuple[str, ...]
     problems: list[tuple[str, str]]  # (category, what)
+    keys: dict[str, set[str]] = field(default_factory=dict)  # each transaction's keys
 
     def summary(self) -> dict[str, Any]:
         """What a reader reports (short enough for one atomic pipe write)."""
@@ -98,6 +99,7 @@ def scan_store(location: Path | str, fields: bool, storage_options: dict[str, An
         attrs = dict(s.attrs)
         images = s[:] if n else np.zeros((0,))
     txns: dict[str, set[int]] = {}
+    keyset: dict[str, set[str]] = {}
     if keys is None or len(keys) != n:
         problems.append(("torn", f"{path.name}: {n} items but {None if keys is None else len(keys)} keys"))
         keys = (keys or [])[:n]
@@ -115,6 +117,7 @@ def scan_store(location: Path | str, fields: bool, storage_options: dict[str, An
             problems.append(("wrong", f"{path.name}: item {i} has key {key!r}, which no writer of the campaign writes"))
             continue
         txns.setdefault(exp.txn, set()).add(exp.j)
+        keyset.setdefault(exp.txn, set()).add(key)
         what = []
         if not np.array_equal(images[i], pixels(key)):
             what.append("pixels")
@@ -128,7 +131,7 @@ def scan_store(location: Path | str, fields: bool, storage_options: dict[str, An
                 what.append("group")
         if what:
             problems.append(("wrong", f"{path.name}: item {i} ({key}): {', '.join(what)}"))
-    return Scan(n, txns, attrs, names, problems)
+    return Scan(n, txns, attrs, names, problems, keyset)
 
 
 def _verify(location: Path | str, v: Violations, storage_options: dict[str, Any] | None = None) -> None:
@@ -147,6 +150,9 @@ def _judge_items(scan: Scan, states: dict[str, TxnState], where: str, v: Violati
             continue
         if js != set(range(st.txn.n)):
             v.add("torn", f"{where}: {len(js)} of the {st.txn.n} items of {tid} ({st.txn.op}, {st.outcome})")
+        elif scan.keys.get(tid, set()) != set(st.txn.item_keys()):
+            odd = sorted(scan.keys.get(tid, set()) - set(st.txn.item_keys()))
+            v.add("wrong", f"{where}: {tid} holds keys its writer never wrote: {odd[:3]}")
         elif st.failed:
             v.add("wrong", f"{where}: {tid} ({st.txn.op}) failed ({st.error[:200]}) yet its items are there")
 

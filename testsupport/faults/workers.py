@@ -95,7 +95,8 @@ def _cli(argv: list[str]) -> None:
         raise _CliFailed(f"carraystore {argv[0]} exited with status {status}")
 
 
-def _items(ctx: Ctx, txn: Txn) -> tuple[np.ndarray, list[int], list[str], dict[str, Any]]:
+def items_of(ctx: Ctx, txn: Txn) -> tuple[np.ndarray, list[int], list[str], dict[str, Any]]:
+    """A transaction's items as an API append takes them: images, labels, keys, {columns, groups}."""
     keys = txn.item_keys()
     exp = [expected(k) for k in keys]
     assert all(e is not None for e in exp)
@@ -113,7 +114,7 @@ def make_template(path: Path, flavour: str, log: TruthWriter | None = None) -> T
     """The initial store of every run: 6 items (the transaction "init")."""
     txn = Txn("init", "init", 6)
     ctx = Ctx(path.parent, flavour, log or TruthWriter(-1, "template"))
-    images, labels, keys, extra = _items(ctx, txn)
+    images, labels, keys, extra = items_of(ctx, txn)
     with carraystore.create(path, SHAPE, class_names=list(INIT_CLASSES), chunk_images=CHUNK_IMAGES, nthreads=1) as w:
         w.append(images, labels=labels, keys=keys, **extra)
     return txn
@@ -142,7 +143,7 @@ def _do(ctx: Ctx, txn: Txn, src: Path | None) -> None:
         remote = {"storage_options": ctx.storage_options, "tmp_dir": str(ctx.store_dir.parent / "staging")}
         remote_args = ["--storage-options", json.dumps(ctx.storage_options)]
     if txn.op in ("append", "recover"):
-        images, labels, keys, extra = _items(ctx, txn)
+        images, labels, keys, extra = items_of(ctx, txn)
         with carraystore.append(store, nthreads=1, lock_timeout=LOCK_WAIT, **remote) as w:
             half = (len(keys) + 1) // 2 if len(keys) > 2 else len(keys)  # two calls: a partial chunk filled up
             cols = extra.get("columns")
