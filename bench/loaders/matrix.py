@@ -64,6 +64,8 @@ REMOTE_ROWS = {
     "carraystore_small_block": "carraystore_small",
     "carraystore_encoded_block": "carraystore_encoded",
 }
+#: Peers that read the JPEG files (or their bytes) and decode them: 6x fewer bytes than any store of pixels
+JPEG_PEERS = ("keras_load_img", "pillow_threads", "tfdata_jpeg", "tfrecord")
 #: The presets the storage rule chooses between for a default (``small`` writes several times slower for a few %).
 RULE_PRESETS = ("fast", "balanced")
 BUCKET = "matrix"
@@ -260,6 +262,9 @@ def build_matrix(cmp: Comparison, remote: dict[str, Any] | None) -> dict[str, An
             if row["on_disk_peer"] and row["images_per_s"].get(key)
         ]
         best_peer = max(peers, key=lambda x: x[1]) if peers else None
+        pixel_peers = [x for x in peers if x[0] not in JPEG_PEERS]
+        best_pixels = max(pixel_peers, key=lambda x: x[1]) if pixel_peers else None
+        encoded = _rate(cmp.row("carraystore_encoded_block"), key, remote)
         pick = (
             preset_for_storage(g["read_mbs"], rates)
             if len(rates) == len(RULE_PRESETS) and (key == "warm" or g["read_mbs"])
@@ -274,6 +279,13 @@ def build_matrix(cmp: Comparison, remote: dict[str, Any] | None) -> dict[str, An
             "best_on_disk_peer_images_per_s": best_peer[1] if best_peer else None,
             "default_vs_best_peer": (default / best_peer[1]) if default and best_peer else None,
             "rule_vs_best_peer": (measured[pick] / best_peer[1]) if pick and measured.get(pick) and best_peer else None,
+            "best_pixel_peer": best_pixels[0] if best_pixels else None,
+            "best_pixel_peer_images_per_s": best_pixels[1] if best_pixels else None,
+            "default_vs_best_pixel_peer": (default / best_pixels[1]) if default and best_pixels else None,
+            "rule_vs_best_pixel_peer": (
+                (measured[pick] / best_pixels[1]) if pick and measured.get(pick) and best_pixels else None
+            ),
+            "encoded_vs_best_peer": (encoded / best_peer[1]) if encoded and best_peer else None,
         }
     return {
         "info": {
@@ -343,19 +355,28 @@ def matrix_markdown(m: dict[str, Any], heading: str = "# Storage-speed matrix") 
         "The storage rule (`carraystore.format.codec.preset_for_storage`: each preset delivers min(read speed x ratio, "
         "its warm rate); within 10% the fewer bytes win) against what was measured:",
         "",
-        "| regime | read speed MB/s | rule picks | measured fastest preset | default `balanced` / best on-disk peer "
-        "| rule's pick / best on-disk peer |",
-        "|---|---:|---|---|---:|---:|",
+        "| regime | read speed MB/s | rule picks | measured fastest preset | default `balanced` / best pixel store "
+        "| rule's pick / best pixel store | `balanced` / best on-disk peer | encoded layout / best on-disk peer |",
+        "|---|---:|---|---|---:|---:|---:|---:|",
     ]
+
+    def ratio(p: dict[str, Any], key: str, peer: str | None = None) -> str:
+        v = p.get(key)
+        return "—" if not v else f"{v:.2f}x" + (f" ({p[peer]})" if peer and p.get(peer) else "")
+
     for g in regimes:
         p = m["picks"][g["key"]]
-        peer = f" ({p['best_on_disk_peer']})" if p.get("best_on_disk_peer") else ""
-        dvb = f"{p['default_vs_best_peer']:.2f}x{peer}" if p.get("default_vs_best_peer") else "—"
-        rvb = f"{p['rule_vs_best_peer']:.2f}x" if p.get("rule_vs_best_peer") else "—"
         lines.append(
             f"| {g['label']} | {_fmt(g['read_mbs'])} | {p.get('rule_picks') or '—'} | "
-            f"{p.get('measured_fastest') or '—'} | {dvb} | {rvb} |"
+            f"{p.get('measured_fastest') or '—'} | {ratio(p, 'default_vs_best_pixel_peer', 'best_pixel_peer')} | "
+            f"{ratio(p, 'rule_vs_best_pixel_peer')} | {ratio(p, 'default_vs_best_peer', 'best_on_disk_peer')} | "
+            f"{ratio(p, 'encoded_vs_best_peer')} |"
         )
+    lines += [
+        "",
+        "Pixel stores: the peers that keep decoded pixels (bcolz, `.npy` files, Lance, zarr, HDF5, the `.npz` cache); the "
+        "other on-disk peers read the JPEG files (6x fewer bytes) and decode them, as the encoded layout does.",
+    ]
     rates = i.get("rule_rates") or {}
     if rates:
         lines += [
