@@ -294,7 +294,7 @@ class TableReader(SampleReader):
                 self.class_names, self.class_names_for = tuple(names), n
         self.label_names = (*labels, "label", "labels", "class", "target", "y")
         self.key_names = tuple(f"{n}.path" for n in images)
-        self._paths_relative: dict[str, list[str]] = {}
+        self._rel: dict[str, dict[str, str]] | None = None
         self.provenance = {
             kind.lower(): {
                 "files": len(self.files),
@@ -388,31 +388,36 @@ class TableReader(SampleReader):
             return
         out[name] = [Unreadable(f"a {t} column; fields hold numbers, text or fixed-size lists")] * n
 
-    def samples(self) -> Iterator[Sample]:
-        rel: dict[str, dict[str, str]] = {}
-        for k in self.key_names:  # image paths relative to their common folder, as for .npz caches
-            paths = self._all_paths(k)
-            if paths is not None:
+    def _relative_paths(self) -> dict[str, dict[str, str]]:
+        """Per image ``path`` column: each path made relative to their common folder, as for .npz caches (so no
+        absolute path of a machine enters the store); read once, from that column only."""
+        if self._rel is None:
+            self._rel = {}
+            for k in self.key_names:
+                paths = self._all_paths(k)
+                if paths is None:
+                    continue
                 try:
                     keys, root = relative_keys(paths)
                 except MigrationError:
                     continue
-                rel[k] = dict(zip(paths, keys, strict=True))
-                if root not in ("", "/") and not getattr(self, "_root_noted", False):
-                    self._root_noted = True
+                self._rel[k] = dict(zip(paths, keys, strict=True))
+                if root not in ("", "/"):
                     self.notes.append(f"image paths made relative to their common folder {root!r}")
-        row = 0
+        return self._rel
+
+    def samples(self) -> Iterator[Sample]:
+        rel = self._relative_paths()
         for table in self.tables:
+            row = 0
             for batch in table.batches():
-                where0 = f"{table.path}: row"
-                cols = self._columns(batch, where0)
+                cols = self._columns(batch, f"{table.path}: row")
                 for k, m in rel.items():
                     if k in cols:
                         cols[k] = [m.get(p, p) if isinstance(p, str) else p for p in cols[k]]
                 for i in range(batch.num_rows):
-                    yield Sample(
-                        f"{table.path.name}: row {row}", None, {k: v[i] for k, v in cols.items() if v[i] is not None}
-                    )
+                    values = {k: v[i] for k, v in cols.items() if v[i] is not None}
+                    yield Sample(f"{table.path.name}: row {row}", None, values)
                     row += 1
 
     def _all_paths(self, name: str) -> list[str] | None:

@@ -77,6 +77,8 @@ class SourceImageError(MigrationError, ImageDecodeError):
 
 #: The largest tar member, record or table cell read (a header claiming more is refused before it is read).
 MAX_MEMBER_BYTES = 256 * 1024 * 1024
+#: Distinct value names (members, features, columns, JSON keys) across a source; refused beyond.
+MAX_VALUE_NAMES = 10_000
 #: The image formats read from a sample (Pillow's names); anything else is not taken for an image.
 PILLOW_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM")
 _GRAY_MODES = ("1", "L", "I;16", "I;16B", "I;16L", "I;16N", "I")
@@ -632,6 +634,11 @@ class SampleSource(Source):
             for name, v in s.values.items():
                 if name not in self._not_fields:
                     scans.setdefault(name, _ValueScan(name, r.squeeze)).add(v)
+            if len(scans) > MAX_VALUE_NAMES:
+                raise SourceFormatError(
+                    f"{s.where}: the samples so far hold more than {MAX_VALUE_NAMES} distinct {word}s; a store keeps "
+                    f"at most {FIELDS_MAX_ROW_BYTES} bytes of fields per item; the source is damaged or hostile"
+                )
             n += 1
         if plan is None or first is None:
             raise MigrationError(f"{self.location}: holds no samples")

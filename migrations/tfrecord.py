@@ -23,6 +23,7 @@ import numpy as np
 
 from carraystore.base.errors import MigrationError
 
+from .base import FIELD_MAX_ROW_BYTES
 from .samples import (
     MAX_MEMBER_BYTES,
     Sample,
@@ -49,6 +50,10 @@ __all__ = [
 ]
 
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
+#: Features in one Example (the record is refused beyond): more than the fields a store's record holds.
+MAX_FEATURES = 10_000
+#: A float or int64 list longer than this on the wire cannot be a field (FIELD_MAX_ROW_BYTES), so is not parsed.
+_MAX_LIST_BYTES = 16 * FIELD_MAX_ROW_BYTES
 _MASK_DELTA = 0xA282EAD8
 
 
@@ -260,8 +265,12 @@ def _feature(buf: memoryview, pos: int, end: int, where: str) -> Any:
         if wire != 2 or number not in (1, 2, 3):
             continue
         if number == 1:  # BytesList
-            items = [bytes(buf[s:e]) for n, w, s, e in _fields(buf, a, b, where) if n == 1 and w == 2]
-            value = items[0] if len(items) == 1 else Unreadable(f"a list of {len(items)} byte strings")
+            spans = [(s, e) for n, w, s, e in _fields(buf, a, b, where) if n == 1 and w == 2]
+            value = (
+                bytes(buf[slice(*spans[0])]) if len(spans) == 1 else Unreadable(f"a list of {len(spans)} byte strings")
+            )
+        elif b - a > _MAX_LIST_BYTES:  # more values than a field holds: not parsed one by one
+            value = Unreadable(f"a list of {b - a} bytes of numbers, more than a field holds")
         elif number == 2:  # FloatList
             parts: list[np.ndarray] = []
             for n, w, s, e in _fields(buf, a, b, where):
@@ -295,6 +304,7 @@ def parse_example(record: bytes | memoryview, where: str) -> dict[str, Any]:
     buf = memoryview(record)
     out: dict[str, Any] = {}
     saw_features = False
+    count = 0
     for number, wire, a, b in _fields(buf, 0, len(buf), where):
         if number != 1 or wire != 2:
             raise ExampleError(
@@ -318,6 +328,9 @@ def parse_example(record: bytes | memoryview, where: str) -> dict[str, Any]:
             if key is None:
                 raise ExampleError(f"{where}: a feature without a name")
             out[key] = feature
+            count += 1
+            if count > MAX_FEATURES:
+                raise ExampleError(f"{where}: more than {MAX_FEATURES} features; the record is damaged or hostile")
     if not saw_features and len(buf):
         raise ExampleError(f"{where}: not a tf.train.Example (no features)")
     return out

@@ -25,6 +25,7 @@ import numpy as np
 
 from carraystore.base.errors import MigrationError
 
+from .npz import read_npy_header
 from .samples import (
     MAX_MEMBER_BYTES,
     Sample,
@@ -121,11 +122,21 @@ def member_value(kind: str, data: bytes, name: str, out: dict[str, Any]) -> None
             out[name] = Unreadable("not an .npy (no NUMPY header)")
             return
         try:
+            f = io.BytesIO(data)
+            shape, _fortran, dtype = read_npy_header(f, name, allow_objects=True)
+            if dtype.hasobject:
+                out[name] = Unreadable("an .npy of Python objects, never unpickled")
+                return
+            if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > len(data) - f.tell():
+                out[name] = Unreadable(
+                    f"an .npy whose header claims {dtype}{list(shape)}, more than its {len(data)} bytes"
+                )
+                return
             out[name] = np.load(io.BytesIO(data), allow_pickle=False)
         except ValueError as exc:
             pickled = "pickle" in str(exc) or "Object arrays" in str(exc)
             out[name] = Unreadable("an .npy of Python objects, never unpickled" if pickled else f"not an .npy ({exc})")
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, MigrationError) as exc:
             out[name] = Unreadable(f"not an .npy ({exc})")
     elif last in _PICKLE_TYPES:
         out[name] = Unreadable("pickled; never unpickled (unpickling runs code from the file)")
@@ -227,6 +238,7 @@ class WebDatasetReader(SampleReader):
             window = _Window(stream)
             current: Sample | None = None
             kinds: set[str] = set()
+            held = 0
             try:
                 tar = tarfile.open(fileobj=window, mode="r|")  # type: ignore[call-overload]  # noqa: SIM115
             except tarfile.ReadError as exc:
@@ -256,6 +268,15 @@ class WebDatasetReader(SampleReader):
                     data = f.read()
                     if len(data) != info.size:
                         raise TruncatedSourceError(f"{name}: member {member!r} is cut short: the shard is truncated")
+                    if current is not None and key == current.key:
+                        held += len(data)
+                        if held > MAX_MEMBER_BYTES:
+                            raise SourceFormatError(
+                                f"{name}: sample {key!r} holds more than {MAX_MEMBER_BYTES} bytes in its members; "
+                                "the shard is damaged or hostile"
+                            )
+                    else:
+                        held = len(data)
                     tar.members = []  # streaming: keep no list of every member
                     kind = kind.lower()
                     if current is None or key != current.key:

@@ -202,6 +202,11 @@ def test_packed_and_unpacked_lists_parse_alike() -> None:
     for name in feats:
         assert np.array_equal(packed[name], unpacked[name])
     assert packed["i"].tolist() == [-7, 0, 2**40] and packed["f"].dtype == np.float32
+    long = tfr.parse_example(_example({"f": ("float", [0.5] * 20000)}), "l")  # never a field: not parsed
+    assert long["f"].reason.endswith("more than a field holds")
+    many = _example({f"f{i}": ("int", [i]) for i in range(tfr.MAX_FEATURES + 1)})
+    with pytest.raises(tfr.ExampleError, match="more than 10000 features"):
+        tfr.parse_example(many, "m")
 
 
 def test_named_features_groups_and_the_cli(photo_patches, tmp_path: Path) -> None:

@@ -255,6 +255,8 @@ def test_images_of_different_sizes(good, photo_patches, tmp_path: Path) -> None:
 
 
 def test_unreadable_members_are_left_out_with_the_reason(good, tmp_path: Path) -> None:
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f8", "fortran_order": False, "shape": (10**12,)})
     extra = []
     for i in range(4):
         extra += [
@@ -262,6 +264,7 @@ def test_unreadable_members_are_left_out_with_the_reason(good, tmp_path: Path) -
             (f"k{i}.xyz", b"?"),
             (f"k{i}.json", json.dumps({"n": i} if i else {"n": "zero"}).encode()),
             (f"k{i}.npy", b"garbage"),
+            (f"k{i}.big.npy", head.getvalue() + b"\0" * 64),  # a header claiming 8 TB: never allocated
         ]
     report_path = tmp_path / "w.tar"
     report_path.write_bytes(_tar(sorted([*good, *extra], key=lambda m: m[0].split(".")[0])))
@@ -271,6 +274,7 @@ def test_unreadable_members_are_left_out_with_the_reason(good, tmp_path: Path) -
     assert "'xyz' (a member of type .xyz" in notes
     assert "'json.n' (values of mixed types" in notes
     assert "'npy' (not an .npy" in notes
+    assert "'big.npy' (an .npy whose header claims float64[1000000000000]" in notes
     assert report.fields == {} and report.labels
 
 
