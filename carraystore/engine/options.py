@@ -18,7 +18,7 @@ from carraystore.base.resources import available_cpus, memory_limit, parse_bytes
 from carraystore.engine.resume import ResumePoint
 from carraystore.engine.sampling import Shuffle, _check_shuffle
 from carraystore.format.encoded import SCALES, reduced_sizes
-from carraystore.store.reader import StoreReader
+from carraystore.store.reader import StoreReader, Verify, check_verify
 
 __all__ = [
     "LoaderOptions",
@@ -92,7 +92,7 @@ class LoaderKwargs(TypedDict, total=False):
     sequence_stride: int | None
     groups: Sequence[Any] | np.ndarray | None
     clip_starts: str | None
-    verify: bool
+    verify: Verify
     prefetch: int | None
     num_threads: int | None
     queue_size: int
@@ -132,7 +132,8 @@ class LoaderOptions:
       frame's. ``clip_starts="random"`` shifts each group's clips by a random offset per
       epoch (clip count unchanged); ``"fixed"`` starts at the group's first frame; None
       (default): random when shuffling, fixed when not (validation sees the same clips every epoch).
-    - ``verify``: check each chunk's CRC32 before decoding (default True; always on remote).
+    - ``verify``: check each chunk's CRC32 before decoding (default True: a local file's chunk
+      once per process while the file is unchanged; ``"always"``: every read; remote: always).
     - ``prefetch``: decoded chunks held beyond the current window (default ``window``).
     - ``num_threads``: decoder threads (default :func:`default_threads`); assembler threads:
       one per four (at most 4), one with a ``transform`` (it sees batches in order).
@@ -163,7 +164,7 @@ class LoaderOptions:
     sequence_stride: int | None = None
     groups: Sequence[Any] | np.ndarray | None = None
     clip_starts: str | None = None
-    verify: bool = True
+    verify: Verify = True
     prefetch: int | None = None
     num_threads: int | None = None
     queue_size: int = 2
@@ -220,7 +221,7 @@ class LoaderOptions:
             raise InvalidInputError("groups= and sequence_stride= only apply with sequence_length=")
         if self.clip_starts is not None and self.clip_starts not in _CLIP_STARTS:
             raise InvalidInputError(f"clip_starts must be 'random', 'fixed' or None, got {self.clip_starts!r}")
-        s(self, "verify", bool(self.verify))
+        s(self, "verify", check_verify(self.verify))
         s(self, "prefetch", self.window if self.prefetch is None else _int_arg("prefetch", self.prefetch, 0))
         s(
             self,

@@ -320,8 +320,7 @@ class LoaderSpec:
         try:
             with FORK_GATE:
                 data = store.chunk_buffer(chunk, items=True)
-                if self.verify and not store.check_reads:
-                    store.check_chunk_bytes(chunk, data)
+                store.check_chunk_read(chunk, data, self.verify)
             return np.frombuffer(data, dtype=np.uint8)
         except Exception as exc:
             raise _chunk_error(store, chunk, exc) from exc
@@ -334,8 +333,7 @@ class LoaderSpec:
                 data = store.chunk_buffer(chunk)
                 if fetched is not None:
                     fetched()
-                if self.verify and not store.check_reads:
-                    store.check_chunk_bytes(chunk, data)
+                store.check_chunk_read(chunk, data, self.verify)
                 # one blosc2 thread per decoder thread: more would oversubscribe the cores
                 store.decompress_chunk(chunk, data, out, nthreads=1, scale=self.scale)
         except Exception as exc:

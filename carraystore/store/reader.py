@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 import blosc2
 import numpy as np
@@ -27,7 +27,7 @@ from carraystore.base.errors import (
     NotAStoreError,
     RemoteReadError,
 )
-from carraystore.base.forksafe import in_forked_child
+from carraystore.base.forksafe import at_fork_in_child, in_forked_child
 from carraystore.format.codec import (
     Codec,
     check_codec_against_header,
@@ -59,6 +59,9 @@ _log = logging.getLogger("carraystore.sources.remote")  # the refetches are the 
 __all__ = [
     "StoreReader",
     "ChunkProblem",
+    "Verify",
+    "check_verify",
+    "forget_checked_chunks",
     "open_store",
     "open_source",
     "is_url",
@@ -67,6 +70,57 @@ __all__ = [
 
 # Decompression in threads only runs in parallel when blosc2 releases the GIL.
 blosc2.set_releasegil(True)
+
+#: ``verify=``: True (each chunk of a local file checked once per process while the file is unchanged),
+#: ``"always"`` (every read) or False (never; remote reads are always checked)
+Verify = bool | Literal["always"]
+
+
+def check_verify(value: Any) -> Verify:
+    """``verify=`` checked: ``"always"``, else its truth value (another string is InvalidInputError)."""
+    if isinstance(value, str):
+        if value != "always":
+            raise InvalidInputError(f"verify must be True, False or 'always', got {value!r}")
+        return "always"
+    return bool(value)
+
+
+# -- chunks this process checked (verify=True) ---------------------------------------------------
+#: a file changed less than this long ago (its ctime) is checked on every read: a change within the
+#: file system's timestamp granularity would leave (size, mtime, ctime) as they were
+SETTLE_S = 0.05
+#: the same for file systems whose timestamps are whole seconds (FAT keeps mtime to 2 s)
+SETTLE_COARSE_S = 2.5
+
+#: (st_dev, st_ino) -> (the file's state when checked, the chunks checked: (offset, length, crc))
+_CHECKED: dict[tuple[int, ...], tuple[tuple[int, ...], set[tuple[int, int, int]]]] = {}
+_CHECKED_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _CHECKED_LOCK
+    _CHECKED_LOCK = threading.Lock()  # a parent's thread may have held it
+
+
+at_fork_in_child(_after_fork_in_child)
+
+
+def _state_of(fd: int) -> tuple[int, ...]:
+    """What any change of the file's bytes through the file system changes: (st_dev, st_ino,
+    st_size, st_mtime_ns, st_ctime_ns); the ctime cannot be set back by a writer, unlike the mtime."""
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _settled(state: tuple[int, ...]) -> bool:
+    """Whether the file last changed long enough ago that another change would change its state."""
+    coarse = state[3] % 1_000_000_000 == 0 and state[4] % 1_000_000_000 == 0
+    return time.time_ns() - state[4] > (SETTLE_COARSE_S if coarse else SETTLE_S) * 1e9
+
+
+def forget_checked_chunks() -> None:
+    """Forget which chunks this process checked: each is checked again on its next read."""
+    _CHECKED.clear()
 
 
 def is_url(location: Any) -> bool:
@@ -427,14 +481,13 @@ class StoreReader:
             scale,
         )
 
-    def chunk_entries(self, i: int, verify: bool = True) -> list[bytes]:
+    def chunk_entries(self, i: int, verify: Verify = True) -> list[bytes]:
         """The stored entries of chunk ``i`` of an encoded store: each image's file bytes (or raw pixels)."""
         if self.meta.layout != "encoded":
             raise InvalidInputError(f"{self.location}: entries exist in stores of layout 'encoded' only")
         i = self._check_chunk_index(i)
         data = self.chunk_buffer(i)
-        if verify and not self.check_reads:
-            self.check_chunk_bytes(i, data)
+        self.check_chunk_read(i, data, check_verify(verify))
         buf = np.empty((self.meta.chunk_images, *self.image_shape), dtype=np.uint8)
         try:
             blosc2.decompress2(data, dst=buf)
@@ -453,6 +506,35 @@ class StoreReader:
         c = i // self.meta.chunk_images
         return self.chunk_entries(c)[i - c * self.meta.chunk_images]
 
+    def check_chunk_read(self, i: int, data: bytes | memoryview, verify: Verify = True) -> None:
+        """The check ``verify=`` asks for of chunk ``i`` as read (ChecksumError on a mismatch).
+
+        ``"always"``: :meth:`check_chunk_bytes`. True: the same, except that a chunk of a local
+        file this process already checked is not checked again while the file's state
+        (:func:`_state_of`: device, inode, size, mtime, ctime) is what it was at that check, and
+        the file had been unchanged for :data:`SETTLE_S` then (docs/loading.md, "Checksums").
+        Remote stores check every read in :meth:`chunk_buffer` whatever ``verify`` says.
+        """
+        if not verify or self.check_reads:
+            return
+        fd = self._source.fileno() if verify is True and type(self._source) is LocalFileSource else None
+        if fd is None:
+            self.check_chunk_bytes(i, data)
+            return
+        f = self._frame
+        key = (int(f.chunk_offsets[i]), int(f.chunk_lengths[i]), int(self.meta.crc32[i]))
+        state = _state_of(fd)
+        known = _CHECKED.get(state[:2])
+        if known is not None and known[0] == state and key in known[1]:
+            return
+        self.check_chunk_bytes(i, data)
+        if _settled(state) and _state_of(fd) == state:  # unchanged while it was checked
+            with _CHECKED_LOCK:
+                known = _CHECKED.get(state[:2])
+                if known is None or known[0] != state:
+                    known = _CHECKED[state[:2]] = (state, set())
+                known[1].add(key)
+
     def check_chunk_bytes(self, i: int, data: bytes | memoryview) -> None:
         """Raise ChecksumError unless ``data`` (chunk ``i`` as read) matches its recorded CRC32."""
         if not chunk_crc_ok(data, int(self.meta.crc32[i]), self.codec, self.meta.blocksize, self.chunk_nbytes):
@@ -462,12 +544,12 @@ class StoreReader:
                 "the file is damaged (or changed while read): run `carraystore verify` on it"
             )
 
-    def read_chunk(self, i: int, out: np.ndarray | None = None, verify: bool = True, scale: int = 1) -> np.ndarray:
-        """Chunk ``i``'s images (``out``); ``verify``: CRC32 first (ChecksumError); ``scale``: as decompress_chunk."""
+    def read_chunk(self, i: int, out: np.ndarray | None = None, verify: Verify = True, scale: int = 1) -> np.ndarray:
+        """Chunk ``i``'s images (``out``); ``verify``: CRC32 first (ChecksumError; :meth:`check_chunk_read`);
+        ``scale``: as decompress_chunk."""
         i = self._check_chunk_index(i)
         data = self.chunk_buffer(i)
-        if verify and not self.check_reads:
-            self.check_chunk_bytes(i, data)
+        self.check_chunk_read(i, data, check_verify(verify))
         return self.decompress_chunk(i, data, out, scale=scale)
 
     def iter_chunks(self) -> Iterator[np.ndarray]:
