@@ -15,6 +15,7 @@ from typing import Any
 
 from carraystore.base.errors import InvalidInputError, MigrationError
 
+from .bcolz import is_carray, is_ctable
 from .parquet import ARROW_FILE_MAGIC, PARQUET_MAGIC, TableReader, TableSet, find_tables
 from .samples import SampleReader, SampleSource, brace_expand, is_url
 from .tfrecord import TFRecordReader, looks_like_tfrecord, tfds_splits, tfrecord_files
@@ -130,6 +131,8 @@ def _pick_split(where: str, splits: dict[str, list[Any]], group: str | None, how
 
 def _folder_sources(p: Path) -> tuple[str, dict[str, list[Any]], str] | None:
     """(kind, files by split, how the splits were found) of a folder of shards, records or tables; None if none."""
+    if is_carray(p) or is_ctable(p):  # bcolz: not walked
+        return None
     tables: TableSet | None = find_tables(p)
     if tables is not None:
         return "table", {k: [str(f) for f in v] for k, v in tables.splits.items()}, tables.how
