@@ -589,6 +589,7 @@ class SampleSource(Source):
         texts: dict[str, dict[int, set[str]]] = {t: {} for t in r.class_text_names}
         sample_keys: list[str | None] = []
         used: Counter[str] = Counter()
+        group_names: set[str] = set()
         n = 0
         deep = 0
         for s in r.samples():
@@ -624,12 +625,15 @@ class SampleSource(Source):
                     text = _text_of(s.values.get(t))
                     if lab is not None and text is not None:
                         seen.setdefault(lab, set()).add(text)
-            if plan.groups is not None and _group_of(s.values.get(plan.groups)) is None:
-                raise MigrationError(
-                    f"{s.where}: {word} {plan.groups!r} (--groups) is "
-                    + ("missing" if plan.groups not in s.values else f"{s.values[plan.groups]!r}")
-                    + "; every sample needs a group: a non-empty name or an integer"
-                )
+            if plan.groups is not None:
+                group = _group_of(s.values.get(plan.groups))
+                if group is None:
+                    raise MigrationError(
+                        f"{s.where}: {word} {plan.groups!r} (--groups) is "
+                        + ("missing" if plan.groups not in s.values else f"{s.values[plan.groups]!r}")
+                        + "; every sample needs a group: a non-empty name or an integer"
+                    )
+                group_names.add(group)
             sample_keys.append(self._key(s, plan))
             for name, v in s.values.items():
                 if name not in self._not_fields:
@@ -646,6 +650,8 @@ class SampleSource(Source):
         self._decide_labels(plan, label_values, label_texts, labels, scans, texts)
         self._decide_keys(plan, sample_keys, keys, scans)
         self._decide_fields(plan, scans, n)
+        if plan.groups is not None:
+            self.notes.append(f"groups from {word} {plan.groups!r}: {len(group_names)} groups")
         if color_mode is None:
             color_mode, why = _color_mode(modes)
             self.notes.append(f"colour mode {color_mode} ({why}); --color-mode picks another")

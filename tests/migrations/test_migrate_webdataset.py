@@ -121,7 +121,7 @@ def test_named_members_groups_and_the_cli(shards, samples, tmp_path: Path, capsy
     argv = ["migrate", *map(str, shards), str(out), "--images", "seg.png", "--groups", "json.video", "--no-labels"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "migrated WebDataset shards" in printed
+    assert "migrated WebDataset shards" in printed and "note:    groups from member 'json.video': 3 groups" in printed
     s = carraystore.open(out)
     assert s.item_shape == (32, 32, 1) and s.labels is None  # the grayscale PNG: one channel, inferred
     for i, x in enumerate(samples):
