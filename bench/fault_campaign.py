@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
     p.add_argument("--results", type=Path, default=HERE / "results", help="where faults.md and faults.json go")
+    p.add_argument("--commit", help="what to call the code tested (default: git describe of this checkout)")
     p.add_argument("-q", "--quiet", action="store_true", help="no line per run")
     args = p.parse_args(argv)
     kinds = args.kinds.split(",") if args.kinds else None
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     print(result.report())
     info = {
         "date": datetime.date.today().isoformat(),
-        "commit": _commit(),
+        "commit": args.commit or _commit(),
         "cpus": len(os.sched_getaffinity(0)),
         "jobs": args.jobs,
         "python": platform.python_version(),
