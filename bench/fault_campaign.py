@@ -20,11 +20,12 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run as a script: testsupport from the repository root
 
-from testsupport.faults import CATEGORIES, KINDS, CampaignResult, run_campaign  # noqa: E402
+from testsupport.faults import CATEGORIES, KINDS, run_campaign  # noqa: E402
 
 
 def _commit() -> str:
@@ -37,14 +38,40 @@ def _commit() -> str:
         return "?"
 
 
-def markdown(result: CampaignResult, info: dict[str, object]) -> str:
-    t = result.totals()
+def _table(rows: dict[str, dict[str, int]], title: str) -> list[str]:
+    lines = [
+        f"| {title} | runs | fault fired | ok | " + " | ".join(CATEGORIES) + " | skipped |",
+        "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in CATEGORIES) + " | ---: |",
+    ]
+    for name, row in rows.items():
+        lines.append(
+            f"| {name} | {row['runs']} | {row['fired']} | {row['ok']} | "
+            + " | ".join(str(row[c]) for c in CATEGORIES)
+            + f" | {row['skipped']} |"
+        )
+    return [*lines, ""]
+
+
+def _total(data: dict[str, Any]) -> str:
+    t = data["totals"]
+    return ", ".join(f"{c} {t[c]}" for c in CATEGORIES)
+
+
+def _replay(data: dict[str, Any], run: int) -> str:
+    kinds = f" --kinds {','.join(data['kinds'])}" if data.get("kinds") else ""
+    return f"`python -m testsupport.faults --seed {data['seed']} --replay {run}{kinds}`"
+
+
+def markdown(data: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
+    """faults.md from faults.json (and the faults.json of an earlier campaign to compare with)."""
+    info = data["info"]
+    runs, seconds = data["runs"], data["seconds"]
+    clean = not any(data["totals"].values())
     lines = [
         "# Fault campaign",
         "",
-        f"`make faults RUNS={len(result.runs)} SEED={result.seed}` on {info['date']}, commit {info['commit']}, "
-        f"{info['cpus']} cores, {info['jobs']} runs at a time: {result.seconds:.0f} s "
-        f"({result.seconds / max(1, len(result.runs)):.2f} s a run).",
+        f"`make faults RUNS={runs} SEED={data['seed']}` on {info['date']}, commit {info['commit']}, "
+        f"{info['cpus']} cores, {info['jobs']} runs at a time: {seconds:.0f} s ({seconds / max(1, runs):.2f} s a run).",
         "",
         "Each run: a tiny store; one to four writers at once (API appends, `ingest --append`, `meta`, "
         "`convert`, `copy`) and up to two readers, the first writer meeting the run's fault; then a "
@@ -52,49 +79,51 @@ def markdown(result: CampaignResult, info: dict[str, object]) -> str:
         "group, pixel and attr against the ground-truth log, runs `verify` on the store and every "
         "copy, and checks what every reader saw (testsupport/faults).",
         "",
-        "**Total: "
-        + ", ".join(f"{c} {t[c]}" for c in CATEGORIES)
-        + "**"
-        + (" (every invariant held)" if result.clean else ""),
+        f"**Total: {_total(data)}**" + (" (every invariant held)" if clean else ""),
         "",
-    ]
-    for key, title in (("kind", "fault kind"), ("op", "faulted operation")):
-        lines += [
-            f"| {title} | runs | fault fired | ok | " + " | ".join(CATEGORIES) + " | skipped |",
-            "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in CATEGORIES) + " | ---: |",
-        ]
-        for name, row in result.by(key).items():
-            lines.append(
-                f"| {name} | {row['runs']} | {row['fired']} | {row['ok']} | "
-                + " | ".join(str(row[c]) for c in CATEGORIES)
-                + f" | {row['skipped']} |"
-            )
-        lines.append("")
-    lines += [
+        *_table(data["by_kind"], "fault kind"),
+        *_table(data["by_op"], "faulted operation"),
         "Counts are violations (an acknowledged transaction missing, a reader snapshot that failed, ...), "
-        "several per run at times. *fault fired*: a planned kill happened, or the size limit or the full "
-        "disk made a write fail (a K past an operation's last call, or a limit above what it writes, "
-        "leaves it whole). *rollback*: a write killed while its journal exists, then one to three "
-        "openers killed at the K-th call of their rollback.",
+        "several per run at times. *fault fired*: a planned kill happened, the size limit or the full disk "
+        "made a write fail, a link fault was armed or the server restarted (a K past an operation's last "
+        "call, or a limit above what it writes, leaves it whole). *rollback*: a write killed while its "
+        "journal exists, then one to three openers killed at the K-th call of their rollback.",
         "",
     ]
-    skipped = [r for r in result.runs if r.get("skipped")]
-    if skipped:
-        lines += [f"Skipped: {len(skipped)} runs ({skipped[0]['skipped']}).", ""]
-    bad = [r for r in result.runs if any(r["violations"]["counts"].values())]
+    if data.get("skipped"):
+        skipped = sum(row["skipped"] for row in data["by_kind"].values())
+        lines += [f"Skipped: {skipped} runs ({data['skipped']}).", ""]
+    bad = data.get("violations", [])
     if bad:
         lines += ["## Runs that broke an invariant", ""]
         for r in bad[:60]:
-            counts = ", ".join(f"{c} {n}" for c, n in r["violations"]["counts"].items() if n)
-            first = r["violations"]["details"][0].splitlines()[0][:400] if r["violations"]["details"] else ""
+            counts = ", ".join(f"{c} {n}" for c, n in r["counts"].items() if n)
+            first = r["details"][0].splitlines()[0][:400] if r["details"] else ""
             lines.append(
-                f"- run {r['run']} ({r['kind']}, {r['op']}): {counts}. {first}  \n"
-                f"  replay: `python -m testsupport.faults --seed {result.seed} --replay {r['run']}"
-                + (f" --kinds {','.join(result.kinds)}" if result.kinds else "")
-                + "`"
+                f"- run {r['run']} ({r['kind']}, {r['op']}): {counts}. {first}  \n  replay: {_replay(data, r['run'])}"
             )
         if len(bad) > 60:
             lines.append(f"- ... and {len(bad) - 60} more (faults.json)")
+        lines.append("")
+    if baseline is not None:
+        b = baseline["info"]
+        lines += [
+            f"## The same campaign on commit {b['commit']}",
+            "",
+            f"{baseline['runs']} runs, seed {baseline['seed']}, {baseline['seconds']:.0f} s: **{_total(baseline)}**. "
+            f"Its runs replay on that commit with this campaign's testsupport/faults: "
+            f"`python -m testsupport.faults --seed {baseline['seed']} --replay R`.",
+            "",
+            *_table(baseline["by_kind"], "fault kind"),
+        ]
+        for c, numbers in baseline["violating_runs"].items():
+            if numbers:
+                lines.append(f"- {c}: runs {', '.join(map(str, numbers))}")
+        for r in baseline.get("violations", [])[:1] + [
+            next((v for v in baseline.get("violations", []) if v["counts"].get("torn")), None)
+        ]:
+            if r is not None and r["details"]:
+                lines.append(f"- run {r['run']} ({r['kind']}, {r['op']}): {r['details'][0].splitlines()[0][:300]}")
         lines.append("")
     return "\n".join(lines)
 
@@ -107,8 +136,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
     p.add_argument("--results", type=Path, default=HERE / "results", help="where faults.md and faults.json go")
     p.add_argument("--commit", help="what to call the code tested (default: git describe of this checkout)")
+    p.add_argument("--baseline", type=Path, help="the faults.json of an earlier campaign, shown beside this one")
+    p.add_argument("--render", action="store_true", help="run nothing: write faults.md again from faults.json")
     p.add_argument("-q", "--quiet", action="store_true", help="no line per run")
     args = p.parse_args(argv)
+    baseline = json.loads(args.baseline.read_text()) if args.baseline else None
+    out_json, out_md = args.results / "faults.json", args.results / "faults.md"
+    if args.render:
+        data = json.loads(out_json.read_text())
+        out_md.write_text(markdown(data, baseline))
+        print(f"wrote {out_md}")
+        return 0 if not any(data["totals"].values()) else 1
     kinds = args.kinds.split(",") if args.kinds else None
     result = run_campaign(args.seed, args.runs, jobs=args.jobs, kinds=kinds, progress=not args.quiet)
     print(result.report())
@@ -119,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         "jobs": args.jobs,
         "python": platform.python_version(),
     }
+    data = {"info": info, **result.to_json()}
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "faults.json").write_text(json.dumps({"info": info, **result.to_json()}, indent=1) + "\n")
-    (args.results / "faults.md").write_text(markdown(result, info))
-    print(f"wrote {args.results / 'faults.md'} and faults.json")
+    out_json.write_text(json.dumps(data, indent=1) + "\n")
+    out_md.write_text(markdown(data, baseline))
+    print(f"wrote {out_md} and faults.json")
     return 0 if result.clean else 1
 
 

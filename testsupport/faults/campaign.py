@@ -707,6 +707,7 @@ class CampaignResult:
             "by_kind": self.by("kind"),
             "by_op": self.by("op"),
             "violating_runs": self.violating_runs(),
+            "skipped": next((r["skipped"] for r in self.runs if r.get("skipped")), None),
             "violations": [
                 {"run": r["run"], "kind": r["kind"], "op": r["op"], **r["violations"]}
                 for r in self.runs
