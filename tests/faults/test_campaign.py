@@ -34,8 +34,7 @@ from testsupport.faults.workers import Ctx, items_of, make_template
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="forks workers (Linux)")
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Its runs kill a rollback between its last write and its truncate, and limit the file size of a
-#: metadata write and of copies, among the rest.
+#: The short campaign's seed: its runs meet every local fault kind and every faulted operation.
 SEED = 17
 RUNS = 36
 
