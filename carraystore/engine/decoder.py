@@ -7,6 +7,7 @@ live in slots allocated once; windows ahead are decoded while slots allow, annou
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import queue
@@ -15,7 +16,6 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,8 @@ __all__ = [
     "BatchBuffers",
     "gather",
     "release_buffers",
+    "take_batch_buffers",
+    "give_back_batch_buffers",
 ]
 
 
@@ -125,13 +127,35 @@ def _give_back_arena(store: StoreReader, arena: np.ndarray) -> None:
             _IDLE_ARENAS[store] = base
 
 
+_IDLE_BATCHES: weakref.WeakKeyDictionary[Any, BatchBuffers] = weakref.WeakKeyDictionary()
+
+
+def take_batch_buffers(store: StoreReader, capacity: int) -> BatchBuffers:
+    """The batch buffers the store's last epoch kept (fresh memory costs a page fault per 4 KiB), or new ones."""
+    with _ARENA_LOCK:
+        pool = _IDLE_BATCHES.pop(store, None)
+    if pool is None:
+        return BatchBuffers(capacity)
+    pool.capacity = capacity
+    del pool.buffers[: max(0, len(pool.buffers) - capacity)]
+    return pool
+
+
+def give_back_batch_buffers(store: StoreReader, pool: BatchBuffers) -> None:
+    """Keep ``pool`` for the store's next epoch (a buffer still held outside is never reused)."""
+    with _ARENA_LOCK:
+        _IDLE_BATCHES[store] = pool
+
+
 def release_buffers(store: StoreReader | None = None) -> None:
-    """Free the decoded-chunk buffers kept for the next epoch (of ``store``, or of every store)."""
+    """Free the decoded-chunk and batch buffers kept for the next epoch (of ``store``, or of every store)."""
     with _ARENA_LOCK:
         if store is None:
             _IDLE_ARENAS.clear()
+            _IDLE_BATCHES.clear()
         else:
             _IDLE_ARENAS.pop(store, None)
+            _IDLE_BATCHES.pop(store, None)
 
 
 # -- the decoder ---------------------------------------------------------------------------
@@ -155,6 +179,8 @@ at_fork_in_child(_after_fork_in_child)
 DIRECT_MIN_ITEM_BYTES = 64 * 1024
 #: Direct mode by default only up to this many threads (past them per-image calls contend).
 DIRECT_MAX_THREADS = 4
+#: Direct mode: windows of at most this many items keep every item's getitem arguments once made.
+CALLS_CACHED_ITEMS = 1 << 16
 
 
 def direct_possible(store: StoreReader) -> bool:
@@ -180,10 +206,17 @@ def direct_ok(store: StoreReader) -> bool:
     return store.meta.image_nbytes >= DIRECT_MIN_ITEM_BYTES and direct_possible(store)
 
 
+def decodes_direct(spec: LoaderSpec, num_threads: int) -> bool:
+    """Whether an :class:`EpochDecoder` of ``spec`` with ``num_threads`` threads uses direct mode by default."""
+    return spec.scale == 1 and num_threads <= DIRECT_MAX_THREADS and direct_ok(spec.store)
+
+
 class _Window:
     """One window of chunks (decoded, or compressed in direct mode): slots, progress, users."""
 
-    __slots__ = ("chunks", "slots", "left", "done", "error", "pins", "unserved", "data", "touched")
+    __slots__ = (
+        "chunks", "slots", "left", "done", "error", "pins", "unserved", "data", "addrs", "sizes", "calls", "touched",
+    )  # fmt: skip
 
     def __init__(self, chunks: np.ndarray, slots: np.ndarray, batches: range) -> None:
         self.chunks = chunks
@@ -195,8 +228,12 @@ class _Window:
         self.unserved = set(batches)
         #: whether a batch asked for this window yet (windows decoded ahead are not touched)
         self.touched = False
-        #: direct mode: each chunk's compressed bytes (uint8 arrays)
+        #: direct mode: each chunk's compressed bytes (uint8 arrays), their addresses and sizes
         self.data: list[Any] = [None] * len(chunks)
+        self.addrs = np.zeros(len(chunks), dtype=np.int64)
+        self.sizes = np.zeros(len(chunks), dtype=np.int64)
+        #: direct mode: the getitem arguments of the window's items, once decoded (``EpochDecoder._calls``)
+        self.calls: tuple[list[int], list[int], list[int]] | None = None
         if not self.left:
             self.done.set()
 
@@ -237,11 +274,13 @@ class EpochDecoder:
         self.pid = os.getpid()
         self.nslots = max(1, min(max(nslots, self.plan.max_window_chunks), self.plan.total_chunks))
         #: direct mode: slots hold compressed chunks and batches are decompressed image by image
-        self.direct = spec.scale == 1 and (  # reduced images are made from decoded chunks
-            direct_ok(spec.store) and num_threads <= DIRECT_MAX_THREADS
+        self.direct = (
+            decodes_direct(spec, num_threads)
             if direct is None
-            else bool(direct and direct_possible(spec.store))
+            else spec.scale == 1 and bool(direct and direct_possible(spec.store))  # reduced: from decoded chunks
         )
+        #: batches being made now (direct mode: the decoder threads help with a batch made alone)
+        self._in_batch = 0
         self.arena: np.ndarray | None = None if self.direct else _take_arena(spec.store, self.nslots)
         self._readers = threading.local()
         self.cond = threading.Condition()
@@ -288,7 +327,9 @@ class EpochDecoder:
             if win.error is None and not self.closed:
                 try:
                     if self.direct:
-                        win.data[j] = self.spec.fetch_chunk(int(win.chunks[j]))
+                        data = win.data[j] = self.spec.fetch_chunk(int(win.chunks[j]))
+                        win.addrs[j], win.sizes[j] = data.ctypes.data, len(data)
+                        del data
                     else:
                         assert self.arena is not None
                         self.spec.decode_chunk(int(win.chunks[j]), self.arena[int(win.slots[j])], fetched=fetched)
@@ -477,9 +518,13 @@ class EpochDecoder:
     # -- batches --------------------------------------------------------------------------------
     def batch(self, i: int, out: np.ndarray | None = None) -> tuple[Any, ...]:
         """Batch ``i`` as ``(x, y)`` (``(x, y, w)`` with ``sample_weight``), x written into ``out``."""
+        with self.cond:
+            self._in_batch += 1
         try:
             return self._batch(i, out)
         finally:
+            with self.cond:
+                self._in_batch -= 1
             self.unclaim(i)
 
     def _batch(self, i: int, out: np.ndarray | None) -> tuple[Any, ...]:
@@ -494,7 +539,7 @@ class EpochDecoder:
             win = self._acquire(w)
             try:
                 if self.direct:
-                    self._gather_direct(plan.samples(pos, end), win, out[pos - a : end - a])
+                    self._gather_direct(w, win, pos, end, out[pos - a : end - a])
                 else:
                     assert self.arena is not None
                     gather(
@@ -524,56 +569,91 @@ class EpochDecoder:
             )
         return r
 
-    def _decompress_items(self, samples: np.ndarray, win: _Window, out: np.ndarray) -> None:
-        reader = self._block_reader()
-        k = self.k
-        s = samples.reshape(-1)
-        flat = out.reshape(len(s), -1)
-        where = np.searchsorted(win.chunks, s // k)
-        addrs = np.array([d.ctypes.data for d in win.data], dtype=np.int64)
-        sizes = np.array([len(d) for d in win.data], dtype=np.int64)
-        dests = flat.ctypes.data + np.arange(len(s), dtype=np.int64) * flat.strides[0]
-        reader.get_many(addrs[where].tolist(), sizes[where].tolist(), (s % k).tolist(), dests.tolist())
+    def _calls(self, w: int, win: _Window, first: int, n: int) -> tuple[list[int], list[int], list[int]]:
+        """Items ``first:first + n`` of window ``w`` (in the plan's order, frames of clips one by one):
+        their chunk's address and size and their start in it (in units of the typesize), the arguments
+        of one getitem call each; made once per window unless the window is larger than
+        :data:`CALLS_CACHED_ITEMS`."""
+        calls = win.calls
+        if calls is None:
+            plan = self.plan
+            lo, hi = int(plan.window_starts[w]), int(plan.window_starts[w + 1])
+            whole = (hi - lo) * plan.span <= CALLS_CACHED_ITEMS
+            if not whole:
+                lo, hi = lo + first // plan.span, lo + (first + n) // plan.span
+            s = plan.samples(lo, hi).reshape(-1)
+            c = s // self.k
+            where = win.chunks.searchsorted(c)
+            units = self._block_reader().units
+            calls = (win.addrs[where].tolist(), win.sizes[where].tolist(), ((s - c * self.k) * units).tolist())
+            if not whole:
+                return calls
+            win.calls = calls
+        addrs, sizes, starts = calls
+        return addrs[first : first + n], sizes[first : first + n], starts[first : first + n]
 
-    def _gather_direct(self, samples: np.ndarray, win: _Window, out: np.ndarray) -> None:
-        """Decompress the items at ``samples`` into ``out``, shared with the decoder threads."""
+    def _gather_direct(self, w: int, win: _Window, pos: int, end: int, out: np.ndarray) -> None:
+        """Decompress the items at positions [pos, end) of window ``w`` into ``out``, shared with the
+        decoder threads.
+
+        Made alone, the batch is cut into parts: this thread takes them one by one, and so does each
+        decoder thread handed a share, until none is left; then this thread waits for the parts under
+        way. Beside other batches (several assemblers), this thread decompresses the whole batch.
+        """
         if not out.flags.c_contiguous:
             tmp = np.empty(out.shape, dtype=out.dtype)
-            self._gather_direct(samples, win, tmp)
+            self._gather_direct(w, win, pos, end, tmp)
             out[...] = tmp
             return
-        if samples.ndim > 1:  # clips: every frame is an item of its own
-            samples = samples.reshape(-1)
-        n = len(samples)
-        parts = min(len(self.threads) + 1, max(1, n // 8))
-        if parts <= 1 or self.closed:
-            self._decompress_items(samples, win, out)
+        span = self.plan.span
+        n = (end - pos) * span  # clips: every frame is an item of its own
+        if not n:
             return
-        bounds = np.linspace(0, n, parts + 1).astype(int)
-        flat = out.reshape(n, -1)
+        addrs, sizes, starts = self._calls(w, win, (pos - int(self.plan.window_starts[w])) * span, n)
+        stride = self.spec.store.meta.image_nbytes  # out is C-contiguous
+        base = out.ctypes.data
+        dests = range(base, base + n * stride, stride)
+        reader = self._block_reader()
+        # the decoder threads help only a batch made alone: beside another one, waking them costs more
+        helpers = 0 if self.closed or self._in_batch > 1 else min(len(self.threads), n // 8)
+        if helpers <= 0:
+            reader.get_many(addrs, sizes, starts, dests)
+            return
+        # more parts than threads: whoever is free first takes the next
+        nparts = min(2 * (helpers + 1), n // 4)
+        parts = collections.deque((n * p // nparts, n * (p + 1) // nparts) for p in range(nparts))
         errors: list[BaseException] = []
-        left = [parts - 1]
-        done = threading.Event()
+        lock = threading.Lock()
+        running = [0]
+        idle = threading.Event()
 
-        def share(lo: int, hi: int) -> Callable[[], None]:
-            def run() -> None:
+        def work() -> None:
+            reader = self._block_reader()
+            while True:
+                with lock:
+                    if not parts:
+                        return
+                    lo, hi = parts.popleft()
+                    running[0] += 1
                 try:
-                    self._decompress_items(samples[lo:hi], win, flat[lo:hi])
+                    reader.get_many(addrs[lo:hi], sizes[lo:hi], starts[lo:hi], dests[lo:hi])
                 except BaseException as exc:
                     errors.append(exc)
-                with self.cond:
-                    left[0] -= 1
-                    if left[0] == 0:
-                        done.set()
+                with lock:
+                    running[0] -= 1
+                    if not running[0] and not parts:
+                        idle.set()
 
-            return run
-
-        for p in range(1, parts):
-            self._tasks.put(share(int(bounds[p]), int(bounds[p + 1])))
+        for _ in range(helpers):
+            self._tasks.put(work)
         try:
-            self._decompress_items(samples[: bounds[1]], win, flat[: bounds[1]])
+            work()
         finally:
-            done.wait()
+            with lock:
+                parts.clear()  # (after an error here) nothing more is started
+                done = not running[0]
+            if not done:
+                idle.wait()
         if errors:
             raise LoaderError(f"{self.spec.store.location}: decompressing a batch failed: {errors[0]!r}") from errors[0]
 

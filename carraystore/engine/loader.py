@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from carraystore.base.errors import InvalidInputError
-from carraystore.engine.decoder import BatchBuffers, EpochDecoder, gather, release_buffers, stop_all
+from carraystore.engine.decoder import (
+    EpochDecoder,
+    gather,
+    give_back_batch_buffers,
+    release_buffers,
+    stop_all,
+    take_batch_buffers,
+)
 from carraystore.engine.options import DEFAULT_WINDOW, Batch, LoaderKwargs, LoaderOptions, Transform, default_threads
 from carraystore.engine.pipeline import MemoryPlan, OrderedBatches, assemblers_for, plan_memory
 from carraystore.engine.sampling import EpochPlan
@@ -63,7 +70,7 @@ class _Stream:
         self.decoder = EpochDecoder(
             spec, epoch, self.memory.slots, int(opts.num_threads or 1), THREAD_NAME_PREFIX, plan=plan
         )
-        self.pool = BatchBuffers(self.memory.batch_buffers)
+        self.pool = take_batch_buffers(spec.store, self.memory.batch_buffers)
         dtype = spec.store.dtype
 
         def buffer(i: int) -> tuple[np.ndarray, None]:
@@ -86,6 +93,8 @@ class _Stream:
         if self.decoder.pid != os.getpid():
             return
         self.batches.stop()
+        if not any(t.is_alive() for t in self.batches.threads):
+            give_back_batch_buffers(self.spec.store, self.pool)
 
 
 atexit.register(stop_all)

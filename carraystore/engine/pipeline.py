@@ -17,7 +17,7 @@ import numpy as np
 
 from carraystore.base.errors import InvalidInputError, LoaderError
 from carraystore.base.resources import format_bytes
-from carraystore.engine.decoder import EpochDecoder, LoaderClosed
+from carraystore.engine.decoder import EpochDecoder, LoaderClosed, decodes_direct
 from carraystore.engine.sampling import EpochPlan
 from carraystore.engine.spec import LoaderSpec
 from carraystore.format.frame import ReadAheadSource
@@ -29,11 +29,18 @@ MAX_ASSEMBLERS = 4
 
 
 def assemblers_for(spec: LoaderSpec) -> int:
-    """One assembler per four decoder threads (at most :data:`MAX_ASSEMBLERS`); one with a ``transform``."""
+    """One assembler per four decoder threads (at most :data:`MAX_ASSEMBLERS`); one with a ``transform``.
+
+    In direct mode (images decompressed straight into their batch) one per thread: each makes
+    whole batches, so one's bookkeeping (holding the GIL) overlaps another's decompression.
+    """
     opts = spec.options
     if opts.transform is not None:
         return 1
-    return max(1, min(MAX_ASSEMBLERS, math.ceil(int(opts.num_threads or 1) / 4)))
+    threads = int(opts.num_threads or 1)
+    if decodes_direct(spec, threads):
+        return max(1, min(MAX_ASSEMBLERS, threads))
+    return max(1, min(MAX_ASSEMBLERS, math.ceil(threads / 4)))
 
 
 @dataclass(frozen=True)

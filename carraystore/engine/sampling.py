@@ -11,7 +11,9 @@ An *item* is a sample, or a clip's first sample (:func:`clip_starts`); ``span``:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,9 +108,13 @@ class EpochPlan:
         """The most chunks any one window needs at once."""
         return max((len(c) for c in self.window_chunks), default=0)
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        return [int(x) for x in self.window_starts]
+
     def window_of(self, position: int) -> int:
         """The window holding ``position`` in ``items``."""
-        return int(np.searchsorted(self.window_starts, position, side="right")) - 1
+        return bisect.bisect_right(self._starts, position) - 1
 
     def samples(self, start: int, stop: int) -> np.ndarray:
         """Sample indices at positions [start, stop): shape (n,) or (n, span) for sequences."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import blosc2
@@ -92,13 +93,21 @@ class BlockReader:
         self.item_nbytes = item_nbytes
         self._units = item_nbytes // typesize
 
-    def get_many(self, chunks: list[int], lengths: list[int], items: list[int], dests: list[int]) -> None:
-        """Decompress ``items[n]`` of the chunk at address ``chunks[n]`` into ``dests[n]``, for every n."""
+    @property
+    def units(self) -> int:
+        """Units of ``typesize`` bytes in one item: an item's start is ``item * units``."""
+        return self._units
+
+    def get_many(
+        self, chunks: Sequence[int], lengths: Sequence[int], starts: Sequence[int], dests: Sequence[int]
+    ) -> None:
+        """Decompress the item starting at unit ``starts[n]`` (``item * units``) of the chunk at address
+        ``chunks[n]`` into ``dests[n]``, for every n."""
         fn, ctx, units, nbytes = self._lib.blosc2_getitem_ctx, self._ctx, self._units, self.item_nbytes
-        for c, length, item, dest in zip(chunks, lengths, items, dests, strict=True):
-            rc = fn(ctx, c, length, item * units, units, dest, nbytes)
+        for c, length, start, dest in zip(chunks, lengths, starts, dests, strict=True):
+            rc = fn(ctx, c, length, start, units, dest, nbytes)
             if rc != nbytes:
-                raise ValueError(f"blosc2_getitem_ctx returned {rc} for item {item} (wanted {nbytes} bytes)")
+                raise ValueError(f"blosc2_getitem_ctx returned {rc} for item {start // units} (wanted {nbytes} bytes)")
 
     def get(self, chunk: Any, chunk_len: int, item: int, dest: int) -> None:
         """Decompress item ``item`` of ``chunk`` (a buffer or address) into the address ``dest``."""

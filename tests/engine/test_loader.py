@@ -451,14 +451,25 @@ def test_the_buffer_pool_is_reused_across_epochs_and_can_be_released(photo_store
     first = [x for x, _ in store.batches(16, epoch=0, window=2)]
     pool = loader._IDLE_ARENAS.get(store)
     assert pool is not None and pool.shape[0] == 4
+    kept = loader._IDLE_BATCHES.get(store)
+    assert kept is not None and len(kept.buffers) > 0
     second = store.batches(16, epoch=1, window=2)
     assert loader._IDLE_ARENAS.get(store) is None, "the next epoch took the kept buffers"
+    assert loader._IDLE_BATCHES.get(store) is None, "the next epoch took the kept batch buffers"
     list(second)
-    # batches handed out earlier are copies: reusing the buffers did not touch them
+    # batches handed out earlier (still held here) are never reused: later epochs did not touch them
     again = [x for x, _ in store.batches(16, epoch=0, window=2)]
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not any(a is b for a in first for b in again)
+    reused = [x for x, _ in store.batches(16, epoch=1, window=2)]  # ``again``'s buffers held too
+    assert not any(b is x for b in first + again for x in reused)
+    del first, again, reused
+    list(store.batches(16, epoch=2, window=2))
+    kept_ids = {id(b) for b in loader._IDLE_BATCHES[store].buffers}  # (the pool keeps them alive)
+    for x, _ in store.batches(16, epoch=3, window=2):  # nothing held: the kept buffers are the batches
+        assert id(x) in kept_ids
     loader.release_buffers(store)
-    assert loader._IDLE_ARENAS.get(store) is None
+    assert loader._IDLE_ARENAS.get(store) is None and loader._IDLE_BATCHES.get(store) is None
 
 
 def _count_in_child(path: str, out: multiprocessing.Queue[int]) -> None:

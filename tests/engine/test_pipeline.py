@@ -260,10 +260,19 @@ def test_image_by_image_decompression_only_up_to_four_threads(tmp_path: Path) ->
     with carraystore.create(path, (160, 160, 3), codec="fast", chunk_images=8) as w:
         w.append(x, np.arange(24) % 3)
     got = {}
-    for t in (1, DIRECT_MAX_THREADS, DIRECT_MAX_THREADS + 1, 16):
+    for t in (1, 2, DIRECT_MAX_THREADS, DIRECT_MAX_THREADS + 1, 16):
         with batches(carraystore.open(path), 5, num_threads=t, seed=3) as it:
             got[t] = ([b[0].copy() for b in it], it._s.decoder.direct)
-    assert [got[t][1] for t in got] == [True, True, False, False]
+            # direct mode: one assembler per thread, each making whole batches
+            assert it.memory.assemblers == (t if t <= DIRECT_MAX_THREADS else max(1, min(4, -(-t // 4))))
+    assert [got[t][1] for t in got] == [True, True, True, False, False]
+    # a batch made alone (one assembler with a transform) is cut into parts the decoder threads help with
+    store = carraystore.open(path)
+    for kw in ({"num_threads": 1}, {"num_threads": 2, "transform": lambda x, y: (x, y)}):
+        with batches(store, 16, seed=3, **kw) as it:
+            assert it.memory.assemblers == 1 and it._s.decoder.direct
+            for i, (x, _) in enumerate(it):
+                np.testing.assert_array_equal(x, store.take(it.plan.samples(16 * i, 16 * (i + 1))))
     for t in got:
         assert len(got[t][0]) == len(got[1][0])
         for a, b in zip(got[1][0], got[t][0], strict=True):
