@@ -118,6 +118,36 @@ def _settled(state: tuple[int, ...]) -> bool:
     return time.time_ns() - state[4] > (SETTLE_COARSE_S if coarse else SETTLE_S) * 1e9
 
 
+#: preadv's flag that fails with EAGAIN rather than wait for the disk (Linux); 0 where none
+_NOWAIT: int = getattr(os, "RWF_NOWAIT", 0) if hasattr(os, "preadv") else 0
+#: a byte per this many bytes of a range is probed for :func:`_not_cached`
+PROBE_STRIDE = 1 << 20
+
+
+def _not_cached(fd: int | None, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ranges of a local file not in the page cache: a byte per :data:`PROBE_STRIDE` and the last
+    one read without waiting for the disk (a probe that misses starts the kernel reading its page,
+    as the hint would). Telling the kernel of cached ranges (``posix_fadvise``) costs about as much
+    as reading them once more from the cache; a range whose probed pages are in while others were
+    dropped is read from the disk when decoded, without read-ahead."""
+    global _NOWAIT
+    if fd is None or not _NOWAIT:
+        return ranges
+    buf = [bytearray(1)]
+    out = []
+    for offset, length in ranges:
+        probes = [*range(offset, offset + length, PROBE_STRIDE), offset + length - 1]
+        try:
+            for at in probes:
+                os.preadv(fd, buf, at, _NOWAIT)
+        except BlockingIOError:  # not in the page cache
+            out.append((offset, length))
+        except OSError:  # not supported here (file system, kernel): tell the kernel of every range
+            _NOWAIT = 0
+            return ranges
+    return out
+
+
 def forget_checked_chunks() -> None:
     """Forget which chunks this process checked: each is checked again on its next read."""
     _CHECKED.clear()
@@ -401,8 +431,11 @@ class StoreReader:
         )
 
     def prefetch_chunks(self, chunks: Sequence[int] | np.ndarray, again: bool = False) -> None:
-        """Hint that these chunks will be read soon, in this order; ``again``: once more than hinted."""
+        """Hint that these chunks will be read soon, in this order; ``again``: once more than hinted.
+        A local file is told only of the chunks not already in the page cache (:func:`_not_cached`)."""
         ranges = self._ranges_of(chunks)
+        if ranges and type(self._source) is LocalFileSource:
+            ranges = _not_cached(self._source.fileno(), ranges)
         if ranges:
             self._source.prefetch(ranges, again=again)
 
