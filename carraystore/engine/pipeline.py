@@ -161,7 +161,11 @@ class OrderedBatches:
         self.indices = indices
         self.make_buffer = make_buffer
         self.depth = max(1, int(depth))
-        self.cond = threading.Condition()
+        lock = threading.RLock()  # (a Condition's default: owner checks in C)
+        #: the consumer waits on it for the batch it is to return; ``_room`` (the same lock): the
+        #: assemblers wait for room; each side wakes only the other, and only when it can go on
+        self.cond = threading.Condition(lock)
+        self._room = threading.Condition(lock)
         self.taken = 0  # positions handed to assemblers
         self.given = 0  # positions returned to the consumer
         self.ready: dict[int, Any] = {}
@@ -180,7 +184,7 @@ class OrderedBatches:
         while True:
             with self.cond:
                 while not self.stopped and self.taken < n and self.taken - self.given >= limit:
-                    self.cond.wait()
+                    self._room.wait()
                 if self.stopped or self.taken >= n:
                     return
                 pos = self.taken
@@ -212,7 +216,9 @@ class OrderedBatches:
                 self.ready[pos] = item
                 if isinstance(item, BaseException):
                     self.taken = max(self.taken, n)  # nothing after a failed batch is started
-                self.cond.notify_all()
+                    self._room.notify_all()  # assemblers waiting for room: nothing more to take
+                if pos == self.given:  # (a later one: the consumer finds it when it gets there)
+                    self.cond.notify_all()
             del item
 
     def next(self) -> tuple[tuple[Any, ...], Any]:
@@ -221,12 +227,14 @@ class OrderedBatches:
             while self.given not in self.ready:
                 if self.given >= len(self.indices) or self.stopped:
                     raise StopIteration
-                if not any(t.is_alive() for t in self.threads):
+                # the threads' liveness checked when no batch came for a while, not before every wait
+                if not self.cond.wait(0.5) and not any(t.is_alive() for t in self.threads):
+                    if self.given in self.ready or self.stopped:
+                        continue
                     raise LoaderError(f"{self.decoder.spec.store.location}: the loader threads ended without a result")
-                self.cond.wait(0.5)
             item = self.ready.pop(self.given)
             self.given += 1
-            self.cond.notify_all()
+            self._room.notify()  # room for one more batch
         if isinstance(item, BaseException):
             self.stop()
             raise item
@@ -243,6 +251,7 @@ class OrderedBatches:
             self.stopped = True
             self.ready.clear()
             self.cond.notify_all()
+            self._room.notify_all()
         self.decoder.close()
         me = threading.current_thread()
         for t in self.threads:
