@@ -2,7 +2,7 @@
 
     python bench/report.py [--results bench/results] [--docs docs]
 
-Reads ``codecs.json`` and ``loaders.json`` (written by ``make bench``) and rewrites the
+Reads ``codecs.json``, ``loaders.json`` and ``storage_matrix.json`` (written by ``make bench``) and rewrites the
 generated blocks of ``docs/codecs.md`` and ``docs/benchmarks.md`` — the text between
 ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` — leaving the prose around them alone.
 """
@@ -150,6 +150,16 @@ def regimes_section(data: dict, rel: str) -> str:
     return "\n".join(out)
 
 
+def matrix_section(data: dict, rel: str) -> str:
+    """The storage-speed matrix and the storage rule against it, from storage_matrix.json."""
+    from bench.loaders.matrix import matrix_markdown
+
+    return (
+        matrix_markdown(data, heading="").lstrip()
+        + f"\nAs a file: [{rel}/storage_matrix.md]({rel}/storage_matrix.md).\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(HERE / "results"))
@@ -161,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     for doc, block, src, render in (
         ("codecs.md", "codecs-results", "codecs.json", codecs_section),
         ("codecs.md", "preset-regimes", "loaders.json", regimes_section),
+        ("codecs.md", "storage-matrix", "storage_matrix.json", matrix_section),
         ("benchmarks.md", "loaders-results", "loaders.json", loaders_section),
     ):
         if not (results / src).exists():
