@@ -281,6 +281,12 @@ class EpochDecoder:
         )
         #: batches being made now (direct mode: the decoder threads help with a batch made alone)
         self._in_batch = 0
+        #: slots freed, windows finished or decoded so far; (that count, first window, window) when
+        #: :meth:`read_ahead` last found no room: it does not try again until the count moves
+        self._changes = 0
+        self._ahead_blocked: tuple[int, int, int] | None = None
+        #: bytes of one item (direct mode's stride in a batch)
+        self._item_nbytes = int(spec.store.meta.image_nbytes)
         self.arena: np.ndarray | None = None if self.direct else _take_arena(spec.store, self.nslots)
         self._readers = threading.local()
         self.cond = threading.Condition()
@@ -346,6 +352,7 @@ class EpochDecoder:
                 win.left -= 1
                 if win.left == 0:
                     win.done.set()
+                    self._changes += 1
                     self._progress_at = time.monotonic()
                     self.cond.notify_all()
 
@@ -383,6 +390,7 @@ class EpochDecoder:
     def _drop(self, w: int) -> None:
         e = self.windows.pop(w)
         self.free.extend(int(s) for s in e.slots)
+        self._changes += 1
         self.cond.notify_all()
 
     def _start(self, w: int, wait: bool) -> _Window | None:
@@ -500,18 +508,24 @@ class EpochDecoder:
             if not win.unserved and win.pins == 0 and self.windows.get(w) is win:
                 # kept until its slots are needed: a batch asked for again is not re-decoded
                 self.finished.add(w)
+                self._changes += 1
                 self.cond.notify_all()
 
     def read_ahead(self, w: int) -> None:
         """Start decoding windows from ``w`` on while slots are free (never evicting unserved ones)."""
         with self.cond:
-            while 0 <= w < self.plan.nwindows and not self.closed:
+            blocked = self._ahead_blocked
+            if blocked is not None and blocked[0] == self._changes and blocked[1] <= w <= blocked[2]:
+                return  # no slot freed and no window finished since this found no room for window blocked[2]
+            start, nwindows = w, len(self.plan.window_starts) - 1
+            while 0 <= w < nwindows and not self.closed:
                 if (
                     w not in self.windows
                     and w not in self.finished
                     and len(self._batches_of(w))  # a window none of this decoder's batches needs
                     and self._start(w, wait=False) is None
                 ):
+                    self._ahead_blocked = (self._changes, start, w)
                     return
                 w += 1
 
@@ -610,7 +624,7 @@ class EpochDecoder:
         if not n:
             return
         addrs, sizes, starts = self._calls(w, win, (pos - int(self.plan.window_starts[w])) * span, n)
-        stride = self.spec.store.meta.image_nbytes  # out is C-contiguous
+        stride = self._item_nbytes  # out is C-contiguous
         base = out.ctypes.data
         dests = range(base, base + n * stride, stride)
         reader = self._block_reader()

@@ -165,12 +165,13 @@ class LoaderSpec:
         """The batch's y for ``targets``: an array, a tuple or a dict of arrays; None without y."""
         if self.y_struct is None:
             return None
-        rows = self._field_rows(items)
+        if self.y_struct == _CLASS:  # the class label alone (the default)
+            return self.labels_for(items)
 
         def part(leaf: str) -> np.ndarray:
             if leaf == _CLASS:
                 return self.labels_for(items)  # type: ignore[return-value]
-            return np.array(self.store.columns[leaf][rows])
+            return np.array(self.store.columns[leaf][self._field_rows(items)])
 
         return map_targets(self.y_struct, part)
 
