@@ -166,10 +166,37 @@ def test_a_window_started_while_a_batch_waited_for_its_slots_is_decoded_once(sto
             win.pins -= 1
             win.unserved.clear()
             dec.finished.add(v)
+            dec._changes += 1  # (as _release counts a window finished: read-ahead tries again)
             dec.read_ahead(v + 1)
         t.join(10)
         assert not t.is_alive()
         assert dec.decode_count[v + 1] == 1, dec.decode_count
+    finally:
+        dec.close()
+
+
+def test_read_ahead_starts_the_next_window_once_a_served_one_frees_its_slots(store_path: Path) -> None:
+    """Read-ahead that found no room does not try again until a slot is freed or a window
+    finishes; when the last batch of a window is served, it starts the window after next."""
+    spec = make_spec(carraystore.open(store_path), 32, shuffle=False, window=4)
+    plan = spec.plan(0)
+    v = next(v for v in range(plan.nwindows - 2) if len(plan.window_chunks[v]) == len(plan.window_chunks[v + 2]) == 4)
+    dec = EpochDecoder(spec, 0, 8, 1, "test-pipeline", direct=False, plan=plan)  # slots for two windows
+    try:
+        batches_of_v = list(dec._batches_of(v))
+        for b in range(batches_of_v[0]):
+            dec.batch(b)
+        dec.read_ahead(v)
+        assert {v, v + 1} <= set(dec.windows) and v + 2 not in dec.windows  # no room for v + 2
+        for b in batches_of_v[:-1]:  # window v still has a batch to serve: no room yet
+            dec.batch(b)
+            assert v + 2 not in dec.windows and dec.decode_count.get(v + 2) is None
+        dec.batch(batches_of_v[-1])  # v served: its slots go to v + 2, decoded ahead
+        assert v + 2 in dec.windows and dec.decode_count[v + 2] == 1, dec.decode_count
+        dec.windows[v + 2].done.wait(10)
+        for b in range(batches_of_v[-1] + 1, plan.batches_of(v + 2, 32)[-1] + 1):
+            dec.batch(b)
+        assert set(dec.decode_count.values()) == {1}, dec.decode_count
     finally:
         dec.close()
 
