@@ -1,9 +1,9 @@
 """Every benchmark in bench/ runs on a tiny dataset, so none of them rots.
 
-All ``bench/bench_*.py`` run in one pytest subprocess (pytest-benchmark its only plugin),
+All ``bench/bench_*.py`` run in three pytest subprocesses (pytest-benchmark their only plugin),
 as ``make bench`` runs them, with ``--benchmark-disable`` and ``CARRAYSTORE_BENCH_SCALE=tiny``;
 data and results go to a temporary folder, so the committed results in bench/results/ are
-never touched. One process imports TensorFlow, torch and the rest once; the test reads each
+never touched. Each process imports TensorFlow, torch and the rest once; the test reads each
 file's outcome from the run's JUnit report, names every file that failed, and checks what the
 files wrote.
 """
@@ -69,10 +69,17 @@ def _eligible(path: Path) -> bool:
     return path.name != "bench_remote_node.py" or len(os.sched_getaffinity(0)) >= 2
 
 
+#: The bench files run in this many subprocesses, so that pytest-xdist's workers share them out
+#: (one process for all of them made the longest test of the suite).
+PARTS = 3
+
+
 @pytest.mark.slow
-def test_every_bench_file_runs_tiny(tmp_path: Path) -> None:
-    """Every eligible bench file in one subprocess; each file's outcome (JUnit) and results checked."""
-    files = [p for p in FILES if _eligible(p)]
+@pytest.mark.parametrize("part", range(PARTS))
+def test_every_bench_file_runs_tiny(tmp_path: Path, part: int) -> None:
+    """Every eligible bench file (a third of them per part) in one subprocess; each file's outcome
+    (JUnit) and results checked."""
+    files = [p for p in FILES if _eligible(p)][part::PARTS]
     proc = _run(files, tmp_path)
     tail = f"{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
     outcome: dict[str, list[str]] = {}
