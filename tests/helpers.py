@@ -132,6 +132,24 @@ def epoch_of(store: Any, **kw: Any) -> list[tuple[np.ndarray, np.ndarray]]:
 # -- the metadata record, read and written with blosc2 and msgpack alone ----------------------------
 
 
+def silent_flip(path: Path, chunk: int) -> tuple[int, int]:
+    """(offset in the file, flipped value) of one byte of ``chunk`` whose flip still decompresses, into
+    other bytes: the damage a reader without the CRC check would hand out as wrong pixels."""
+    with carraystore.open(path) as store:
+        data = bytearray(store.read_chunk_bytes(chunk))
+        offset, _ = store.chunk_byte_range(chunk)
+    good = blosc2.decompress2(bytes(data))
+    for j in range(len(data) // 2, len(data) - 1):
+        data[j] ^= 0x01
+        try:
+            if blosc2.decompress2(bytes(data)) != good:
+                return offset + j, data[j]
+        except Exception:
+            pass
+        data[j] ^= 0x01
+    raise AssertionError("no byte of the chunk flips silently")  # pragma: no cover - photo data has literal bytes
+
+
 def raw_record(path: Path) -> bytes:
     """The store's metadata record as stored (its msgpack bytes)."""
     array = blosc2.open(str(path), mode="r")  # kept alive: the vlmeta object points into it
