@@ -16,8 +16,17 @@ from carraystore.base.errors import IngestError, InvalidInputError
 from carraystore.format.encoded import Encoding
 from carraystore.ingest.badfiles import allowed_skips
 from carraystore.ingest.images import INGEST_DTYPES, DecodeOptions, list_images
-from carraystore.ingest.manifest import TARGET_FIELD, FieldTable, read_manifest
-from carraystore.ingest.plan import Groups, StorePlan, float_labels, frame_like, infer_groups, plan_store
+from carraystore.ingest.manifest import FieldTable, read_manifest
+from carraystore.ingest.plan import (
+    Groups,
+    StorePlan,
+    check_group_column,
+    float_labels,
+    frame_like,
+    infer_groups,
+    plan_store,
+    target_field,
+)
 from carraystore.store.options import WriteOptions
 from carraystore.store.reader import is_url
 from carraystore.store.writer import StoreWriter
@@ -51,16 +60,9 @@ def plan_append(
     target_values = float_labels(labels)
     int_labels = None if target_values is not None else labels
     table = read_manifest(targets) if targets is not None else None
-    if table is not None and table.groups is not None and not (isinstance(groups, str) and groups == "inferred"):
-        raise InvalidInputError(
-            f"{targets}: the manifest's 'group' column and groups= both give the files' groups; give one"
-        )
+    check_group_column(table, groups, targets)
     rels, labs, names, ignored = list_images(root, int_labels, write.class_names, follow_links)
-    if target_values is not None and len(target_values) != len(rels):
-        raise IngestError(
-            f"{root}: {len(target_values)} labels given for {len(rels)} image files (labels follow the sorted "
-            "file paths, as in Keras)"
-        )
+    fields = target_field(root, rels, target_values)
     writer = open_append(out, nthreads=1, options=write.replace(class_names=None, progress=False))
     try:
         meta = writer.meta
@@ -72,9 +74,11 @@ def plan_append(
             root = root.parent
             if table is not None:
                 table = table.prefixed(prefix)
+            if fields is not None:
+                fields = fields.prefixed(prefix)
         existing = set(meta.keys or ())
         if table is not None:  # every new file has a row; every row names a file of the folder or the store
-            table.check_append([r for r in rels if r not in existing], existing | set(rels), str(directory))
+            table.check_files([r for r in rels if r not in existing], str(directory), known=existing | set(rels))
         grp: list[str] | None
         if table is not None and table.groups is not None:
             rows = table.group_of() or {}
@@ -83,7 +87,6 @@ def plan_append(
             grp = [prefix.rstrip("/")] * len(rels)
         else:
             grp = infer_groups(rels, int_labels, groups, root)
-        fields = FieldTable.from_values(rels, TARGET_FIELD, target_values) if target_values is not None else None
         rels, labs, grp, notes = _append_plan(
             writer, root, rels, labs, names, grp, not isinstance(groups, str) and groups is not None, skip_existing
         )

@@ -97,45 +97,33 @@ class FieldTable:
             [self.groups[i] for i in rows] if self.groups is not None else None,
         )
 
-    def check_files(self, rels: Sequence[str], where: str) -> None:
-        """Every file of ``rels`` has a row and every row a file, or a ManifestError naming them."""
-        files = set(rels)
+    def check_files(self, rels: Sequence[str], where: str, known: set[str] | None = None) -> None:
+        """Every file of ``rels`` has a row and every row a file, or a ManifestError naming them.
+
+        ``known``: an append's files (the folder's and the store's): ``rels`` are the new ones, and
+        rows of files already in the store are allowed (one manifest may grow with the store).
+        """
+        files = set(rels) if known is None else known
         missing = [r for r in rels if r not in self.index]
         extra = [k for k in self.keys if k not in files]
         if not missing and not extra:
             return
+        new, found = ("", "image file found") if known is None else ("new ", "file of the folder or the store")
         parts = []
         if missing:
-            parts.append(f"{len(missing)} of the {len(rels)} image files have no row ({_few(missing)})")
+            parts.append(f"{len(missing)} of the {len(rels)} {new}image files have no row ({_few(missing)})")
         if extra:
-            parts.append(f"{len(extra)} of its {len(self.keys)} rows name no image file found ({_few(extra)})")
+            parts.append(f"{len(extra)} of its {len(self.keys)} rows name no {found} ({_few(extra)})")
+        files_of = "the files of" if known is None else "the files appended from"
+        advice = "; give every image file a row and no other rows" if known is None else ""
         raise ManifestError(
-            f"{self.source} does not match the files of {where}: {'; '.join(parts)}. Rows are keyed by the path "
-            f"relative to {where} (column {' or '.join(KEY_COLUMNS)}); give every image file a row and no other rows"
+            f"{self.source} does not match {files_of} {where}: {'; '.join(parts)}. Rows are keyed by the path "
+            f"relative to {where} (column {' or '.join(KEY_COLUMNS)}){advice}"
         )
 
     def prefixed(self, prefix: str) -> FieldTable:
         """The same rows keyed ``prefix + key`` (a folder appended as one of the store's sub-folders)."""
         return FieldTable([prefix + k for k in self.keys], self.fields, self.source, self.groups)
-
-    def check_append(self, new: Sequence[str], known: set[str], where: str) -> None:
-        """An append's rows: every new file has one, and every row names a file of the folder or the store
-        (rows of files already in the store are allowed: one manifest may grow with the store)."""
-        missing = [r for r in new if r not in self.index]
-        extra = [k for k in self.keys if k not in known]
-        if not missing and not extra:
-            return
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} of the {len(new)} new image files have no row ({_few(missing)})")
-        if extra:
-            parts.append(
-                f"{len(extra)} of its {len(self.keys)} rows name no file of the folder or the store ({_few(extra)})"
-            )
-        raise ManifestError(
-            f"{self.source} does not match the files appended from {where}: {'; '.join(parts)}. Rows are keyed by "
-            f"the path relative to {where} (column {' or '.join(KEY_COLUMNS)})"
-        )
 
     def take(self, rels: Sequence[str]) -> dict[str, np.ndarray]:
         """The fields' rows of ``rels`` (files written together), in that order."""

@@ -34,6 +34,8 @@ __all__ = [
     "group_split_indices",
     "infer_groups",
     "frame_like",
+    "target_field",
+    "check_group_column",
     "natural_order",
     "float_labels",
     "fields_for",
@@ -284,18 +286,31 @@ def float_labels(labels: Any) -> np.ndarray | None:
     return None
 
 
+def target_field(root: Path, rels: list[str], target_values: np.ndarray | None) -> FieldTable | None:
+    """Float ``labels`` (one per file, in sorted path order) as the field "target", or None."""
+    if target_values is None:
+        return None
+    if len(target_values) != len(rels):
+        raise IngestError(
+            f"{root}: {len(target_values)} labels given for {len(rels)} image files (labels follow the sorted "
+            "file paths, as in Keras)"
+        )
+    return FieldTable.from_values(rels, TARGET_FIELD, target_values)
+
+
+def check_group_column(table: FieldTable | None, groups: Groups, targets: Any) -> None:
+    """A manifest's ``group`` column and ``groups=`` both given is refused by name."""
+    if table is not None and table.groups is not None and not (isinstance(groups, str) and groups == "inferred"):
+        raise InvalidInputError(
+            f"{targets}: the manifest's 'group' column and groups= both give the files' groups; give one"
+        )
+
+
 def fields_for(
     root: Path, rels: list[str], target_values: np.ndarray | None, table: FieldTable | None
 ) -> FieldTable | None:
     """The per-file fields of an ingest: float ``labels`` as the field "target", and a manifest's."""
-    fields = None
-    if target_values is not None:
-        if len(target_values) != len(rels):
-            raise IngestError(
-                f"{root}: {len(target_values)} labels given for {len(rels)} image files (labels follow the sorted "
-                "file paths, as in Keras)"
-            )
-        fields = FieldTable.from_values(rels, TARGET_FIELD, target_values)
+    fields = target_field(root, rels, target_values)
     if table is not None:
         table.check_files(rels, str(root))
         fields = table if fields is None else fields.merged(table)
@@ -426,11 +441,8 @@ def plan_folder(
     inferred = isinstance(labels, str) and labels == "inferred"
     target_values = float_labels(labels)
     table = read_manifest(targets) if targets is not None else None
+    check_group_column(table, groups, targets)
     if table is not None and table.groups is not None:  # the manifest's "group" column
-        if not (isinstance(groups, str) and groups == "inferred"):
-            raise InvalidInputError(
-                f"{targets}: the manifest's 'group' column and groups= both give the files' groups; give one"
-            )
         if split_dirs:
             raise InvalidInputError(
                 f"{targets}: a 'group' column with split_dirs is not supported yet; groups come from the folders there"

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Sequence
@@ -280,13 +281,17 @@ def _entries(job: StoreJob, rels: list[str], pixels: list[np.ndarray], encoding:
     counts = job.entry_counts
     for rel, arr in zip(rels, pixels, strict=True):
         kept = None
-        try:
-            data = (job.plan.root / rel).read_bytes()
-        except OSError:
-            data = b""
-        job.source_bytes += len(data)
+        path = job.plan.root / rel
         if encoding.quality is None:  # a quality asks for every image to be encoded at it
+            try:
+                data = path.read_bytes()
+            except OSError:
+                data = b""
+            job.source_bytes += len(data)
             kept = source_entry(data, arr, job.opts.color_mode)
+        else:  # the file's size is all the report needs: not read again
+            with contextlib.suppress(OSError):
+                job.source_bytes += path.stat().st_size
         if kept is not None:
             counts["kept"] = counts.get("kept", 0) + 1
             out.append(kept)
