@@ -716,6 +716,23 @@ class CampaignResult:
         }
 
 
+def _crashed(seed: int, run: int, why: str) -> dict[str, Any]:
+    """The record of a run that could not report itself: counted as a crash, never as passed."""
+    v = Violations()
+    v.add("crash", why)
+    return {
+        "run": run,
+        "seed": seed,
+        "kind": "?",
+        "op": "?",
+        "flavour": "?",
+        "skipped": None,
+        "violations": v.to_json(),
+        "fired": False,
+        "seconds": 0.0,
+    }
+
+
 def _job(
     job: int,
     jobs: int,
@@ -736,19 +753,7 @@ def _job(
             try:
                 r = run_one(seed, run, workdir, templates, kinds=kinds, mutant=mutant, lab=lab)
             except Exception as exc:  # the driver's own failure: a crash of the run, never silent
-                v = Violations()
-                v.add("crash", f"driver: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"[-1500:])
-                r = {
-                    "run": run,
-                    "seed": seed,
-                    "kind": "?",
-                    "op": "?",
-                    "flavour": "?",
-                    "skipped": None,
-                    "violations": v.to_json(),
-                    "fired": False,
-                    "seconds": 0.0,
-                }
+                r = _crashed(seed, run, f"driver: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"[-1500:])
             f.write(json.dumps(r) + "\n")
             f.flush()
             if progress:
@@ -812,21 +817,7 @@ def run_campaign(
         got = {r["run"] for r in results}
         for run in numbers:
             if run not in got:  # a job died: its runs count as crashed, never as passed
-                v = Violations()
-                v.add("crash", "the job running this run died")
-                results.append(
-                    {
-                        "run": run,
-                        "seed": seed,
-                        "kind": "?",
-                        "op": "?",
-                        "flavour": "?",
-                        "skipped": None,
-                        "violations": v.to_json(),
-                        "fired": False,
-                        "seconds": 0.0,
-                    }
-                )
+                results.append(_crashed(seed, run, "the job running this run died"))
         results.sort(key=lambda r: r["run"])
         return CampaignResult(seed, results, time.monotonic() - t0, mutant, kinds)
     finally:
