@@ -258,6 +258,7 @@ class TableReader(SampleReader):
         self.location = location
         self.path = path
         self.files = list(files)
+        self.locations = self.files
         self.codec = kind
         tables = [_Table(pa, f) for f in self.files]
         self.tables = tables
@@ -305,10 +306,6 @@ class TableReader(SampleReader):
         }
         if split:
             self.notes.append(f"split {split!r}")
-
-    @property
-    def cbytes(self) -> int:
-        return sum(f.stat().st_size for f in self.files)
 
     def _columns(self, batch: Any, where: str) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {}

@@ -10,6 +10,7 @@ bytes, which the encoded layout keeps where they decode to the same pixels (:fun
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -141,9 +142,13 @@ class SampleReader:
     def samples(self) -> Iterator[Sample]:
         raise NotImplementedError
 
-    @property
+    #: the source's files or URLs, whose sizes make its bytes for the report
+    locations: Sequence[str | Path] = ()
+
+    @functools.cached_property
     def cbytes(self) -> int:
-        raise NotImplementedError
+        """The source's bytes: the sum of its files' sizes (each asked once)."""
+        return sum(location_size(str(loc)) for loc in self.locations)
 
     def close(self) -> None:
         """Release open files."""

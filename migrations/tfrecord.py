@@ -33,7 +33,6 @@ from .samples import (
     TruncatedSourceError,
     Unreadable,
     is_url,
-    location_size,
     open_binary,
     read_exact,
 )
@@ -355,9 +354,9 @@ class TFRecordReader(SampleReader):
         if not files:
             raise MigrationError(f"{location}: no TFRecord files to migrate")
         self.files = [str(f) for f in files]
+        self.locations = self.files
         self.location = location
         self.path = path
-        self._cbytes: int | None = None
         self._compression = ""
         self._crc_noted = False
         self.provenance = {"tfrecord": {"files": len(self.files), "names": [Path(f).name for f in self.files[:16]]}}
@@ -376,12 +375,6 @@ class TFRecordReader(SampleReader):
                     self.class_names, self.class_names_for = names, name
                     self.notes.append(f"class names of feature {name!r} from {f.name}")
                 return
-
-    @property
-    def cbytes(self) -> int:
-        if self._cbytes is None:
-            self._cbytes = sum(location_size(f) for f in self.files)
-        return self._cbytes
 
     def samples(self) -> Iterator[Sample]:
         if not self._crc_noted:

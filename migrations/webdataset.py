@@ -34,7 +34,6 @@ from .samples import (
     TruncatedSourceError,
     Unreadable,
     is_url,
-    location_size,
     open_binary,
 )
 
@@ -205,21 +204,15 @@ class WebDatasetReader(SampleReader):
         if not shards:
             raise MigrationError(f"{location}: no tar shards to migrate")
         self.shards = list(shards)
+        self.locations = self.shards
         self.location = location
         self.path = path
-        self._cbytes: int | None = None
         self._compression = ""
         self._skipped: dict[str, int] = {}
         self._noted = False
         self.provenance = {
             "webdataset": {"shards": len(self.shards), "names": [Path(s).name for s in self.shards[:16]]}
         }
-
-    @property
-    def cbytes(self) -> int:
-        if self._cbytes is None:
-            self._cbytes = sum(location_size(s) for s in self.shards)
-        return self._cbytes
 
     def samples(self) -> Iterator[Sample]:
         for shard in self.shards:
