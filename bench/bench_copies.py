@@ -21,7 +21,6 @@ machines here are shared and the result says what limits them (docs/benchmarks.m
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from benchpaths import data_dir, results_dir
+from benchpaths import data_dir, write_json
 
 import carraystore
 from bench.benchdata import cached_photo_folder
@@ -145,9 +144,7 @@ def test_copies_per_image(benchmark, inputs: dict) -> None:  # type: ignore[no-u
         "fast_over_best_disk_peer": round(best["carraystore_fast"] / best["npy_files"], 3),
         "direct_over_arena": round(best["carraystore_fast"] / best["carraystore_fast_arena"], 3),
     }
-    out = results_dir(SCALE)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "copies.json").write_text(json.dumps(info, indent=2) + "\n")
+    out = write_json(SCALE, "copies.json", info)
     lines = [
         f"# Copies per image ({len(x)} photos {x.shape[1]}x{x.shape[2]}, batches of {CFG['batch_size']}, warm cache, "
         f"{os.cpu_count()} cores, best of {CFG['rounds']} interleaved rounds)",

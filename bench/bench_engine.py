@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from benchpaths import data_dir, results_dir
+from benchpaths import data_dir, write_json
 
 import carraystore
 from bench.benchdata import cached_photo_folder
@@ -223,9 +223,7 @@ def test_loader_vs_codec_limit(benchmark, store_path: Path) -> None:
         "peak_rss_by_window": rss,
     }
     benchmark.extra_info.update(info)
-    out = results_dir(SCALE)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "loader.json").write_text(json.dumps(info, indent=2) + "\n")
+    out = write_json(SCALE, "loader.json", info)
     lines = [
         f"# store.batches against the codec limit ({SCALE})",
         "",

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import resource
 import threading
@@ -39,7 +38,7 @@ from typing import Any
 
 import blosc2
 import numpy as np
-from benchpaths import data_dir, results_dir
+from benchpaths import data_dir, write_json
 
 import carraystore
 from bench.benchdata import cached_photo_folder
@@ -217,9 +216,7 @@ def test_engine_against_its_codec(benchmark) -> None:
         "rows": rows,
     }
     benchmark.extra_info.update(info)
-    out = results_dir(SCALE)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "engine_ratio.json").write_text(json.dumps(info, indent=2) + "\n")
+    out = write_json(SCALE, "engine_ratio.json", info)
     lines = [
         f"# The engine against its codec ({SCALE})",
         "",

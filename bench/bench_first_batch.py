@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchpaths import data_dir, results_dir
+from benchpaths import data_dir, write_json
 
 import carraystore
 from bench.benchdata import cached_photo_folder
@@ -192,9 +192,7 @@ def test_first_batch(benchmark, server) -> None:  # type: ignore[no-untyped-def]
         "stores": {name: {k: v for k, v in s.items() if k not in ("url", "zarr_path")} for name, s in stores.items()},
         "links": links,
     }
-    out = results_dir(SCALE)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "first_batch.json").write_text(json.dumps(info, indent=2) + "\n")
+    out = write_json(SCALE, "first_batch.json", info)
     md = _markdown(info)
     (out / "first_batch.md").write_text(md)
     print(md)

@@ -29,7 +29,6 @@ ratios at least 0.5, and every chunk decoded once per source.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -39,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from benchpaths import data_dir, results_dir
+from benchpaths import data_dir, write_json
 
 import carraystore
 from bench.benchdata import cached_photo_folder
@@ -161,9 +160,7 @@ def test_grain_shuffled_epoch(benchmark: Any) -> None:
         "goal": GOAL,
     }
     benchmark.extra_info.update(result)
-    out = results_dir(SCALE)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "grain.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = write_json(SCALE, "grain.json", result)
     lines = [
         f"# Grain's shuffled sampler over StoreDataSource ({SCALE})",
         "",

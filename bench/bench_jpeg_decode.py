@@ -30,7 +30,7 @@ import time
 from datetime import date
 
 import numpy as np
-from benchpaths import data_dir, results_dir
+from benchpaths import data_dir, results_dir, write_json
 
 import carraystore.format.encoded as E
 from bench.benchdata import cached_photo_folder
@@ -211,9 +211,7 @@ def test_jpeg_decode(benchmark) -> None:
         "cpu_us_per_image": cpu_rows,
     }
     benchmark.extra_info.update({"speedup": speedup})
-    out = results_dir(SCALE)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "jpeg_decode.json").write_text(json.dumps(info, indent=2) + "\n")
+    out = write_json(SCALE, "jpeg_decode.json", info)
     m = info["machine"]
     lines = [
         f"# JPEG entries: Pillow against simplejpeg ({SCALE})",

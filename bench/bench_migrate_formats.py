@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import PIL
-from benchpaths import results_dir
+from benchpaths import write_json
 from PIL import Image
 
 import carraystore
@@ -202,9 +202,7 @@ def test_migrate_formats(benchmark, tmp_path: Path) -> None:
         "date": time.strftime("%Y-%m-%d"),
     }
     benchmark.extra_info.update(summary)
-    out = results_dir(SCALE)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "migrate_formats.json").write_text(json.dumps(summary, indent=2) + "\n")
+    out = write_json(SCALE, "migrate_formats.json", summary)
     lines = [
         f"# Migrating image datasets into stores ({SCALE} scale)",
         "",

@@ -21,7 +21,6 @@ same files and a pixel store (``balanced``) of their pixels: what ``carraystore 
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -30,7 +29,7 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
-from benchpaths import data_dir, results_dir
+from benchpaths import data_dir, write_json
 
 import carraystore.format.encoded as E
 from bench.benchdata import cached_photo_folder
@@ -173,9 +172,7 @@ def test_reduced_decode(benchmark) -> None:
         "rows": rows,
         "chunk_rows": chunk_rows,
     }
-    out = results_dir(SCALE)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "reduced_decode.json").write_text(json.dumps(info, indent=2) + "\n")
+    out = write_json(SCALE, "reduced_decode.json", info)
     m = info["machine"]
     lines = [
         f"# Decoding at a smaller size: images/s per core ({SCALE})",

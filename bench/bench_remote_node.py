@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchpaths import data_dir, results_dir
+from benchpaths import data_dir, write_json
 
 import carraystore
 from bench.benchdata import cached_photo_folder
@@ -169,9 +169,7 @@ def test_remote_node(benchmark) -> None:  # type: ignore[no-untyped-def]
         "malloc_tuned_env": MALLOCS["tuned"],
         "presets": results,
     }
-    out = results_dir(SCALE)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "remote_node.json").write_text(json.dumps(info, indent=2) + "\n")
+    out = write_json(SCALE, "remote_node.json", info)
     md = _markdown(info)
     (out / "remote_node.md").write_text(md)
     print(md)

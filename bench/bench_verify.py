@@ -14,13 +14,12 @@ preset.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
 import numpy as np
-from benchpaths import data_dir, results_dir
+from benchpaths import data_dir, write_json
 
 import carraystore
 from bench.benchdata import cached_photo_folder
@@ -128,9 +127,7 @@ def test_verify_cost(benchmark) -> None:
         "rows": rows,
     }
     benchmark.extra_info.update(info)
-    out = results_dir(SCALE)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "verify.json").write_text(json.dumps(info, indent=2) + "\n")
+    out = write_json(SCALE, "verify.json", info)
     lines = [
         f"# CRC32 check of every chunk: verify=True against verify=False ({SCALE})",
         "",
