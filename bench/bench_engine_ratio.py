@@ -10,6 +10,10 @@ the same file (the machine is shared: alternating keeps the rows comparable):
   output staying in the CPU cache;
 - ``raw_to_memory``: the same, each thread writing into a rotating set of buffers as large
   as the engine's batch buffers, so the output goes to memory as a loader's must;
+- ``direct_loop`` (direct-mode presets): the engine's own method with none of its bookkeeping:
+  image by image (one ``blosc2_getitem_ctx`` call each, as the engine's) into as many rotating
+  batch buffers as the engine keeps, in the engine's block-shuffled order, each thread taking
+  every other batch: the ceiling of decompressing straight into batches on these cores;
 - ``verify=True``, ``verify="always"``, ``verify=False``: one block-shuffled epoch of
   ``store.batches(B)`` (default window, threads and memory), every batch taken.
   ``verify=True`` checks each chunk once per process while the file is unchanged (the
@@ -58,7 +62,7 @@ if SCALE not in SCALES:
 CFG = SCALES[SCALE]
 PRESETS = ("fast", "balanced", "small")
 GOAL = 0.7
-CONTENDERS = ("raw", "raw_to_memory", "verify=True", "verify='always'", "verify=False")
+CONTENDERS = ("raw", "raw_to_memory", "direct_loop", "verify=True", "verify='always'", "verify=False")
 VERIFY: dict[str, Any] = {"verify=True": True, "verify='always'": "always", "verify=False": False}
 
 
@@ -105,6 +109,43 @@ class Raw:
         for t in threads:
             t.join()
         return len(self.chunks)
+
+
+class DirectLoop:
+    """Image by image into rotating batch buffers, ``threads`` threads taking every other batch,
+    in the order of ``plan``: direct mode's decompression and writes with no engine around them."""
+
+    def __init__(self, store: carraystore.Store, plan: Any, threads: int, nbuffers: int, batch_size: int) -> None:
+        self.views = [np.frombuffer(store.chunk_buffer(c), dtype=np.uint8) for c in range(store.nchunks)]
+        order = np.asarray(plan.samples(0, len(plan.items))).reshape(-1)
+        k, nbytes = store.chunk_images, int(store.meta.image_nbytes)
+        self.readers = [
+            blocks.BlockReader(blocks.library(), int(store.codec.typesize or 1), nbytes) for _ in range(threads)
+        ]
+        units = self.readers[0].units
+        self.addrs = [self.views[i // k].ctypes.data for i in order.tolist()]
+        self.sizes = [len(self.views[i // k]) for i in order.tolist()]
+        self.starts = [(i % k) * units for i in order.tolist()]
+        self.bufs = [np.zeros((batch_size, *store.image_shape), dtype=store.dtype) for _ in range(nbuffers)]
+        self.n, self.b, self.nbytes, self.threads = len(order), batch_size, nbytes, threads
+
+    def epoch(self) -> int:
+        nbatches = -(-self.n // self.b)
+
+        def work(t: int) -> None:
+            r = self.readers[t]
+            for i in range(t, nbatches, self.threads):
+                lo, hi = i * self.b, min(self.n, (i + 1) * self.b)
+                base = self.bufs[i % len(self.bufs)].ctypes.data
+                dests = range(base, base + (hi - lo) * self.nbytes, self.nbytes)
+                r.get_many(self.addrs[lo:hi], self.sizes[lo:hi], self.starts[lo:hi], dests)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(self.threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return self.n
 
 
 def engine_epoch(store: carraystore.Store, verify: Any, epoch: int) -> int:
@@ -162,15 +203,18 @@ def measure(preset: str) -> dict[str, Any]:
     memory, direct = warm.memory, warm._s.decoder.direct
     assert sum(len(x) for x, _ in warm) == n  # warm-up: page cache, buffer pool, every chunk checked once
     raw = Raw(store, threads, memory.batch_buffers * memory.batch_bytes)
+    loop = DirectLoop(store, warm.plan, threads, memory.batch_buffers, CFG["batch_size"]) if direct else None
     run: dict[str, Callable[[int], int]] = {
         "raw": lambda e: raw.epoch(False) and n,
         "raw_to_memory": lambda e: raw.epoch(True) and n,
+        "direct_loop": lambda e: loop.epoch() if loop is not None else 0,
         **{name: functools.partial(lambda e, v: engine_epoch(store, v, e), v=v) for name, v in VERIFY.items()},
     }
-    wall: dict[str, list[float]] = {k: [] for k in CONTENDERS}
-    cpu: dict[str, list[float]] = {k: [] for k in CONTENDERS}
+    names = [k for k in CONTENDERS if k != "direct_loop" or loop is not None]
+    wall: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in names}
     for r in range(CFG["rounds"]):
-        order = CONTENDERS[r % len(CONTENDERS) :] + CONTENDERS[: r % len(CONTENDERS)]  # nobody always first
+        order = names[r % len(names) :] + names[: r % len(names)]  # nobody always first
         for name in order:
             c0, t0 = cpu_s(), time.perf_counter()
             got = run[name](r + 1)
@@ -192,6 +236,11 @@ def measure(preset: str) -> dict[str, Any]:
         "ratio_best": {k: round(best[k] / best["raw"], 3) for k in VERIFY},
         "ratio_median": {k: round(median[k] / median["raw"], 3) for k in VERIFY},
         "ratio_to_memory_best": {k: round(best[k] / best["raw_to_memory"], 3) for k in VERIFY},
+        # the method's ceiling (direct mode only): the loop over raw, the engine over the loop
+        "direct_loop_over_raw_best": round(best["direct_loop"] / best["raw"], 3) if loop is not None else None,
+        "engine_over_direct_loop_best": (
+            round(best["verify=True"] / best["direct_loop"], 3) if loop is not None else None
+        ),
         "cpu_ratio": {k: round(min(cpu["raw"]) / min(cpu[k]), 3) for k in VERIFY},
         "parts_ms": {k.removesuffix("_s"): round(1000 * v, 1) for k, v in parts.items()},
     }
@@ -226,35 +275,50 @@ def test_engine_against_its_codec(benchmark) -> None:
         "",
         "Images/s, best round (median):",
         "",
-        "| preset | mode | raw | raw to memory | verify=True | verify='always' | verify=False |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| preset | mode | raw | raw to memory | direct loop | verify=True | verify='always' | verify=False |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *[
             f"| {r['preset']} | {r['mode']}, {r['assemblers']} assembler(s) | "
-            + " | ".join(f"{r['images_per_s_best'][k]:,} ({r['images_per_s_median'][k]:,})" for k in CONTENDERS)
+            + " | ".join(
+                f"{r['images_per_s_best'][k]:,} ({r['images_per_s_median'][k]:,})"
+                if k in r["images_per_s_best"]
+                else "—"
+                for k in CONTENDERS
+            )
             + " |"
             for r in rows
         ],
         "",
         f"Engine / raw (goal {GOAL}): best over best (median over median; CPU seconds of raw over the engine's):",
         "",
-        "| preset | verify=True | verify='always' | verify=False | verify=True / raw to memory |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| preset | verify=True | verify='always' | verify=False | verify=True / raw to memory |"
+        " direct loop / raw | verify=True / direct loop |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *[
             f"| {r['preset']} | "
             + " | ".join(
                 f"**{r['ratio_best'][k]:.2f}** ({r['ratio_median'][k]:.2f}; CPU {r['cpu_ratio'][k]:.2f})"
                 for k in VERIFY
             )
-            + f" | {r['ratio_to_memory_best']['verify=True']:.2f} |"
+            + f" | {r['ratio_to_memory_best']['verify=True']:.2f} | "
+            + " | ".join(
+                "—" if r[k] is None else f"{r[k]:.2f}"
+                for k in ("direct_loop_over_raw_best", "engine_over_direct_loop_best")
+            )
+            + " |"
             for r in rows
         ],
         "",
-        "CPU milliseconds of one epoch, best round: raw, raw to memory, and the engine:",
+        "CPU milliseconds of one epoch, best round: raw, raw to memory, the direct loop and the engine:",
         "",
-        "| preset | raw | raw to memory | verify=True | verify='always' | verify=False |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| preset | raw | raw to memory | direct loop | verify=True | verify='always' | verify=False |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *[
-            f"| {r['preset']} | " + " | ".join(f"{r['cpu_ms_per_epoch_best'][k]:,}" for k in CONTENDERS) + " |"
+            f"| {r['preset']} | "
+            + " | ".join(
+                f"{r['cpu_ms_per_epoch_best'][k]:,}" if k in r["cpu_ms_per_epoch_best"] else "—" for k in CONTENDERS
+            )
+            + " |"
             for r in rows
         ],
         "",
