@@ -32,6 +32,8 @@ __all__ = [
     "PRESETS",
     "DEFAULT_PRESET",
     "preset_for_storage",
+    "choice_for_storage",
+    "storage_delivers",
     "is_preset",
     "CODECS",
     "FILTERS",
@@ -223,8 +225,42 @@ PRESETS: dict[str, Codec] = {
 #: The preset of a new store when none is given (``Codec()``, ``codec=None``): docs/codecs.md, "Which preset by
 #: default, and why", gives the storage-speed matrix it was chosen from.
 DEFAULT_PRESET = "balanced"
-#: Modelled rates within this share of the best count as a tie, which the preset storing fewer bytes wins.
+#: Modelled rates within this share of the best count as a tie, which the candidate storing fewer bytes wins.
 STORAGE_TIE = 0.10
+
+
+def storage_delivers(read_mbs: float | None, ratio: float, warm_mbs: float) -> float:
+    """MB/s of pixels a candidate delivers from storage read at ``read_mbs`` MB/s (None: the page cache).
+
+    Reads and decoding overlap (the loader reads ahead while its threads decode), so it is
+    ``min(read_mbs x ratio, warm_mbs)``: ``ratio`` is pixel bytes per stored byte, ``warm_mbs``
+    the MB/s of pixels the loader delivers from the page cache on these cores.
+    """
+    return warm_mbs if read_mbs is None else min(read_mbs * ratio, warm_mbs)
+
+
+def choice_for_storage(
+    read_mbs: float | None, candidates: Mapping[str, tuple[float, float]], tie: float = STORAGE_TIE
+) -> str:
+    """The candidate that feeds the most images from storage read at ``read_mbs`` MB/s (None: the page cache).
+
+    ``candidates`` maps each name (a preset, or ``"encoded"`` for the encoded layout, FORMAT.md
+    10) to (ratio of pixel bytes to stored bytes, MB/s of pixels the loader delivers from the
+    page cache on these cores). Each delivers :func:`storage_delivers`; among those within
+    ``tie`` of the best, the one with the highest ratio wins: where the speeds are alike, the
+    bytes decide.
+    """
+    if not candidates:
+        raise InvalidInputError("the storage rule needs at least one candidate's (ratio, MB/s)")
+    bad = [name for name, (ratio, mbs) in candidates.items() if not (ratio > 0 and mbs > 0)]
+    if bad or (read_mbs is not None and not read_mbs > 0):
+        raise InvalidInputError(
+            f"the storage rule: ratios, rates and read_mbs must be positive (bad: {bad or read_mbs})"
+        )
+    delivered = {n: storage_delivers(read_mbs, *candidates[n]) for n in candidates}
+    best = max(delivered.values())
+    near = [n for n in candidates if delivered[n] >= (1 - tie) * best]
+    return max(near, key=lambda n: (candidates[n][0], delivered[n]))
 
 
 def preset_for_storage(
@@ -233,26 +269,9 @@ def preset_for_storage(
     """The preset that feeds the most images from storage read at ``read_mbs`` MB/s (None: the page cache).
 
     ``rates`` maps each candidate preset to (compression ratio, MB/s of pixels the loader
-    delivers from the page cache on these cores). Reads and decompression overlap (the
-    loader reads ahead while its threads decompress), so a preset delivers
-    ``min(read_mbs x ratio, warm rate)``. Among the presets within ``tie`` of the best, the
-    one with the highest ratio wins: where the speeds are alike, the bytes decide.
+    delivers from the page cache on these cores): :func:`choice_for_storage` among presets.
     """
-    if not rates:
-        raise InvalidInputError("preset_for_storage needs at least one preset's (ratio, MB/s)")
-    bad = [name for name, (ratio, mbs) in rates.items() if not (ratio > 0 and mbs > 0)]
-    if bad or (read_mbs is not None and not read_mbs > 0):
-        raise InvalidInputError(
-            f"preset_for_storage: ratios, rates and read_mbs must be positive (bad: {bad or read_mbs})"
-        )
-
-    def delivered(name: str) -> float:
-        ratio, mbs = rates[name]
-        return mbs if read_mbs is None else min(read_mbs * ratio, mbs)
-
-    best = max(delivered(n) for n in rates)
-    near = [n for n in rates if delivered(n) >= (1 - tie) * best]
-    return max(near, key=lambda n: (rates[n][0], delivered(n)))
+    return choice_for_storage(read_mbs, rates, tie)
 
 
 def is_preset(codec: Codec, dtype: np.dtype, item_shape: Sequence[int], layout: str = "NHWC") -> bool:

@@ -27,11 +27,12 @@ def register(sub: Any) -> None:
 
     c = bsub.add_parser(
         "codecs",
-        help="compression ratio and speed of every codec on your images; recommends a preset",
+        help="compression ratio and speed of every codec on your images; recommends a preset or the encoded layout",
         description=(
             "Run the codec suite on a sample of PATH (a folder of images or a .b2nd store): "
             "codecs x levels x filters x images per block, ratio and MB/s, then the presets "
-            "(fast, balanced, small) through the loader on your cores, and which one suits your data warm (page cache) "
+            "(fast, balanced, small) through the loader on your cores, with the encoded layout (the JPEG/PNG files kept) "
+            "beside them for a folder of images or an encoded store, and which one suits your data warm (page cache) "
             "and cold (your disk's read speed: measured on the disk holding PATH unless --read-mbs gives it)."
         ),
     )
@@ -161,9 +162,10 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
 
     if args.sample < 1:
         raise InvalidInputError(f"--sample must be at least 1, got {args.sample}")
-    images = C.load_sample(
+    sample = C.encoded_candidate(
         args.path, n=args.sample, seed=args.seed, image_size=tuple(args.image_size) if args.image_size else None
     )
+    images = sample.images
     say = _say(args.quiet)
     say(f"sample: {len(images)} images of {'x'.join(map(str, images.shape[1:]))} {images.dtype} from {args.path}")
     if args.grid != "presets":
@@ -202,28 +204,56 @@ def _cmd_codecs(args: argparse.Namespace) -> int:
         print(f"Your disk: {read_mbs:,.0f} MB/s read cold ({how}); {cores} cores.\n")
     say("measuring each preset through the loader (a small store of the sample, warm page cache)")
     loader = {name: C.measure_loader(images, name, repeats=args.repeats) for name in PRESETS}
-    warm, cold, table = C.recommend_for_storage(preset_rows, loader, read_mbs)
+    encoded = None
+    if sample.entries is not None:
+        say("measuring the encoded layout through the loader (a small encoded store of the sample, warm page cache)")
+        encoded = C.measure_encoded_loader(sample.entries, sample.encoding, images.shape[1:], repeats=args.repeats)
+    warm_p, cold_p, _ = C.recommend_for_storage(preset_rows, loader, read_mbs)
+    warm, cold, table = C.recommend_for_storage(preset_rows, loader, read_mbs, encoded)
     by = {r.dataset: r for r in preset_rows}
     regimes = list(next(iter(table.values())))
     head = [("your disk" if k == "yours" else k) for k in regimes]
     print(
-        f"Presets on your data, {cores} cores: MB/s of images delivered, measured through the loader from the page "
-        "cache and modelled at each read speed as min(read speed x ratio, loader):\n"
+        f"{'Presets and the encoded layout' if encoded else 'Presets'} on your data, {cores} cores: MB/s of images "
+        "delivered, measured through the loader from the page cache and modelled at each read speed as "
+        "min(read speed x ratio, loader):\n"
     )
     print("| preset | codec | ratio | decompress MB/s 1t | " + " | ".join(head) + " |")
     print("|---|---|---:|---:|" + "---:|" * len(regimes))
+    ratios = {n: (by[n].ratio if n in by else encoded[0] if encoded else 0.0) for n in table}
     for name, vals in table.items():
-        r = by[name]
+        what, dec = (by[name].label, f"{by[name].decompress_mbs_1t:.0f}") if name in by else (sample.note, "—")
+        ratio = ratios[name]
+        print(f"| {name} | {what} | {ratio:.3f} | {dec} | " + " | ".join(f"{vals[k]:.0f}" for k in regimes) + " |")
+    print()
+    if encoded is None:
+        print(f"encoded layout: not a candidate ({sample.note})")
+    else:
+        per_image = images[0].nbytes / 1e6  # MB of pixels per image: the table's MB/s into images/s
+        for label, key, pick, preset in (
+            ("data in the page cache", "warm page cache", warm, warm_p),
+            (where, "yours", cold, cold_p),
+        ):
+            rate = table[pick][key] / per_image
+            if pick == "encoded":
+                advice = (
+                    f"--layout encoded ({sample.note}: {rate:,.0f} images/s modelled); among pixel presets: "
+                    f"{preset} ({table[preset][key] / per_image:,.0f} images/s)"
+                )
+            else:
+                advice = f"--preset {pick} ({rate:,.0f} images/s modelled; --layout encoded {table['encoded'][key] / per_image:,.0f})"
+            print(f"recommended for {label}: {advice}")
         print(
-            f"| {name} | {r.label} | {r.ratio:.3f} | {r.decompress_mbs_1t:.0f} | "
-            + " | ".join(f"{vals[k]:.0f}" for k in regimes)
-            + " |"
+            "(the encoded layout keeps the JPEG/PNG files: its pixels are what the reading machine's JPEG decoder "
+            "gives, Pillow's (simplejpeg only where it agrees with Pillow there), and another libjpeg build may differ "
+            "slightly; a pixel store gives the ingested pixels exactly, on any machine. Write it with: "
+            "carraystore ingest SRC OUT.b2nd --layout encoded)"
         )
-    print(f"\nrecommended preset for data in the page cache: {warm}")
-    print(f"recommended preset for {where}: {cold}")
-    print(f"use it with: carraystore ingest SRC OUT.b2nd --preset {cold}   or   carraystore.Codec.preset({cold!r})")
-    if cold != "balanced" and by["balanced"].ratio > by[cold].ratio:
-        fewer = 1 - by[cold].ratio / by["balanced"].ratio
+    print(f"\nrecommended preset for data in the page cache: {warm_p}")
+    print(f"recommended preset for {where}: {cold_p}")
+    print(f"use it with: carraystore ingest SRC OUT.b2nd --preset {cold_p}   or   carraystore.Codec.preset({cold_p!r})")
+    if cold_p != "balanced" and by["balanced"].ratio > by[cold_p].ratio:
+        fewer = 1 - by[cold_p].ratio / by["balanced"].ratio
         print(
             f"(the default, balanced, stores {fewer:.0%} fewer bytes: keep it where the store is copied or read over "
             "a network, or where more cores read it)"

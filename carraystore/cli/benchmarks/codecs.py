@@ -13,9 +13,11 @@ takes ``R`` = memory-copy speed (the clevel 0 row), ``small`` ``R`` = 50 MB/s.
 measurements: the disk's cold sequential read speed (:func:`measure_read_mbs`: a probe file
 written beside the data, evicted from the page cache, read back, removed) and each preset's
 images through the loader from the page cache on these cores (:func:`measure_loader`: a
-small store of the sample, ``Store.batches`` epochs). Reading overlaps decompression, so a
-preset delivers ``min(R x ratio, loader rate)``
-(:func:`carraystore.format.codec.preset_for_storage`).
+small store of the sample, ``Store.batches`` epochs). For a folder of image files or an
+encoded store the encoded layout (FORMAT.md 10: the JPEG/PNG files kept) is measured the same
+way on the same sample (:func:`measure_encoded_loader`) and is a candidate beside the presets.
+Reading overlaps decoding, so each delivers ``min(R x ratio, loader rate)``
+(:func:`carraystore.format.codec.choice_for_storage`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from carraystore.base.errors import InvalidInputError
-from carraystore.format.codec import PRESETS, Codec, preset_for_storage
+from carraystore.format.codec import PRESETS, Codec, choice_for_storage, storage_delivers
 
 __all__ = [
     "CODECS",
@@ -61,6 +63,9 @@ __all__ = [
     "measure_read_mbs",
     "read_cold_s",
     "measure_loader",
+    "measure_encoded_loader",
+    "EncodedCandidate",
+    "encoded_candidate",
     "PROBE_BYTES",
 ]
 
@@ -443,24 +448,31 @@ def recommend_preset(
 
 
 def recommend_for_storage(
-    results: Sequence[CodecResult], loader_mbs: dict[str, float], read_mbs: float | None = None
+    results: Sequence[CodecResult],
+    loader_mbs: dict[str, float],
+    read_mbs: float | None = None,
+    encoded: tuple[float, float] | None = None,
 ) -> tuple[str, str, dict[str, dict[str, float]]]:
-    """The preset for data in the page cache, the one for storage read at ``read_mbs`` MB/s, and each
-    preset's modelled MB/s of images at every :data:`REGIMES` speed (and ``"yours"``).
+    """The choice for data in the page cache, the one for storage read at ``read_mbs`` MB/s, and each
+    candidate's modelled MB/s of images at every :data:`REGIMES` speed (and ``"yours"``).
 
     ``loader_mbs``: each preset's MB/s of pixels through the loader from the page cache on
-    these cores (:func:`measure_loader`); a preset delivers ``min(R x ratio, loader_mbs)``
-    (:func:`~carraystore.format.codec.preset_for_storage`, ties to the fewer bytes).
+    these cores (:func:`measure_loader`); a candidate delivers ``min(R x ratio, loader_mbs)``
+    (:func:`~carraystore.format.codec.choice_for_storage`, ties to the fewer bytes).
+    ``encoded``: the encoded layout's (ratio, loader MB/s) (:func:`measure_encoded_loader`),
+    a candidate named ``"encoded"`` beside the presets; None: presets only.
     """
     by_name = {r.dataset: r for r in results}
     rates = {name: (by_name[name].ratio, loader_mbs[name]) for name in PRESETS if name in loader_mbs}
+    if encoded is not None:
+        rates["encoded"] = encoded
     table: dict[str, dict[str, float]] = {}
     for name, (ratio, mbs) in rates.items():
-        table[name] = {regime: mbs if read is None else min(read * ratio, mbs) for regime, read in REGIMES.items()}
+        table[name] = {regime: storage_delivers(read, ratio, mbs) for regime, read in REGIMES.items()}
         if read_mbs is not None:
-            table[name]["yours"] = min(read_mbs * ratio, mbs)
-    warm = preset_for_storage(None, rates)
-    cold = preset_for_storage(read_mbs, rates) if read_mbs is not None else warm
+            table[name]["yours"] = storage_delivers(read_mbs, ratio, mbs)
+    warm = choice_for_storage(None, rates)
+    cold = choice_for_storage(read_mbs, rates) if read_mbs is not None else warm
     return warm, cold, table
 
 
@@ -532,6 +544,33 @@ def measure_read_mbs(path: str | os.PathLike[str], nbytes: int = PROBE_BYTES) ->
     return got / max(seconds, 1e-9) / 1e6, how
 
 
+def _loader_sample_size(count: int, image_nbytes: int, chunk: int) -> int:
+    """Images the loader measurement reads: :data:`LOADER_SAMPLE_BYTES` of pixels, at least four chunks."""
+    return max(4 * chunk, LOADER_SAMPLE_BYTES // max(1, image_nbytes), count)
+
+
+def _repeated(items: Sequence[Any], n: int) -> list[Any]:
+    """``items`` repeated to ``n``."""
+    return [items[i % len(items)] for i in range(n)]
+
+
+def _loader_mbs(path: Path, image_nbytes: int, repeats: int) -> float:
+    """MB/s of pixels ``Store.batches`` delivers from the store at ``path``: after one untimed epoch, the median
+    of ``repeats`` block-shuffled epochs."""
+    from carraystore.api.store import open_store
+
+    with open_store(path) as store:
+        n = len(store)
+        batch = max(1, min(32, n // 4))
+        times = []
+        for e in range(repeats + 1):
+            t = time.perf_counter()
+            for _x, _y in store.batches(batch, seed=0, epoch=e):
+                pass
+            times.append(time.perf_counter() - t)
+    return float(n * image_nbytes / statistics.median(times[1:]) / 1e6)
+
+
 def measure_loader(images: np.ndarray, codec: Codec | str, repeats: int = 3) -> float:
     """MB/s of pixels ``Store.batches`` delivers from the page cache on this machine's cores.
 
@@ -541,7 +580,6 @@ def measure_loader(images: np.ndarray, codec: Codec | str, repeats: int = 3) -> 
     """
     import tempfile
 
-    from carraystore.api.store import open_store
     from carraystore.format.codec import default_chunk_images
     from carraystore.store.writer import create
 
@@ -550,22 +588,84 @@ def measure_loader(images: np.ndarray, codec: Codec | str, repeats: int = 3) -> 
     codec = Codec.preset(codec) if isinstance(codec, str) else codec
     resolved = codec.resolve(images.dtype, images.shape[1:])
     chunk = default_chunk_images(image_nbytes, int(resolved.block_images or 1))
-    n = max(4 * chunk, LOADER_SAMPLE_BYTES // image_nbytes, len(images))
+    n = _loader_sample_size(len(images), image_nbytes, chunk)
     reps = -(-n // len(images))
     sample = np.concatenate([images] * reps)[:n] if reps > 1 else images[:n]
-    batch = max(1, min(32, n // 4))
     with tempfile.TemporaryDirectory(prefix="carraystore-bench-") as d:
         path = Path(d) / "sample.b2nd"
         with create(path, sample.shape[1:], dtype=sample.dtype, codec=codec) as w:
             w.append(sample)
-        with open_store(path) as store:
-            times = []
-            for e in range(repeats + 1):
-                t = time.perf_counter()
-                for _x, _y in store.batches(batch, seed=0, epoch=e):
-                    pass
-                times.append(time.perf_counter() - t)
-    return float(n * image_nbytes / statistics.median(times[1:]) / 1e6)
+        return _loader_mbs(path, image_nbytes, repeats)
+
+
+def measure_encoded_loader(
+    entries: Sequence[bytes], encoding: Any, image_shape: Sequence[int], repeats: int = 3
+) -> tuple[float, float]:
+    """The encoded layout (FORMAT.md 10) through the loader, as :func:`measure_loader` measures a preset:
+    (ratio of pixel bytes to its chunk bytes, MB/s of pixels ``Store.batches`` delivers from the page cache).
+
+    ``entries`` (the JPEG/PNG files as ``ingest --layout encoded`` keeps them,
+    :func:`carraystore.cli.benchmarks.layout.sample_entries`), repeated to
+    :data:`LOADER_SAMPLE_BYTES` of pixels, are written as an encoded store in a temporary folder.
+    """
+    import tempfile
+
+    from carraystore.format.codec import default_chunk_images
+    from carraystore.store.writer import create
+
+    if not entries:
+        raise InvalidInputError("measure_encoded_loader needs at least one entry")
+    shape = tuple(int(x) for x in image_shape)
+    image_nbytes = max(1, math.prod(shape))
+    n = _loader_sample_size(len(entries), image_nbytes, default_chunk_images(image_nbytes, 1, "encoded"))
+    from carraystore.store.reader import StoreReader, open_store
+
+    with tempfile.TemporaryDirectory(prefix="carraystore-bench-") as d:
+        # the ratio from the sample as it is (repeated entries would compress into each other), the speed repeated
+        for name, items in (("ratio.b2nd", list(entries)), ("sample.b2nd", _repeated(entries, n))):
+            with create(Path(d) / name, shape, layout="encoded", encoding=encoding) as w:
+                w.append_encoded(items)
+        store: StoreReader
+        with open_store(Path(d) / "ratio.b2nd") as store:
+            stored = sum(store.chunk_byte_range(c)[1] for c in range(store.nchunks))
+        return len(entries) * image_nbytes / max(1, stored), _loader_mbs(Path(d) / "sample.b2nd", image_nbytes, repeats)
+
+
+@dataclass(frozen=True)
+class EncodedCandidate:
+    """The sample of ``bench codecs`` and, where the encoded layout can hold it, its entries."""
+
+    images: np.ndarray
+    #: the entries ``ingest --layout encoded`` would store (None: the encoded layout is not a candidate)
+    entries: list[bytes] | None
+    encoding: Any
+    #: the entries' formats (e.g. ``32 jpeg``), or why the encoded layout is not a candidate
+    note: str
+
+
+def encoded_candidate(
+    path: str | os.PathLike[str], n: int = 128, seed: int = 0, image_size: tuple[int, int] | None = None
+) -> EncodedCandidate:
+    """:func:`load_sample`'s images of ``path`` and, for a folder of image files or an encoded store, the same
+    images' entries in the encoded layout; a store of pixels gives no entries (a note says why)."""
+    p = Path(path)
+    encoded_store = False
+    if p.suffix == ".b2nd" and p.is_file():
+        from carraystore.store.reader import StoreReader, open_store
+
+        store: StoreReader
+        with open_store(p) as store:
+            encoded_store = store.meta.layout == "encoded"
+    if p.is_dir() or encoded_store:
+        from carraystore.cli.benchmarks.layout import entry_formats, sample_entries
+
+        images, entries, encoding = sample_entries(p, n, seed, image_size)
+        whose = "the store's entries" if encoded_store else "the files as ingest --layout encoded keeps them"
+        return EncodedCandidate(images, entries, encoding, f"{entry_formats(entries, images[0].nbytes)}, {whose}")
+    images = load_sample(p, n, seed, image_size)
+    return EncodedCandidate(
+        images, None, None, f"{p.name} holds pixels, not JPEG/PNG files the encoded layout would keep"
+    )
 
 
 # -- output ------------------------------------------------------------------------------

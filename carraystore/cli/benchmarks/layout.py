@@ -36,6 +36,8 @@ __all__ = [
     "break_even",
     "measure_layouts",
     "report_text",
+    "sample_entries",
+    "entry_formats",
 ]
 
 #: Link rates (Mbit/s) the report shows when none is given: a slow network, 1 GbE, 10 GbE.
@@ -157,10 +159,19 @@ class LayoutReport:
 # -- the sample --------------------------------------------------------------------------------
 
 
-def _sample(
-    src: str, n: int, seed: int, image_size: tuple[int, int] | None, color_mode: str, quality: int | None
+def sample_entries(
+    src: str | os.PathLike[str],
+    n: int,
+    seed: int = 0,
+    image_size: tuple[int, int] | None = None,
+    color_mode: str = "rgb",
+    quality: int | None = None,
 ) -> tuple[np.ndarray, list[bytes], Any]:
-    """``n`` images of ``src`` as pixels and as the entries an encoded store would hold, and the encoding."""
+    """``n`` images of ``src`` as pixels and as the entries an encoded store would hold, and the encoding.
+
+    A folder's files are kept where they are the pixels, as ``ingest --layout encoded`` keeps
+    them; an encoded store's entries are its own (``quality`` None); the rest is encoded.
+    """
     from carraystore.format.encoded import Encoding, entry_for_pixels, source_entry
 
     encoding = Encoding.for_quality(quality)
@@ -251,7 +262,7 @@ def measure_layouts(
 ) -> LayoutReport:
     """Measure both layouts on ``sample`` images of ``src`` (a folder of images or a store)."""
     from carraystore.format.codec import PRESETS, default_chunk_images
-    from carraystore.format.encoded import jpeg_decoder, sniff
+    from carraystore.format.encoded import jpeg_decoder
     from carraystore.store.writer import create
 
     if sample < 1:
@@ -265,7 +276,7 @@ def measure_layouts(
     if not links or any(not math.isfinite(x) or x <= 0 for x in links):
         raise InvalidInputError(f"link rates must be positive Mbit/s, got {list(links_mbit)}")
     say = progress or (lambda s: None)
-    pixels, entries, encoding = _sample(src, sample, seed, image_size, color_mode, quality)
+    pixels, entries, encoding = sample_entries(src, sample, seed, image_size, color_mode, quality)
     shape = tuple(int(x) for x in pixels.shape[1:])
     nb = int(np.prod(shape))
     scale = _scale_of(shape, decode_size)
@@ -289,7 +300,6 @@ def measure_layouts(
         err = None if scale == 1 else _decode_rate(root / "encoded.b2nd", repeats, scale)[1]
     finally:
         tmp.cleanup()
-    formats = Counter(sniff(e, nb) for e in entries)
     from carraystore.format.codec import Codec
 
     dec = jpeg_decoder()
@@ -299,12 +309,20 @@ def measure_layouts(
         cores=cores,
         links_mbit=links,
         pixels=LayoutResult("pixels", f"{preset} ({Codec.preset(preset).describe()})", n, nb, pb, pr, prr),
-        encoded=LayoutResult("encoded", ", ".join(f"{c} {f}" for f, c in sorted(formats.items())), n, nb, eb, er, err),
+        encoded=LayoutResult("encoded", entry_formats(entries, nb), n, nb, eb, er, err),
         jpeg_decoder=f"{dec.name} {dec.version} ({dec.reason})",
         preset=preset,
         quality=quality,
         decode_size=None if scale == 1 else (shape[0] // scale, shape[1] // scale),
     )
+
+
+def entry_formats(entries: Sequence[bytes], image_nbytes: int) -> str:
+    """How many entries are in each format, e.g. ``64 jpeg`` or ``60 jpeg, 4 png``."""
+    from carraystore.format.encoded import sniff
+
+    formats = Counter(sniff(e, image_nbytes) for e in entries)
+    return ", ".join(f"{c} {f}" for f, c in sorted(formats.items()))
 
 
 def _scale_of(shape: tuple[int, ...], decode_size: tuple[int, int] | None) -> int:
