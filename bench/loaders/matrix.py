@@ -8,10 +8,11 @@ to the server and read with ``carraystore.open(url).batches``, one epoch per fre
 process per round (:func:`bench.remote_epochs.run_contender`). The peers that read local
 files only (bcolz, ``.npy`` files, Lance, numpy in RAM) have no remote column.
 
-For each regime the matrix also gives the preset the storage rule picks
-(:func:`carraystore.format.codec.preset_for_storage`, from each preset's ratio and warm
-rate and the regime's measured read speed) beside the preset that measured fastest, so the
-rule is checked against the measurement it was made from.
+For each regime the matrix also gives what the storage rule picks
+(:func:`carraystore.format.codec.choice_for_storage`, the presets and the encoded layout,
+from each one's ratio and warm rate and the regime's measured read speed) beside the one
+that measured fastest, so the rule is checked against the measurement it was made from, and
+the rule's pick against the best on-disk peer (:func:`rule_goals`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.loaders.registry import ON_DISK
-from bench.loaders.results import Comparison, PeerResult
+from bench.loaders.results import COLD_GOAL_CODEC_BOUND, COLD_GOAL_DISK_BOUND, Comparison, PeerResult
 
 __all__ = [
     "run_remote",
@@ -37,6 +38,8 @@ __all__ = [
     "parse_link",
     "stores_for_remote",
     "MATRIX_ROWS",
+    "rule_goals",
+    "rerender",
 ]
 
 #: the repository root (the remote contenders run ``python -m bench.remote_epochs`` from it)
@@ -68,6 +71,8 @@ REMOTE_ROWS = {
 JPEG_PEERS = ("keras_load_img", "pillow_threads", "tfdata_jpeg", "tfrecord")
 #: The presets the storage rule chooses between for a default (``small`` writes several times slower for a few %).
 RULE_PRESETS = ("fast", "balanced")
+#: The rule's candidates and their rows: those presets, and the encoded layout (the photos are JPEG files).
+RULE_CANDIDATES = {**{p: f"carraystore_{p}_block" for p in RULE_PRESETS}, "encoded": "carraystore_encoded_block"}
 BUCKET = "matrix"
 
 
@@ -202,7 +207,7 @@ def _rate(r: PeerResult | None, regime: str, remote: dict[str, Any] | None) -> f
 
 def build_matrix(cmp: Comparison, remote: dict[str, Any] | None) -> dict[str, Any]:
     """The matrix from a comparison (with its throttled and disk-probe info) and :func:`run_remote`'s result."""
-    from carraystore.format.codec import preset_for_storage
+    from carraystore.format.codec import choice_for_storage, preset_for_storage
 
     info = cmp.info
     n = int(info["images"])
@@ -245,17 +250,18 @@ def build_matrix(cmp: Comparison, remote: dict[str, Any] | None) -> dict[str, An
                 "images_per_s": {g["key"]: _rate(r, g["key"], remote) for g in regimes},
             }
         )
-    # the rule: each preset's ratio (pixels / bytes on disk) and warm MB/s of pixels
+    # the rule: each candidate's ratio (pixels / bytes on disk) and warm MB/s of pixels
     rates = {}
-    for p in RULE_PRESETS:
-        r = cmp.row(f"carraystore_{p}_block")
+    for p, row_name in RULE_CANDIDATES.items():
+        r = cmp.row(row_name)
         if r is not None and r.status == "ok" and r.bytes_on_disk and r.images_per_s_warm:
             rates[p] = (n * image_nbytes / r.bytes_on_disk, r.images_per_s_warm * image_nbytes / 1e6)
+    preset_rates = {p: v for p, v in rates.items() if p in RULE_PRESETS}
     picks = {}
     for g in regimes:
         key = g["key"]
-        measured = {p: _rate(cmp.row(f"carraystore_{p}_block"), key, remote) for p in RULE_PRESETS}
-        measured_ok = {p: v for p, v in measured.items() if v}
+        measured = {p: _rate(cmp.row(row_name), key, remote) for p, row_name in RULE_CANDIDATES.items()}
+        measured_ok = {p: v for p, v in measured.items() if v and p in rates}
         peers = [
             (row["name"], row["images_per_s"][key])
             for row in rows
@@ -264,28 +270,27 @@ def build_matrix(cmp: Comparison, remote: dict[str, Any] | None) -> dict[str, An
         best_peer = max(peers, key=lambda x: x[1]) if peers else None
         pixel_peers = [x for x in peers if x[0] not in JPEG_PEERS]
         best_pixels = max(pixel_peers, key=lambda x: x[1]) if pixel_peers else None
-        encoded = _rate(cmp.row("carraystore_encoded_block"), key, remote)
-        pick = (
-            preset_for_storage(g["read_mbs"], rates)
-            if len(rates) == len(RULE_PRESETS) and (key == "warm" or g["read_mbs"])
-            else None
-        )
-        default = measured.get("balanced")
+        ruled = len(preset_rates) == len(RULE_PRESETS) and (key == "warm" or g["read_mbs"])
+        pick = choice_for_storage(g["read_mbs"], rates) if ruled else None
+        preset = preset_for_storage(g["read_mbs"], preset_rates) if ruled else None
+
+        def over(v: float | None, peer: tuple[str, float] | None) -> float | None:
+            return v / peer[1] if v and peer else None
+
         picks[key] = {
             "rule_picks": pick,
+            "rule_preset": preset,
             "measured_fastest": max(measured_ok, key=lambda p: measured_ok[p]) if measured_ok else None,
             "rule_pick_images_per_s": measured.get(pick) if pick else None,
             "best_on_disk_peer": best_peer[0] if best_peer else None,
             "best_on_disk_peer_images_per_s": best_peer[1] if best_peer else None,
-            "default_vs_best_peer": (default / best_peer[1]) if default and best_peer else None,
-            "rule_vs_best_peer": (measured[pick] / best_peer[1]) if pick and measured.get(pick) and best_peer else None,
+            "default_vs_best_peer": over(measured.get("balanced"), best_peer),
+            "rule_vs_best_peer": over(measured.get(pick) if pick else None, best_peer),
             "best_pixel_peer": best_pixels[0] if best_pixels else None,
             "best_pixel_peer_images_per_s": best_pixels[1] if best_pixels else None,
-            "default_vs_best_pixel_peer": (default / best_pixels[1]) if default and best_pixels else None,
-            "rule_vs_best_pixel_peer": (
-                (measured[pick] / best_pixels[1]) if pick and measured.get(pick) and best_pixels else None
-            ),
-            "encoded_vs_best_peer": (encoded / best_peer[1]) if encoded and best_peer else None,
+            "default_vs_best_pixel_peer": over(measured.get("balanced"), best_pixels),
+            "rule_preset_vs_best_pixel_peer": over(measured.get(preset) if preset else None, best_pixels),
+            "encoded_vs_best_peer": over(measured.get("encoded"), best_peer),
         }
     return {
         "info": {
@@ -303,8 +308,45 @@ def build_matrix(cmp: Comparison, remote: dict[str, Any] | None) -> dict[str, An
     }
 
 
+def rule_goals(m: dict[str, Any]) -> dict[str, Any]:
+    """Issue 31's cold goal for the rule's pick (the layout too) in each cold regime of the matrix ``m``:
+    at least :data:`COLD_GOAL_DISK_BOUND` x the best on-disk peer where the disk holds the default
+    back (it reads fewer MB/s x ratio than the default decodes warm), never below it otherwise.
+
+    ``{"cold_rule_beats_all": ..., "throttled_rule_beats_all": ...}`` for the regimes measured,
+    each with ``met``, ``pick``, ``ratio``, ``goal``, ``disk_bound`` and ``best_peer``.
+    """
+    rates = m["info"].get("rule_rates") or {}
+    default = rates.get("balanced")
+    out: dict[str, Any] = {}
+    for g in m["regimes"]:
+        p = m["picks"].get(g["key"]) or {}
+        if g["key"] not in ("cold", "throttled") or not p.get("rule_vs_best_peer") or not default:
+            continue
+        disk_bound = bool(g["read_mbs"]) and g["read_mbs"] * default["ratio"] < default["warm_mb_per_s"]
+        need = COLD_GOAL_DISK_BOUND if disk_bound else COLD_GOAL_CODEC_BOUND
+        out[f"{g['key']}_rule_beats_all"] = {
+            "met": p["rule_vs_best_peer"] >= need,
+            "pick": p["rule_picks"],
+            "images_per_s": p["rule_pick_images_per_s"],
+            "best_peer": p["best_on_disk_peer"],
+            "best_peer_images_per_s": p["best_on_disk_peer_images_per_s"],
+            "ratio": p["rule_vs_best_peer"],
+            "goal": need,
+            "disk_bound": disk_bound,
+        }
+    return out
+
+
 def _fmt(v: float | None, digits: int = 0) -> str:
     return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def _preset_cell(preset: str | None, ratio: str) -> str:
+    """``balanced 1.48x (zarr)``; the preset alone where nothing compares; ``—`` without a pick."""
+    if preset is None:
+        return ratio
+    return preset if ratio == "—" else f"{preset} {ratio}"
 
 
 def matrix_markdown(m: dict[str, Any], heading: str = "# Storage-speed matrix") -> str:
@@ -352,11 +394,13 @@ def matrix_markdown(m: dict[str, Any], heading: str = "# Storage-speed matrix") 
         lines.append(f"| {row['label']} | {row['mb_on_disk']:,.1f} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "The storage rule (`carraystore.format.codec.preset_for_storage`: each preset delivers min(read speed x ratio, "
-        "its warm rate); within 10% the fewer bytes win) against what was measured:",
+        "The storage rule (`carraystore.format.codec.choice_for_storage`, candidates `fast`, `balanced` and the "
+        "encoded layout: each delivers min(read speed x ratio, its warm rate); within 10% the fewer bytes win) against "
+        "what was measured; the rule among the presets alone (`preset_for_storage`) for exact pixels:",
         "",
-        "| regime | read speed MB/s | rule picks | measured fastest preset | default `balanced` / best pixel store "
-        "| rule's pick / best pixel store | `balanced` / best on-disk peer | encoded layout / best on-disk peer |",
+        "| regime | read speed MB/s | rule picks | measured fastest | rule's pick / best on-disk peer "
+        "| presets alone: rule's pick / best pixel store | default `balanced` / best on-disk peer "
+        "| encoded layout / best on-disk peer |",
         "|---|---:|---|---|---:|---:|---:|---:|",
     ]
 
@@ -366,12 +410,27 @@ def matrix_markdown(m: dict[str, Any], heading: str = "# Storage-speed matrix") 
 
     for g in regimes:
         p = m["picks"][g["key"]]
+        preset = p.get("rule_preset")
         lines.append(
             f"| {g['label']} | {_fmt(g['read_mbs'])} | {p.get('rule_picks') or '—'} | "
-            f"{p.get('measured_fastest') or '—'} | {ratio(p, 'default_vs_best_pixel_peer', 'best_pixel_peer')} | "
-            f"{ratio(p, 'rule_vs_best_pixel_peer')} | {ratio(p, 'default_vs_best_peer', 'best_on_disk_peer')} | "
-            f"{ratio(p, 'encoded_vs_best_peer')} |"
+            f"{p.get('measured_fastest') or '—'} | {ratio(p, 'rule_vs_best_peer', 'best_on_disk_peer')} | "
+            f"{_preset_cell(preset, ratio(p, 'rule_preset_vs_best_pixel_peer', 'best_pixel_peer'))} | "
+            f"{ratio(p, 'default_vs_best_peer', 'best_on_disk_peer')} | {ratio(p, 'encoded_vs_best_peer')} |"
         )
+    goals = rule_goals(m)
+    if goals:
+        lines += [
+            "",
+            "Goals (issue 31: the rule's pick at least "
+            f"{COLD_GOAL_DISK_BOUND:g}x the best on-disk peer where the disk is slower than the default's codec, "
+            "never below it otherwise): "
+            + "; ".join(
+                f"{next(g['label'] for g in regimes if k.startswith(g['key']))}, `{x['pick']}` {x['ratio']:.2f}x "
+                f"(goal {x['goal']:g}x, {'met' if x['met'] else 'NOT met'})"
+                for k, x in goals.items()
+            )
+            + ".",
+        ]
     lines += [
         "",
         "Pixel stores: the peers that keep decoded pixels (bcolz, `.npy` files, Lance, zarr, HDF5, the `.npz` cache); the "
@@ -411,3 +470,23 @@ def stores_for_remote(cmp: Comparison, work: str | os.PathLike[str]) -> dict[str
         if r is not None and r.status == "ok" and path.is_file():
             out[name] = path
     return out
+
+
+def rerender(results: str | os.PathLike[str], stem: str = "storage_matrix") -> dict[str, Path]:
+    """Rebuild ``<stem>.json``/``.md`` in ``results`` from what was measured, measuring nothing: the comparison in
+    ``loaders.json`` and the remote link's epochs kept in ``<stem>.json`` (after a change to the rule or the report)."""
+    folder = Path(results)
+    cmp = Comparison.from_json(json.loads((folder / "loaders.json").read_text()))
+    old = json.loads((folder / f"{stem}.json").read_text())
+    remote = (
+        {**old["info"].get("remote", {}), "rows": old.get("remote_rows", {})} if old["info"].get("remote") else None
+    )
+    return write_matrix(build_matrix(cmp, remote), folder, stem)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="re-render the storage-speed matrix from committed results")
+    ap.add_argument("results", nargs="?", default=str(ROOT / "bench" / "results"), help="the results folder")
+    print("wrote " + ", ".join(str(p) for p in rerender(ap.parse_args().results).values()))
