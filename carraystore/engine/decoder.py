@@ -35,6 +35,8 @@ __all__ = [
     "release_buffers",
     "take_batch_buffers",
     "give_back_batch_buffers",
+    "idle_arena",
+    "idle_batch_buffers",
 ]
 
 
@@ -101,61 +103,105 @@ class BatchBuffers:
         return buf
 
 
-# -- the slot pool, kept across epochs -----------------------------------------------------
+# -- the slot pool and batch buffers, kept across epochs --------------------------------------
 
-_IDLE_ARENAS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
+#: Idle pools kept per kind (decoded-chunk slots, batch buffers): those of the stores whose epochs
+#: ended last, by geometry, so a store opened again (or another of the same image shape) reuses them.
+MAX_IDLE_POOLS = 2
+
+
+class _IdlePools:
+    """Buffers an epoch gave back for the next one, by geometry, the :data:`MAX_IDLE_POOLS` newest."""
+
+    def __init__(self) -> None:
+        self.pools: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+    def take(self, key: tuple[Any, ...]) -> Any:
+        return self.pools.pop(key, None)
+
+    def peek(self, key: tuple[Any, ...]) -> Any:
+        return self.pools.get(key)
+
+    def give(self, key: tuple[Any, ...], pool: Any) -> None:
+        self.pools[key] = pool
+        self.pools.move_to_end(key)
+        while len(self.pools) > MAX_IDLE_POOLS:
+            self.pools.popitem(last=False)
+
+    def clear(self, key: tuple[Any, ...] | None = None) -> None:
+        if key is None:
+            self.pools.clear()
+        else:
+            self.pools.pop(key, None)
+
+
+_IDLE_ARENAS = _IdlePools()
+_IDLE_BATCHES = _IdlePools()
 _ARENA_LOCK = threading.Lock()
+
+
+def _arena_key(store: StoreReader) -> tuple[Any, ...]:
+    return (store.chunk_images, tuple(store.image_shape), np.dtype(store.dtype).str)
+
+
+def _batches_key(store: StoreReader) -> tuple[Any, ...]:
+    return (tuple(store.image_shape), np.dtype(store.dtype).str)
+
+
+def idle_arena(store: StoreReader) -> np.ndarray | None:
+    """The decoded-chunk slots kept for the next epoch of a store like ``store`` (None: none kept)."""
+    with _ARENA_LOCK:
+        return _IDLE_ARENAS.peek(_arena_key(store))  # type: ignore[no-any-return]
+
+
+def idle_batch_buffers(store: StoreReader) -> BatchBuffers | None:
+    """The batch buffers kept for the next epoch of a store like ``store`` (None: none kept)."""
+    with _ARENA_LOCK:
+        return _IDLE_BATCHES.peek(_batches_key(store))  # type: ignore[no-any-return]
 
 
 def _take_arena(store: StoreReader, nslots: int) -> np.ndarray:
     shape = (store.chunk_images, *store.image_shape)
     with _ARENA_LOCK:
-        idle = _IDLE_ARENAS.get(store)
-        if idle is not None:
-            # exactly this size: a larger one would exceed the memory plan (memory_budget)
-            del _IDLE_ARENAS[store]
-            if idle.shape[0] == nslots and idle.shape[1:] == shape and idle.dtype == store.dtype:
-                return idle
+        idle = _IDLE_ARENAS.take(_arena_key(store))
+    # exactly this size: a larger one would exceed the memory plan (memory_budget)
+    if idle is not None and idle.shape[0] == nslots and idle.shape[1:] == shape and idle.dtype == store.dtype:
+        return idle  # type: ignore[no-any-return]
     return np.empty((nslots, *shape), dtype=store.dtype)
 
 
 def _give_back_arena(store: StoreReader, arena: np.ndarray) -> None:
     base = arena.base if arena.base is not None else arena
+    key = _arena_key(store)
     with _ARENA_LOCK:
-        idle = _IDLE_ARENAS.get(store)
+        idle = _IDLE_ARENAS.peek(key)
         if idle is None or idle.shape[0] < base.shape[0]:
-            _IDLE_ARENAS[store] = base
-
-
-_IDLE_BATCHES: weakref.WeakKeyDictionary[Any, BatchBuffers] = weakref.WeakKeyDictionary()
+            _IDLE_ARENAS.give(key, base)
 
 
 def take_batch_buffers(store: StoreReader, capacity: int) -> BatchBuffers:
-    """The batch buffers the store's last epoch kept (fresh memory costs a page fault per 4 KiB), or new ones."""
+    """The batch buffers the last epoch of a store like this kept (fresh memory costs a page fault per
+    4 KiB), or new ones."""
     with _ARENA_LOCK:
-        pool = _IDLE_BATCHES.pop(store, None)
+        pool = _IDLE_BATCHES.take(_batches_key(store))
     if pool is None:
         return BatchBuffers(capacity)
     pool.capacity = capacity
     del pool.buffers[: max(0, len(pool.buffers) - capacity)]
-    return pool
+    return pool  # type: ignore[no-any-return]
 
 
 def give_back_batch_buffers(store: StoreReader, pool: BatchBuffers) -> None:
-    """Keep ``pool`` for the store's next epoch (a buffer still held outside is never reused)."""
+    """Keep ``pool`` for the next epoch of a store like ``store`` (a buffer still held outside is never reused)."""
     with _ARENA_LOCK:
-        _IDLE_BATCHES[store] = pool
+        _IDLE_BATCHES.give(_batches_key(store), pool)
 
 
 def release_buffers(store: StoreReader | None = None) -> None:
-    """Free the decoded-chunk and batch buffers kept for the next epoch (of ``store``, or of every store)."""
+    """Free the decoded-chunk and batch buffers kept for the next epoch (of stores like ``store``, or all)."""
     with _ARENA_LOCK:
-        if store is None:
-            _IDLE_ARENAS.clear()
-            _IDLE_BATCHES.clear()
-        else:
-            _IDLE_ARENAS.pop(store, None)
-            _IDLE_BATCHES.pop(store, None)
+        _IDLE_ARENAS.clear(None if store is None else _arena_key(store))
+        _IDLE_BATCHES.clear(None if store is None else _batches_key(store))
 
 
 # -- the decoder ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Arguments: :class:`carraystore.engine.options.LoaderOptions`. Holds ``window + prefetch``
 decoded chunks and ``queue_size + assemblers + 2`` batches within ``memory_budget``
-(docs/loading.md), the pool kept for the Store's next epoch until ``release_buffers()``.
+(docs/loading.md), the pool kept for the next epoch (of a store of that geometry) until ``release_buffers()``.
 ``close()``, leaving ``with``, dropping the iterator, an error or interpreter exit stop the threads.
 """
 

@@ -448,14 +448,15 @@ def test_the_buffer_pool_is_reused_across_epochs_and_can_be_released(photo_store
     from carraystore.engine import decoder as loader
 
     store = carraystore.open(photo_store)
+    loader.release_buffers()
     first = [x for x, _ in store.batches(16, epoch=0, window=2)]
-    pool = loader._IDLE_ARENAS.get(store)
+    pool = loader.idle_arena(store)
     assert pool is not None and pool.shape[0] == 4
-    kept = loader._IDLE_BATCHES.get(store)
+    kept = loader.idle_batch_buffers(store)
     assert kept is not None and len(kept.buffers) > 0
     second = store.batches(16, epoch=1, window=2)
-    assert loader._IDLE_ARENAS.get(store) is None, "the next epoch took the kept buffers"
-    assert loader._IDLE_BATCHES.get(store) is None, "the next epoch took the kept batch buffers"
+    assert loader.idle_arena(store) is None, "the next epoch took the kept buffers"
+    assert loader.idle_batch_buffers(store) is None, "the next epoch took the kept batch buffers"
     list(second)
     # batches handed out earlier (still held here) are never reused: later epochs did not touch them
     again = [x for x, _ in store.batches(16, epoch=0, window=2)]
@@ -465,11 +466,41 @@ def test_the_buffer_pool_is_reused_across_epochs_and_can_be_released(photo_store
     assert not any(b is x for b in first + again for x in reused)
     del first, again, reused
     list(store.batches(16, epoch=2, window=2))
-    kept_ids = {id(b) for b in loader._IDLE_BATCHES[store].buffers}  # (the pool keeps them alive)
+    kept_pool = loader.idle_batch_buffers(store)
+    assert kept_pool is not None
+    kept_ids = {id(b) for b in kept_pool.buffers}  # (the pool keeps them alive)
     for x, _ in store.batches(16, epoch=3, window=2):  # nothing held: the kept buffers are the batches
         assert id(x) in kept_ids
     loader.release_buffers(store)
-    assert loader._IDLE_ARENAS.get(store) is None and loader._IDLE_BATCHES.get(store) is None
+    assert loader.idle_arena(store) is None and loader.idle_batch_buffers(store) is None
+
+
+def test_a_store_opened_again_reuses_the_kept_buffers(photo_store: Path) -> None:
+    """Opening the store again for every epoch (as some training scripts do) takes the buffers the last
+    epoch kept, not fresh memory; the data are the same; a held batch is still never overwritten."""
+    from carraystore.engine import decoder as loader
+
+    loader.release_buffers()
+    held = [x.copy() for x, _ in carraystore.open(photo_store).batches(16, epoch=0, window=2)]
+    kept = loader.idle_batch_buffers(carraystore.open(photo_store))
+    arena = loader.idle_arena(carraystore.open(photo_store))
+    assert kept is not None and arena is not None, "the first store's epoch kept nothing once the store was dropped"
+    kept_ids = {id(b) for b in kept.buffers}
+    del kept
+    again = carraystore.open(photo_store)
+    it = again.batches(16, epoch=0, window=2)
+    assert it._s.decoder.direct or it._s.decoder.arena is arena, "the new store's epoch allocated fresh slots"
+    got = []
+    for x, _ in it:
+        assert id(x) in kept_ids, "the new store's epoch allocated fresh batch buffers"
+        got.append(x.copy())
+    assert all(np.array_equal(a, b) for a, b in zip(held, got, strict=True))
+    # a batch held from one store is not reused by the next store's epoch
+    keep = next(iter(carraystore.open(photo_store).batches(16, epoch=1, window=2)))[0]
+    snapshot = keep.copy()
+    list(carraystore.open(photo_store).batches(16, epoch=2, window=2))
+    assert np.array_equal(keep, snapshot)
+    loader.release_buffers()
 
 
 def _count_in_child(path: str, out: multiprocessing.Queue[int]) -> None:
