@@ -10,17 +10,22 @@ import pytest
 
 import carraystore
 from bench import loaders as L
-from bench.loaders.matrix import build_matrix, matrix_markdown, parse_link
+from bench.loaders.matrix import build_matrix, matrix_markdown, parse_link, rerender, rule_goals
 from bench.loaders.throttle import open_throttle
 from carraystore.base.errors import InvalidInputError
+from carraystore.cli.benchmarks import codecs as C
 from carraystore.cli.main import main
-from carraystore.format.codec import preset_for_storage
+from carraystore.format.codec import choice_for_storage, preset_for_storage, storage_delivers
 from carraystore.ingest.sample_data import make_photo_folder
 
 pytest.importorskip("skimage", reason="sample photos come from scikit-image (the test extra)")
 
 #: (ratio, MB/s of pixels through the loader from the page cache), as the loader comparison measures them
 RATES = {"fast": (1.1, 2000.0), "balanced": (1.85, 400.0), "small": (1.9, 300.0)}
+#: the rule's inputs the storage-speed matrix measured (3,000 photos of 256x256 on 2 cores): the encoded layout keeps
+#: the JPEG files (12x fewer bytes than the pixels) and decodes them about as fast as ``balanced`` decompresses
+MEASURED = {"fast": (1.11, 4315.0), "balanced": (1.84, 679.0), "encoded": (11.99, 732.0)}
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +55,124 @@ def test_the_storage_rule_weighs_the_disk_against_the_loader() -> None:
         preset_for_storage(0, RATES)
 
 
+def test_the_storage_rule_weighs_the_encoded_layout_beside_the_presets() -> None:
+    assert storage_delivers(None, 11.99, 732.0) == 732.0 and storage_delivers(20, 11.99, 732.0) == 20 * 11.99
+    assert choice_for_storage(None, MEASURED) == "fast"  # page cache: fast decompresses 5.9x faster
+    assert choice_for_storage(1642, MEASURED) == "fast"  # the local NVMe: 1642 x 1.11 = 1,823 MB/s of pixels
+    assert choice_for_storage(5000, MEASURED) == "fast"
+    # 208 MB/s: fast 231, balanced 383, encoded min(2,494, 732) = 732: the disk holds every pixel store back
+    assert choice_for_storage(208, MEASURED) == "encoded"
+    assert choice_for_storage(46, MEASURED) == "encoded"  # the remote link: 552 against balanced's 85
+    # the presets alone (exact pixels): balanced, as before
+    presets = {k: v for k, v in MEASURED.items() if k != "encoded"}
+    assert choice_for_storage(208, presets) == preset_for_storage(208, presets) == "balanced"
+    # where it decodes slower than a preset delivers from that disk, the encoded layout loses
+    slow_decode = {**MEASURED, "encoded": (11.99, 300.0)}
+    assert choice_for_storage(208, slow_decode) == "balanced" and choice_for_storage(None, slow_decode) == "fast"
+    # warm, balanced (679) and encoded (732) within 10%: the fewer bytes win; beyond the tie, the faster
+    assert choice_for_storage(None, {k: MEASURED[k] for k in ("balanced", "encoded")}) == "encoded"
+    assert choice_for_storage(None, {"balanced": (1.84, 900.0), "encoded": (11.99, 732.0)}) == "balanced"
+    with pytest.raises(InvalidInputError):
+        choice_for_storage(100, {"encoded": (0.0, 1.0)})
+
+
+def test_the_committed_matrix_picks_the_layout_where_the_disk_is_slow() -> None:
+    """The rule with the layout, on the committed loader comparison: the pick beats the best on-disk peer cold."""
+    cmp = L.Comparison.from_json(json.loads((RESULTS / "loaders.json").read_text()))
+    kept = json.loads((RESULTS / "storage_matrix.json").read_text())
+    m = build_matrix(cmp, {**kept["info"]["remote"], "rows": kept["remote_rows"]})
+    picks = {k: (p["rule_picks"], p["rule_preset"], p["measured_fastest"]) for k, p in m["picks"].items()}
+    assert picks == {
+        "warm": ("fast", "fast", "fast"),
+        "cold": ("fast", "fast", "fast"),
+        "throttled": ("encoded", "balanced", "encoded"),
+        "remote": ("encoded", "balanced", "encoded"),
+    }
+    throttled = m["picks"]["throttled"]
+    assert throttled["best_on_disk_peer"] == "tfrecord" and throttled["rule_vs_best_peer"] >= 1.2
+    assert throttled["default_vs_best_peer"] < 1.0  # the fixed default alone is below TFRecord there
+    goals = rule_goals(m)
+    assert goals["throttled_rule_beats_all"]["goal"] == 1.2 and goals["throttled_rule_beats_all"]["disk_bound"]
+    assert goals["cold_rule_beats_all"]["goal"] == 1.0 and not goals["cold_rule_beats_all"]["disk_bound"]
+    assert all(g["met"] for g in goals.values())
+    text = matrix_markdown(m)
+    assert "| cold, disk at 200 MB/s | 208 | encoded | encoded | 1.43x (tfrecord) | balanced 1.48x (zarr) |" in text
+    assert "`encoded` ratio 11.99" in text and "`encoded` 1.43x (goal 1.2x, met)" in text
+
+
+def test_the_committed_matrix_is_what_the_code_renders(tmp_path: Path) -> None:
+    for name in ("loaders.json", "storage_matrix.json"):
+        (tmp_path / name).write_text((RESULTS / name).read_text())
+    paths = rerender(tmp_path)
+    assert paths["md"].read_text() == (RESULTS / "storage_matrix.md").read_text()
+    assert json.loads(paths["json"].read_text()) == json.loads((RESULTS / "storage_matrix.json").read_text())
+
+
+def _cells(out: str) -> dict[str, list[str]]:
+    """The recommendation table's rows by name."""
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if cells and (cells[0] in carraystore.PRESETS or cells[0] == "encoded"):
+            rows[cells[0]] = cells
+    return rows
+
+
+@pytest.fixture
+def small_loader_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader measurements on 1 MiB of pixels (a few seconds for all of bench codecs)."""
+    monkeypatch.setattr(C, "LOADER_SAMPLE_BYTES", 1 << 20)
+
+
+@pytest.mark.usefixtures("small_loader_sample")
+def test_bench_codecs_weighs_the_encoded_layout_of_jpeg_files(
+    photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "codecs", "--grid", "presets", "--sample", "12", "--repeats", "1", "-q", "--read-mbs", "0.05"]
+    assert main([*argv[:2], str(photos), *argv[2:]]) == 0
+    out = capsys.readouterr().out
+    rows = _cells(out)
+    assert set(rows) == {"fast", "balanced", "small", "encoded"}
+    assert rows["encoded"][1] == "12 jpeg, the files as ingest --layout encoded keeps them"
+    ratios = {k: float(v[2]) for k, v in rows.items()}
+    assert ratios["encoded"] > 2 * max(ratios[p] for p in carraystore.PRESETS)  # the JPEG files, not their pixels
+    # at 50 kB/s the bytes decide: the encoded layout, and among pixel presets the smallest
+    smallest = max(carraystore.PRESETS, key=lambda p: ratios[p])
+    advice = out.split("recommended for reading at 0.05 MB/s: ", 1)[1].split("\n", 1)[0]
+    assert advice.startswith("--layout encoded (12 jpeg") and f"among pixel presets: {smallest} (" in advice
+    assert "recommended for data in the page cache: " in out
+    assert "its pixels are what the reading machine's JPEG decoder gives" in out
+    assert "a pixel store gives the ingested pixels exactly" in out
+    assert f"recommended preset for reading at 0.05 MB/s: {smallest}" in out  # the presets' line as before
+    # an encoded store: its own entries are the candidate
+    enc = tmp_path / "enc.b2nd"
+    assert main(["ingest", str(photos), str(enc), "--layout", "encoded", "-q"]) == 0
+    capsys.readouterr()
+    assert main([*argv[:2], str(enc), *argv[2:]]) == 0
+    out = capsys.readouterr().out
+    assert _cells(out)["encoded"][1] == "12 jpeg, the store's entries"
+    assert "recommended for reading at 0.05 MB/s: --layout encoded" in out
+
+
+@pytest.mark.usefixtures("small_loader_sample")
+def test_bench_codecs_on_pixels_says_the_encoded_layout_is_no_candidate(
+    photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pix = tmp_path / "pix.b2nd"
+    assert main(["ingest", str(photos), str(pix), "-q"]) == 0
+    capsys.readouterr()
+    argv = ["bench", "codecs", str(pix), "--grid", "presets", "--sample", "12", "--repeats", "1", "-q"]
+    assert main([*argv, "--read-mbs", "0.05"]) == 0
+    out = capsys.readouterr().out
+    assert set(_cells(out)) == set(carraystore.PRESETS)
+    lines = [ln for ln in out.splitlines() if "encoded" in ln]
+    assert lines == [
+        "encoded layout: not a candidate (pix.b2nd holds pixels, not JPEG/PNG files the encoded layout would keep)"
+    ]
+    assert "--layout encoded" not in out and "recommended preset for reading at 0.05 MB/s: " in out
+
+
+@pytest.mark.usefixtures("small_loader_sample")
 def test_bench_codecs_measures_the_disk_and_recommends_warm_and_cold(
     photos: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
