@@ -3,7 +3,7 @@
     python bench/report.py [--results bench/results] [--docs docs]
 
 Reads ``codecs.json``, ``loaders.json`` and ``storage_matrix.json`` (written by ``make bench``) and rewrites the
-generated blocks of ``docs/codecs.md`` and ``docs/benchmarks.md`` — the text between
+generated blocks of ``docs/codecs.md``, ``docs/benchmarks.md`` and the README — the text between
 ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` — leaving the prose around them alone.
 """
 
@@ -164,20 +164,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(HERE / "results"))
     ap.add_argument("--docs", default=str(HERE.parent / "docs"))
+    ap.add_argument("--readme", default=str(HERE.parent / "README.md"))
     args = ap.parse_args(argv)
-    results, docs = Path(args.results), Path(args.docs)
-    rel = os.path.relpath(results, docs)
+    results, docs, readme = Path(args.results), Path(args.docs), Path(args.readme)
     done = []
-    for doc, block, src, render in (
-        ("codecs.md", "codecs-results", "codecs.json", codecs_section),
-        ("codecs.md", "preset-regimes", "loaders.json", regimes_section),
-        ("codecs.md", "storage-matrix", "storage_matrix.json", matrix_section),
-        ("benchmarks.md", "loaders-results", "loaders.json", loaders_section),
+    for path, block, src, render in (
+        (docs / "codecs.md", "codecs-results", "codecs.json", codecs_section),
+        (docs / "codecs.md", "preset-regimes", "loaders.json", regimes_section),
+        (docs / "codecs.md", "storage-matrix", "storage_matrix.json", matrix_section),
+        (docs / "benchmarks.md", "loaders-results", "loaders.json", loaders_section),
+        (readme, "loaders-results", "loaders.json", loaders_section),
     ):
         if not (results / src).exists():
             print(f"report.py: {results / src} not found; run make bench first", file=sys.stderr)
             continue
-        path = docs / doc
+        rel = os.path.relpath(results, path.parent)
         text = path.read_text()
         new = replace_block(text, block, render(json.loads((results / src).read_text()), rel))
         path.write_text(new)
