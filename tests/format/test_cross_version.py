@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -113,24 +114,35 @@ def _pip_version() -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", version)[:2])
 
 
-def _old_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, version: str) -> Path:
-    """A venv with blosc2==version (cached in pytest's cache folder when it is enabled)."""
+def _old_python(request: pytest.FixtureRequest, version: str) -> Path:
+    """A venv with blosc2==version, cached in pytest's cache folder (``.pytest_cache``), also
+    under ``-p no:cacheprovider``: it holds only the pinned third-party packages (this
+    checkout's code comes from ``PYTHONPATH``), and a stamp of the pins says when it is ready.
+    It is built under a name of its own and renamed into place, so that two sessions that
+    build it at once never install into the same folder."""
     cache = getattr(request.config, "cache", None)
-    base = (
-        Path(cache.mkdir(f"carraystore-blosc2-{version}")) if cache is not None else tmp_path_factory.mktemp("oldvenv")
-    )
+    name = f"carraystore-blosc2-{version}"
+    base = Path(cache.mkdir(name)) if cache is not None else request.config.rootpath / ".pytest_cache" / "d" / name
+    base.mkdir(parents=True, exist_ok=True)
     venv = base / "venv"
-    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    bin_python = "Scripts/python.exe" if os.name == "nt" else "bin/python"
     pins = [f"blosc2=={version}", "numpy<2.3", "msgpack", "pillow", "tqdm"]
-    stamp = venv / "carraystore-ready.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == pins and python.exists():
-        return python
+
+    def ready(folder: Path) -> bool:
+        stamp = folder / "carraystore-ready.json"
+        return stamp.exists() and json.loads(stamp.read_text()) == pins and (folder / bin_python).exists()
+
+    if ready(venv):
+        return venv / bin_python
     shutil.rmtree(venv, ignore_errors=True)
+    building = Path(tempfile.mkdtemp(prefix="venv-building-", dir=base))
+    shutil.rmtree(building)
+    python = building / bin_python
     # Without a pip of its own (ensurepip takes most of the time): this Python's pip installs
     # into it (``pip --python``, pip >= 22.3); an older pip gets the venv its own pip.
     outer = _pip_version() >= (22, 3)
     subprocess.run(
-        [sys.executable, "-m", "venv", *(["--without-pip"] if outer else []), str(venv)],
+        [sys.executable, "-m", "venv", *(["--without-pip"] if outer else []), str(building)],
         check=True,
         capture_output=True,
     )
@@ -150,12 +162,19 @@ def _old_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     )
     if r.returncode != 0:
         tail = " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+        shutil.rmtree(building, ignore_errors=True)
         pytest.skip(
             f"cannot install blosc2=={version} in a fresh venv (no registry, or no wheel for Python "
             f"{sys.version_info.major}.{sys.version_info.minor}): {tail}"
         )
-    stamp.write_text(json.dumps(pins))
-    return python
+    (building / "carraystore-ready.json").write_text(json.dumps(pins))
+    try:
+        building.rename(venv)
+    except OSError:  # another session put its own in place meanwhile
+        shutil.rmtree(building, ignore_errors=True)
+        if not ready(venv):
+            raise
+    return venv / bin_python
 
 
 def _run(python: Path | str, mode: str, folder: Path, data: Path, script: Path) -> dict[str, Any]:
@@ -240,11 +259,10 @@ def _check(result: dict[str, Any], writers: dict[str, str], spec: dict[str, Any]
 def test_oldest_admitted_blosc2_and_newest_read_each_other(
     request: pytest.FixtureRequest,
     tmp_path: Path,
-    tmp_path_factory: pytest.TempPathFactory,
     photo_patches: Callable[..., np.ndarray],
 ) -> None:
     floor = os.environ.get("CARRAYSTORE_TEST_OLD_BLOSC2") or _floor()  # the override is for trying other releases
-    old = _old_python(request, tmp_path_factory, floor)
+    old = _old_python(request, floor)
     script = tmp_path / "cross.py"
     script.write_text(SCRIPT)
     data = tmp_path / "data"
