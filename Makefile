@@ -14,8 +14,11 @@ PYTEST_XDIST ?= -n $(shell $(PYTHON) -c 'import os; print(min(8, 2 * len(os.sche
 # The pytest plugins the suite uses, and no others: installed plugins load by default
 # (zarr's and anyio's come with those libraries), and pytest rewrites the asserts of every
 # module of a plugin's distribution as it is imported, in each pytest process
-# (the controller and every worker; more where PYTHONDONTWRITEBYTECODE is set)
-PYTEST_ENV ?= PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS=xdist.plugin,_hypothesis_pytestplugin
+# (the controller and every worker; more where PYTHONDONTWRITEBYTECODE is set).
+# Bytecode written (PYTHONDONTWRITEBYTECODE emptied, where the shell had set it): each worker
+# reads the test modules' rewritten asserts from __pycache__, and each of the suite's
+# subprocesses reads the package's compiled modules, instead of compiling them again
+PYTEST_ENV ?= PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS=xdist.plugin,_hypothesis_pytestplugin PYTHONDONTWRITEBYTECODE=
 
 PEERS_VENV ?= .venv-peers
 
