@@ -7,6 +7,7 @@ functions: an import that runs late is still a dependency a reader has to follow
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,24 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+@cache
+def _parsed(text: str, filename: str) -> tuple[ast.Module, tuple[ast.Import | ast.ImportFrom, ...]]:
+    """The syntax tree of a source text and every import statement in it (any depth), in
+    ``ast.walk`` order. Keyed by the text itself, so an edited file is parsed again; the
+    trees are shared between the tests, which only read them."""
+    tree = ast.parse(text, filename)
+    return tree, tuple(n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+
+def _tree(path: Path) -> ast.Module:
+    return _parsed(path.read_text(), str(path))[0]
+
+
+def _imports(path: Path) -> tuple[ast.Import | ast.ImportFrom, ...]:
+    """Every ``import`` and ``from ... import`` statement of a file, inside functions too."""
+    return _parsed(path.read_text(), str(path))[1]
+
+
 def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     """The project module ``name`` refers to (a module, or the package that defines the name)."""
     while name and name not in modules:
@@ -37,7 +56,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for mod, path in modules.items():
         is_pkg = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in _imports(path):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -210,7 +229,7 @@ ADAPTERS: dict[str, tuple[str, ...]] = {
 def _external_imports(path: Path) -> set[str]:
     """Top-level names of the packages a file imports (any depth, relative imports aside)."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _imports(path):
         if isinstance(node, ast.Import):
             out.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
@@ -244,7 +263,7 @@ def imported_names(path: Path, mod: str) -> set[str]:
     """Every module name ``path`` (module ``mod``) imports, anywhere in it, relative ones made absolute."""
     is_pkg = path.name == "__init__.py"
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _imports(path):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -281,7 +300,7 @@ def test_the_wheel_holds_no_test_support_code() -> None:
     assert not (ROOT / "carraystore" / "cli" / "benchmarks" / "servers.py").exists()
     assert (ROOT / "testsupport" / "servers.py").is_file() and (ROOT / "testsupport" / "netproxy.py").is_file()
     for mod, path in _modules().items():
-        top = ast.parse(path.read_text(), str(path)).body
+        top = _tree(path).body
         names: set[str] = set()
         for node in top:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
