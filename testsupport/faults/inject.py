@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -225,7 +226,14 @@ def _no_flock() -> None:
 
     real = getattr(lock, "fcntl", None)
     assert real is not None, "the lock module changed: update the mutant"
-    setattr(lock, "fcntl", _Proxy(real, flock=lambda fd, op: None))  # noqa: B010
+
+    def flock(fd: int, op: int) -> None:
+        # no lock; a writer that "takes" it pauses, so that writers let in at one moment overlap
+        # even on a loaded machine (else one may finish before the next is scheduled)
+        if op & real.LOCK_EX:
+            time.sleep(0.05)
+
+    setattr(lock, "fcntl", _Proxy(real, flock=flock))  # noqa: B010
 
 
 def _journal_kept() -> None:
