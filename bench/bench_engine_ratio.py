@@ -117,15 +117,15 @@ class DirectLoop:
 
     def __init__(self, store: carraystore.Store, plan: Any, threads: int, nbuffers: int, batch_size: int) -> None:
         self.views = [np.frombuffer(store.chunk_buffer(c), dtype=np.uint8) for c in range(store.nchunks)]
-        order = np.asarray(plan.samples(0, len(plan.items))).reshape(-1)
+        order = np.asarray(plan.samples(0, len(plan.items))).reshape(-1).tolist()
         k, nbytes = store.chunk_images, int(store.meta.image_nbytes)
         self.readers = [
             blocks.BlockReader(blocks.library(), int(store.codec.typesize or 1), nbytes) for _ in range(threads)
         ]
         units = self.readers[0].units
-        self.addrs = [self.views[i // k].ctypes.data for i in order.tolist()]
-        self.sizes = [len(self.views[i // k]) for i in order.tolist()]
-        self.starts = [(i % k) * units for i in order.tolist()]
+        self.addrs = [self.views[i // k].ctypes.data for i in order]
+        self.sizes = [len(self.views[i // k]) for i in order]
+        self.starts = [(i % k) * units for i in order]
         self.bufs = [np.zeros((batch_size, *store.image_shape), dtype=store.dtype) for _ in range(nbuffers)]
         self.n, self.b, self.nbytes, self.threads = len(order), batch_size, nbytes, threads
 
